@@ -1,0 +1,43 @@
+"""Shared test setup.
+
+Parity tests import the reference package ``chatterbox`` (chatterbox-tts 0.1.7, a test-only
+oracle, see docs/testing.md). Where it is not installed those tests are skipped, except when
+``CHORUS_REQUIRE_ORACLE=1`` (set by CI), where a missing oracle is an error.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TQDM_DISABLE", "1")
+torch.set_num_threads(int(os.environ.get("CHORUS_TEST_THREADS", "2")))
+
+DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
+
+
+def _import_oracle():
+    try:
+        import chatterbox  # noqa: F401
+    except Exception as exc:  # pragma: no cover - depends on the environment
+        if os.environ.get("CHORUS_REQUIRE_ORACLE") == "1":
+            raise RuntimeError(f"the reference oracle is required but does not import: {exc}") from exc
+        pytest.skip(f"reference oracle (chatterbox-tts) not importable: {exc}")
+    return chatterbox
+
+
+@pytest.fixture(scope="session")
+def oracle():
+    """The imported reference package; skips (or fails under CI) when it is missing."""
+    return _import_oracle()
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
