@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Build a virtual environment with Chorus, its test tools and the reference oracle
+# (chatterbox-tts 0.1.7 on the CPU, used only by parity tests; see docs/testing.md).
+#
+#   bash scripts/install-test-env.sh [VENV_DIR]     (default: .venv)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+VENV=${1:-.venv}
+PY=${PYTHON:-python3}
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+[[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip install -q)
+
+# The CPU build of torch; on a machine with a CUDA wheel index this picks that build instead.
+"${PIP[@]}" "torch==${CHORUS_TORCH_VERSION:-2.13.0}"
+"${PIP[@]}" -e ".[test]"
+
+# --- the oracle ---------------------------------------------------------------------------
+# torchaudio: only its pure-Python parts (kaldi fbank, Resample) are used by the reference;
+# its compiled library targets another torch release, so it is installed without it.
+"${PIP[@]}" --no-deps torchaudio==2.11.1
+SP=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+rm -f "$SP"/torchaudio/lib/*.so
+# The reference pins torch 2.6 and a git-only watermarker, hence --no-deps; s3tokenizer 0.3.0
+# is pinned because 0.2.0 differs numerically; resemble-perth needs pkg_resources (setuptools<82).
+"${PIP[@]}" --no-deps chatterbox-tts==0.1.7 s3tokenizer==0.3.0 resemble-perth==1.0.1
+"${PIP[@]}" -r tests/oracle-requirements.txt "setuptools<82"
+echo "test environment ready in $VENV"
