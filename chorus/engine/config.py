@@ -1,0 +1,112 @@
+"""Typed, validated configuration of the T3 engine: KV cache, scheduler, and the two together.
+
+Every field is checked in ``__post_init__`` and a bad value raises ``ValueError`` naming the
+field, the value and the rule, so a wrong CLI flag or env var fails at start-up, not mid-run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache.
+
+    block_size: positions per block (a power of two: attention kernels tile by it).
+    num_blocks: pool size; None means "from ``gpu_memory_utilization`` after profiling".
+    gpu_memory_utilization: fraction of GPU memory the process may use, KV pool included.
+    enable_prefix_caching: reuse blocks across requests with the same prefix.
+    """
+
+    block_size: int = 16
+    num_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self):
+        b = self.block_size
+        _require(isinstance(b, int) and b > 0 and b & (b - 1) == 0 and b <= 256,
+                 f"block_size must be a power of two in [1, 256], got {b!r}")
+        _require(self.num_blocks is None or (isinstance(self.num_blocks, int) and self.num_blocks > 0),
+                 f"num_blocks must be a positive int or None, got {self.num_blocks!r}")
+        _require(0.0 < self.gpu_memory_utilization <= 1.0,
+                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous batching.
+
+    max_num_seqs: rows per step (a CFG request takes two).
+    max_num_batched_tokens: positions computed per step over all rows (prefill chunks + decode).
+    max_model_len: positions per row at the longest (prompt + max_tokens); longer requests
+        are rejected at admission.
+    enable_chunked_prefill: split prompts across steps to fit the token budget; when off a
+        prompt is prefilled in one step, so the budget must cover ``max_model_len``.
+    """
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 4096
+    max_model_len: int = 4096
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value > 0, f"{name} must be a positive int, got {value!r}")
+        _require(self.max_num_batched_tokens >= self.max_num_seqs,
+                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                 f"({self.max_num_seqs}): every running row decodes one token per step")
+        _require(self.enable_chunked_prefill or self.max_num_batched_tokens >= self.max_model_len,
+                 f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) "
+                 f"must cover a whole prompt: >= max_model_len ({self.max_model_len})")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The T3 engine: which variant it serves plus its cache and scheduler settings.
+
+    default_deadline_s: deadline given to requests that bring none (None: no deadline).
+    """
+
+    variant: str = "original"
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    default_deadline_s: float | None = 30.0
+
+    def __post_init__(self):
+        from chorus.models.variants import get_variant  # raises a readable error for unknown names
+
+        object.__setattr__(self, "variant", get_variant(self.variant).name)
+        _require(self.default_deadline_s is None or self.default_deadline_s > 0,
+                 f"default_deadline_s must be positive or None, got {self.default_deadline_s!r}")
+        n = self.cache.num_blocks
+        if n is not None:
+            need = cdiv(self.scheduler.max_model_len, self.cache.block_size)
+            _require(n >= need,
+                     f"num_blocks ({n}) cannot hold one request of max_model_len "
+                     f"({self.scheduler.max_model_len}): need at least {need} blocks")
+
+    @classmethod
+    def from_flat(cls, **kwargs) -> EngineConfig:
+        """Build from flat keyword arguments (CLI flags, env vars): each name goes to the
+        config that has a field of that name; unknown names are an error."""
+        parts: dict[type, dict] = {cls: {}, CacheConfig: {}, SchedulerConfig: {}}
+        for key, value in kwargs.items():
+            owner = next((c for c in parts if key in {f.name for f in fields(c)} - {"cache", "scheduler"}), None)
+            if owner is None:
+                known = sorted(f.name for c in parts for f in fields(c) if f.name not in ("cache", "scheduler"))
+                raise ValueError(f"unknown engine option {key!r}; known options: {', '.join(known)}")
+            parts[owner][key] = value
+        return cls(cache=CacheConfig(**parts[CacheConfig]),
+                   scheduler=SchedulerConfig(**parts[SchedulerConfig]), **parts[cls])
+
