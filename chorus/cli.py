@@ -7,6 +7,7 @@ import sys
 from typing import Callable, Sequence
 
 from chorus import __version__
+from chorus.text.errors import TextError
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -133,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return handler(args)
-    except (CliError, ValueError, FileNotFoundError) as exc:
+    except (CliError, TextError, ValueError, OSError, ImportError) as exc:
         print(f"chorus: error: {exc}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,43 @@
+"""Text front end: punctuation clean-up, tokenizers of every variant, long-text chunking.
+
+Most callers need only::
+
+    encoder = load_text_encoder(variant, checkpoint_dir)
+    ids = encoder.encode("Bonjour !", language="fr")   # T3 text ids
+    chunks = split_into_chunks(long_text)               # sentence-aligned pieces
+
+See docs/text.md.
+"""
+from chorus.text.chunking import DEFAULT_MAX_CHARS, split_into_chunks, split_sentences
+from chorus.text.encoder import TextEncoder, load_text_encoder
+from chorus.text.errors import (
+    LanguagePreprocessingError,
+    MissingLanguagePackageError,
+    TextError,
+    TextInputError,
+    TokenizerFileError,
+    UnsupportedLanguageError,
+)
+from chorus.text.gpt2 import GPT2_TOKENIZER_FILES, Gpt2Tokenizer
+from chorus.text.grapheme import EnglishTokenizer, MultilingualTokenizer
+from chorus.text.language_steps import CANGJIE_FILE, CangjieTable, LanguagePreprocessor
+from chorus.text.languages import (
+    LANGUAGE_NAMES,
+    LANGUAGE_PACKAGES,
+    LANGUAGES_NEEDING_OPTIONAL_PACKAGES,
+    SUPPORTED_LANGUAGES,
+    normalize_language,
+)
+from chorus.text.normalize import PUNCTUATION_STYLES, PunctuationStyle, normalize_punctuation
+from chorus.text.standin import write_standin_tokenizer_files
+from chorus.text.standin_gpt2 import PARALINGUISTIC_TAGS
+
+__all__ = [
+    "CANGJIE_FILE", "CangjieTable", "DEFAULT_MAX_CHARS", "EnglishTokenizer", "GPT2_TOKENIZER_FILES",
+    "Gpt2Tokenizer", "LANGUAGES_NEEDING_OPTIONAL_PACKAGES", "LANGUAGE_NAMES", "LANGUAGE_PACKAGES",
+    "LanguagePreprocessingError", "LanguagePreprocessor", "MissingLanguagePackageError",
+    "MultilingualTokenizer", "PARALINGUISTIC_TAGS", "PUNCTUATION_STYLES", "PunctuationStyle",
+    "SUPPORTED_LANGUAGES", "TextEncoder", "TextError", "TextInputError", "TokenizerFileError",
+    "UnsupportedLanguageError", "load_text_encoder", "normalize_language", "normalize_punctuation",
+    "split_into_chunks", "split_sentences", "write_standin_tokenizer_files",
+]

@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+from importlib import resources
+
+import pytest
+
+from chorus.text import DEFAULT_MAX_CHARS, split_into_chunks, split_sentences
+
+
+
+def _squeeze(text: str) -> str:
+    return "".join(text.split())
+
+
+@pytest.fixture(scope="module")
+def benchmark_text() -> str:
+    # the public benchmark workload of chatterbox-vllm, shipped for `chorus bench`
+    return resources.files("chorus.assets").joinpath("benchmark-text-1.txt").read_text(encoding="utf-8")
+
+
+def test_benchmark_text_gives_about_150_chunks(benchmark_text):
+    assert 120 <= len(split_into_chunks(benchmark_text)) <= 180
+
+
+def test_benchmark_text_loses_nothing_but_whitespace(benchmark_text):
+    assert _squeeze("".join(split_into_chunks(benchmark_text))) == _squeeze(benchmark_text)
+
+
+def test_benchmark_chunks_respect_the_limit(benchmark_text):
+    assert max(len(c) for c in split_into_chunks(benchmark_text)) <= DEFAULT_MAX_CHARS
+
+
+def test_short_sentences_are_packed_together():
+    assert split_into_chunks("One. Two. Three.", max_chars=100) == ["One. Two. Three."]
+
+
+def test_sentences_split_when_the_limit_is_reached():
+    text = "The first sentence is here. The second one follows it. A third closes."
+    assert split_into_chunks(text, max_chars=60) == [
+        "The first sentence is here. The second one follows it.", "A third closes.",
+    ]
+
+
+def test_closing_quotes_stay_with_their_sentence():
+    assert split_sentences('He said "Stop!" Then he left. \u201cWhy?\u201d She asked.') == [
+        'He said "Stop!" ', "Then he left. ", "\u201cWhy?\u201d ", "She asked.",
+    ]
+
+
+def test_abbreviations_and_initials_do_not_end_sentences():
+    text = "Dr. Smith met J. R. R. Tolkien, e.g. at St. Giles. Then they left."
+    assert split_sentences(text) == ["Dr. Smith met J. R. R. Tolkien, e.g. at St. Giles. ", "Then they left."]
+
+
+def test_lower_case_continuation_does_not_end_a_sentence():
+    assert split_sentences('"Really?" he asked. Yes.') == ['"Really?" he asked. ', "Yes."]
+
+
+def test_decimals_and_urls_do_not_end_sentences():
+    assert split_sentences("Pi is 3.14 and see example.com/a.b for more. Done.") == [
+        "Pi is 3.14 and see example.com/a.b for more. ", "Done.",
+    ]
+
+
+def test_cjk_sentence_enders_split_without_spaces():
+    assert split_sentences("今天很好。你好吗？我很好！") == ["今天很好。", "你好吗？", "我很好！"]
+
+
+def test_arabic_and_devanagari_enders():
+    assert split_sentences("كيف حالك؟ أنا بخير.") == ["كيف حالك؟ ", "أنا بخير."]
+    assert split_sentences("आज मौसम अच्छा है। हम चलेंगे।") == ["आज मौसम अच्छा है। ", "हम चलेंगे।"]
+
+
+def test_paragraphs_are_never_merged():
+    assert split_into_chunks("First paragraph.\n\nSecond paragraph.", max_chars=200) == [
+        "First paragraph.", "Second paragraph.",
+    ]
+
+
+def test_single_newlines_become_spaces():
+    assert split_into_chunks("A line\nwrapped here.", max_chars=100) == ["A line wrapped here."]
+
+
+def test_long_sentence_splits_at_a_comma():
+    text = "This sentence has a first clause that runs long, and a second clause that also runs on and on."
+    chunks = split_into_chunks(text, max_chars=60)
+    assert chunks[0].endswith("long,") and all(len(c) <= 60 for c in chunks)
+    assert _squeeze("".join(chunks)) == _squeeze(text)
+
+
+def test_long_sentence_without_commas_splits_at_spaces():
+    text = " ".join(["word"] * 40) + "."
+    chunks = split_into_chunks(text, max_chars=50)
+    assert all(len(c) <= 50 for c in chunks) and all(not c.startswith(" ") for c in chunks)
+    assert _squeeze("".join(chunks)) == _squeeze(text)
+
+
+def test_text_without_spaces_is_cut_hard():
+    text = "好" * 130
+    chunks = split_into_chunks(text, max_chars=50)
+    assert [len(c) for c in chunks] == [50, 50, 30]
+
+
+def test_long_chinese_sentence_splits_at_an_ideographic_comma():
+    text = "甲" * 30 + "，" + "乙" * 30 + "。"
+    assert split_into_chunks(text, max_chars=40) == ["甲" * 30 + "，", "乙" * 30 + "。"]
+
+
+@pytest.mark.parametrize("empty", ["", "  \n\n  "])
+def test_empty_text_gives_no_chunks(empty):
+    assert split_into_chunks(empty) == []
+
+
+def test_bad_max_chars_is_rejected():
+    with pytest.raises(ValueError, match="max_chars"):
+        split_into_chunks("Hi.", max_chars=5)
+
+
+def test_non_string_is_rejected():
+    with pytest.raises(TypeError):
+        split_into_chunks(None)
