@@ -1,0 +1,112 @@
+"""Paged attention for the engine: a Triton kernel on CUDA, a plain PyTorch path elsewhere.
+
+Layouts and semantics are documented in ``reference.py``. Both entry points take
+``backend``: ``"auto"`` (Triton for CUDA tensors when Triton imports, else PyTorch),
+``"triton"`` or ``"torch"`` to force one. Forcing Triton on CPU tensors only works under
+the Triton interpreter (``TRITON_INTERPRET=1`` set before the first use), which tests do.
+Triton is imported lazily, so this package imports on machines without it.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from chorus.engine.attention.reference import paged_attention_reference, write_kv_reference
+
+__all__ = [
+    "paged_attention",
+    "paged_attention_reference",
+    "triton_available",
+    "write_kv",
+    "write_kv_reference",
+]
+
+_BACKENDS = ("auto", "triton", "torch")
+
+
+@functools.cache
+def triton_available() -> bool:
+    """Whether the Triton kernels import (Triton installed and the module compiles)."""
+    try:
+        import chorus.engine.attention.triton_paged  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _use_triton(backend: str, tensor: torch.Tensor) -> bool:
+    if backend not in _BACKENDS:
+        raise ValueError(f"attention backend must be one of {_BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return tensor.is_cuda and triton_available()
+    if backend == "triton" and not triton_available():
+        raise RuntimeError("attention backend 'triton' was requested but Triton is not installed")
+    return backend == "triton"
+
+
+def write_kv(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    backend: str = "auto",
+) -> None:
+    """Store the new tokens' ``k``/``v`` ``[N, heads, head_dim]`` into the paged caches.
+
+    ``slot_mapping[N]`` (int32 or int64) is ``block_id * block_size + offset`` per token;
+    -1 skips the token. The Triton path never syncs with the host (CUDA-graph safe).
+    """
+    if _use_triton(backend, k):
+        from chorus.engine.attention.triton_paged import write_kv_triton
+
+        write_kv_triton(key_cache, value_cache, k, v, slot_mapping)
+    else:
+        write_kv_reference(key_cache, value_cache, k, v, slot_mapping)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    *,
+    max_query_len: int | None = None,
+    num_decodes: int = 0,
+    max_seq_len: int | None = None,
+    out: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Causal attention of this step's new tokens over their sequences' paged KV.
+
+    q ``[N, heads, head_dim]`` (RoPE applied); key/value caches ``[num_blocks, block_size,
+    heads, head_dim]`` already holding this step's K/V (call ``write_kv`` first);
+    block_tables ``[S, max_blocks]`` int32; seq_lens ``[S]`` int32, whole context including
+    the new tokens; query_start_loc ``[S + 1]`` int32, cumulative new tokens per sequence.
+    New token ``i`` of a sequence with ``q_len`` new tokens sees positions
+    ``<= seq_len - q_len + i``. Returns ``[N, heads, head_dim]`` in q's dtype; a query that
+    sees no key (``seq_len == 0``, for padding sequences) gets zeros; rows past
+    ``query_start_loc[-1]`` are not written.
+
+    Hints for the Triton path, all host-side (no device reads, CUDA-graph safe):
+    ``max_query_len`` (1 = decode-only batch; None costs one host sync), ``num_decodes``
+    (the first that many sequences have exactly one new token each and run on the decode
+    kernel), ``max_seq_len`` (upper bound of seq_lens, sizes the KV split). The PyTorch path
+    ignores them.
+    """
+    if _use_triton(backend, q):
+        from chorus.engine.attention.triton_paged import paged_attention_triton
+
+        return paged_attention_triton(
+            q, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
+            max_query_len=max_query_len, num_decodes=num_decodes, max_seq_len=max_seq_len,
+            out=out,
+        )
+    return paged_attention_reference(
+        q, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, out=out
+    )

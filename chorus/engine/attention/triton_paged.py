@@ -1,0 +1,386 @@
+"""Triton kernels: paged attention over a block table (decode and chunked prefill) and KV write.
+
+Same layouts and semantics as ``reference.py``. Importing this module imports Triton; the
+package ``chorus.engine.attention`` does so only when a Triton path is taken.
+
+Design (our own; vLLM's unified Triton attention was read for ideas):
+
+- One program per (query block, head, KV split). A query block is ``BLOCK_Q`` consecutive new
+  tokens of one sequence; sequence ``s`` owns query blocks
+  ``[(qsl[s] - qsl[0]) // BLOCK_Q + s, (qsl[s + 1] - qsl[0]) // BLOCK_Q + s + 1)``, a range
+  at least ``cdiv(q_len, BLOCK_Q)`` long, so the grid ``(N // BLOCK_Q + S, heads, splits)``
+  is known on the host without reading device data (no sync; CUDA-graph safe). A program
+  finds its sequence by binary search over ``query_start_loc``; spare programs exit at once.
+- ``DECODE`` (``BLOCK_Q == 1``, every sequence has one new token): the query is one vector,
+  scores are a broadcast multiply and row sum in fp32, no tensor-core padding to 16 rows.
+- Otherwise Q [BLOCK_Q, D] @ K^T [D, TILE] with ``tl.dot`` (fp32 accumulation), causal mask
+  ``key_pos <= seq_len - q_len + row``, online softmax in base 2, P @ V with ``tl.dot``.
+- Split-KV (flash-decoding): when query blocks x heads cannot fill the GPU (small decode
+  batches), each program walks only its share of the context tiles and writes an
+  unnormalised partial (acc, max, sum); ``_reduce_splits_kernel`` merges them.
+- The decode loop is software-pipelined with ``tl.range(num_stages=LOOP_STAGES)`` (cp.async
+  into shared memory, seen in the sm_90 SASS); Triton pipelines the query-block loop by
+  itself because its loads feed ``tl.dot``.
+- The decode kernel trusts the caller: with ``max_query_len == 1`` or ``num_decodes``, a
+  sequence given more than one new token would silently get only its first row attended.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _find_seq(qsl_ptr, base, q_block, num_seqs, BLOCK_Q: tl.constexpr):
+    """Last sequence whose first query block is <= q_block (first blocks strictly increase)."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first_block = (tl.load(qsl_ptr + mid) - base) // BLOCK_Q + mid
+        if first_block <= q_block:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _paged_attention_kernel(
+    out_ptr, part_acc_ptr, part_ml_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr,
+    scale_log2, num_seqs, num_rows,
+    stride_qn, stride_qh, stride_on, stride_oh,
+    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    DECODE: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    LOOP_STAGES: tl.constexpr,
+):
+    pid_q = tl.program_id(0)
+    head = tl.program_id(1)
+    split = tl.program_id(2)
+    base = tl.load(qsl_ptr)
+    if DECODE:
+        seq = pid_q
+        q_block = 0
+    else:
+        seq = _find_seq(qsl_ptr, base, pid_q, num_seqs, BLOCK_Q)
+        q_block = pid_q - ((tl.load(qsl_ptr + seq) - base) // BLOCK_Q + seq)
+    q_start = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    if q_block * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    prefix = seq_len - q_len
+    # keys seen by the last row of this block; tiles past it hold nothing for anyone here
+    kv_len = tl.maximum(prefix + tl.minimum((q_block + 1) * BLOCK_Q, q_len), 0)
+    num_tiles = tl.cdiv(kv_len, TILE)
+    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    tile_lo = split * tiles_per_split
+    tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
+
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_t = tl.arange(0, TILE)
+    table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    k_head = k_cache_ptr + head * stride_kh
+    v_head = v_cache_ptr + head * stride_vh
+
+    if DECODE:
+        rows = q_start + tl.arange(0, 1)
+        row_ok = tl.full([1], 1, tl.int1)
+        qv = tl.load(q_ptr + q_start.to(tl.int64) * stride_qn + head * stride_qh + offs_d)
+        qv = qv.to(tl.float32) * scale_log2
+        m_i = tl.full([1], float("-inf"), tl.float32)
+        l_i = tl.zeros([1], tl.float32)
+        acc = tl.zeros([1, HEAD_DIM], tl.float32)
+        for t in tl.range(tile_lo, tile_hi, num_stages=LOOP_STAGES):
+            pos = t * TILE + offs_t
+            valid = pos < kv_len
+            block = tl.load(table_row + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+            slot_in_block = pos % BLOCK_SIZE
+            k = tl.load(k_head + (block * stride_kb + slot_in_block * stride_kt)[:, None]
+                        + offs_d[None, :], mask=valid[:, None], other=0.0)
+            s = tl.sum(k.to(tl.float32) * qv[None, :], axis=1)
+            s = tl.where(valid, s, float("-inf"))[None, :]                     # [1, TILE]
+            # every tile in range holds a visible key, so m_new is finite
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            v = tl.load(v_head + (block * stride_vb + slot_in_block * stride_vt)[:, None]
+                        + offs_d[None, :], mask=valid[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.sum(tl.trans(p) * v.to(tl.float32), axis=0)[None, :]
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            m_i = m_new
+    else:
+        offs_m = tl.arange(0, BLOCK_Q)
+        local = q_block * BLOCK_Q + offs_m
+        row_ok = local < q_len
+        rows = q_start + local
+        qb = tl.load(q_ptr + rows.to(tl.int64)[:, None] * stride_qn + head * stride_qh
+                     + offs_d[None, :], mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)
+        last_visible = prefix + local
+        m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_Q], tl.float32)
+        acc = tl.zeros([BLOCK_Q, HEAD_DIM], tl.float32)
+        for t in range(tile_lo, tile_hi):
+            pos = t * TILE + offs_t
+            valid = pos < kv_len
+            block = tl.load(table_row + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+            slot_in_block = pos % BLOCK_SIZE
+            kt = tl.load(k_head + (block * stride_kb + slot_in_block * stride_kt)[None, :]
+                         + offs_d[:, None], mask=valid[None, :], other=0.0)
+            s = tl.dot(qb, kt.to(DOT_DTYPE), input_precision=DOT_PRECISION) * scale_log2
+            s = tl.where(pos[None, :] <= last_visible[:, None], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            # a row that sees no key yet keeps max -inf; shift by 0 so exp2 gives 0, not NaN
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+            v = tl.load(v_head + (block * stride_vb + slot_in_block * stride_vt)[:, None]
+                        + offs_d[None, :], mask=valid[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE),
+                                                input_precision=DOT_PRECISION)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            m_i = m_new
+
+    if NUM_SPLITS == 1:
+        res = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_on + head * stride_oh
+                 + offs_d[None, :], res.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        # partials: acc [rows, heads, splits, D]; max and sum [2, rows, heads, splits]
+        part = (rows.to(tl.int64) * NUM_HEADS + head) * NUM_SPLITS + split
+        tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc,
+                 mask=row_ok[:, None])
+        tl.store(part_ml_ptr + part, m_i, mask=row_ok)
+        tl.store(part_ml_ptr + num_rows * NUM_HEADS * NUM_SPLITS + part, l_i, mask=row_ok)
+
+
+@triton.jit
+def _reduce_splits_kernel(
+    out_ptr, part_acc_ptr, part_ml_ptr, qsl_ptr, num_seqs, row_base, num_rows,
+    stride_on, stride_oh,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+):
+    row = row_base + tl.program_id(0)
+    head = tl.program_id(1)
+    if row >= tl.load(qsl_ptr + num_seqs):  # padding rows past the last sequence: no partials
+        return
+    offs_s = tl.arange(0, NUM_SPLITS)
+    part = (row.to(tl.int64) * NUM_HEADS + head) * NUM_SPLITS + offs_s
+    m = tl.load(part_ml_ptr + part)
+    l = tl.load(part_ml_ptr + num_rows * NUM_HEADS * NUM_SPLITS + part)
+    m_max = tl.max(m, axis=0)
+    weight = tl.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max))    # 0 for empty splits
+    total = tl.sum(l * weight, axis=0)
+    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :])
+    res = tl.sum(acc * weight[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(out_ptr + row.to(tl.int64) * stride_on + head * stride_oh + tl.arange(0, HEAD_DIM),
+             res.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _write_kv_kernel(
+    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+    stride_kn, stride_kh, stride_vn, stride_vh,
+    stride_kb, stride_kt, stride_kh_cache, stride_vb, stride_vt, stride_vh_cache,
+    NUM_HEADS: tl.constexpr, HEADS_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + token).to(tl.int64)
+    if slot < 0:
+        return
+    block = slot // BLOCK_SIZE
+    offset = slot % BLOCK_SIZE
+    offs_h = tl.arange(0, HEADS_P2)
+    offs_d = tl.arange(0, HEAD_DIM)
+    mask = (offs_h < NUM_HEADS)[:, None]
+    k = tl.load(k_ptr + token * stride_kn + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
+    v = tl.load(v_ptr + token * stride_vn + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
+    tl.store(k_cache_ptr + block * stride_kb + offset * stride_kt
+             + offs_h[:, None] * stride_kh_cache + offs_d[None, :],
+             k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + block * stride_vb + offset * stride_vt
+             + offs_h[:, None] * stride_vh_cache + offs_d[None, :],
+             v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+_MAX_SPLITS = 16
+_sm_counts: dict[int, int] = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # interpreter runs: small, so that tests still see split-KV chosen
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _sm_counts:
+        _sm_counts[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _sm_counts[index]
+
+
+def _dot_dtype(dtype: torch.dtype):
+    # Triton 3.6's interpreter multiplies bf16 dot operands as raw uint16 bits; there, and
+    # only there, the dots run in fp32
+    if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
+        return tl.float32
+    return {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[dtype]
+
+
+def choose_num_splits(programs: int, max_tiles: int, num_sms: int) -> int:
+    """KV splits per (query block, head): enough programs for ~4 per SM, none of them empty.
+
+    Depends only on host-side sizes, so a CUDA graph captured for a batch bucket keeps one
+    choice; any choice is correct (empty splits contribute nothing).
+    """
+    target = 4 * num_sms
+    if programs >= target or max_tiles <= 1:
+        return 1
+    want = triton.next_power_of_2(triton.cdiv(target, programs))
+    floor_tiles = 1 << (max_tiles.bit_length() - 1)  # largest power of 2 <= max_tiles
+    return max(1, min(want, floor_tiles, _MAX_SPLITS))
+
+
+def write_kv_triton(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Triton version of ``reference.write_kv_reference``: no host sync, slot -1 skipped."""
+    num_blocks, block_size, heads, head_dim = key_cache.shape
+    assert value_cache.shape == key_cache.shape
+    assert k.shape == v.shape and k.shape[1:] == (heads, head_dim), (k.shape, key_cache.shape)
+    assert slot_mapping.shape == (k.shape[0],)
+    for t in (k, v, key_cache, value_cache):
+        assert t.stride(-1) == 1, "head_dim must be contiguous"
+    assert head_dim == triton.next_power_of_2(head_dim), head_dim
+    if k.shape[0] == 0:
+        return
+    _write_kv_kernel[(k.shape[0],)](
+        k, v, key_cache, value_cache, slot_mapping,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        NUM_HEADS=heads, HEADS_P2=triton.next_power_of_2(heads), HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, num_warps=4,
+    )
+
+
+def paged_attention_triton(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    *,
+    max_query_len: int | None = None,
+    num_decodes: int = 0,
+    max_seq_len: int | None = None,
+    out: torch.Tensor | None = None,
+    decode_tile: int = 64,
+    decode_warps: int = 4,
+    decode_stages: int = 3,
+    prefill_tile: int = 64,
+    num_splits: int | None = None,
+    prefill_stages: int | None = None,
+) -> torch.Tensor:
+    """Triton version of ``reference.paged_attention_reference`` (same arguments and result).
+
+    Host-side hints, none of which reads device memory:
+    - ``max_query_len``: the most new tokens of any sequence; 1 selects the decode kernel for
+      all sequences. When None it is read from ``query_start_loc`` (one host sync).
+    - ``num_decodes``: the first ``num_decodes`` sequences each have exactly one new token
+      (their tokens come first); they run on the decode kernel, the rest on the query-block
+      kernel. The caller guarantees this; it is not checked.
+    - ``max_seq_len``: an upper bound on seq_lens used to size the KV split; defaults to the
+      block table's capacity.
+    The remaining keywords tune the launch (benchmarks); defaults are the chosen ones.
+    Rows of ``out`` past ``query_start_loc[-1]`` are not written.
+    """
+    n_tokens, heads, head_dim = q.shape
+    num_blocks, block_size = key_cache.shape[:2]
+    num_seqs = seq_lens.shape[0]
+    assert key_cache.shape[2:] == (heads, head_dim) and value_cache.shape == key_cache.shape
+    assert query_start_loc.shape == (num_seqs + 1,) and block_tables.shape[0] == num_seqs
+    assert head_dim == triton.next_power_of_2(head_dim) and head_dim >= 16, head_dim
+    assert block_size == triton.next_power_of_2(block_size), block_size
+    for t in (q, key_cache, value_cache):
+        assert t.stride(-1) == 1, "head_dim must be contiguous"
+    assert block_tables.stride(1) == 1 and seq_lens.is_contiguous() and query_start_loc.is_contiguous()
+    if out is None:
+        out = torch.empty_like(q)
+    assert out.shape == q.shape and out.stride(-1) == 1
+    if max_query_len is None:
+        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max()) if num_seqs else 0
+    if max_query_len <= 1:
+        num_decodes = num_seqs
+    assert 0 <= num_decodes <= num_seqs
+    if max_seq_len is None:
+        max_seq_len = block_tables.shape[1] * block_size
+    common = dict(q=q, key_cache=key_cache, value_cache=value_cache, out=out, scale=scale,
+                  max_seq_len=max_seq_len, num_splits=num_splits)
+
+    if num_decodes > 0:
+        _launch(**common, block_tables=block_tables[:num_decodes], seq_lens=seq_lens[:num_decodes],
+                query_start_loc=query_start_loc[:num_decodes + 1], row_base=0,
+                row_count=num_decodes, block_q=1, tile=decode_tile, num_warps=decode_warps,
+                loop_stages=decode_stages, num_stages=None)
+    if num_decodes < num_seqs:
+        block_q = 16 if max_query_len <= 16 else 64
+        _launch(**common, block_tables=block_tables[num_decodes:], seq_lens=seq_lens[num_decodes:],
+                query_start_loc=query_start_loc[num_decodes:], row_base=num_decodes,
+                row_count=n_tokens - num_decodes, block_q=block_q, tile=prefill_tile, num_warps=4,
+                loop_stages=1, num_stages=prefill_stages)
+    return out
+
+
+def _launch(*, q, key_cache, value_cache, out, scale, max_seq_len, num_splits,
+            block_tables, seq_lens, query_start_loc, row_base, row_count, block_q, tile,
+            num_warps, loop_stages, num_stages) -> None:
+    """One kernel launch over a contiguous run of sequences (and their rows)."""
+    n_tokens, heads, head_dim = q.shape
+    block_size = key_cache.shape[1]
+    num_seqs = seq_lens.shape[0]
+    decode = block_q == 1
+    q_blocks = num_seqs if decode else row_count // block_q + num_seqs
+    if q_blocks == 0:
+        return
+    if num_splits is None:
+        num_splits = choose_num_splits(q_blocks * heads, triton.cdiv(max_seq_len, tile),
+                                       _num_sms(q.device))
+    assert num_splits == triton.next_power_of_2(num_splits), num_splits
+    if num_splits > 1:
+        part_acc = torch.empty((n_tokens, heads, num_splits, head_dim), dtype=torch.float32,
+                               device=q.device)
+        part_ml = torch.empty((2, n_tokens, heads, num_splits), dtype=torch.float32,
+                              device=q.device)
+    else:
+        part_acc = part_ml = out  # unused
+    extra = {} if num_stages is None else {"num_stages": num_stages}
+    _paged_attention_kernel[(q_blocks, heads, num_splits)](
+        out, part_acc, part_ml,
+        q, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
+        scale * _LOG2E, num_seqs, n_tokens,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        block_tables.stride(0),
+        NUM_HEADS=heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_Q=block_q, TILE=tile,
+        NUM_SPLITS=num_splits, DECODE=decode,
+        DOT_DTYPE=_dot_dtype(q.dtype), LOOP_STAGES=loop_stages,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=num_warps, **extra,
+    )
+    if num_splits > 1:
+        _reduce_splits_kernel[(row_count, heads)](
+            out, part_acc, part_ml, query_start_loc, num_seqs, row_base, n_tokens,
+            out.stride(0), out.stride(1),
+            NUM_HEADS=heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits, num_warps=1,
+        )

@@ -1,0 +1,134 @@
+"""The Triton kernels against the PyTorch reference, on the CPU under the Triton interpreter.
+
+Small shapes (2-3 heads, head_dim 64, tiles of 16/32 so contexts span several tiles). The
+interpreter runs every program in numpy, so these prove indexing, masking, the online
+softmax, split-KV merging and the launch plans, not speed. Deviations of the interpreter
+from the GPU: fp32 dots are exact (no tf32), bf16 dots run in fp32 (see ``_dot_dtype``), and
+its fp32 -> bf16 conversion truncates, hence the looser bf16 bound here than on the GPU.
+"""
+import os
+
+import pytest
+import torch
+
+from chorus.engine.attention import (
+    paged_attention, paged_attention_reference, triton_available, write_kv, write_kv_reference,
+)
+from tests.engine.attention.paged_batch import SCENARIOS, dense_attention, make_batch, rel_error, scenario
+
+pytestmark = [
+    pytest.mark.skipif(
+        os.environ.get("TRITON_INTERPRET") != "1" or not triton_available(),
+        reason="needs Triton and TRITON_INTERPRET=1 (set by conftest when there is no GPU)",
+    ),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),  # numpy, inside the interpreter
+]
+
+FP32_BOUND = 1e-5
+LOW_PRECISION_BOUND = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+def _triton(batch, **kw):
+    from chorus.engine.attention.triton_paged import paged_attention_triton
+
+    kw.setdefault("decode_tile", 16)
+    kw.setdefault("prefill_tile", 16)
+    return paged_attention_triton(*batch.args(), **kw)
+
+
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_kernel_matches_reference(name, block_size):
+    batch = make_batch(scenario(name, block_size), block_size=block_size, seed=block_size)
+    ref = paged_attention_reference(*batch.args())
+    out = _triton(batch)  # tiles of 16: contexts span several tiles and block tables
+    assert rel_error(out, ref) < FP32_BOUND
+    assert rel_error(out, dense_attention(batch)) < FP32_BOUND
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 16])
+@pytest.mark.parametrize("name", ["decode", "mixed"])
+def test_split_kv_merges_to_the_same_result(name, num_splits):
+    # 16 splits over at most 7 tiles of 16: many splits are empty and must count for nothing
+    batch = make_batch(scenario(name, 16), seed=num_splits)
+    ref = paged_attention_reference(*batch.args())
+    out = _triton(batch, num_splits=num_splits, max_query_len=batch.max_query_len)
+    assert rel_error(out, ref) < FP32_BOUND
+
+
+@pytest.mark.parametrize("tile", [16, 32, 64])
+def test_decode_kernel_tiles_smaller_and_larger_than_a_block(tile):
+    batch = make_batch(scenario("decode", 32), block_size=32, seed=tile)
+    ref = paged_attention_reference(*batch.args())
+    out = _triton(batch, max_query_len=1, decode_tile=tile, prefill_tile=tile)
+    assert rel_error(out, ref) < FP32_BOUND
+
+
+def test_decode_rows_first_run_on_the_decode_kernel():
+    specs = [(37, 1), (90, 1), (5, 1), (50, 17), (20, 20), (33, 1)]
+    batch = make_batch(specs, seed=3)
+    ref = paged_attention_reference(*batch.args())
+    out = _triton(batch, max_query_len=20, num_decodes=3, num_splits=2)
+    assert rel_error(out, ref) < FP32_BOUND
+
+
+def test_query_blocks_of_64_rows():
+    batch = make_batch([(150, 130), (70, 1), (80, 64)], seed=5)
+    ref = paged_attention_reference(*batch.args())
+    out = _triton(batch, max_query_len=130, prefill_tile=32)
+    assert rel_error(out, ref) < FP32_BOUND
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", ["decode", "mixed"])
+def test_low_precision(name, dtype):
+    batch = make_batch(scenario(name, 16), dtype=dtype)
+    out = _triton(batch, max_query_len=batch.max_query_len)
+    assert out.dtype == dtype
+    assert rel_error(out, paged_attention_reference(*batch.args())) < LOW_PRECISION_BOUND[dtype]
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_rows_past_the_last_sequence_are_not_written(num_splits):
+    from chorus.engine.attention.triton_paged import paged_attention_triton
+
+    batch = make_batch(scenario("mixed", 16))
+    n = batch.q.shape[0]
+    q = torch.cat([batch.q, torch.randn(5, *batch.q.shape[1:])])  # rows of a padded batch
+    out = torch.full_like(q, 7.0)
+    paged_attention_triton(q, *batch.args()[1:], out=out, prefill_tile=16, num_splits=num_splits)
+    assert torch.all(out[n:] == 7.0)
+    assert rel_error(out[:n], paged_attention_reference(*batch.args())) < FP32_BOUND
+
+
+def test_padding_sequences_get_zeros_through_the_dispatcher():
+    batch = make_batch(scenario("padding_seq", 16))
+    out = paged_attention(*batch.args(), backend="triton", max_query_len=4)
+    starts = batch.query_start_loc.tolist()
+    assert torch.count_nonzero(out[starts[1]:starts[2]]) == 0
+    assert torch.count_nonzero(out[starts[3]:starts[4]]) == 0
+    assert rel_error(out, paged_attention_reference(*batch.args())) < FP32_BOUND
+
+
+@pytest.mark.parametrize("heads", [2, 3])
+def test_write_kv_matches_reference(heads):
+    batch = make_batch(scenario("mixed", 8), heads=heads, block_size=8)
+    slots = batch.slot_mapping.clone()
+    slots[1::3] = -1
+    # k and v as strided views of one fused [N, 3, H, D] projection output
+    qkv = torch.stack([batch.q, batch.new_k, batch.new_v], dim=1)
+    expected_k, expected_v = batch.key_cache.clone(), batch.value_cache.clone()
+    write_kv_reference(expected_k, expected_v, batch.new_k, batch.new_v, slots)
+    key_cache, value_cache = batch.key_cache.clone(), batch.value_cache.clone()
+    write_kv(key_cache, value_cache, qkv[:, 1], qkv[:, 2], slots, backend="triton")
+    assert torch.equal(key_cache, expected_k) and torch.equal(value_cache, expected_v)
+
+
+def test_choose_num_splits():
+    from chorus.engine.attention.triton_paged import choose_num_splits
+
+    assert choose_num_splits(programs=8192, max_tiles=22, num_sms=132) == 1
+    assert choose_num_splits(programs=16, max_tiles=22, num_sms=132) == 16
+    assert choose_num_splits(programs=16, max_tiles=7, num_sms=132) == 4   # no empty split
+    assert choose_num_splits(programs=128, max_tiles=22, num_sms=132) == 8
+    assert choose_num_splits(programs=16, max_tiles=1, num_sms=132) == 1
