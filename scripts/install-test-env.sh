@@ -15,6 +15,8 @@ PIP=("$VENV/bin/python" -m pip install -q)
 # The CPU build of torch; on a machine with a CUDA wheel index this picks that build instead.
 "${PIP[@]}" "torch==${CHORUS_TORCH_VERSION:-2.13.0}"
 "${PIP[@]}" -e ".[test]"
+# Triton runs the paged-attention kernel tests on the CPU through its interpreter.
+"${PIP[@]}" "triton==3.6.0"
 
 # --- the oracle ---------------------------------------------------------------------------
 # torchaudio: only its pure-Python parts (kaldi fbank, Resample) are used by the reference;
