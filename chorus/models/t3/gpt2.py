@@ -1,0 +1,117 @@
+"""GPT-2 backbone of Turbo and Nano (LayerNorm, gelu_new MLP, learned absolute positions).
+
+Attribute names follow the checkpoint keys under ``tfmr.``. Projection weights keep the
+checkpoint's Conv1D layout [in, out] (transposed relative to ``nn.Linear``), so a state dict
+loads without reshuffling. The inner token table ``wte`` is never used and is not kept.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from chorus.models.t3.attention import AttentionCache
+from chorus.models.t3.backbone import Shapes
+from chorus.models.variants import BackboneConfig
+
+
+
+class Conv1D(nn.Module):
+    """Affine map with the weight stored as [in_features, out_features]."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(in_features, out_features))
+        self.bias = nn.Parameter(torch.zeros(out_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        return torch.addmm(self.bias, flat, self.weight).view(*x.shape[:-1], -1)
+
+
+class GPT2Attention(nn.Module):
+    def __init__(self, config: BackboneConfig):
+        super().__init__()
+        d = config.hidden_size
+        self.num_heads, self.head_dim = config.num_heads, config.head_dim
+        self.c_attn = Conv1D(d, 3 * d)  # q | k | v along the output axis
+        self.c_proj = Conv1D(d, d)
+
+    def forward(self, x: torch.Tensor, layer: int, cache: AttentionCache) -> torch.Tensor:
+        n, d = x.shape
+        q, k, v = self.c_attn(x).split(d, dim=-1)
+        shape = (n, self.num_heads, self.head_dim)
+        out = cache.attend(layer, q.reshape(shape), k.reshape(shape), v.reshape(shape))
+        return self.c_proj(out.reshape(n, d))
+
+
+class GPT2MLP(nn.Module):
+    def __init__(self, config: BackboneConfig):
+        super().__init__()
+        self.c_fc = Conv1D(config.hidden_size, config.intermediate_size)
+        self.c_proj = Conv1D(config.intermediate_size, config.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # "gelu_new" is the tanh approximation of GELU
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class GPT2Layer(nn.Module):
+    def __init__(self, config: BackboneConfig):
+        super().__init__()
+        d = config.hidden_size
+        self.ln_1 = nn.LayerNorm(d, eps=config.norm_eps)
+        self.attn = GPT2Attention(config)
+        self.ln_2 = nn.LayerNorm(d, eps=config.norm_eps)
+        self.mlp = GPT2MLP(config)
+
+    def forward(self, x: torch.Tensor, layer: int, cache: AttentionCache) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), layer, cache)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2Backbone(nn.Module):
+    """Pre-norm GPT-2 decoder stack; see :class:`chorus.models.t3.backbone.Backbone`."""
+
+    # in the official files but never read at inference (T3 feeds embeddings, not ids)
+    UNUSED_CHECKPOINT_KEYS = ("wte.weight",)
+
+    def __init__(self, config: BackboneConfig):
+        super().__init__()
+        assert config.kind == "gpt2"
+        self.config = config
+        self.wpe = nn.Embedding(config.max_positions, config.hidden_size)
+        self.h = nn.ModuleList(GPT2Layer(config) for _ in range(config.num_layers))
+        self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+
+    def forward(
+        self, embeds: torch.Tensor, positions: torch.Tensor, cache: AttentionCache
+    ) -> torch.Tensor:
+        x = embeds + self.wpe(positions)
+        for index, layer in enumerate(self.h):
+            x = layer(x, index, cache)
+        return self.ln_f(x)
+
+    def materialize(self, device: torch.device | str) -> None:
+        pass  # every tensor comes from the checkpoint
+
+    @staticmethod
+    def checkpoint_shapes(config: BackboneConfig) -> Shapes:
+        """Every key of the official files below ``tfmr.`` (unused ones included) -> shape."""
+        d, inner = config.hidden_size, config.intermediate_size
+        shapes: Shapes = {
+            "wte.weight": (config.inner_vocab_size, d),
+            "wpe.weight": (config.max_positions, d),
+        }
+        for i in range(config.num_layers):
+            p = f"h.{i}."
+            shapes.update({
+                p + "ln_1.weight": (d,), p + "ln_1.bias": (d,),
+                p + "attn.c_attn.weight": (d, 3 * d), p + "attn.c_attn.bias": (3 * d,),
+                p + "attn.c_proj.weight": (d, d), p + "attn.c_proj.bias": (d,),
+                p + "ln_2.weight": (d,), p + "ln_2.bias": (d,),
+                p + "mlp.c_fc.weight": (d, inner), p + "mlp.c_fc.bias": (inner,),
+                p + "mlp.c_proj.weight": (inner, d), p + "mlp.c_proj.bias": (d,),
+            })
+        shapes.update({"ln_f.weight": (d,), "ln_f.bias": (d,)})
+        return shapes
