@@ -89,6 +89,146 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_t3(args: argparse.Namespace) -> int:
+    from chorus.bench.t3_bench import T3BenchConfig, main_json
+
+    cfg = T3BenchConfig(
+        variant=args.variant, checkpoint=args.checkpoint, dtype=args.dtype, device=args.device,
+        batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")), decode_steps=args.decode_steps,
+        workload=not args.no_workload, text_file=args.text_file, tokens_per_char=args.tokens_per_char,
+        cfg_weight=args.cfg_weight, reference=args.reference, reference_chunks=args.reference_chunks,
+        cuda_graphs=not args.no_cuda_graphs,
+    )
+    main_json(cfg, args.out)
+    return 0
+
+
+def _read_text(args: argparse.Namespace) -> str:
+    if (args.text is None) == (args.text_file is None):
+        raise CliError("give the text to speak as an argument or with --text-file (exactly one of them)")
+    if args.text_file is None:
+        return args.text
+    try:
+        with open(args.text_file, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError as exc:
+        raise CliError(f"--text-file {args.text_file} is not UTF-8 text ({exc.reason})") from None
+
+
+def _cmd_synth(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from chorus.audio.encode import format_from_path, write_audio
+    from chorus.models.loading import Checkpoint
+    from chorus.models.variants import get_variant
+    from chorus.synthesis import VOICE_FILE_SUFFIX, Synthesizer, plan_text
+    from chorus.text import load_text_encoder
+    from chorus.voices import Voice, prepare_voice_audio
+
+    # Everything that can be wrong with the inputs is checked before the models load.
+    variant = get_variant(args.variant)
+    fmt = format_from_path(args.out)
+    text = _read_text(args)
+    checkpoint = Checkpoint.open(variant, args.checkpoint)
+    plan_text(load_text_encoder(variant, checkpoint.directory), text, args.language)
+    if args.watermark is not None:
+        from chorus.watermark import get_watermarker
+
+        get_watermarker(args.watermark)
+    voice = reference = None
+    if args.voice is None:
+        if not checkpoint.has_builtin_voice():
+            raise CliError(f"the checkpoint at {checkpoint.directory} has no built-in voice; pass --voice FILE")
+    elif Path(args.voice).suffix.lower() == VOICE_FILE_SUFFIX:
+        voice = Voice.load(args.voice)
+    else:
+        reference = prepare_voice_audio(args.voice, variant)
+
+    synth = Synthesizer.load(variant, checkpoint, dtype=args.dtype, device=args.device,
+                             voice_models=reference is not None)
+    if reference is not None:
+        voice = synth.front_end.build(reference, name=Path(args.voice).stem)
+    result = synth.synthesize(
+        text, voice=voice, exaggeration=args.exaggeration, cfg_weight=args.cfg_weight,
+        temperature=args.temperature, top_p=args.top_p, min_p=args.min_p, top_k=args.top_k,
+        repetition_penalty=args.repetition_penalty, seed=args.seed, language=args.language,
+        flow_steps=args.flow_steps, max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
+        watermark=args.watermark, progress=not args.quiet and sys.stderr.isatty())
+    write_audio(args.out, result.wav, result.sample_rate, fmt)
+    print(f"wrote {args.out}: {result.duration:.2f} s at {result.sample_rate} Hz ({fmt}), "
+          f"{len(result.chunks)} chunk(s), seed {result.seed}"
+          + (f"; ignored for {variant.name}: {', '.join(result.ignored)}" if result.ignored else ""))
+    return 0
+
+
+def _cmd_voice_create(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from chorus.models.loading import Checkpoint
+    from chorus.models.variants import get_variant
+    from chorus.synthesis import VOICE_FILE_SUFFIX
+    from chorus.voices import VoiceFrontEnd, prepare_voice_audio
+
+    variant = get_variant(args.variant)
+    if Path(args.out).suffix.lower() != VOICE_FILE_SUFFIX:
+        raise CliError(f"--out must name a {VOICE_FILE_SUFFIX} file, got {args.out!r}")
+    reference = prepare_voice_audio(args.audio, variant)
+    front_end = VoiceFrontEnd.from_checkpoint(Checkpoint.open(variant, args.checkpoint), device=args.device)
+    voice = front_end.build(reference, name=args.name or Path(args.audio).stem)
+    voice.save(args.out)
+    note = f" (cut to its first {reference.policy.max_seconds:g} s)" if reference.truncated else ""
+    print(f"wrote voice {voice.name!r} for {variant.name} to {args.out}: reference {reference.duration:.2f} s"
+          f"{note}, {voice.t3_prompt_tokens.shape[1]} T3 prompt tokens, "
+          f"{voice.s3gen_prompt_tokens.shape[1]} S3Gen prompt tokens; content hash {voice.content_hash}")
+    return 0
+
+
+def _add_synth_parser(sub) -> None:
+    p = sub.add_parser("synth", help="speak a text to an audio file (the plain, exact path)",
+                       description="Speak TEXT (or --text-file) with a variant's models and write "
+                                   "a .wav, .flac or .mp3 file. Unset options use the variant's defaults.")
+    _add_variant(p)
+    _add_checkpoint(p)
+    p.add_argument("text", nargs="?", default=None, help="the text to speak")
+    p.add_argument("--text-file", default=None, help="read the text from this UTF-8 file instead")
+    p.add_argument("--out", "-o", required=True, help="output file; the format comes from .wav, .flac or .mp3")
+    p.add_argument("--voice", default=None, metavar="FILE",
+                   help="reference clip (any audio file) or a voice saved by `chorus voice create` "
+                        "(.safetensors); default: the checkpoint's built-in voice")
+    p.add_argument("--language", "-l", default=None, help="language code (required by multilingual variants)")
+    p.add_argument("--exaggeration", type=float, default=None, help="emotion strength (original, multilingual)")
+    p.add_argument("--cfg-weight", type=float, default=None, help="classifier-free guidance weight (0 disables)")
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (0 = greedy)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold in (0, 1]")
+    p.add_argument("--min-p", type=float, default=None, help="min-p threshold in [0, 1]")
+    p.add_argument("--top-k", type=int, default=None, help="top-k (Turbo/Nano; 0 disables)")
+    p.add_argument("--repetition-penalty", type=float, default=None, help="repetition penalty (1 disables)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: a random one, printed)")
+    p.add_argument("--flow-steps", type=int, default=None, help="S3Gen solver steps (default 10; Turbo/Nano 2)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="speech tokens per chunk at most (25 per second)")
+    p.add_argument("--min-new-tokens", type=int, default=None, help="speech tokens per chunk at least (EOS banned before)")
+    p.add_argument("--watermark", choices=["perth"], default=None,
+                   help="apply Resemble's Perth watermark (needs the `watermark` extra); default: none")
+    p.add_argument("--dtype", default="fp32", help="fp32, bf16 or fp16 for T3 and S3Gen (default fp32)")
+    p.add_argument("--device", default="auto", help="cuda, cpu or auto (default)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.set_defaults(handler=_cmd_synth)
+
+
+def _add_voice_parser(sub) -> None:
+    voice = sub.add_parser("voice", help="build voices from reference clips")
+    voice_sub = voice.add_subparsers(dest="voice_command", metavar="ACTION")
+    p = voice_sub.add_parser("create", help="build a voice from a reference clip and save it (.safetensors)")
+    _add_variant(p)
+    _add_checkpoint(p)
+    p.add_argument("--audio", "-a", required=True, help="reference clip (5-15 s of clean speech works best)")
+    p.add_argument("--out", "-o", required=True, help="voice file to write (.safetensors)")
+    p.add_argument("--name", default=None, help="voice name stored in the file (default: the clip's file name)")
+    p.add_argument("--device", default="auto", help="cuda, cpu or auto (default)")
+    p.set_defaults(handler=_cmd_voice_create)
+    voice.set_defaults(handler=lambda a: (voice.print_help(), 2)[1])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="chorus",
@@ -115,6 +255,33 @@ def build_parser() -> argparse.ArgumentParser:
     _add_checkpoint(p)
     p.set_defaults(handler=_cmd_checkpoint_check)
     ckpt.set_defaults(handler=lambda a: (ckpt.print_help(), 2)[1])
+
+    bench = sub.add_parser("bench", help="benchmarks that print JSON")
+    bench_sub = bench.add_subparsers(dest="bench_command", metavar="STAGE")
+    p = bench_sub.add_parser(
+        "t3", help="T3 engine: decode step latency and tokens/s per batch size, the benchmark-text "
+                   "workload, optionally the reference T3 loop for the ratio (fixed output lengths)")
+    _add_variant(p)
+    p.add_argument("--checkpoint", "-c", default=None,
+                   help="checkpoint dir or hub id (default: random weights in a temporary directory)")
+    p.add_argument("--dtype", default="bf16", help="fp32, bf16 or fp16 (default bf16)")
+    p.add_argument("--device", default="auto", help="cuda, cpu or auto (default)")
+    p.add_argument("--batch-sizes", default="1,8,64,256", help="concurrent requests for the decode test")
+    p.add_argument("--decode-steps", type=int, default=50, help="timed decode steps per batch size")
+    p.add_argument("--no-workload", action="store_true", help="skip the whole-text workload")
+    p.add_argument("--text-file", default=None, help="workload text (default: the shipped benchmark text)")
+    p.add_argument("--tokens-per-char", type=float, default=1.6, help="fixed output length per input character")
+    p.add_argument("--cfg-weight", type=float, default=0.5, help="CFG weight for variants with CFG")
+    p.add_argument("--reference", action="store_true",
+                   help="also time the reference chatterbox-tts T3 loop (needs chatterbox-tts installed)")
+    p.add_argument("--reference-chunks", type=int, default=3, help="workload chunks the reference runs")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly")
+    p.add_argument("--out", "-o", default=None, help="also write the JSON report to this file")
+    p.set_defaults(handler=_cmd_bench_t3)
+    bench.set_defaults(handler=lambda a: (bench.print_help(), 2)[1])
+
+    _add_synth_parser(sub)
+    _add_voice_parser(sub)
 
     p = sub.add_parser("tokenize", help="print the T3 text token ids of a text")
     _add_variant(p)

@@ -25,12 +25,15 @@ class CacheConfig:
     num_blocks: pool size; None means "from ``gpu_memory_utilization`` after profiling".
     gpu_memory_utilization: fraction of GPU memory the process may use, KV pool included.
     enable_prefix_caching: reuse blocks across requests with the same prefix.
+    kv_cache_bytes: explicit byte budget of the pool (used when num_blocks is None; the
+        default on CPU is 1 GiB, on GPU the budget comes from profiling).
     """
 
     block_size: int = 16
     num_blocks: int | None = None
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
+    kv_cache_bytes: int | None = None
 
     def __post_init__(self):
         b = self.block_size
@@ -38,6 +41,8 @@ class CacheConfig:
                  f"block_size must be a power of two in [1, 256], got {b!r}")
         _require(self.num_blocks is None or (isinstance(self.num_blocks, int) and self.num_blocks > 0),
                  f"num_blocks must be a positive int or None, got {self.num_blocks!r}")
+        _require(self.kv_cache_bytes is None or (isinstance(self.kv_cache_bytes, int) and self.kv_cache_bytes > 0),
+                 f"kv_cache_bytes must be a positive int or None, got {self.kv_cache_bytes!r}")
         _require(0.0 < self.gpu_memory_utilization <= 1.0,
                  f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
 

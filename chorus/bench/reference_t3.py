@@ -1,0 +1,130 @@
+"""Times the reference package's own T3 generation loop (``chatterbox-tts``), for benchmark ratios.
+
+The reference is an optional, benchmark-only dependency; Chorus never imports it elsewhere. It
+runs as shipped (fp32, one chunk at a time, its own sampling loop), with random weights, and a
+forward hook on its speech head fixes each chunk's output length like Chorus's benchmark does
+(EOS banned until the length, then forced).
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+import types
+
+import torch
+
+from chorus.models.variants import Variant
+from chorus.voices import Voice
+
+
+def _install_import_shims() -> list[str]:
+    """``import chatterbox`` pulls in the watermarker and librosa, which T3 never uses; where
+    they are not installed, stand-ins let the package import (T3 code paths are unaffected)."""
+    shimmed = []
+    try:
+        importlib.import_module("perth")
+    except Exception:
+        perth = types.ModuleType("perth")
+
+        class PerthImplicitWatermarker:  # noqa: D401 - minimal stand-in
+            def apply_watermark(self, wav, sample_rate, **_):
+                return wav
+
+        perth.PerthImplicitWatermarker = PerthImplicitWatermarker
+        sys.modules["perth"] = perth
+        shimmed.append("perth")
+    try:
+        importlib.import_module("librosa")
+    except Exception:
+        librosa = types.ModuleType("librosa")
+        filters = types.ModuleType("librosa.filters")
+
+        def _unavailable(*args, **kwargs):
+            raise RuntimeError("librosa is not installed; the T3 benchmark does not need it")
+
+        filters.mel = _unavailable
+        librosa.filters = filters
+        librosa.load = librosa.resample = _unavailable
+        sys.modules["librosa"], sys.modules["librosa.filters"] = librosa, filters
+        shimmed.append("librosa")
+    return shimmed
+
+
+def _build_reference(variant: Variant, device: torch.device):
+    from chatterbox.models.t3 import T3
+    from chatterbox.models.t3.modules.t3_config import T3Config
+
+    if variant.t3.backbone.kind == "llama":
+        hp = T3Config.english_only() if variant.name == "original" else T3Config.multilingual()
+    else:
+        hp = T3Config(text_tokens_dict_size=variant.t3.text_vocab_size)
+        hp.llama_config_name = "GPT2_medium"
+        hp.speech_tokens_dict_size = variant.t3.speech_vocab_size
+        hp.input_pos_emb = None
+        hp.speech_cond_prompt_len = variant.t3.speech_cond_prompt_len
+        hp.use_perceiver_resampler = False
+        hp.emotion_adv = False
+        if variant.name == "nano":
+            raise ValueError("the PyPI reference has no nano config; benchmark turbo instead")
+    return T3(hp).to(device).eval(), hp
+
+
+def _force_lengths(t3, eos: int, vocab_real: int):
+    state = {"calls": 0, "target": 0}
+
+    def hook(_module, _inputs, output):
+        call = state["calls"]
+        state["calls"] += 1
+        out = output.clone()
+        if call < state["target"]:
+            out[..., vocab_real:] = float("-inf")  # no BOS/EOS/unused ids before the length
+        else:
+            out[...] = float("-inf")
+            out[..., eos] = 0.0
+        return out
+
+    handle = t3.speech_head.register_forward_hook(hook)
+    return state, handle
+
+
+@torch.inference_mode()
+def run_reference_t3(variant: Variant, voice: Voice, chunk_ids: list[list[int]], lengths: list[int],
+                     *, cfg_weight: float, device: torch.device) -> dict:
+    shims = _install_import_shims()
+    from chatterbox.models.t3.modules.cond_enc import T3Cond
+
+    t3, hp = _build_reference(variant, device)
+    state, handle = _force_lengths(t3, variant.t3.stop_speech_token, variant.t3.num_speech_codes)
+    cond = dict(speaker_emb=voice.speaker_embedding.to(device),
+                cond_prompt_speech_tokens=voice.t3_prompt_tokens.to(device))
+    times, tokens = [], 0
+    try:
+        for ids, n in zip(chunk_ids, lengths):
+            state["calls"], state["target"] = 0, n
+            text = torch.tensor(ids, dtype=torch.long, device=device)[None]
+            if variant.t3.start_text_token is not None:
+                sot, eot = variant.t3.start_text_token, variant.t3.stop_text_token
+                text = torch.nn.functional.pad(text, (1, 0), value=sot)
+                text = torch.nn.functional.pad(text, (0, 1), value=eot)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            if variant.t3.backbone.kind == "llama":
+                t3_cond = T3Cond(**cond, emotion_adv=0.5 * torch.ones(1, 1, 1, device=device))
+                out = t3.inference(t3_cond=t3_cond, text_tokens=torch.cat([text, text]),
+                                   max_new_tokens=max(lengths) + 2, cfg_weight=cfg_weight)
+            else:
+                t3_cond = T3Cond(**cond)
+                out = t3.inference_turbo(t3_cond, text, max_gen_len=max(lengths) + 2)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+            tokens += n
+            del out
+    finally:
+        handle.remove()
+    elapsed = sum(times)
+    return {"chunks": len(chunk_ids), "speech_tokens": tokens, "t3_seconds": round(elapsed, 3),
+            "speech_tokens_per_s": round(tokens / elapsed, 1), "dtype": "fp32 (as shipped)",
+            "import_shims": shims, "note": "one chunk at a time, as the reference runs"}

@@ -1,0 +1,190 @@
+"""``chorus bench t3``: speed of the T3 engine, with the reference T3 loop for the ratio.
+
+Output lengths are fixed (``tokens_per_char`` speech tokens per input character, 1.6 being the
+ratio of the public 40-minute benchmark run) so random weights give the same work as a trained
+model: EOS is banned until the length is reached, then generation stops. Measures:
+
+- decode: per-step latency and speech tokens/s with B concurrent requests all decoding;
+- workload: the benchmark text chunked at sentences, all chunks submitted at once, one voice;
+- reference (optional): the reference package's own T3 loop (one chunk at a time, as it runs)
+  on a few chunks of the same workload, on the same device, extrapolated to the whole workload.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from chorus.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from chorus.engine.engine import T3Engine, T3Request
+from chorus.models.loading import Checkpoint, load_t3, parse_device, parse_dtype
+from chorus.models.random_checkpoint import write_random_checkpoint
+from chorus.models.variants import get_variant
+from chorus.sampling import SamplingParams
+from chorus.text import load_text_encoder, split_into_chunks
+from chorus.voices import Voice
+
+
+@dataclass
+class T3BenchConfig:
+    variant: str = "original"
+    checkpoint: str | None = None  # None: a random-weight checkpoint in a temporary directory
+    dtype: str = "bf16"
+    device: str = "auto"
+    batch_sizes: tuple[int, ...] = (1, 8, 64, 256)
+    decode_steps: int = 50
+    warmup_steps: int = 5
+    workload: bool = True
+    text_file: str | None = None  # default: the shipped benchmark-text-1.txt
+    max_chars: int = 400
+    tokens_per_char: float = 1.6
+    cfg_weight: float = 0.5
+    reference: bool = False
+    reference_chunks: int = 3
+    cuda_graphs: bool = True
+    max_num_seqs: int = 512
+    max_num_batched_tokens: int = 16384
+    max_model_len: int = 2048
+    kv_cache_gib: float = 64.0
+    extra: dict = field(default_factory=dict)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _engine(model, variant, cfg: T3BenchConfig, rows: int) -> T3Engine:
+    config = EngineConfig(
+        variant=variant.name, default_deadline_s=None,
+        cache=CacheConfig(kv_cache_bytes=int(cfg.kv_cache_gib * 2**30)),
+        scheduler=SchedulerConfig(max_num_seqs=rows, max_num_batched_tokens=max(cfg.max_num_batched_tokens, rows),
+                                  max_model_len=cfg.max_model_len),
+    )
+    return T3Engine(model, variant, config, cuda_graphs=cfg.cuda_graphs)
+
+
+def _release(engine: T3Engine) -> None:
+    """Free an engine's KV pool and graphs before the next one is built."""
+    import gc
+
+    engine.runner.graphs = None
+    del engine
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _params(variant, cfg: T3BenchConfig, n_tokens: int, seed: int) -> SamplingParams:
+    return SamplingParams.for_variant(
+        variant, seed=seed, max_new_tokens=n_tokens, min_new_tokens=n_tokens,
+        cfg_weight=cfg.cfg_weight if variant.t3.supports_cfg else None)
+
+
+def bench_decode(model, variant, voice, text_ids, cfg: T3BenchConfig, batch: int) -> dict:
+    rows_per_request = 2 if variant.t3.supports_cfg and cfg.cfg_weight > 0 else 1
+    engine = _engine(model, variant, cfg, batch * rows_per_request)
+    device = model.device
+    total = cfg.warmup_steps + cfg.decode_steps + 2
+    ids = [engine.add_request(T3Request(text_ids, voice, _params(variant, cfg, total, i))) for i in range(batch)]
+    produced = {rid: 0 for rid in ids}
+    while min(produced.values()) < 1:  # prefill everything first
+        for e in engine.step():
+            if e.new_token is not None:
+                produced[e.request_id] += 1
+    for _ in range(cfg.warmup_steps):
+        engine.step()
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(cfg.decode_steps):
+        engine.step()
+    _sync(device)
+    elapsed = time.perf_counter() - start
+    for rid in ids:
+        engine.abort(rid)
+    graphs = engine.runner.graphs is not None
+    _release(engine)
+    step_ms = 1000 * elapsed / cfg.decode_steps
+    return {"batch": batch, "rows": batch * rows_per_request, "step_ms": round(step_ms, 3),
+            "speech_tokens_per_s": round(batch / (step_ms / 1000), 1),
+            "cuda_graphs": graphs}
+
+
+def workload_chunks(cfg: T3BenchConfig) -> list[str]:
+    if cfg.text_file:
+        text = Path(cfg.text_file).read_text(encoding="utf-8")
+    else:
+        text = resources.files("chorus.assets").joinpath("benchmark-text-1.txt").read_text(encoding="utf-8")
+    return split_into_chunks(text, max_chars=cfg.max_chars)
+
+
+def bench_workload(model, variant, voice, encoder, chunks: list[str], cfg: T3BenchConfig) -> dict:
+    lengths = [max(1, round(cfg.tokens_per_char * len(c))) for c in chunks]
+    requests = [T3Request(encoder.encode(c), voice, _params(variant, cfg, n, i))
+                for i, (c, n) in enumerate(zip(chunks, lengths))]
+    engine = _engine(model, variant, cfg, cfg.max_num_seqs)
+    _sync(model.device)
+    start = time.perf_counter()
+    results = engine.generate(requests)
+    _sync(model.device)
+    elapsed = time.perf_counter() - start
+    steps, preemptions = engine.num_steps, engine.scheduler.num_preemptions
+    _release(engine)
+    tokens = sum(len(r.tokens) for r in results)
+    assert tokens == sum(lengths), "fixed lengths were not honoured"
+    audio_s = tokens / 25.0
+    return {"chunks": len(chunks), "speech_tokens": tokens, "audio_seconds": round(audio_s, 1),
+            "t3_seconds": round(elapsed, 3), "speech_tokens_per_s": round(tokens / elapsed, 1),
+            "realtime_factor": round(audio_s / elapsed, 1), "engine_steps": steps,
+            "preemptions": preemptions}
+
+
+def run(cfg: T3BenchConfig) -> dict:
+    variant = get_variant(cfg.variant)
+    device = parse_device(cfg.device)
+    dtype = parse_dtype(cfg.dtype)
+    with tempfile.TemporaryDirectory() as tmp:
+        location = cfg.checkpoint or write_random_checkpoint(variant, tmp, components=("t3", "tokenizer", "conds"))
+        ckpt = Checkpoint.open(variant, location) if cfg.checkpoint else Checkpoint(variant, Path(location))
+        model = load_t3(ckpt, dtype=dtype, device=device)
+        encoder = load_text_encoder(variant, ckpt.directory)
+        voice = Voice.from_conditionals(ckpt.builtin_voice_state())
+    chunks = workload_chunks(cfg)
+    report: dict = {
+        "variant": variant.name, "dtype": cfg.dtype, "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "random_weights": cfg.checkpoint is None, "cfg_weight": cfg.cfg_weight if variant.t3.supports_cfg else 0.0,
+        "tokens_per_char": cfg.tokens_per_char, "torch": torch.__version__,
+    }
+    text_ids = encoder.encode(chunks[0])
+    report["decode"] = [bench_decode(model, variant, voice, text_ids, cfg, b) for b in cfg.batch_sizes]
+    if cfg.workload:
+        report["workload"] = bench_workload(model, variant, voice, encoder, chunks, cfg)
+    if cfg.reference:
+        from chorus.bench.reference_t3 import run_reference_t3
+
+        subset = chunks[: cfg.reference_chunks]
+        ref = run_reference_t3(variant, voice, [encoder.encode(c) for c in subset],
+                               [max(1, round(cfg.tokens_per_char * len(c))) for c in subset],
+                               cfg_weight=cfg.cfg_weight, device=device)
+        total_tokens = sum(max(1, round(cfg.tokens_per_char * len(c))) for c in chunks)
+        ref["extrapolated_workload_t3_seconds"] = round(total_tokens / ref["speech_tokens_per_s"], 1)
+        report["reference"] = ref
+        if cfg.workload:
+            report["speedup_vs_reference"] = round(
+                ref["extrapolated_workload_t3_seconds"] / report["workload"]["t3_seconds"], 1)
+    return report
+
+
+def main_json(cfg: T3BenchConfig, out: str | None) -> dict:
+    report = run(cfg)
+    text = json.dumps(report, indent=2)
+    if out:
+        Path(out).write_text(text)
+    print(text)
+    return report

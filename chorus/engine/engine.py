@@ -1,0 +1,233 @@
+"""The T3 engine: continuous batching of many requests over one model and one paged KV cache.
+
+``add_request`` / ``step`` / ``abort`` are the synchronous core (one owner thread);
+``generate`` runs a list of requests to completion (batch jobs, benchmarks);
+``chorus.engine.async_engine.AsyncT3Engine`` puts the loop on its own thread and streams
+tokens to asyncio consumers.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from chorus.engine.config import EngineConfig
+from chorus.engine.kv_cache_manager import KVCacheManager
+from chorus.engine.model_runner import ModelRunner
+from chorus.engine.paged_cache import PagedKVCache, kv_bytes_per_block
+from chorus.engine.request import FinishReason, Priority, Request, T3Prompt, conditioning_key
+from chorus.engine.scheduler import RequestOutput, Scheduler, SchedulerStats
+from chorus.models.t3.model import T3Model
+from chorus.models.variants import Variant
+from chorus.sampling import NO_TOKEN, SamplingParams
+from chorus.voices.voice import Voice
+
+_ids = itertools.count()
+DEFAULT_CPU_KV_BYTES = 1 << 30
+
+
+@dataclass
+class T3Request:
+    """One generation as a caller submits it.
+
+    text_ids: tokenizer output (unframed; the engine adds SOT/EOT where the variant needs them).
+    params: sampling parameters (``SamplingParams.for_variant``); its ``max_new_tokens``,
+    ``min_new_tokens`` and ``ignore_eos`` bound the output. deadline_s: seconds from now, None for
+    the engine's default.
+    """
+
+    text_ids: Sequence[int]
+    voice: Voice
+    params: SamplingParams
+    exaggeration: float = 0.5
+    priority: int = Priority.NORMAL
+    deadline_s: float | None = None
+    request_id: str | None = None
+
+
+@dataclass
+class T3Result:
+    request_id: str
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+
+
+class T3Engine:
+    """Owns the scheduler, the KV cache and the model runner of one T3 model."""
+
+    def __init__(self, model: T3Model, variant: Variant, config: EngineConfig | None = None,
+                 *, attention_backend: str = "auto", conditioning_cache_size: int = 256,
+                 cuda_graphs: bool = True):
+        self.model = model
+        self.variant = variant
+        self.config = config or EngineConfig(variant=variant.name)
+        bb = variant.t3.backbone
+        cache_cfg = self.config.cache
+        num_blocks = cache_cfg.num_blocks or self._size_pool(model)
+        self.kv_cache = PagedKVCache(
+            bb.num_layers, num_blocks, cache_cfg.block_size, bb.num_kv_heads, bb.head_dim,
+            dtype=model.dtype, device=model.device, backend=attention_backend,
+        )
+        self.kv_manager = KVCacheManager(num_blocks, cache_cfg.block_size, cache_cfg.enable_prefix_caching)
+        self.scheduler = Scheduler(self.config.scheduler, self.kv_manager)
+        self.runner = ModelRunner(model, variant, self.kv_cache)
+        if cuda_graphs and model.device.type == "cuda":
+            from chorus.engine.cuda_graphs import CudaGraphDecoder
+
+            sched = self.config.scheduler
+            self.runner.graphs = CudaGraphDecoder(
+                model, self.kv_cache, max_rows=min(sched.max_num_seqs, 512),
+                max_blocks_per_row=-(-sched.max_model_len // cache_cfg.block_size), max_seq_len=sched.max_model_len)
+        self._conditioning: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+        self._conditioning_cache_size = conditioning_cache_size
+        self.num_steps = 0
+
+    # -- sizing ----------------------------------------------------------------------------------
+    def _size_pool(self, model: T3Model) -> int:
+        bb, cache_cfg = self.variant.t3.backbone, self.config.cache
+        per_block = kv_bytes_per_block(bb.num_layers, cache_cfg.block_size, bb.num_kv_heads, bb.head_dim, model.dtype)
+        if cache_cfg.kv_cache_bytes is not None:
+            budget = cache_cfg.kv_cache_bytes
+        elif model.device.type == "cuda":
+            budget = self._profile_free_bytes(model)
+        else:
+            budget = DEFAULT_CPU_KV_BYTES
+        num_blocks = int(budget // per_block)
+        need = -(-self.config.scheduler.max_model_len // cache_cfg.block_size) * (2 if self.variant.t3.supports_cfg else 1)
+        if num_blocks < need:
+            raise ValueError(
+                f"the KV cache budget of {budget / 2**20:.0f} MiB holds {num_blocks} blocks but one "
+                f"request of max_model_len={self.config.scheduler.max_model_len} needs {need}; raise "
+                f"gpu_memory_utilization / kv_cache_bytes or lower max_model_len")
+        return num_blocks
+
+    def _profile_free_bytes(self, model: T3Model) -> int:
+        """Bytes left for the KV pool under ``gpu_memory_utilization`` after a forward of the
+        largest step (``max_num_batched_tokens`` prefill positions) on a scratch cache."""
+        device = model.device
+        tokens = self.config.scheduler.max_num_batched_tokens
+        bb = self.variant.t3.backbone
+        scratch_blocks = -(-tokens // self.config.cache.block_size)
+        scratch = PagedKVCache(bb.num_layers, scratch_blocks, self.config.cache.block_size,
+                               bb.num_kv_heads, bb.head_dim, dtype=model.dtype, device=device)
+        from chorus.engine.paged_cache import AttentionMetadata
+
+        slots = torch.arange(tokens, device=device)
+        positions = slots.clamp(max=bb.max_positions - 1)  # GPT-2 has a finite position table
+        scratch.metadata = AttentionMetadata(
+            slot_mapping=slots, block_tables=torch.arange(scratch_blocks, device=device, dtype=torch.int32)[None],
+            seq_lens=torch.tensor([tokens], device=device, dtype=torch.int32),
+            query_start_loc=torch.tensor([0, tokens], device=device, dtype=torch.int32),
+            max_query_len=tokens, max_seq_len=tokens, num_decodes=0)
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        with torch.inference_mode():
+            embeds = torch.zeros(tokens, bb.hidden_size, dtype=model.dtype, device=device)
+            hidden = model(embeds, positions, scratch)
+            model.speech_logits(hidden[-256:]).float()
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device)
+        del scratch, hidden, embeds
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(device)
+        used_by_others = total - free - torch.cuda.memory_reserved(device)
+        budget = total * self.config.cache.gpu_memory_utilization - used_by_others - peak
+        return max(int(budget), 0)
+
+    # -- requests --------------------------------------------------------------------------------
+    def conditioning_for(self, voice: Voice, exaggeration: float) -> tuple[bytes, torch.Tensor]:
+        """Cache key and embeddings [1, C, D] of a voice's conditioning prefix (memoised)."""
+        exaggeration = float(exaggeration) if self.variant.t3.emotion_adv else 0.0
+        key = conditioning_key(self.variant.name, voice.content_hash, exaggeration)
+        cond = self._conditioning.get(key)
+        if cond is None:
+            with torch.inference_mode():
+                cond = self.model.encode_conditioning(
+                    voice.speaker_embedding, voice.t3_prompt_tokens, exaggeration,
+                    prompt_embeds=voice.t3_prompt_embeds)
+            self._conditioning[key] = cond
+            if len(self._conditioning) > self._conditioning_cache_size:
+                self._conditioning.popitem(last=False)
+        else:
+            self._conditioning.move_to_end(key)
+        return key, cond
+
+    def add_request(self, request: T3Request) -> str:
+        """Queue a request; returns its id. Raises ``AdmissionError`` / ``ValueError`` when it
+        can never run (nothing is allocated then)."""
+        params = request.params.fitted_to(self.variant)
+        request_id = request.request_id or f"t3-{next(_ids)}"
+        cfg = self.variant.t3.supports_cfg and params.cfg_weight > 0
+        key, cond = self.conditioning_for(request.voice, request.exaggeration)
+        text_ids = torch.as_tensor(list(request.text_ids), dtype=torch.long)
+        if text_ids.numel() == 0:
+            raise ValueError("the request has no text tokens")
+        prompt = T3Prompt.for_variant(self.variant.t3, cond_key=key, cond_len=cond.shape[1],
+                                      text_ids=text_ids.tolist(), cfg=cfg)
+        deadline_s = request.deadline_s if request.deadline_s is not None else self.config.default_deadline_s
+        engine_request = Request(
+            request_id, prompt, sampling=params, priority=request.priority,
+            deadline=None if deadline_s is None else time.monotonic() + deadline_s,
+            max_tokens=params.max_new_tokens, min_tokens=params.min_new_tokens, ignore_eos=params.ignore_eos,
+        )
+        self.scheduler.add_request(engine_request)
+        self.runner.add_request(request_id, cond, text_ids, cfg, params)
+        return request_id
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Finish a request now, freeing every block it holds."""
+        out = self.scheduler.abort(request_id)
+        self.runner.remove_request(request_id)
+        return out
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def stats(self) -> SchedulerStats:
+        return self.scheduler.stats()
+
+    # -- the loop --------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model once, sample, and return what each request got this step."""
+        out = self.scheduler.schedule()
+        results = list(out.finished)
+        try:
+            sampled = self.runner.execute(out)
+        except Exception as exc:  # noqa: BLE001 - one failed step must not take the engine down
+            # fail the step's requests (their blocks are freed), keep serving the others
+            message = f"{type(exc).__name__}: {exc}"
+            for request_id in out.requests:
+                if self.scheduler.abort(request_id, FinishReason.ERROR, message) is not None:
+                    results.append(RequestOutput(request_id, None, FinishReason.ERROR, message))
+            sampled = {}
+        for request_id, token in list(sampled.items()):
+            if token == NO_TOKEN:  # every logit was -inf: nothing can be sampled, stop here
+                del sampled[request_id]
+                self.scheduler.abort(request_id, FinishReason.EOS)
+                results.append(RequestOutput(request_id, None, FinishReason.EOS))
+        results.extend(self.scheduler.update_from_output(out, sampled))
+        for result in results:
+            if result.finish_reason is not None:
+                self.runner.remove_request(result.request_id)
+        self.num_steps += 1
+        return results
+
+    def generate(self, requests: Sequence[T3Request]) -> list[T3Result]:
+        """Run ``requests`` to completion with continuous batching; results in input order."""
+        ids = [self.add_request(r) for r in requests]
+        results = {rid: T3Result(rid) for rid in ids}
+        while self.has_unfinished_requests():
+            for event in self.step():
+                result = results.get(event.request_id)
+                if result is None:
+                    continue
+                if event.new_token is not None:
+                    result.tokens.append(event.new_token)
+                if event.finish_reason is not None:
+                    result.finish_reason, result.error = event.finish_reason, event.error
+        return [results[rid] for rid in ids]

@@ -1,0 +1,143 @@
+"""A voice: everything T3 and S3Gen need to speak like a reference clip.
+
+A ``Voice`` is built once per reference clip (``chorus.voices.from_audio``) or read from a
+checkpoint's built-in ``conds.pt``, then reused by every request. Its ``content_hash`` keys
+caches (the engine's conditioning-prefix blocks, the voice store).
+
+On disk a voice is one safetensors file: tensors ``speaker_embedding`` [1, 256],
+``t3_prompt_tokens`` [1, P], ``s3gen_prompt_tokens`` [1, Tp], ``s3gen_prompt_mel`` [1, Tm, 80],
+``xvector`` [1, 192]; metadata ``format`` = ``chorus-voice/1`` and ``variant_family``.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+FORMAT = "chorus-voice/1"
+_TENSORS = ("speaker_embedding", "t3_prompt_tokens", "s3gen_prompt_tokens", "s3gen_prompt_mel", "xvector")
+
+
+class VoiceFormatError(ValueError):
+    """A voice file or conditionals dict does not have the expected structure."""
+
+
+@dataclass(frozen=True, eq=False)
+class Voice:
+    """Conditioning of one voice, on the CPU.
+
+    speaker_embedding: [1, 256] voice-encoder embedding (T3 speaker token).
+    t3_prompt_tokens: [1, P] speech tokens of the reference clip (T3 prompt).
+    s3gen_prompt_tokens: [1, Tp], s3gen_prompt_mel: [1, Tm, 80] (24 kHz log-mel),
+    xvector: [1, 192] CAMPPlus embedding (S3Gen speaker conditioning).
+    t3_prompt_embeds: an already-embedded T3 prompt [1, P, D], only when a built-in voice
+    ships one (it is then used instead of embedding ``t3_prompt_tokens``).
+    """
+
+    speaker_embedding: torch.Tensor
+    t3_prompt_tokens: torch.Tensor
+    s3gen_prompt_tokens: torch.Tensor
+    s3gen_prompt_mel: torch.Tensor
+    xvector: torch.Tensor
+    t3_prompt_embeds: torch.Tensor | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        def check(cond: bool, what: str) -> None:
+            if not cond:
+                raise VoiceFormatError(f"voice {self.name or '(unnamed)'}: {what}")
+
+        check(self.speaker_embedding.shape == (1, 256), f"speaker_embedding must be [1, 256], got {list(self.speaker_embedding.shape)}")
+        check(self.t3_prompt_tokens.ndim == 2 and self.t3_prompt_tokens.shape[0] == 1, "t3_prompt_tokens must be [1, P]")
+        check(self.s3gen_prompt_tokens.ndim == 2 and self.s3gen_prompt_tokens.shape[0] == 1, "s3gen_prompt_tokens must be [1, Tp]")
+        check(self.s3gen_prompt_mel.ndim == 3 and self.s3gen_prompt_mel.shape[0] == 1 and self.s3gen_prompt_mel.shape[2] == 80,
+              "s3gen_prompt_mel must be [1, Tm, 80]")
+        check(self.xvector.shape == (1, 192), f"xvector must be [1, 192], got {list(self.xvector.shape)}")
+        for tokens in (self.t3_prompt_tokens, self.s3gen_prompt_tokens):
+            check(not tokens.is_floating_point(), "prompt tokens must be integers")
+            check(tokens.numel() == 0 or (int(tokens.min()) >= 0 and int(tokens.max()) < 6561),
+                  "prompt tokens must be speech codes in [0, 6560]")
+
+    @property
+    def content_hash(self) -> str:
+        """Stable hex digest of the conditioning values (not of the name)."""
+        h = hashlib.blake2b(digest_size=16)
+        for key in _TENSORS:
+            t = getattr(self, key).detach().to("cpu").contiguous()
+            h.update(f"{key}:{t.dtype}:{list(t.shape)};".encode())
+            h.update(t.numpy().tobytes())
+        if self.t3_prompt_embeds is not None:
+            h.update(self.t3_prompt_embeds.detach().float().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()
+
+    # ---- conds.pt (the official built-in voice) -----------------------------------------------
+
+    @classmethod
+    def from_conditionals(cls, conds: Mapping[str, Any], name: str = "builtin") -> "Voice":
+        """From the official ``conds.pt`` dict ``{"t3": {...}, "gen": {...}}``."""
+        try:
+            t3, gen = conds["t3"], conds["gen"]
+            prompt_embeds = t3.get("cond_prompt_speech_emb")
+            return cls(
+                speaker_embedding=t3["speaker_emb"].float().reshape(1, -1),
+                t3_prompt_tokens=t3["cond_prompt_speech_tokens"].long().reshape(1, -1),
+                s3gen_prompt_tokens=gen["prompt_token"].long().reshape(1, -1),
+                s3gen_prompt_mel=gen["prompt_feat"].float(),
+                xvector=gen["embedding"].float().reshape(1, -1),
+                t3_prompt_embeds=None if prompt_embeds is None else prompt_embeds.float(),
+                name=name,
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise VoiceFormatError(f"not a Chatterbox conditionals dict: missing or malformed {exc}") from exc
+
+    def to_conditionals(self, exaggeration: float = 0.5) -> dict[str, Any]:
+        """The official ``conds.pt`` structure (so a voice can replace a checkpoint's built-in one)."""
+        return {
+            "t3": {
+                "speaker_emb": self.speaker_embedding, "clap_emb": None,
+                "cond_prompt_speech_tokens": self.t3_prompt_tokens,
+                "cond_prompt_speech_emb": self.t3_prompt_embeds,
+                "emotion_adv": exaggeration * torch.ones(1, 1, 1),
+            },
+            "gen": {
+                "prompt_token": self.s3gen_prompt_tokens,
+                "prompt_token_len": torch.tensor([self.s3gen_prompt_tokens.shape[1]]),
+                "prompt_feat": self.s3gen_prompt_mel, "prompt_feat_len": None, "embedding": self.xvector,
+            },
+        }
+
+    # ---- Chorus voice files -------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike) -> Path:
+        from safetensors.torch import save_file
+
+        tensors = {k: getattr(self, k).contiguous() for k in _TENSORS}
+        if self.t3_prompt_embeds is not None:
+            tensors["t3_prompt_embeds"] = self.t3_prompt_embeds.contiguous()
+        save_file(tensors, str(path), metadata={"format": FORMAT, "name": self.name})
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Voice":
+        from safetensors import safe_open
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"voice file {path} does not exist")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
+        except Exception as exc:
+            raise VoiceFormatError(f"{path} is not a Chorus voice file: {exc}") from exc
+        if meta.get("format") != FORMAT:
+            raise VoiceFormatError(f"{path} is not a Chorus voice file (format {meta.get('format')!r}, expected {FORMAT!r})")
+        missing = [k for k in _TENSORS if k not in tensors]
+        if missing:
+            raise VoiceFormatError(f"voice file {path} lacks {', '.join(missing)}")
+        return cls(**{k: tensors[k] for k in _TENSORS}, t3_prompt_embeds=tensors.get("t3_prompt_embeds"),
+                   name=meta.get("name", path.stem))

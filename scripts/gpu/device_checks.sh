@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# GPU checks and benchmarks, run from the repository root on a CUDA machine.
+#   bash scripts/gpu/device_checks.sh tests|bench-original|bench-turbo|attention OUT_DIR
+# The reference chatterbox-tts (for the benchmark ratio) must be importable; WHEELS=DIR installs
+# it offline from wheels first (see scripts/gpu/README.md).
+set -uo pipefail
+what=${1:?usage: device_checks.sh tests|bench-original|bench-turbo|attention OUT_DIR}
+out=${2:?OUT_DIR}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TQDM_DISABLE=1
+if [[ -n "${WHEELS:-}" ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/chorus-site "$WHEELS"/*.whl || exit 1
+  export PYTHONPATH=/tmp/chorus-site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+case $what in
+  tests)
+    python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine tests/sampling 2>&1 | tee "$out/gpu_tests.log" ;;
+  bench-original)
+    python3 -m chorus.cli bench t3 --variant original --reference --out "$out/bench_t3_original.json" 2>&1 | tail -80 ;;
+  bench-turbo)
+    python3 -m chorus.cli bench t3 --variant turbo --reference --out "$out/bench_t3_turbo.json" 2>&1 | tail -80 ;;
+  attention)
+    python3 scripts/gpu/bench_attention.py --quick --out "$out/attention.json" 2>&1 | tail -40 ;;
+  *) echo "unknown check $what" >&2; exit 2 ;;
+esac

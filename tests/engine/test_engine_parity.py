@@ -1,0 +1,123 @@
+"""The engine's tokens equal the single-sequence reference path, token for token."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from chorus.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from chorus.engine.engine import T3Engine, T3Request
+from chorus.engine.request import FinishReason, Priority
+from chorus.sampling import SamplingParams
+from chorus.t3_sequential import generate_speech_tokens
+from tests.engine.tiny_models import tiny, voice
+
+VARIANTS = ["original", "multilingual", "turbo", "nano"]
+
+
+def _sequential(variant, model, req: T3Request) -> list[int]:
+    exaggeration = req.exaggeration if variant.t3.emotion_adv else 0.0
+    cond = model.encode_conditioning(req.voice.speaker_embedding, req.voice.t3_prompt_tokens, exaggeration)
+    return generate_speech_tokens(model, variant, cond, torch.tensor(req.text_ids), req.params).tokens
+
+
+def _engine(variant, model, *, num_blocks=None, max_num_seqs=64, budget=512, prefix=True, max_model_len=1024):
+    config = EngineConfig(
+        variant=variant.name, default_deadline_s=None,
+        cache=CacheConfig(block_size=16, num_blocks=num_blocks, kv_cache_bytes=64 << 20,
+                          enable_prefix_caching=prefix),
+        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
+                                  max_model_len=max_model_len),
+    )
+    return T3Engine(model, variant, config)
+
+
+def _requests(variant, n, *, seed=0, max_tokens=24, same_voice=False, **overrides):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        length = int(torch.randint(3, 40, (1,), generator=g))
+        text = torch.randint(1, min(variant.t3.text_vocab_size, 600), (length,), generator=g).tolist()
+        cfg = [0.3, 0.5, 1.0][i % 3] if variant.t3.supports_cfg else None
+        params = SamplingParams.for_variant(variant, seed=1000 + i, max_new_tokens=max_tokens,
+                                            cfg_weight=cfg, **overrides)
+        out.append(T3Request(text, voice(variant, 0 if same_voice else i), params,
+                             exaggeration=[0.5, 0.8, 0.3][i % 3], priority=i % 3))
+    return out
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_engine_alone_equals_sequential(name):
+    variant, model = tiny(name)
+    req = _requests(variant, 1)[0]
+    got = _engine(variant, model).generate([req])[0]
+    assert got.tokens == _sequential(variant, model, req)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_mixed_batch_equals_sequential(name):
+    """Mixed text lengths, cfg weights, exaggerations and priorities in one batch."""
+    variant, model = tiny(name)
+    reqs = _requests(variant, 6, seed=1)
+    results = _engine(variant, model, budget=96).generate(reqs)  # small budget: chunked prefill
+    for req, res in zip(reqs, results):
+        assert res.tokens == _sequential(variant, model, req), res.request_id
+
+
+def test_prefix_hits_do_not_change_tokens():
+    variant, model = tiny("original")
+    reqs = _requests(variant, 4, seed=2, same_voice=True)
+    for r in reqs:
+        r.exaggeration = 0.5
+    engine = _engine(variant, model)
+    first = engine.generate(reqs[:1])
+    rest = engine.generate(reqs[1:])
+    assert engine.kv_manager.metrics().prefix_hit_rate > 0
+    for req, res in zip(reqs, first + rest):
+        assert res.tokens == _sequential(variant, model, req)
+
+
+@pytest.mark.parametrize("name", ["original", "turbo"])
+def test_preemption_by_recompute_keeps_tokens(name):
+    variant, model = tiny(name)
+    reqs = _requests(variant, 6, seed=3, max_tokens=40, ignore_eos=True)
+    blocks, max_len = (24, 128) if name == "original" else (80, 512)
+    engine = _engine(variant, model, num_blocks=blocks, max_model_len=max_len)
+    results = engine.generate(reqs)
+    assert engine.scheduler.num_preemptions > 0
+    for req, res in zip(reqs, results):
+        assert res.tokens == _sequential(variant, model, req)
+    assert engine.kv_manager.num_free_blocks == blocks
+
+
+def test_abort_frees_blocks_and_stops_request():
+    variant, model = tiny("original")
+    reqs = _requests(variant, 3, seed=4, max_tokens=50, ignore_eos=True)
+    engine = _engine(variant, model)
+    ids = [engine.add_request(r) for r in reqs]
+    for _ in range(5):
+        engine.step()
+    out = engine.abort(ids[1])
+    assert out.finish_reason is FinishReason.ABORTED
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.kv_manager.num_free_blocks == engine.kv_cache.num_blocks
+    assert ids[1] not in engine.runner.requests
+
+
+def test_min_tokens_and_ignore_eos_are_respected():
+    variant, model = tiny("turbo")
+    reqs = _requests(variant, 2, seed=5, max_tokens=30, ignore_eos=True)
+    results = _engine(variant, model).generate(reqs)
+    assert all(len(r.tokens) == 30 and r.finish_reason is FinishReason.LENGTH for r in results)
+
+
+def test_priorities_order_admission_under_row_limit():
+    variant, model = tiny("turbo")
+    reqs = _requests(variant, 3, seed=6, max_tokens=8, ignore_eos=True)
+    reqs[0].priority, reqs[1].priority, reqs[2].priority = Priority.LOW, Priority.NORMAL, Priority.HIGH
+    engine = _engine(variant, model, max_num_seqs=1)
+    ids = [engine.add_request(r) for r in reqs]
+    finished = []
+    while engine.has_unfinished_requests():
+        finished += [e.request_id for e in engine.step() if e.finish_reason is not None]
+    assert finished == [ids[2], ids[1], ids[0]]
