@@ -8,6 +8,7 @@ forward hook on its speech head fixes each chunk's output length like Chorus's b
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import sys
 import time
 import types
@@ -32,6 +33,7 @@ def _install_import_shims() -> list[str]:
                 return wav
 
         perth.PerthImplicitWatermarker = PerthImplicitWatermarker
+        perth.__spec__ = importlib.machinery.ModuleSpec("perth", None)
         sys.modules["perth"] = perth
         shimmed.append("perth")
     try:
@@ -44,6 +46,8 @@ def _install_import_shims() -> list[str]:
             raise RuntimeError("librosa is not installed; the T3 benchmark does not need it")
 
         filters.mel = _unavailable
+        for module in (librosa, filters):  # some libraries probe importlib specs of optional deps
+            module.__spec__ = importlib.machinery.ModuleSpec(module.__name__, None)
         librosa.filters = filters
         librosa.load = librosa.resample = _unavailable
         sys.modules["librosa"], sys.modules["librosa.filters"] = librosa, filters
@@ -77,10 +81,11 @@ def _force_lengths(t3, eos: int, vocab_real: int):
         call = state["calls"]
         state["calls"] += 1
         out = output.clone()
+        # large finite values, not -inf: the reference's CFG combine would turn -inf - -inf into NaN
         if call < state["target"]:
-            out[..., vocab_real:] = float("-inf")  # no BOS/EOS/unused ids before the length
+            out[..., vocab_real:] = -1e9  # no BOS/EOS/unused ids before the length
         else:
-            out[...] = float("-inf")
+            out[...] = -1e9
             out[..., eos] = 0.0
         return out
 

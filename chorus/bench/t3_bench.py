@@ -50,7 +50,7 @@ class T3BenchConfig:
     max_num_seqs: int = 512
     max_num_batched_tokens: int = 16384
     max_model_len: int = 2048
-    kv_cache_gib: float = 64.0
+    kv_cache_gib: float = 64.0  # on CUDA; the CPU runs with 1 GiB
     extra: dict = field(default_factory=dict)
 
 
@@ -62,7 +62,7 @@ def _sync(device: torch.device) -> None:
 def _engine(model, variant, cfg: T3BenchConfig, rows: int) -> T3Engine:
     config = EngineConfig(
         variant=variant.name, default_deadline_s=None,
-        cache=CacheConfig(kv_cache_bytes=int(cfg.kv_cache_gib * 2**30)),
+        cache=CacheConfig(kv_cache_bytes=int((cfg.kv_cache_gib if model.device.type == "cuda" else 1.0) * 2**30)),
         scheduler=SchedulerConfig(max_num_seqs=rows, max_num_batched_tokens=max(cfg.max_num_batched_tokens, rows),
                                   max_model_len=cfg.max_model_len),
     )
@@ -90,7 +90,7 @@ def bench_decode(model, variant, voice, text_ids, cfg: T3BenchConfig, batch: int
     rows_per_request = 2 if variant.t3.supports_cfg and cfg.cfg_weight > 0 else 1
     engine = _engine(model, variant, cfg, batch * rows_per_request)
     device = model.device
-    total = cfg.warmup_steps + cfg.decode_steps + 2
+    total = cfg.warmup_steps + cfg.decode_steps + min(10, cfg.decode_steps) + 4
     ids = [engine.add_request(T3Request(text_ids, voice, _params(variant, cfg, total, i))) for i in range(batch)]
     produced = {rid: 0 for rid in ids}
     while min(produced.values()) < 1:  # prefill everything first
@@ -105,6 +105,7 @@ def bench_decode(model, variant, voice, text_ids, cfg: T3BenchConfig, batch: int
         engine.step()
     _sync(device)
     elapsed = time.perf_counter() - start
+    breakdown = _step_breakdown(engine, device, steps=min(10, cfg.decode_steps))
     for rid in ids:
         engine.abort(rid)
     graphs = engine.runner.graphs is not None
@@ -112,7 +113,39 @@ def bench_decode(model, variant, voice, text_ids, cfg: T3BenchConfig, batch: int
     step_ms = 1000 * elapsed / cfg.decode_steps
     return {"batch": batch, "rows": batch * rows_per_request, "step_ms": round(step_ms, 3),
             "speech_tokens_per_s": round(batch / (step_ms / 1000), 1),
-            "cuda_graphs": graphs}
+            "cuda_graphs": graphs, "breakdown_ms": breakdown}
+
+
+def _step_breakdown(engine: T3Engine, device: torch.device, steps: int) -> dict:
+    """Where a decode step's time goes, phase by phase with a device sync after each (so the
+    phases add up to more than a normal, partly overlapped step). The forward is run once alone
+    and once inside ``execute``; rewriting the same K/V twice is harmless."""
+    totals = dict(schedule=0.0, prepare=0.0, forward=0.0, sample=0.0, update=0.0)
+    runner, scheduler = engine.runner, engine.scheduler
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        out = scheduler.schedule()
+        t1 = time.perf_counter()
+        if out.is_empty:
+            scheduler.update_from_output(out, {})
+            break
+        inputs = runner.prepare(out)
+        _sync(device)
+        t2 = time.perf_counter()
+        runner.forward_logits(inputs)
+        _sync(device)
+        t3 = time.perf_counter()
+        sampled = runner.execute(out)
+        _sync(device)
+        t4 = time.perf_counter()
+        scheduler.update_from_output(out, sampled)
+        t5 = time.perf_counter()
+        totals["schedule"] += t1 - t0
+        totals["prepare"] += t2 - t1
+        totals["forward"] += t3 - t2
+        totals["sample"] += (t4 - t3) - (t3 - t1)  # execute = prepare + forward + sampling
+        totals["update"] += t5 - t4
+    return {k: round(1000 * v / steps, 3) for k, v in totals.items()}
 
 
 def workload_chunks(cfg: T3BenchConfig) -> list[str]:
@@ -169,9 +202,13 @@ def run(cfg: T3BenchConfig) -> dict:
         from chorus.bench.reference_t3 import run_reference_t3
 
         subset = chunks[: cfg.reference_chunks]
-        ref = run_reference_t3(variant, voice, [encoder.encode(c) for c in subset],
+        try:
+            ref = run_reference_t3(variant, voice, [encoder.encode(c) for c in subset],
                                [max(1, round(cfg.tokens_per_char * len(c))) for c in subset],
-                               cfg_weight=cfg.cfg_weight, device=device)
+                                   cfg_weight=cfg.cfg_weight, device=device)
+        except Exception as exc:  # noqa: BLE001 - the engine figures stay valid without the ratio
+            report["reference"] = {"error": f"{type(exc).__name__}: {exc}"}
+            return report
         total_tokens = sum(max(1, round(cfg.tokens_per_char * len(c))) for c in chunks)
         ref["extrapolated_workload_t3_seconds"] = round(total_tokens / ref["speech_tokens_per_s"], 1)
         report["reference"] = ref

@@ -35,6 +35,16 @@ class RequestTensors:
 
 
 @dataclass
+class _SamplingState:
+    key: tuple
+    batch: SamplingBatch
+    seen: torch.Tensor  # [R, V] penalty masks of the requests in ``key``, updated in place
+    steps: torch.Tensor  # [R] tokens generated so far
+    cond_index: torch.Tensor
+    uncond_index: torch.Tensor
+
+
+@dataclass
 class StepInputs:
     embeds: torch.Tensor  # [N, D]
     positions: torch.Tensor  # [N]
@@ -55,6 +65,10 @@ class ModelRunner:
         self.block_size = cache.block_size
         self.requests: dict[str, RequestTensors] = {}
         self.graphs = None  # a CudaGraphDecoder, set by the engine on CUDA
+        # pinned host buffers (with the event of their last copy) for metadata transfers
+        self._staging: list[tuple[torch.Tensor | None, torch.cuda.Event | None]] = [(None, None)] * 4
+        self._staging_turn = 0
+        self._sampling: _SamplingState | None = None
 
     # -- request lifetime ------------------------------------------------------------------------
     def add_request(self, request_id: str, cond_embeds: torch.Tensor, text_ids: torch.Tensor,
@@ -68,6 +82,14 @@ class ModelRunner:
 
     def remove_request(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
+        if self._sampling is not None and request_id in self._sampling.key[0]:
+            self._flush_sampling()
+
+    def _flush_sampling(self) -> None:
+        cached, self._sampling = self._sampling, None
+        for i, rid in enumerate(cached.key[0]):
+            if rid in self.requests:
+                self.requests[rid].seen_mask = cached.seen[i:i + 1]
 
     # -- one step --------------------------------------------------------------------------------
     def prepare(self, out: SchedulerOutput) -> StepInputs:
@@ -76,8 +98,8 @@ class ModelRunner:
         pieces: list[tuple[str, object]] = []
         speech_tokens: list[int] = []
         speech_positions: list[int] = []
-        positions: list[np.ndarray] = []
-        slots: list[np.ndarray] = []
+        positions: list[int] = []
+        slots: list[int] = []
         seq_lens, q_lens, tables = [], [], []
         for row in out.rows:
             request: Request = out.requests[row.request_id]
@@ -95,43 +117,67 @@ class ModelRunner:
                     generated = pos - prompt_len
                     speech_tokens.append(request.output_tokens[generated])
                     speech_positions.append(generated + 1)
-            pos = np.arange(start, end, dtype=np.int64)
-            table = np.asarray(row.block_table, dtype=np.int64)
-            positions.append(pos)
-            slots.append(table[pos // bs] * bs + pos % bs)
+            if end - start == 1:  # decode rows: plain ints, no per-row numpy calls
+                positions.append(start)
+                slots.append(row.block_table[start // bs] * bs + start % bs)
+            else:
+                pos = np.arange(start, end, dtype=np.int64)
+                table = np.asarray(row.block_table, dtype=np.int64)
+                positions.extend(pos.tolist())
+                slots.extend((table[pos // bs] * bs + pos % bs).tolist())
             seq_lens.append(end)
             q_lens.append(end - start)
             tables.append(row.block_table)
 
-        speech = None
-        if speech_tokens:
-            tok = torch.tensor(speech_tokens, dtype=torch.long).to(self.device, non_blocking=True)
-            sp = torch.tensor(speech_positions, dtype=torch.long).to(self.device, non_blocking=True)
-            speech = model.speech_embeds(tok, sp)
-        parts = [p if kind == "prompt" else speech[p[0]:p[0] + p[1]] for kind, p in pieces]
-        embeds = parts[0] if len(parts) == 1 else torch.cat(parts)
-
         max_blocks = max(len(t) for t in tables)
-        table_array = np.zeros((len(tables), max_blocks), dtype=np.int32)
+        table_array = np.zeros((len(tables), max_blocks), dtype=np.int64)
         for i, t in enumerate(tables):
             table_array[i, :len(t)] = t
-        q_start = np.zeros(len(q_lens) + 1, dtype=np.int32)
+        q_start = np.zeros(len(q_lens) + 1, dtype=np.int64)
         np.cumsum(q_lens, out=q_start[1:])
         num_decodes = 0
         while num_decodes < len(q_lens) and q_lens[num_decodes] == 1:
             num_decodes += 1
-        to_dev = lambda a: torch.from_numpy(a).to(self.device, non_blocking=True)  # noqa: E731
+        logits_rows = out.logits_rows()
+        host = [np.asarray(positions, dtype=np.int64), np.asarray(slots, dtype=np.int64), table_array.reshape(-1),
+                np.asarray(seq_lens, dtype=np.int64), q_start, q_start[1:][logits_rows] - 1,
+                np.asarray(speech_tokens, dtype=np.int64), np.asarray(speech_positions, dtype=np.int64)]
+        pos_d, slot_d, table_d, seq_d, qs_d, logit_d, tok_d, spos_d = self._to_device(host)
+
+        speech = model.speech_embeds(tok_d, spos_d) if speech_tokens else None
+        parts = [p if kind == "prompt" else speech[p[0]:p[0] + p[1]] for kind, p in pieces]
+        embeds = parts[0] if len(parts) == 1 else torch.cat(parts)
         metadata = AttentionMetadata(
-            slot_mapping=to_dev(np.concatenate(slots)),
-            block_tables=to_dev(table_array),
-            seq_lens=to_dev(np.asarray(seq_lens, dtype=np.int32)),
-            query_start_loc=to_dev(q_start),
+            slot_mapping=slot_d,
+            block_tables=table_d.view(len(tables), max_blocks).to(torch.int32),
+            seq_lens=seq_d.to(torch.int32), query_start_loc=qs_d.to(torch.int32),
             max_query_len=max(q_lens), max_seq_len=max(seq_lens), num_decodes=num_decodes,
         )
-        logits_rows = out.logits_rows()
-        logits_index = to_dev(q_start[1:][logits_rows].astype(np.int64) - 1)
-        return StepInputs(embeds=embeds, positions=to_dev(np.concatenate(positions)),
-                          metadata=metadata, logits_index=logits_index, num_tokens=int(q_start[-1]))
+        return StepInputs(embeds=embeds, positions=pos_d, metadata=metadata, logits_index=logit_d,
+                          num_tokens=int(q_start[-1]))
+
+    def _to_device(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
+        """Move int64 host arrays to the device in ONE copy (through a pinned staging buffer on
+        CUDA, so the copy is asynchronous and does not wait for the GPU to drain)."""
+        sizes = [a.size for a in arrays]
+        flat = np.concatenate([a.reshape(-1).astype(np.int64, copy=False) for a in arrays])
+        if self.device.type == "cuda":
+            # a small ring of pinned buffers: a buffer is rewritten only after its last copy ended
+            self._staging_turn = (self._staging_turn + 1) % len(self._staging)
+            buffer, done = self._staging[self._staging_turn]
+            if done is not None:
+                done.synchronize()
+            if buffer is None or buffer.numel() < flat.size:
+                buffer = torch.empty(max(flat.size * 2, 1 << 16), dtype=torch.int64, pin_memory=True)
+            staging = buffer[:flat.size]
+            staging.numpy()[:] = flat
+            device_flat = staging.to(self.device, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self._staging[self._staging_turn] = (buffer, event)
+        else:
+            device_flat = torch.from_numpy(flat)
+        return list(torch.split(device_flat, sizes))
 
     @torch.inference_mode()
     def forward_logits(self, inputs: StepInputs) -> torch.Tensor:
@@ -163,18 +209,36 @@ class ModelRunner:
                 uncond_idx[-1] = i
         if not request_ids:
             return {}
-        states = [self.requests[r] for r in request_ids]
-        dev = self.device
-        cond = logits[torch.tensor(cond_idx, device=dev)]
-        uncond = logits[torch.tensor(uncond_idx, device=dev)] if len(rows) > len(request_ids) else None
-        batch = SamplingBatch.build([s.params for s in states], self.variant, device=dev)
-        steps = torch.tensor([len(out.requests[r].output_tokens) for r in request_ids],
-                             dtype=torch.int64).to(dev, non_blocking=True)
-        seen = torch.cat([s.seen_mask for s in states])
-        processed = process_logits(cond, batch, seen, steps, uncond_logits=uncond)
-        tokens = sample_next_tokens(processed, batch, steps)
-        record_sampled_tokens(self.variant, seen, tokens, steps)
-        for i, state in enumerate(states):
-            state.seen_mask = seen[i:i + 1]
+        has_uncond = len(rows) > len(request_ids)
+        state = self._sampling_state(out, request_ids, cond_idx, uncond_idx, has_uncond)
+        cond = logits[state.cond_index]
+        uncond = logits[state.uncond_index] if has_uncond else None
+        processed = process_logits(cond, state.batch, state.seen, state.steps, uncond_logits=uncond)
+        tokens = sample_next_tokens(processed, state.batch, state.steps)
+        record_sampled_tokens(self.variant, state.seen, tokens, state.steps)
         values = tokens.tolist()  # the step's one host sync
         return {rid: (NO_TOKEN if v == NO_TOKEN else int(v)) for rid, v in zip(request_ids, values)}
+
+    def _sampling_state(self, out: SchedulerOutput, request_ids: list[str], cond_idx: list[int],
+                        uncond_idx: list[int], has_uncond: bool) -> "_SamplingState":
+        """Per-step sampling inputs. In steady decoding the same requests sample every step, so
+        the parameter batch, the penalty masks and the index tensors are reused and the step
+        counters advance on the device; they are rebuilt only when the composition changes."""
+        key = (tuple(request_ids), tuple(cond_idx), tuple(uncond_idx) if has_uncond else None)
+        cached = self._sampling
+        if cached is not None and cached.key == key:
+            cached.steps = cached.steps + 1
+            return cached
+        if cached is not None:  # hand the penalty masks back to their requests
+            for i, rid in enumerate(cached.key[0]):
+                if rid in self.requests:
+                    self.requests[rid].seen_mask = cached.seen[i:i + 1]
+        states = [self.requests[r] for r in request_ids]
+        dev = self.device
+        index = self._to_device([np.asarray(cond_idx, dtype=np.int64), np.asarray(uncond_idx, dtype=np.int64),
+                                 np.asarray([len(out.requests[r].output_tokens) for r in request_ids], dtype=np.int64)])
+        self._sampling = _SamplingState(
+            key=key, batch=SamplingBatch.build([s.params for s in states], self.variant, device=dev),
+            seen=torch.cat([s.seen_mask for s in states]), steps=index[2],
+            cond_index=index[0], uncond_index=index[1])
+        return self._sampling

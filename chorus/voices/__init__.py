@@ -1,6 +1,18 @@
-"""Voices: reference clip -> conditioning for T3 and S3Gen."""
-from chorus.voices.builder import S3GenPrompt, VoiceFrontEnd, build_voice, prepare_voice_audio, s3gen_prompt
+"""Voices: reference clip -> conditioning for T3 and S3Gen.
+
+``Voice`` imports eagerly; the builder (which needs the audio stack) loads on first use, so the
+T3 engine does not depend on audio decoding libraries.
+"""
 from chorus.voices.voice import Voice, VoiceFormatError
 
-__all__ = ["S3GenPrompt", "Voice", "VoiceFormatError", "VoiceFrontEnd", "build_voice", "prepare_voice_audio",
-           "s3gen_prompt"]
+_BUILDER_NAMES = ("S3GenPrompt", "VoiceFrontEnd", "build_voice", "prepare_voice_audio", "s3gen_prompt")
+
+__all__ = ["Voice", "VoiceFormatError", *_BUILDER_NAMES]
+
+
+def __getattr__(name: str):
+    if name in _BUILDER_NAMES:
+        from chorus.voices import builder
+
+        return getattr(builder, name)
+    raise AttributeError(f"module 'chorus.voices' has no attribute {name!r}")

@@ -8,7 +8,7 @@ what=${1:?usage: device_checks.sh tests|bench-original|bench-turbo|attention OUT
 out=${2:?OUT_DIR}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TQDM_DISABLE=1
 if [[ -n "${WHEELS:-}" ]]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/chorus-site "$WHEELS"/*.whl || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/chorus-site "$WHEELS"/*.whl || exit 1
   export PYTHONPATH=/tmp/chorus-site:$PWD
 else
   export PYTHONPATH=$PWD
