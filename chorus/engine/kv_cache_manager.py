@@ -48,6 +48,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self._tables: dict[str, list[Block]] = {}
+        self._table_ids: dict[str, list[int]] = {}  # block ids of each table, kept in step
         # leading blocks of each table already registered (or tried: a duplicate stays unregistered)
         self._num_cached: dict[str, int] = {}
 
@@ -62,7 +63,7 @@ class KVCacheManager:
     def block_table(self, seq_id: str) -> list[int]:
         """Block ids of a sequence, in position order (position p lives in block
         ``table[p // block_size]`` at offset ``p % block_size``)."""
-        return [b.block_id for b in self._tables.get(seq_id, ())]
+        return self._table_ids.get(seq_id, [])
 
     def metrics(self) -> PoolMetrics:
         return self.pool.metrics()
@@ -114,8 +115,10 @@ class KVCacheManager:
         new_ids = []
         for seq, hit in zip(request.sequences, hits):
             table = self._tables.setdefault(seq.seq_id, [])
+            ids = self._table_ids.setdefault(seq.seq_id, [])
             if hit:
                 table.extend(hit)
+                ids.extend(b.block_id for b in hit)
                 self._num_cached[seq.seq_id] = len(hit)
                 seq.num_computed_tokens += len(hit) * self.block_size
             end = seq.num_computed_tokens + num_new_tokens
@@ -123,6 +126,7 @@ class KVCacheManager:
             assert new is not None
             table.extend(new)
             new_ids.append([b.block_id for b in new])
+            ids.extend(new_ids[-1])
         if computed is not None:
             self.pool.record_prefix_lookup(
                 sum(s.num_tokens for s in request.sequences), computed.num_tokens * request.num_rows,
@@ -134,10 +138,12 @@ class KVCacheManager:
         step that computed them)."""
         if not self.enable_prefix_caching:
             return
-        table = self._tables[seq.seq_id]
         num_full = seq.num_computed_tokens // self.block_size
-        assert num_full <= len(table)
         start = self._num_cached.get(seq.seq_id, 0)
+        if num_full <= start:
+            return  # no block became full this step (the common decode case)
+        table = self._tables[seq.seq_id]
+        assert num_full <= len(table)
         for i, block_hash in enumerate(self._hashes(seq, num_full)[start:], start):
             block = table[i]
             if block.block_hash is None:
@@ -151,6 +157,7 @@ class KVCacheManager:
         last) and reset its rows to zero computed positions."""
         for seq in reversed(request.sequences):
             table = self._tables.pop(seq.seq_id, [])
+            self._table_ids.pop(seq.seq_id, None)
             self._num_cached.pop(seq.seq_id, None)
             self.pool.free(reversed(table))
             seq.num_computed_tokens = 0
@@ -166,6 +173,8 @@ class KVCacheManager:
                 refs[block.block_id] = refs.get(block.block_id, 0) + 1
         for block in self.pool.blocks:
             assert block.ref_count == refs.get(block.block_id, 0), block
+        for seq_id, table in self._tables.items():
+            assert self._table_ids[seq_id] == [b.block_id for b in table], seq_id
 
     def check_sequence(self, seq: Sequence) -> None:
         table = self._tables.get(seq.seq_id, [])

@@ -333,6 +333,7 @@ class Scheduler:
         assert len(self.running) + len(waiting) == len(self._requests)
         for request in self.running:
             assert request.status is RequestStatus.RUNNING, request
+            assert len({s.num_computed_tokens for s in request.sequences}) == 1, request
             for seq in request.sequences:
                 self.kv.check_sequence(seq)
         for request in waiting:
