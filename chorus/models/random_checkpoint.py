@@ -32,7 +32,7 @@ class KeySpec:
 
 def reference_key_specs(table: str) -> list[KeySpec]:
     """Keys, shapes and dtypes of one official module (``ve``, ``s3gen``, ``s3genmf``, ``t3en`` ...)."""
-    text = resources.files("chorus.assets").joinpath("reference_keys", f"{table}.tsv").read_text()
+    text = resources.files("chorus.assets").joinpath("reference_keys").joinpath(f"{table}.tsv").read_text()
     specs = []
     for line in text.splitlines():
         name, dtype, *rest = line.split("\t")
