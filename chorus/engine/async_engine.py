@@ -1,0 +1,158 @@
+"""The T3 engine on its own thread, with an asyncio token stream per request.
+
+The HTTP event loop never runs model code: requests go to the engine thread through a
+command queue, and each request's tokens come back through its own ``asyncio.Queue``. A
+consumer that stops iterating (a client disconnect) aborts its request, which frees every KV
+block it held at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from chorus.engine.engine import T3Engine, T3Request, T3Result
+from chorus.engine.request import FinishReason
+
+_ids = itertools.count()
+
+
+class RequestFailed(RuntimeError):
+    """A request ended with an error (rejected at admission, failed step, deadline)."""
+
+    def __init__(self, request_id: str, reason: FinishReason, message: str):
+        super().__init__(f"request {request_id} {reason.value}: {message}")
+        self.request_id, self.reason = request_id, reason
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token: int | None
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    exception: BaseException | None = None  # raised in the consumer (e.g. an admission error)
+
+
+class AsyncT3Engine:
+    """Owns a ``T3Engine`` and the thread that steps it."""
+
+    def __init__(self, engine: T3Engine, *, idle_wait_s: float = 0.05):
+        self.engine = engine
+        self._commands: queue.Queue = queue.Queue()
+        self._consumers: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._lock = threading.Lock()
+        self._idle_wait_s = idle_wait_s
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.loop_error: BaseException | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> "AsyncT3Engine":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="chorus-t3-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        self._stopping.set()
+        self._commands.put(("wake", None))
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- consumer side (any asyncio loop) --------------------------------------------------------
+    async def stream(self, request: T3Request) -> AsyncIterator[int]:
+        """Yield the request's speech tokens as they are sampled. Raises ``RequestFailed`` (or the
+        admission error) if it ends in error; leaving the iteration early aborts the request."""
+        if not self.is_running:
+            raise RuntimeError("the engine thread is not running; call start() first")
+        request_id = request.request_id or f"stream-{next(_ids)}"
+        request.request_id = request_id
+        events: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            if request_id in self._consumers:
+                raise ValueError(f"request id {request_id!r} is already streaming")
+            self._consumers[request_id] = (asyncio.get_running_loop(), events)
+        self._commands.put(("add", request))
+        finished = False
+        try:
+            while True:
+                event: TokenEvent = await events.get()
+                if event.exception is not None:
+                    finished = True
+                    raise event.exception
+                if event.token is not None:
+                    yield event.token
+                if event.finish_reason is not None:
+                    finished = True
+                    if event.finish_reason in (FinishReason.ERROR, FinishReason.DEADLINE):
+                        raise RequestFailed(request_id, event.finish_reason, event.error or "")
+                    return
+        finally:
+            with self._lock:
+                self._consumers.pop(request_id, None)
+            if not finished:
+                self._commands.put(("abort", request_id))
+
+    async def generate(self, request: T3Request) -> T3Result:
+        """Run one request to completion and return all its tokens."""
+        result = T3Result(request.request_id or "")
+        async for token in self.stream(request):
+            result.tokens.append(token)
+        result.request_id = request.request_id or ""
+        return result
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id))
+
+    # -- engine thread ---------------------------------------------------------------------------
+    def _deliver(self, request_id: str, event: TokenEvent) -> None:
+        with self._lock:
+            consumer = self._consumers.get(request_id)
+        if consumer is not None:
+            loop, events = consumer
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+    def _apply(self, command: str, payload) -> None:
+        if command == "add":
+            try:
+                self.engine.add_request(payload)
+            except Exception as exc:  # noqa: BLE001 - the consumer gets the exception itself
+                self._deliver(payload.request_id, TokenEvent(None, FinishReason.ERROR, str(exc), exc))
+        elif command == "abort":
+            out = self.engine.abort(payload)
+            if out is not None:
+                self._deliver(payload, TokenEvent(None, FinishReason.ABORTED))
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                busy = self.engine.has_unfinished_requests()
+                try:
+                    if busy:
+                        command, payload = self._commands.get_nowait()
+                    else:  # idle: sleep until a command arrives
+                        command, payload = self._commands.get(timeout=self._idle_wait_s)
+                    self._apply(command, payload)
+                    while True:  # drain what else arrived
+                        command, payload = self._commands.get_nowait()
+                        self._apply(command, payload)
+                except queue.Empty:
+                    pass
+                if self.engine.has_unfinished_requests():
+                    for event in self.engine.step():
+                        self._deliver(event.request_id, TokenEvent(event.new_token, event.finish_reason, event.error))
+        except BaseException as exc:  # noqa: BLE001 - fail every consumer instead of hanging them
+            self.loop_error = exc
+            with self._lock:
+                pending = list(self._consumers)
+            for request_id in pending:
+                self._deliver(request_id, TokenEvent(None, FinishReason.ERROR, f"engine stopped: {exc}"))
+            raise
