@@ -34,19 +34,22 @@ DEFAULT_CPU_KV_BYTES = 1 << 30
 class T3Request:
     """One generation as a caller submits it.
 
-    text_ids: tokenizer output (unframed; the engine adds SOT/EOT where the variant needs them).
+    text_ids: tokenizer output (unframed; the engine adds SOT/EOT where the variant needs them),
+    or None to have the engine's ``text_encoder`` tokenize ``text`` (in ``language``).
     params: sampling parameters (``SamplingParams.for_variant``); its ``max_new_tokens``,
     ``min_new_tokens`` and ``ignore_eos`` bound the output. deadline_s: seconds from now, None for
     the engine's default.
     """
 
-    text_ids: Sequence[int]
+    text_ids: Sequence[int] | None
     voice: Voice
     params: SamplingParams
     exaggeration: float = 0.5
     priority: int = Priority.NORMAL
     deadline_s: float | None = None
     request_id: str | None = None
+    text: str | None = None  # tokenized by the engine's text encoder when text_ids is None
+    language: str | None = None
 
 
 @dataclass
@@ -62,9 +65,10 @@ class T3Engine:
 
     def __init__(self, model: T3Model, variant: Variant, config: EngineConfig | None = None,
                  *, attention_backend: str = "auto", conditioning_cache_size: int = 256,
-                 cuda_graphs: bool = True):
+                 cuda_graphs: bool = True, text_encoder=None):
         self.model = model
         self.variant = variant
+        self.text_encoder = text_encoder  # chorus.text TextEncoder, for requests given as text
         self.config = config or EngineConfig(variant=variant.name)
         bb = variant.t3.backbone
         cache_cfg = self.config.cache
@@ -164,7 +168,12 @@ class T3Engine:
         request_id = request.request_id or f"t3-{next(_ids)}"
         cfg = self.variant.t3.supports_cfg and params.cfg_weight > 0
         key, cond = self.conditioning_for(request.voice, request.exaggeration)
-        text_ids = torch.as_tensor(list(request.text_ids), dtype=torch.long)
+        ids = request.text_ids
+        if ids is None:
+            if request.text is None or self.text_encoder is None:
+                raise ValueError("a request needs text_ids, or text and an engine built with a text_encoder")
+            ids = self.text_encoder.encode(request.text, language=request.language)
+        text_ids = torch.as_tensor(list(ids), dtype=torch.long)
         if text_ids.numel() == 0:
             raise ValueError("the request has no text tokens")
         prompt = T3Prompt.for_variant(self.variant.t3, cond_key=key, cond_len=cond.shape[1],

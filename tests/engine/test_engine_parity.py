@@ -121,3 +121,26 @@ def test_priorities_order_admission_under_row_limit():
     while engine.has_unfinished_requests():
         finished += [e.request_id for e in engine.step() if e.finish_reason is not None]
     assert finished == [ids[2], ids[1], ids[0]]
+
+
+def test_requests_given_as_text_are_tokenized_by_the_engine(tmp_path):
+    from chorus.models.random_checkpoint import write_random_checkpoint
+    from chorus.text import load_text_encoder
+
+    variant, model = tiny("original")
+    write_random_checkpoint(variant, tmp_path, components=("tokenizer",))
+    encoder = load_text_encoder(variant, tmp_path)
+    engine = _engine(variant, model)
+    engine.text_encoder = encoder
+    params = SamplingParams.for_variant(variant, seed=7, max_new_tokens=6)
+    by_text = T3Request(None, voice(variant, 0), params, text="Hello world.")
+    by_ids = T3Request(encoder.encode("Hello world."), voice(variant, 0), params)
+    a, b = engine.generate([by_text, by_ids])
+    assert a.tokens == b.tokens
+
+
+def test_request_without_text_or_ids_is_rejected():
+    variant, model = tiny("original")
+    with pytest.raises(ValueError, match="needs text_ids"):
+        _engine(variant, model).add_request(
+            T3Request(None, voice(variant, 0), SamplingParams.for_variant(variant), text="hi"))
