@@ -85,7 +85,7 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
 
     variant = get_variant(args.variant)
     encoder = load_text_encoder(variant, resolve_checkpoint_dir(variant, args.checkpoint))
-    print(json.dumps(encoder.encode(args.text, language=args.language)))
+    print(json.dumps(encoder.encode_framed(args.text, language=args.language)))
     return 0
 
 
@@ -283,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_synth_parser(sub)
     _add_voice_parser(sub)
 
-    p = sub.add_parser("tokenize", help="print the T3 text token ids of a text")
+    p = sub.add_parser("tokenize", help="print the T3 text input of a text (ids, with start/stop framing)")
     _add_variant(p)
     _add_checkpoint(p)
     p.add_argument("--language", "-l", default=None, help="language code (multilingual variants)")

@@ -3,7 +3,7 @@
 Most callers need only::
 
     encoder = load_text_encoder(variant, checkpoint_dir)
-    ids = encoder.encode("Bonjour !", language="fr")   # T3 text ids
+    ids = encoder.encode("Bonjour !", language="fr")   # T3 text ids (the model adds SOT/EOT)
     chunks = split_into_chunks(long_text)               # sentence-aligned pieces
 
 See docs/text.md.

@@ -22,9 +22,11 @@ AnyTokenizer = Union[EnglishTokenizer, MultilingualTokenizer, Gpt2Tokenizer]
 class TextEncoder:
     """Normalises, tokenises and frames text exactly as the variant's reference entry class does.
 
-    ``encode(text, language)`` returns the T3 text ids: ``[SOT] ids [EOT]`` for the original and
-    multilingual variants, the raw GPT-2 ids for Turbo/Nano. Errors are ``TextError`` subclasses
-    with messages meant for the end user.
+    ``encode(text, language)`` returns the tokenizer ids (with the ``[lang]`` tag for multilingual
+    variants) that T3 takes; the model adds the ``[SOT] ... [EOT]`` framing of the original and
+    multilingual variants itself (``T3Model.frame_text``), so it is never applied twice.
+    ``encode_framed`` returns the whole T3 text input, framing included, for display and tests.
+    Errors are ``TextError`` subclasses with messages meant for the end user.
     """
 
     variant: Variant
@@ -63,13 +65,18 @@ class TextEncoder:
         return normalize_punctuation(_check_text(text), self.variant.punctuation)
 
     def encode(self, text: str, language: str | None = None) -> list[int]:
-        """Full T3 text ids of ``text`` (``language`` is required for multilingual variants)."""
+        """Text ids of ``text`` as T3 takes them, unframed (``language`` is required for
+        multilingual variants)."""
         code = self.check_language(language)
         normalized = self.normalize(text)
         if isinstance(self.tokenizer, MultilingualTokenizer):
-            ids = self.tokenizer.encode(normalized, code)
-        else:
-            ids = self.tokenizer.encode(normalized)
+            return self.tokenizer.encode(normalized, code)
+        return self.tokenizer.encode(normalized)
+
+    def encode_framed(self, text: str, language: str | None = None) -> list[int]:
+        """The whole T3 text input: ``[SOT] ids [EOT]`` for the original and multilingual
+        variants, the raw ids for Turbo/Nano (what the reference entry classes feed T3)."""
+        ids = self.encode(text, language)
         t3 = self.variant.t3
         if t3.start_text_token is None:
             return ids

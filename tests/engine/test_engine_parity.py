@@ -144,3 +144,18 @@ def test_request_without_text_or_ids_is_rejected():
     with pytest.raises(ValueError, match="needs text_ids"):
         _engine(variant, model).add_request(
             T3Request(None, voice(variant, 0), SamplingParams.for_variant(variant), text="hi"))
+
+
+def test_text_is_framed_exactly_once(tmp_path):
+    from chorus.models.random_checkpoint import write_random_checkpoint
+    from chorus.text import load_text_encoder
+
+    variant, model = tiny("original")
+    write_random_checkpoint(variant, tmp_path, components=("tokenizer",))
+    engine = _engine(variant, model)
+    engine.text_encoder = load_text_encoder(variant, tmp_path)
+    params = SamplingParams.for_variant(variant, max_new_tokens=10)
+    rid = engine.add_request(T3Request(None, voice(variant, 0), params, text="Hi."))
+    framed = engine.scheduler.get_request(rid).prompt.text_ids
+    assert list(framed) == engine.text_encoder.encode_framed("Hi.")
+    assert framed.count(variant.t3.start_text_token) == 1

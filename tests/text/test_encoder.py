@@ -43,13 +43,18 @@ def turbo(checkpoint_dirs):
 
 
 def test_original_frames_ids_with_start_and_stop(original):
-    assert original.encode("hello world") == [255, 284, 18, 84, 28, 2, 179, 79, 9, 0]
+    assert original.encode_framed("hello world") == [255, 284, 18, 84, 28, 2, 179, 79, 9, 0]
+
+
+def test_encode_leaves_framing_to_the_model(original):
+    assert original.encode("hello world") == [284, 18, 84, 28, 2, 179, 79, 9]
 
 
 def test_multilingual_frames_ids_and_tags_the_language(multilingual):
-    ids = multilingual.encode("Bonjour", language="fr")
+    ids = multilingual.encode_framed("Bonjour", language="fr")
     tag = multilingual.tokenizer.token_id("[fr]")
     assert ids[:2] == [255, tag] and ids[-1] == 0
+    assert multilingual.encode("Bonjour", language="fr") == ids[1:-1]
 
 
 def test_turbo_returns_raw_ids_without_framing(turbo):
@@ -116,7 +121,7 @@ def test_prepare_surfaces_a_missing_package_at_start_up(multilingual):
 
 def test_lenient_encoder_skips_missing_packages(checkpoint_dirs):
     encoder = load_text_encoder("multilingual", checkpoint_dirs["mtl"], lenient_languages=True)
-    assert encoder.encode("Привет", language="ru")[1] == encoder.tokenizer.token_id("[ru]")
+    assert encoder.encode("Привет", language="ru")[0] == encoder.tokenizer.token_id("[ru]")
 
 
 def test_wrong_tokenizer_for_the_variant_is_rejected(checkpoint_dirs, tmp_path):
