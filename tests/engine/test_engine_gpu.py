@@ -83,3 +83,16 @@ def test_bf16_logits_match_fp32(name):
             logits.append(m.speech_logits(m(embeds, pos, cache)[-1]).float())
     cos = torch.nn.functional.cosine_similarity(logits[0], logits[1], dim=0).item()
     assert cos >= 0.999, cos
+
+
+def test_pool_is_sized_by_profiling_when_no_budget_is_given():
+    variant, model = _model("turbo", torch.bfloat16)
+    config = EngineConfig(variant=variant.name, default_deadline_s=None,
+                          cache=CacheConfig(gpu_memory_utilization=0.5),
+                          scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=2048, max_model_len=1024))
+    engine = T3Engine(model, variant, config, cuda_graphs=False)
+    free, total = torch.cuda.mem_get_info()
+    pool_bytes = engine.kv_cache.kv.numel() * engine.kv_cache.kv.element_size()
+    assert 0.2 * total < pool_bytes < 0.5 * total
+    results = engine.generate(_requests(variant, 2, tokens=8))
+    assert all(len(r.tokens) == 8 for r in results)
