@@ -1,12 +1,13 @@
 """A voice: everything T3 and S3Gen need to speak like a reference clip.
 
-A ``Voice`` is built once per reference clip (``chorus.voices.from_audio``) or read from a
+A ``Voice`` is built once per reference clip (``chorus.voices.build_voice``) or read from a
 checkpoint's built-in ``conds.pt``, then reused by every request. Its ``content_hash`` keys
 caches (the engine's conditioning-prefix blocks, the voice store).
 
 On disk a voice is one safetensors file: tensors ``speaker_embedding`` [1, 256],
 ``t3_prompt_tokens`` [1, P], ``s3gen_prompt_tokens`` [1, Tp], ``s3gen_prompt_mel`` [1, Tm, 80],
-``xvector`` [1, 192]; metadata ``format`` = ``chorus-voice/1`` and ``variant_family``.
+``xvector`` [1, 192], optionally ``t3_prompt_embeds``; metadata ``format`` = ``chorus-voice/1``
+and ``name``.
 """
 from __future__ import annotations
 
