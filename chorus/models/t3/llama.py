@@ -24,9 +24,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # statistics in fp32 even for bf16 weights, as the reference does
-        x32 = x.to(torch.float32)
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        # statistics in fp32 even for bf16 weights, as the reference does; the fused op keeps
+        # the kernel count of a decode step low
+        normed = F.rms_norm(x.to(torch.float32), (x.shape[-1],), eps=self.eps)
         return self.weight * normed.to(x.dtype)
 
 
@@ -62,8 +62,22 @@ class SwiGLU(nn.Module):
         self.up_proj = nn.Linear(d, inner, bias=False)
         self.down_proj = nn.Linear(inner, d, bias=False)
 
+        self._gate_up: torch.Tensor | None = None
+
+    def fuse_projections(self) -> None:
+        """Store gate and up as one [2 * inner, d] matrix (one GEMM per step instead of two);
+        the two parameters become views of it, so the state dict is unchanged."""
+        fused = torch.cat([self.gate_proj.weight, self.up_proj.weight])
+        inner = self.gate_proj.weight.shape[0]
+        self.gate_proj.weight = nn.Parameter(fused[:inner], requires_grad=False)
+        self.up_proj.weight = nn.Parameter(fused[inner:], requires_grad=False)
+        self._gate_up = fused
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self._gate_up is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, self._gate_up).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class LlamaLayer(nn.Module):
@@ -100,6 +114,7 @@ class LlamaBackbone(nn.Module):
         self, embeds: torch.Tensor, positions: torch.Tensor, cache: AttentionCache
     ) -> torch.Tensor:
         cos, sin = self.rotary.cos_sin(positions)
+        cos, sin = cos.to(embeds.dtype), sin.to(embeds.dtype)  # once per forward, not per layer
         x = embeds
         for index, layer in enumerate(self.layers):
             x = layer(x, cos, sin, index, cache)
@@ -107,6 +122,8 @@ class LlamaBackbone(nn.Module):
 
     def materialize(self, device: torch.device | str) -> None:
         self.rotary.materialize(device)
+        for layer in self.layers:
+            layer.mlp.fuse_projections()
 
     @staticmethod
     def checkpoint_shapes(config: BackboneConfig) -> Shapes:
