@@ -1,6 +1,6 @@
 """Micro-benchmark of the paged attention kernels on a CUDA GPU; writes JSON to --out.
 
-    python scripts/gpu/bench_attention.py --out $OUT/attention.json [--quick]
+    python scripts/gpu/bench_attention.py --out results/attention.json [--quick]
 
 T3 shapes: 16 heads x 64, bf16, block size 16, one layer's call. Decode at batch
 1/8/64/256/512 and contexts 400/800/1400, each sequence's blocks scattered over the pool.
