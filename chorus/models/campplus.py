@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from chorus.models.checkpoint import check_state_dict
+from chorus.models.checkpoint import check_state_dict, meta_shapes, strip_prefix
 from chorus.models.fbank import KaldiFbankConfig, kaldi_fbank
 
 
@@ -189,9 +189,7 @@ class CAMPPlus(nn.Module):
 
     @classmethod
     def checkpoint_shapes(cls, config: CAMPPlusConfig = CAMPPlusConfig()) -> dict[str, tuple[int, ...]]:
-        with torch.device("meta"):
-            model = cls(config)
-        return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        return meta_shapes(lambda: cls(config))
 
     @classmethod
     def from_state_dict(
@@ -203,7 +201,7 @@ class CAMPPlus(nn.Module):
         ``state`` may be a whole ``s3gen`` state dict with ``prefix="speaker_encoder."``; keys
         outside the prefix are ignored. BatchNorm ``num_batches_tracked`` counters may be absent.
         """
-        own = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        own = strip_prefix(state, prefix)
         shapes = cls.checkpoint_shapes(config)
         counters = frozenset(k for k in shapes if k.endswith("num_batches_tracked"))
         check_state_dict(own, shapes, source + (f" [{prefix}*]" if prefix else ""), optional=counters)

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
+from torch import nn
 
 Shape = tuple[int, ...]
 
@@ -74,3 +75,17 @@ def check_state_dict(
     report = compare_state_dict(state, expected, source, optional)
     if not report.ok:
         raise CheckpointMismatchError(report)
+
+
+def meta_shapes(build: Callable[[], nn.Module]) -> dict[str, Shape]:
+    """Key -> shape of the state dict of the module ``build()`` makes, built on the meta device
+    (no memory is allocated)."""
+    with torch.device("meta"):
+        module = build()
+    return {k: tuple(v.shape) for k, v in module.state_dict().items()}
+
+
+def strip_prefix(state: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The entries of ``state`` under ``prefix`` (e.g. ``"flow."`` of a whole S3Gen file), with
+    the prefix removed; other keys are left out."""
+    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}

@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from chorus.models.checkpoint import check_state_dict
+from chorus.models.checkpoint import check_state_dict, meta_shapes, strip_prefix
 from chorus.models.s3gen.mel import mel_filterbank
 
 # Buffers of the official module that real files may lack; they are recomputed when absent.
@@ -199,9 +199,7 @@ class S3TokenizerV2(nn.Module):
 
     @classmethod
     def checkpoint_shapes(cls, config: S3TokenizerConfig = S3TokenizerConfig()) -> dict[str, tuple[int, ...]]:
-        with torch.device("meta"):
-            model = cls(config)
-        return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        return meta_shapes(lambda: cls(config))
 
     @classmethod
     def from_state_dict(
@@ -213,7 +211,7 @@ class S3TokenizerV2(nn.Module):
         ``state`` may be a whole ``s3gen`` state dict with ``prefix="tokenizer."``; keys outside
         the prefix are ignored. ``_mel_filters`` and ``window`` may be absent (recomputed).
         """
-        own = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        own = strip_prefix(state, prefix)
         check_state_dict(own, cls.checkpoint_shapes(config), source + (f" [{prefix}*]" if prefix else ""),
                          optional=OPTIONAL_BUFFERS)
         constants = cls._constant_buffers(config)

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from chorus.models.checkpoint import check_state_dict
+from chorus.models.checkpoint import check_state_dict, meta_shapes
 from chorus.models.s3gen.mel import mel_filterbank
 
 
@@ -89,9 +89,7 @@ class VoiceEncoder(nn.Module):
 
     @classmethod
     def checkpoint_shapes(cls, config: VoiceEncoderConfig = VoiceEncoderConfig()) -> dict[str, tuple[int, ...]]:
-        with torch.device("meta"):
-            model = cls(config)
-        return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        return meta_shapes(lambda: cls(config))
 
     @classmethod
     def from_state_dict(

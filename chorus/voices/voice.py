@@ -11,6 +11,7 @@ and ``name``.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from dataclasses import dataclass
@@ -63,9 +64,10 @@ class Voice:
             check(tokens.numel() == 0 or (int(tokens.min()) >= 0 and int(tokens.max()) < 6561),
                   "prompt tokens must be speech codes in [0, 6560]")
 
-    @property
+    @functools.cached_property
     def content_hash(self) -> str:
-        """Stable hex digest of the conditioning values (not of the name)."""
+        """Stable hex digest of the conditioning values (not of the name). Computed once: the
+        engine asks for it on every request, and a voice's tensors are never modified."""
         h = hashlib.blake2b(digest_size=16)
         for key in _TENSORS:
             t = getattr(self, key).detach().to("cpu").contiguous()

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from chorus.models.checkpoint import check_state_dict
+from chorus.models.checkpoint import check_state_dict, strip_prefix
 from chorus.models.s3gen.encoder import EncoderConfig, UpsampleConformerEncoder, sequence_mask
 from chorus.models.s3gen.estimator import EstimatorConfig
 from chorus.models.s3gen.flow_matching import ConditionalFlowMatching
@@ -102,7 +102,7 @@ class FlowDecoder(nn.Module):
         With ``prefix`` (e.g. ``"flow."`` for a whole S3Gen file) only keys under it are used.
         """
         if prefix:
-            state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+            state = strip_prefix(state, prefix)
         with torch.device("meta"):
             model = cls(config)
         expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
