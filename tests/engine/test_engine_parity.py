@@ -159,3 +159,19 @@ def test_text_is_framed_exactly_once(tmp_path):
     framed = engine.scheduler.get_request(rid).prompt.text_ids
     assert list(framed) == engine.text_encoder.encode_framed("Hi.")
     assert framed.count(variant.t3.start_text_token) == 1
+
+
+def test_a_failed_step_fails_its_requests_and_frees_their_blocks(monkeypatch):
+    variant, model = tiny("turbo")
+    engine = _engine(variant, model)
+    ids = [engine.add_request(r) for r in _requests(variant, 2, max_tokens=5)]
+
+    def broken(out):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(engine.runner, "execute", broken)
+    results = engine.step()
+    assert {r.request_id for r in results} == set(ids)
+    assert all(r.finish_reason is FinishReason.ERROR and "device lost" in r.error for r in results)
+    assert not engine.has_unfinished_requests() and not engine.runner.requests
+    assert engine.kv_manager.num_free_blocks == engine.kv_cache.num_blocks
