@@ -27,6 +27,7 @@ from chorus.models.random_checkpoint import write_random_checkpoint
 from chorus.models.variants import get_variant
 from chorus.sampling import SamplingParams
 from chorus.text import load_text_encoder, split_into_chunks
+from chorus.pipeline.conditioning import ConditioningCache
 from chorus.voices import Voice
 
 
@@ -86,12 +87,12 @@ def _params(variant, cfg: T3BenchConfig, n_tokens: int, seed: int) -> SamplingPa
         cfg_weight=cfg.cfg_weight if variant.t3.supports_cfg else None)
 
 
-def bench_decode(model, variant, voice, text_ids, cfg: T3BenchConfig, batch: int) -> dict:
+def bench_decode(model, variant, conditioning, text_ids, cfg: T3BenchConfig, batch: int) -> dict:
     rows_per_request = 2 if variant.t3.supports_cfg and cfg.cfg_weight > 0 else 1
     engine = _engine(model, variant, cfg, batch * rows_per_request)
     device = model.device
     total = cfg.warmup_steps + cfg.decode_steps + min(10, cfg.decode_steps) + 4
-    ids = [engine.add_request(T3Request(text_ids, voice, _params(variant, cfg, total, i))) for i in range(batch)]
+    ids = [engine.add_request(T3Request(text_ids, conditioning, _params(variant, cfg, total, i))) for i in range(batch)]
     produced = {rid: 0 for rid in ids}
     while min(produced.values()) < 1:  # prefill everything first
         for e in engine.step():
@@ -156,9 +157,9 @@ def workload_chunks(cfg: T3BenchConfig) -> list[str]:
     return split_into_chunks(text, max_chars=cfg.max_chars)
 
 
-def bench_workload(model, variant, voice, encoder, chunks: list[str], cfg: T3BenchConfig) -> dict:
+def bench_workload(model, variant, conditioning, encoder, chunks: list[str], cfg: T3BenchConfig) -> dict:
     lengths = [max(1, round(cfg.tokens_per_char * len(c))) for c in chunks]
-    requests = [T3Request(encoder.encode(c), voice, _params(variant, cfg, n, i))
+    requests = [T3Request(encoder.encode(c), conditioning, _params(variant, cfg, n, i))
                 for i, (c, n) in enumerate(zip(chunks, lengths))]
     engine = _engine(model, variant, cfg, cfg.max_num_seqs)
     _sync(model.device)
@@ -195,9 +196,10 @@ def run(cfg: T3BenchConfig) -> dict:
         "tokens_per_char": cfg.tokens_per_char, "torch": torch.__version__,
     }
     text_ids = encoder.encode(chunks[0])
-    report["decode"] = [bench_decode(model, variant, voice, text_ids, cfg, b) for b in cfg.batch_sizes]
+    conditioning = ConditioningCache(model, variant).get(voice, variant.sampling.exaggeration)
+    report["decode"] = [bench_decode(model, variant, conditioning, text_ids, cfg, b) for b in cfg.batch_sizes]
     if cfg.workload:
-        report["workload"] = bench_workload(model, variant, voice, encoder, chunks, cfg)
+        report["workload"] = bench_workload(model, variant, conditioning, encoder, chunks, cfg)
     if cfg.reference:
         from chorus.bench.reference_t3 import run_reference_t3
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -19,37 +18,50 @@ from chorus.engine.config import EngineConfig
 from chorus.engine.kv_cache_manager import KVCacheManager
 from chorus.engine.model_runner import ModelRunner
 from chorus.engine.paged_cache import PagedKVCache, kv_bytes_per_block
-from chorus.engine.request import FinishReason, Priority, Request, T3Prompt, conditioning_key
-from chorus.engine.scheduler import RequestOutput, Scheduler, SchedulerStats
+from chorus.engine.request import FinishReason, Priority, Request, T3Prompt
+from chorus.engine.scheduler import AdmissionError, RequestOutput, Scheduler, SchedulerStats
 from chorus.models.t3.model import T3Model
 from chorus.models.variants import Variant
 from chorus.sampling import NO_TOKEN, SamplingParams
-from chorus.voices.voice import Voice
 
 _ids = itertools.count()
 DEFAULT_CPU_KV_BYTES = 1 << 30
 
 
-@dataclass
-class T3Request:
-    """One generation as a caller submits it.
+@dataclass(frozen=True)
+class Conditioning:
+    """A conditioning prefix as T3 sees it: its cache identity and its embeddings.
 
-    text_ids: tokenizer output (unframed; the engine adds SOT/EOT where the variant needs them),
-    or None to have the engine's ``text_encoder`` tokenize ``text`` (in ``language``).
-    params: sampling parameters (``SamplingParams.for_variant``); its ``max_new_tokens``,
-    ``min_new_tokens`` and ``ignore_eos`` bound the output. deadline_s: seconds from now, None for
-    the engine's default.
+    key: ``conditioning_key(variant, voice content hash, exaggeration)``; equal keys must mean
+    equal embeddings (the prefix cache shares KV blocks by it).
+    embeds: [1, C, D] from ``T3Model.encode_conditioning``, on the model's device and dtype.
     """
 
-    text_ids: Sequence[int] | None
-    voice: Voice
+    key: bytes
+    embeds: torch.Tensor
+
+    def __post_init__(self):
+        if self.embeds.ndim != 3 or self.embeds.shape[0] != 1:
+            raise ValueError(f"conditioning embeds must be [1, C, D], got {list(self.embeds.shape)}")
+
+
+@dataclass
+class T3Request:
+    """One generation as a caller submits it: only what T3 needs.
+
+    text_ids: tokenizer output (unframed; the engine adds SOT/EOT where the variant needs them).
+    conditioning: the voice's conditioning prefix (built above the engine, e.g. by
+    ``chorus.pipeline.ConditioningCache``). params: sampling parameters
+    (``SamplingParams.for_variant``); its ``max_new_tokens``, ``min_new_tokens`` and
+    ``ignore_eos`` bound the output. deadline_s: seconds from now, None for the engine's default.
+    """
+
+    text_ids: Sequence[int]
+    conditioning: Conditioning
     params: SamplingParams
-    exaggeration: float = 0.5
     priority: int = Priority.NORMAL
     deadline_s: float | None = None
     request_id: str | None = None
-    text: str | None = None  # tokenized by the engine's text encoder when text_ids is None
-    language: str | None = None
 
 
 @dataclass
@@ -64,11 +76,9 @@ class T3Engine:
     """Owns the scheduler, the KV cache and the model runner of one T3 model."""
 
     def __init__(self, model: T3Model, variant: Variant, config: EngineConfig | None = None,
-                 *, attention_backend: str = "auto", conditioning_cache_size: int = 256,
-                 cuda_graphs: bool = True, text_encoder=None):
+                 *, attention_backend: str = "auto", cuda_graphs: bool = True):
         self.model = model
         self.variant = variant
-        self.text_encoder = text_encoder  # chorus.text TextEncoder, for requests given as text
         self.config = config or EngineConfig(variant=variant.name)
         bb = variant.t3.backbone
         cache_cfg = self.config.cache
@@ -87,8 +97,6 @@ class T3Engine:
             self.runner.graphs = CudaGraphDecoder(
                 model, self.kv_cache, max_rows=min(sched.max_num_seqs, 512),
                 max_blocks_per_row=-(-sched.max_model_len // cache_cfg.block_size), max_seq_len=sched.max_model_len)
-        self._conditioning: OrderedDict[bytes, torch.Tensor] = OrderedDict()
-        self._conditioning_cache_size = conditioning_cache_size
         self.num_steps = 0
 
     # -- sizing ----------------------------------------------------------------------------------
@@ -144,49 +152,53 @@ class T3Engine:
         return max(int(budget), 0)
 
     # -- requests --------------------------------------------------------------------------------
-    def conditioning_for(self, voice: Voice, exaggeration: float) -> tuple[bytes, torch.Tensor]:
-        """Cache key and embeddings [1, C, D] of a voice's conditioning prefix (memoised)."""
-        exaggeration = float(exaggeration) if self.variant.t3.emotion_adv else 0.0
-        key = conditioning_key(self.variant.name, voice.content_hash, exaggeration)
-        cond = self._conditioning.get(key)
-        if cond is None:
-            with torch.inference_mode():
-                cond = self.model.encode_conditioning(
-                    voice.speaker_embedding, voice.t3_prompt_tokens, exaggeration,
-                    prompt_embeds=voice.t3_prompt_embeds)
-            self._conditioning[key] = cond
-            if len(self._conditioning) > self._conditioning_cache_size:
-                self._conditioning.popitem(last=False)
-        else:
-            self._conditioning.move_to_end(key)
-        return key, cond
-
     def add_request(self, request: T3Request) -> str:
-        """Queue a request; returns its id. Raises ``AdmissionError`` / ``ValueError`` when it
-        can never run (nothing is allocated then)."""
+        """Admit a request; returns its id. Admission is atomic: every check (lengths against
+        ``max_model_len``, the KV pool and the model's position tables; the prompt embeddings)
+        runs before anything is queued, and a request that raises ``AdmissionError`` /
+        ``ValueError`` leaves no trace in the scheduler or the runner."""
         params = request.params.fitted_to(self.variant)
         request_id = request.request_id or f"t3-{next(_ids)}"
         cfg = self.variant.t3.supports_cfg and params.cfg_weight > 0
-        key, cond = self.conditioning_for(request.voice, request.exaggeration)
-        ids = request.text_ids
-        if ids is None:
-            if request.text is None or self.text_encoder is None:
-                raise ValueError("a request needs text_ids, or text and an engine built with a text_encoder")
-            ids = self.text_encoder.encode(request.text, language=request.language)
-        text_ids = torch.as_tensor(list(ids), dtype=torch.long)
-        if text_ids.numel() == 0:
+        cond = request.conditioning
+        text_ids = torch.as_tensor(list(request.text_ids), dtype=torch.long)
+        if text_ids.ndim != 1 or text_ids.numel() == 0:
             raise ValueError("the request has no text tokens")
-        prompt = T3Prompt.for_variant(self.variant.t3, cond_key=key, cond_len=cond.shape[1],
+        prompt = T3Prompt.for_variant(self.variant.t3, cond_key=cond.key, cond_len=cond.embeds.shape[1],
                                       text_ids=text_ids.tolist(), cfg=cfg)
+        self._check_positions(request_id, prompt, params.max_new_tokens)
         deadline_s = request.deadline_s if request.deadline_s is not None else self.config.default_deadline_s
         engine_request = Request(
             request_id, prompt, sampling=params, priority=request.priority,
             deadline=None if deadline_s is None else time.monotonic() + deadline_s,
             max_tokens=params.max_new_tokens, min_tokens=params.min_new_tokens, ignore_eos=params.ignore_eos,
         )
-        self.scheduler.add_request(engine_request)
-        self.runner.add_request(request_id, cond, text_ids, cfg, params)
+        if self.scheduler.get_request(request_id) is not None:
+            raise ValueError(f"request id {request_id!r} is already in the engine")
+        self.runner.add_request(request_id, cond.embeds, text_ids, cfg, params)  # may raise: nothing queued yet
+        try:
+            self.scheduler.add_request(engine_request)
+        except BaseException:
+            self.runner.remove_request(request_id)
+            raise
         return request_id
+
+    def _check_positions(self, request_id: str, prompt: T3Prompt, max_new_tokens: int) -> None:
+        """Reject what the model's position tables cannot hold (learned text/speech positions,
+        GPT-2's ``wpe``), before anything is allocated."""
+        t3 = self.variant.t3
+        limits = []
+        if t3.learned_positions:
+            limits.append((len(prompt.text_ids), t3.text_pos_rows, "text tokens (with start/stop)"))
+            limits.append((prompt.bos_copies + max_new_tokens, t3.speech_pos_rows,
+                           "speech positions (BOS + max_new_tokens)"))
+        limits.append((prompt.num_tokens + max_new_tokens, t3.backbone.max_positions,
+                       "positions (conditioning + text + speech)"))
+        for used, rows, what in limits:
+            if used > rows:
+                raise AdmissionError(
+                    f"request {request_id!r}: {used} {what} exceed the model's {rows}; "
+                    f"shorten the text (split it into chunks) or lower max_new_tokens")
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Finish a request now, freeing every block it holds."""

@@ -9,7 +9,7 @@ from chorus.engine.engine import T3Engine, T3Request
 from chorus.engine.scheduler import AdmissionError
 from chorus.sampling import SamplingParams
 from chorus.t3_sequential import generate_speech_tokens
-from tests.engine.tiny_models import tiny, voice
+from tests.engine.tiny_models import conditioning, tiny, voice
 
 
 def _engine(name="turbo", max_model_len=1024):
@@ -23,7 +23,7 @@ def _engine(name="turbo", max_model_len=1024):
 
 def _request(variant, seed, tokens=12, text_len=8):
     params = SamplingParams.for_variant(variant, seed=seed, max_new_tokens=tokens, min_new_tokens=tokens)
-    return T3Request(list(range(3, 3 + text_len)), voice(variant, seed), params)
+    return T3Request(list(range(3, 3 + text_len)), conditioning(variant, tiny(variant.name)[1], voice(variant, seed)), params)
 
 
 def test_concurrent_streams_get_their_own_tokens():
@@ -37,7 +37,7 @@ def test_concurrent_streams_get_their_own_tokens():
         engine.stop()
     for seed, res in enumerate(results):
         req = _request(variant, seed)
-        cond = model.encode_conditioning(req.voice.speaker_embedding, req.voice.t3_prompt_tokens, 0.0)
+        cond = req.conditioning.embeds
         assert res.tokens == generate_speech_tokens(model, variant, cond, torch.tensor(req.text_ids), req.params).tokens
 
 

@@ -12,6 +12,7 @@ from chorus.models.t3.model import T3Model
 from chorus.models.variants import get_variant
 from chorus.sampling import SamplingParams
 from chorus.t3_sequential import generate_speech_tokens
+from chorus.pipeline.conditioning import ConditioningCache
 from chorus.voices import Voice
 
 pytestmark = pytest.mark.fullsize
@@ -26,16 +27,15 @@ def test_fullsize_batch_equals_sequential(name):
     del state
     voices = [Voice.from_conditionals(random_builtin_voice(variant, s)) for s in (0, 1)]
     cfgs = [0.5, 1.0] if variant.t3.supports_cfg else [None, None]
+    cache = ConditioningCache(model, variant)
     requests = [
-        T3Request(list(range(10, 10 + n)), voices[i], SamplingParams.for_variant(
-            variant, seed=i, max_new_tokens=4, cfg_weight=cfgs[i]), exaggeration=[0.5, 0.8][i])
+        T3Request(list(range(10, 10 + n)), cache.get(voices[i], [0.5, 0.8][i]), SamplingParams.for_variant(
+            variant, seed=i, max_new_tokens=4, cfg_weight=cfgs[i]))
         for i, n in enumerate((6, 15))
     ]
     config = EngineConfig(variant=name, default_deadline_s=None, cache=CacheConfig(kv_cache_bytes=1 << 30),
                           scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=512, max_model_len=1024))
     results = T3Engine(model, variant, config).generate(requests)
     for req, res in zip(requests, results):
-        exaggeration = req.exaggeration if variant.t3.emotion_adv else 0.0
-        cond = model.encode_conditioning(req.voice.speaker_embedding, req.voice.t3_prompt_tokens, exaggeration)
-        expected = generate_speech_tokens(model, variant, cond, torch.tensor(req.text_ids), req.params).tokens
+        expected = generate_speech_tokens(model, variant, req.conditioning.embeds, torch.tensor(req.text_ids), req.params).tokens
         assert res.tokens == expected and len(expected) == 4

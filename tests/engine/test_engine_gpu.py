@@ -11,6 +11,7 @@ from chorus.models.t3.model import T3Model
 from chorus.models.variants import get_variant
 from chorus.sampling import SamplingParams
 from chorus.t3_sequential import generate_speech_tokens
+from chorus.pipeline.conditioning import ConditioningCache
 from chorus.voices import Voice
 
 pytestmark = pytest.mark.gpu
@@ -30,14 +31,15 @@ def _engine(model, variant, graphs):
     return T3Engine(model, variant, config, cuda_graphs=graphs)
 
 
-def _requests(variant, n, tokens=24):
+def _requests(variant, model, n, tokens=24):
     voice = Voice.from_conditionals(random_builtin_voice(variant, 0))
+    cond = ConditioningCache(model, variant).get(voice, 0.5)
     g = torch.Generator().manual_seed(0)
     reqs = []
     for i in range(n):
         text = torch.randint(1, 600, (int(torch.randint(5, 60, (1,), generator=g)),), generator=g).tolist()
         cfg = 0.5 if variant.t3.supports_cfg else None
-        reqs.append(T3Request(text, voice, SamplingParams.for_variant(variant, seed=i, max_new_tokens=tokens,
+        reqs.append(T3Request(text, cond, SamplingParams.for_variant(variant, seed=i, max_new_tokens=tokens,
                                                                           cfg_weight=cfg)))
     return reqs
 
@@ -45,7 +47,7 @@ def _requests(variant, n, tokens=24):
 @pytest.mark.parametrize("name", ["original", "turbo"])
 def test_cuda_graph_decode_equals_eager(name):
     variant, model = _model(name, torch.float32)
-    reqs = _requests(variant, 5)
+    reqs = _requests(variant, model, 5)
     graph = _engine(model, variant, True)
     assert graph.runner.graphs is not None
     eager = _engine(model, variant, False)
@@ -58,12 +60,10 @@ def test_cuda_graph_decode_equals_eager(name):
 def test_engine_on_gpu_equals_sequential_path(name):
     """Triton paged attention + CUDA graphs vs the contiguous-cache SDPA path, fp32."""
     variant, model = _model(name, torch.float32)
-    reqs = _requests(variant, 4)
+    reqs = _requests(variant, model, 4)
     results = _engine(model, variant, True).generate(reqs)
     for req, res in zip(reqs, results):
-        exaggeration = 0.5 if variant.t3.emotion_adv else 0.0
-        cond = model.encode_conditioning(req.voice.speaker_embedding, req.voice.t3_prompt_tokens, exaggeration)
-        seq = generate_speech_tokens(model, variant, cond, torch.tensor(req.text_ids), req.params).tokens
+        seq = generate_speech_tokens(model, variant, req.conditioning.embeds, torch.tensor(req.text_ids), req.params).tokens
         assert res.tokens == seq
 
 
@@ -94,5 +94,5 @@ def test_pool_is_sized_by_profiling_when_no_budget_is_given():
     free, total = torch.cuda.mem_get_info()
     pool_bytes = engine.kv_cache.kv.numel() * engine.kv_cache.kv.element_size()
     assert 0.2 * total < pool_bytes < 0.5 * total
-    results = engine.generate(_requests(variant, 2, tokens=8))
+    results = engine.generate(_requests(variant, model, 2, tokens=8))
     assert all(len(r.tokens) == 8 for r in results)

@@ -9,15 +9,19 @@ from chorus.engine.engine import T3Engine, T3Request
 from chorus.engine.request import FinishReason, Priority
 from chorus.sampling import SamplingParams
 from chorus.t3_sequential import generate_speech_tokens
-from tests.engine.tiny_models import tiny, voice
+from chorus.engine.scheduler import AdmissionError
+from tests.engine.tiny_models import conditioning, tiny, voice
 
 VARIANTS = ["original", "multilingual", "turbo", "nano"]
 
 
 def _sequential(variant, model, req: T3Request) -> list[int]:
-    exaggeration = req.exaggeration if variant.t3.emotion_adv else 0.0
-    cond = model.encode_conditioning(req.voice.speaker_embedding, req.voice.t3_prompt_tokens, exaggeration)
+    cond = req.conditioning.embeds
     return generate_speech_tokens(model, variant, cond, torch.tensor(req.text_ids), req.params).tokens
+
+
+def _model_of(variant):
+    return tiny(variant.name.removeprefix("tiny-"))[1]
 
 
 def _engine(variant, model, *, num_blocks=None, max_num_seqs=64, budget=512, prefix=True, max_model_len=1024):
@@ -31,7 +35,8 @@ def _engine(variant, model, *, num_blocks=None, max_num_seqs=64, budget=512, pre
     return T3Engine(model, variant, config)
 
 
-def _requests(variant, n, *, seed=0, max_tokens=24, same_voice=False, **overrides):
+def _requests(variant, n, *, seed=0, max_tokens=24, same_voice=False, exaggerations=(0.5, 0.8, 0.3),
+              **overrides):
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
@@ -40,8 +45,9 @@ def _requests(variant, n, *, seed=0, max_tokens=24, same_voice=False, **override
         cfg = [0.3, 0.5, 1.0][i % 3] if variant.t3.supports_cfg else None
         params = SamplingParams.for_variant(variant, seed=1000 + i, max_new_tokens=max_tokens,
                                             cfg_weight=cfg, **overrides)
-        out.append(T3Request(text, voice(variant, 0 if same_voice else i), params,
-                             exaggeration=[0.5, 0.8, 0.3][i % 3], priority=i % 3))
+        cond = conditioning(variant, _model_of(variant), voice(variant, 0 if same_voice else i),
+                            exaggerations[i % len(exaggerations)])
+        out.append(T3Request(text, cond, params, priority=i % 3))
     return out
 
 
@@ -65,9 +71,7 @@ def test_mixed_batch_equals_sequential(name):
 
 def test_prefix_hits_do_not_change_tokens():
     variant, model = tiny("original")
-    reqs = _requests(variant, 4, seed=2, same_voice=True)
-    for r in reqs:
-        r.exaggeration = 0.5
+    reqs = _requests(variant, 4, seed=2, same_voice=True, exaggerations=(0.5,))
     engine = _engine(variant, model)
     first = engine.generate(reqs[:1])
     rest = engine.generate(reqs[1:])
@@ -123,7 +127,7 @@ def test_priorities_order_admission_under_row_limit():
     assert finished == [ids[2], ids[1], ids[0]]
 
 
-def test_requests_given_as_text_are_tokenized_by_the_engine(tmp_path):
+def test_text_is_framed_exactly_once(tmp_path):
     from chorus.models.random_checkpoint import write_random_checkpoint
     from chorus.text import load_text_encoder
 
@@ -131,34 +135,46 @@ def test_requests_given_as_text_are_tokenized_by_the_engine(tmp_path):
     write_random_checkpoint(variant, tmp_path, components=("tokenizer",))
     encoder = load_text_encoder(variant, tmp_path)
     engine = _engine(variant, model)
-    engine.text_encoder = encoder
-    params = SamplingParams.for_variant(variant, seed=7, max_new_tokens=6)
-    by_text = T3Request(None, voice(variant, 0), params, text="Hello world.")
-    by_ids = T3Request(encoder.encode("Hello world."), voice(variant, 0), params)
-    a, b = engine.generate([by_text, by_ids])
-    assert a.tokens == b.tokens
-
-
-def test_request_without_text_or_ids_is_rejected():
-    variant, model = tiny("original")
-    with pytest.raises(ValueError, match="needs text_ids"):
-        _engine(variant, model).add_request(
-            T3Request(None, voice(variant, 0), SamplingParams.for_variant(variant), text="hi"))
-
-
-def test_text_is_framed_exactly_once(tmp_path):
-    from chorus.models.random_checkpoint import write_random_checkpoint
-    from chorus.text import load_text_encoder
-
-    variant, model = tiny("original")
-    write_random_checkpoint(variant, tmp_path, components=("tokenizer",))
-    engine = _engine(variant, model)
-    engine.text_encoder = load_text_encoder(variant, tmp_path)
     params = SamplingParams.for_variant(variant, max_new_tokens=10)
-    rid = engine.add_request(T3Request(None, voice(variant, 0), params, text="Hi."))
+    rid = engine.add_request(T3Request(encoder.encode("Hi."), conditioning(variant, model, voice(variant, 0)), params))
     framed = engine.scheduler.get_request(rid).prompt.text_ids
-    assert list(framed) == engine.text_encoder.encode_framed("Hi.")
+    assert list(framed) == encoder.encode_framed("Hi.")
     assert framed.count(variant.t3.start_text_token) == 1
+
+
+def test_a_text_longer_than_the_position_table_is_rejected_at_admission():
+    """Admission is atomic: the rejected request leaves nothing behind and the batch it would
+    have joined runs on unharmed."""
+    variant, model = tiny("original")
+    engine = _engine(variant, model, max_model_len=4096)
+    good = _requests(variant, 1, max_tokens=6)[0]
+    good_id = engine.add_request(good)
+    tokens = [e.new_token for e in engine.step() if e.new_token is not None]
+    too_long = T3Request([5] * (variant.t3.text_pos_rows + 1), good.conditioning, good.params,
+                         request_id="too-long")
+    with pytest.raises(AdmissionError, match="exceed the model's"):
+        engine.add_request(too_long)
+    assert engine.scheduler.get_request("too-long") is None and "too-long" not in engine.runner.requests
+    while engine.has_unfinished_requests():
+        for event in engine.step():
+            assert event.request_id == good_id and event.finish_reason is not FinishReason.ERROR
+            if event.new_token is not None:
+                tokens.append(event.new_token)
+    assert tokens == _sequential(variant, model, good)
+
+
+def test_a_request_the_runner_rejects_is_not_queued(monkeypatch):
+    variant, model = tiny("turbo")
+    engine = _engine(variant, model)
+    req = _requests(variant, 1)[0]
+
+    def broken(*args, **kwargs):
+        raise ValueError("bad prompt")
+
+    monkeypatch.setattr(engine.runner, "add_request", broken)
+    with pytest.raises(ValueError, match="bad prompt"):
+        engine.add_request(req)
+    assert not engine.has_unfinished_requests()
 
 
 def test_a_failed_step_fails_its_requests_and_frees_their_blocks(monkeypatch):

@@ -5,6 +5,7 @@ import functools
 
 import torch
 
+from chorus.engine.engine import Conditioning
 from chorus.models.random_checkpoint import random_builtin_voice, random_state_dict, t3_key_specs
 from chorus.models.t3.model import T3Model
 from chorus.models.variants import Variant, tiny_variant
@@ -23,3 +24,10 @@ def tiny(name: str, seed: int = 0) -> tuple[Variant, T3Model]:
 
 def voice(variant: Variant, seed: int) -> Voice:
     return Voice.from_conditionals(random_builtin_voice(variant, seed), name=f"v{seed}")
+
+
+def conditioning(variant: Variant, model: T3Model, voice: Voice, exaggeration: float = 0.5) -> Conditioning:
+    """The conditioning prefix of ``voice`` as the pipeline builds it."""
+    from chorus.pipeline.conditioning import ConditioningCache
+
+    return ConditioningCache(model, variant).get(voice, exaggeration)
