@@ -64,8 +64,8 @@ class StreamState:
     flow_noise: NoiseTape
     source_noise: NoiseTape
     phases: torch.Tensor  # [harmonics] initial harmonic phases (CPU float64)
-    next_threshold: int  # usable tokens (minus held-back ones) that make the next window ready
-    next_window: int  # size of the window after that one
+    next_threshold: int  # usable tokens at which the next window ends (its pass reads holdback more)
+    next_window: int  # size of that window
     mel_end: int = 0  # mel frames vocoded so far
     hift_start: int = 0  # first mel frame the next pass's HiFT reads
     cycles: float = 0.0  # fundamental cycles (f0 integrated) over frames [0, hift_start)
@@ -125,21 +125,28 @@ class Job:
                     logger.warning("job %s: dropped speech token(s) outside 0..%d that S3Gen cannot vocode",
                                    self.job_id, rules.num_codes - 1)
 
-    def pass_tokens(self) -> list[int]:
-        """The tokens the next pass vocodes: all usable ones, plus the silence tokens when final."""
-        return self.tokens + ([SILENCE_TOKEN] * self.rules.silence_tokens if self.final else [])
+    def next_pass(self, holdback: int) -> tuple[list[int], bool]:
+        """(tokens, final) of the job's next pass. A stream's window ``k`` ends at a fixed token
+        count ``e_k`` and its pass reads exactly ``e_k + holdback`` tokens, so the audio depends
+        only on the tokens and the seed, never on how they were pushed or when ``step`` ran. The
+        final pass reads everything, plus the variant's silence tokens."""
+        stream = self.stream
+        if stream is not None and len(self.tokens) > stream.next_threshold + holdback:
+            return self.tokens[:stream.next_threshold + holdback], False
+        assert self.final
+        return self.tokens + [SILENCE_TOKEN] * self.rules.silence_tokens, True
 
     def is_ready(self, holdback: int) -> bool:
         if self.final:
             return True
-        return self.stream is not None and len(self.tokens) - holdback >= self.stream.next_threshold
+        return self.stream is not None and len(self.tokens) > self.stream.next_threshold + holdback
 
-    def sample_limit(self) -> int | None:
-        """Multilingual: the audio ends before the last token's (``max(1, N - 1) * 960``; a bound
-        that only grows while tokens arrive). None when the variant keeps all the audio."""
+    def sample_limit(self, num_tokens: int) -> int | None:
+        """Multilingual: the audio of ``num_tokens`` tokens ends before the last token's
+        (``max(1, N - 1) * 960``). None when the variant keeps all the audio."""
         if not self.rules.drop_last_token_audio:
             return None
-        return max(1, len(self.tokens) - 1) * SAMPLES_PER_TOKEN
+        return max(1, num_tokens - 1) * SAMPLES_PER_TOKEN
 
 
 def new_stream(seed: int, device: torch.device, flow_dtype: torch.dtype, harmonics: int,

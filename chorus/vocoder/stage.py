@@ -76,9 +76,10 @@ class VocoderStage:
     def step(self) -> list[AudioOut]:
         """One batched pass over jobs with a window ready (or a finished non-streaming job).
         Jobs without usable tokens finish here without a pass. Returns the pieces produced."""
+        hold = self.config.holdback_tokens
         out = [self._finish_empty(job) for job in list(self._jobs.values())
-               if job.final and not job.pass_tokens()]
-        ready = [job for job in self._jobs.values() if job.is_ready(self.config.holdback_tokens)]
+               if job.final and not job.next_pass(hold)[0]]
+        ready = [job for job in self._jobs.values() if job.is_ready(hold)]
         if not ready:
             return out
         batch = self._select(ready)
@@ -130,7 +131,8 @@ class VocoderStage:
 
     def _select(self, ready: list[Job]) -> list[Job]:
         ready.sort(key=lambda j: j.order)
-        candidates = [Candidate(i, self.voices.get(j.voice).num_tokens + len(j.pass_tokens()),
+        hold = self.config.holdback_tokens
+        candidates = [Candidate(i, self.voices.get(j.voice).num_tokens + len(j.next_pass(hold)[0]),
                                 self._solver_key(j)) for i, j in enumerate(ready)]
         cfg = self.config
         chosen = select_batch(candidates, cfg.max_batch_items, cfg.max_batch_tokens, cfg.batching)
@@ -141,7 +143,9 @@ class VocoderStage:
         s3gen, device = self.s3gen, self.s3gen.device
         flow, hift, stats = s3gen.flow, s3gen.mel2wav, self._stats
         prompts = [self.voices.get(job.voice) for job in jobs]
-        items = [job.pass_tokens() for job in jobs]
+        passes = [job.next_pass(self.config.holdback_tokens) for job in jobs]
+        items = [tokens for tokens, _ in passes]
+        finals = [final for _, final in passes]
         n_steps, cfg_rate = self._solver_key(jobs[0])
         tokens, token_lengths = _pad_rows([torch.tensor(t, dtype=torch.long) for t in items], device)
         prompt_tokens, prompt_lengths = _pad_rows([p.tokens for p in prompts], device)
@@ -161,7 +165,7 @@ class VocoderStage:
             self._sync()
         flow_seconds = time.perf_counter() - started
 
-        spans = [self._hift_span(job, int(f)) for job, f in zip(jobs, frames.tolist())]
+        spans = [self._hift_span(job, int(f), last) for job, f, last in zip(jobs, frames.tolist(), finals)]
         vocode = [i for i, (a, b) in enumerate(spans) if b > a]
         started = time.perf_counter()
         wav = f0 = None
@@ -183,16 +187,16 @@ class VocoderStage:
             piece = wav[rows[i], :(end - start) * SAMPLES_PER_FRAME] if i in rows else torch.zeros(0)
             if job.stream is None:
                 samples = apply_trim_fade(piece)
-                limit = job.sample_limit()
+                limit = job.sample_limit(len(items[i]))
                 out.append(AudioOut(job.job_id, samples[:limit] if limit is not None else samples, final=True))
                 self._forget(job.job_id)
-            elif i in rows or job.final:
+            elif i in rows or finals[i]:
                 f0_row = f0[rows[i], :end - start] if i in rows else torch.zeros(0)
-                piece_out = self._emit(job, piece, start, end, f0_row)
+                piece_out = self._emit(job, piece, start, end, f0_row, len(items[i]), finals[i])
                 if piece_out is not None:
                     out.append(piece_out)
-            else:  # no new settled frames yet (an odd prompt): wait for a larger window
-                job.stream.next_threshold += 1
+            else:  # no settled frames yet (a prompt mel longer than 2 Tp): a larger window
+                self._advance_window(job.stream)
         stats.passes += 1
         stats.items += len(jobs)
         stats.flow_decoder_seconds += flow_seconds
@@ -216,12 +220,12 @@ class VocoderStage:
             return noise
         return torch.randn(1, 80, total, **like)[0]
 
-    def _hift_span(self, job: Job, frames: int) -> tuple[int, int]:
+    def _hift_span(self, job: Job, frames: int, final: bool) -> tuple[int, int]:
         """Mel frames ``[start, end)`` this pass vocodes for the job."""
         stream = job.stream
         if stream is None:
             return 0, frames
-        end = frames if job.final else frames - 2 * self.config.holdback_tokens
+        end = frames if final else frames - 2 * self.config.holdback_tokens
         return stream.hift_start, end if end > stream.mel_end else stream.hift_start
 
     def _source_noise(self, job: Job, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -239,7 +243,8 @@ class VocoderStage:
         phases = (stream.phases + offset).float()
         return phases, stream.source_noise.slice(start * SAMPLES_PER_FRAME, end * SAMPLES_PER_FRAME)
 
-    def _emit(self, job: Job, piece: torch.Tensor, start: int, end: int, f0: torch.Tensor) -> AudioOut | None:
+    def _emit(self, job: Job, piece: torch.Tensor, start: int, end: int, f0: torch.Tensor,
+              num_tokens: int, final: bool) -> AudioOut | None:
         """Cross-fade the pass's audio into the stream, send what is settled, hold the rest."""
         cfg, stream = self.config, job.stream
         a0, a1 = start * SAMPLES_PER_FRAME, end * SAMPLES_PER_FRAME
@@ -249,8 +254,8 @@ class VocoderStage:
         if held:
             gains = raised_cosine(held)
             audio[:held] = stream.tail * (1 - gains) + audio[:held] * gains
-        limit = a1 if job.final else a1 - cfg.crossfade_frames * SAMPLES_PER_FRAME
-        cap = job.sample_limit()
+        limit = a1 if final else a1 - cfg.crossfade_frames * SAMPLES_PER_FRAME
+        cap = job.sample_limit(num_tokens)
         if cap is not None:
             limit = min(limit, cap)
         limit = max(limit, stream.sent)
@@ -260,7 +265,7 @@ class VocoderStage:
             samples = samples * gains
         stream.tail = audio[limit - stream.sent:]
         stream.sent, stream.mel_end, stream.passes = limit, end, stream.passes + 1
-        if job.final:
+        if final:
             self._forget(job.job_id)
             return AudioOut(job.job_id, samples, final=True)
         # The next pass re-reads HiFT context from here; carry the harmonic phase up to it.
@@ -269,9 +274,12 @@ class VocoderStage:
         stream.cycles += float(used.sum()) * SAMPLES_PER_FRAME / self.s3gen.mel2wav.config.sample_rate
         stream.hift_start = next_start
         stream.source_noise.forget_before(next_start * SAMPLES_PER_FRAME)
-        stream.next_window = min(2 * stream.next_window, cfg.max_window_tokens)
-        stream.next_threshold = len(job.tokens) - cfg.holdback_tokens + stream.next_window
+        self._advance_window(stream)
         return AudioOut(job.job_id, samples, final=False) if samples.shape[0] else None
+
+    def _advance_window(self, stream) -> None:
+        stream.next_window = min(2 * stream.next_window, self.config.max_window_tokens)
+        stream.next_threshold += stream.next_window
 
     def _sync(self) -> None:
         if self.config.time_stages and self.s3gen.device.type == "cuda":
