@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from chorus.models.s3gen.s3gen import SAMPLES_PER_TOKEN, SILENCE_TOKEN, TokenRules, item_generators
+from chorus.models.s3gen.s3gen import SAMPLES_PER_TOKEN, SILENCE_TOKEN, TokenRules
 from chorus.voices import Voice
 
 logger = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ TRIM_FADE_SAMPLES = 960  # the 40 ms start envelope of apply_trim_fade
 class NoiseTape:
     """Standard-normal noise ``[rows, columns]`` addressed by absolute column.
 
-    Columns are drawn from ``generator`` in fixed blocks, in column order, so a column's value
+    Columns are drawn from the CPU ``generator`` in fixed blocks, in column order, so a column's value
     does not depend on which slices were asked for before. Blocks before :meth:`forget_before`
     are dropped.
     """
@@ -41,8 +41,9 @@ class NoiseTape:
     def slice(self, start: int, end: int) -> torch.Tensor:
         assert self._first_block * self.block <= start <= end, (start, end, self._first_block)
         while (self._first_block + len(self._blocks)) * self.block < end:
-            self._blocks.append(torch.randn(self.rows, self.block, generator=self.generator,
-                                            device=self.device, dtype=self.dtype))
+            # drawn on the CPU, so a stream's noise is the same on every device and in every dtype
+            block = torch.randn(self.rows, self.block, generator=self.generator)
+            self._blocks.append(block.to(device=self.device, dtype=self.dtype))
         offset = self._first_block * self.block
         first, last = (start - offset) // self.block, max(start, end - 1 - offset) // self.block
         joined = torch.cat(self._blocks[first:last + 1], dim=1) if end > start else \
@@ -151,11 +152,10 @@ class Job:
 
 def new_stream(seed: int, device: torch.device, flow_dtype: torch.dtype, harmonics: int,
                first_window: int, block: int) -> StreamState:
-    """A stream's randomness, all from ``seed``: the flow noise tape (80 mel bins), the HiFT
+    """A stream's randomness, all from ``seed`` and drawn on the CPU: the flow noise tape (80 mel bins), the HiFT
     source-noise tape (per harmonic, per sample) and the initial harmonic phases."""
     seeds = torch.randint(0, 2 ** 62, (2,), generator=torch.Generator().manual_seed(seed)).tolist()
-    flow_gen, _ = item_generators(seeds[0], device)
-    source_gen, _ = item_generators(seeds[1], device)
+    flow_gen, source_gen = (torch.Generator().manual_seed(s) for s in seeds)
     phase_gen = torch.Generator().manual_seed(seed)
     phases = (torch.rand(harmonics, generator=phase_gen, dtype=torch.float64) * 2 - 1) * math.pi
     phases[0] = 0.0
