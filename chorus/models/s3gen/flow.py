@@ -139,6 +139,7 @@ class FlowDecoder(nn.Module):
         generated_noise: torch.Tensor | None = None,
         n_steps: int | None = None,
         cfg_rate: float | None = None,
+        speaker: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Mel frames of the new tokens only: (``[B, 80, T_new]`` zero-padded, lengths ``[B]``).
 
@@ -157,6 +158,8 @@ class FlowDecoder(nn.Module):
             generated_noise: optional ``[B, 80, >= max 2N]``; replaces the noise of each item's
               new-token columns ``2Tp .. 2(Tp+N)`` (the reference's meanflow noise).
             n_steps: Euler steps (default 10, meanflow 2). cfg_rate: default ``config.cfg_rate``.
+            speaker: optional ``[B or 1, 80]`` result of :meth:`speaker_projection` for ``xvector``
+              (a caller that caches it per voice saves the projection); None computes it.
         """
         config = self.config
         batch, device = tokens.shape[0], self.encoder_proj.weight.device
@@ -184,7 +187,8 @@ class FlowDecoder(nn.Module):
         z = self._initial_noise(noise, generated_noise, ratio * prompt_token_lengths,
                                 ratio * token_lengths, frames, mu)
         mel = self.decoder.solve(
-            z, mask, mu, self.speaker_projection(xvector), cond,
+            z, mask, mu,
+            self.speaker_projection(xvector) if speaker is None else _broadcast_batch(speaker.to(device), batch), cond,
             n_steps=config.default_steps if n_steps is None else n_steps,
             cfg_rate=config.cfg_rate if cfg_rate is None else cfg_rate,
         )

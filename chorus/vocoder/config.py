@@ -1,0 +1,91 @@
+"""Configuration, outputs and counters of the vocoder stage."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+
+@dataclass(frozen=True)
+class VocoderConfig:
+    """How the vocoder stage cuts streams into windows and groups work into passes.
+
+    Windows are counted in usable speech tokens (after the variant's clean-up); 25 tokens are one
+    second of audio, one token is two mel frames, one mel frame is 480 samples at 24 kHz.
+    """
+
+    first_window_tokens: int = 20
+    """Tokens a stream needs (beyond the held-back ones) before its first pass: small means a
+    short time to first audio."""
+    max_window_tokens: int = 100
+    """Later windows double from ``first_window_tokens`` up to this many tokens."""
+    max_batch_items: int = 32
+    """Items (jobs) in one batched pass."""
+    max_batch_tokens: int = 16384
+    """Padded token budget of one pass: items x longest (prompt + tokens). One item always fits."""
+    holdback_tokens: int = 3
+    """Right context of a window: the mel of the last ``holdback_tokens`` tokens is not vocoded
+    until more tokens arrive (the encoder's pre-lookahead conv sees 3 future tokens; the flow's
+    attention sees everything). At least 1, so the multilingual tail cut never meets sent audio."""
+    hift_context_frames: int = 16
+    """Mel frames of left context HiFT re-reads before a window's new frames."""
+    crossfade_frames: int = 4
+    """Mel frames (480 samples each) of audio held back at a window's end and cross-faded with
+    the next window's audio of the same frames. At most ``hift_context_frames``."""
+    noise_block_frames: int = 50
+    """Streams draw their noise in blocks of this many frames, so the noise of a frame does not
+    depend on how the stream was cut into windows."""
+    batching: Literal["fifo", "length"] = "length"
+    """Which ready jobs share a pass: ``fifo`` takes them oldest first; ``length`` starts from
+    the oldest and adds the jobs closest in length (less padding)."""
+    voice_cache_size: int = 16
+    """Voices whose prompt tensors are kept on the device (LRU)."""
+    time_stages: bool = True
+    """Time the flow encoder separately (adds device synchronisations on GPU)."""
+
+    def __post_init__(self) -> None:
+        if self.first_window_tokens < 1 or self.max_window_tokens < self.first_window_tokens:
+            raise ValueError("need 1 <= first_window_tokens <= max_window_tokens")
+        if self.max_batch_items < 1 or self.max_batch_tokens < 1:
+            raise ValueError("max_batch_items and max_batch_tokens must be positive")
+        if self.holdback_tokens < 1:
+            raise ValueError("holdback_tokens must be >= 1")
+        if not 0 <= self.crossfade_frames <= self.hift_context_frames:
+            raise ValueError("need 0 <= crossfade_frames <= hift_context_frames")
+        if self.noise_block_frames < 1 or self.voice_cache_size < 1:
+            raise ValueError("noise_block_frames and voice_cache_size must be positive")
+        if self.batching not in ("fifo", "length"):
+            raise ValueError(f"batching must be 'fifo' or 'length', got {self.batching!r}")
+
+
+@dataclass
+class AudioOut:
+    """The next piece of one job's audio, as returned by :meth:`VocoderStage.step`."""
+
+    job_id: str
+    samples: torch.Tensor
+    """1-D float32 CPU samples at 24 kHz, following the job's previous piece."""
+    final: bool
+    """True on the job's last piece: its audio is complete and the stage forgot the job."""
+    error: str | None = None
+    """Set when the job failed (then ``final`` is True and ``samples`` empty)."""
+
+
+@dataclass
+class VocoderStats:
+    """Cumulative work of a stage. Seconds are wall time on the host (the device is synchronised
+    around each part when ``VocoderConfig.time_stages``)."""
+
+    passes: int = 0
+    items: int = 0
+    failed_passes: int = 0
+    audio_seconds: float = 0.0
+    flow_encoder_seconds: float = 0.0
+    flow_decoder_seconds: float = 0.0
+    hift_seconds: float = 0.0
+    total_seconds: float = 0.0
+    padded_tokens: int = 0
+    """Sum over passes of items x longest (prompt + tokens): the flow's padded work."""
+    real_tokens: int = 0
+    """Sum over passes of each item's prompt + tokens."""

@@ -1,0 +1,186 @@
+"""One vocoder job: its tokens as they arrive, its randomness and, for a stream, what was sent.
+
+A stream's audio timeline is the one-pass waveform of all its tokens: sample ``s`` belongs to mel
+frame ``s // 480`` of the new (non-prompt) frames. Each pass vocodes mel frames
+``[hift_start, mel_end)`` and yields audio for samples ``[480 hift_start, 480 mel_end)``; the job
+has sent samples ``[0, sent)`` and holds ``tail``, the previous pass's audio of
+``[sent, sent + len(tail))``, which is cross-faded into the next pass's audio of the same samples.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from chorus.models.s3gen.s3gen import SAMPLES_PER_TOKEN, SILENCE_TOKEN, TokenRules
+from chorus.voices import Voice
+
+logger = logging.getLogger(__name__)
+
+SAMPLES_PER_FRAME = 480
+TRIM_FADE_SAMPLES = 960  # the 40 ms start envelope of apply_trim_fade
+
+
+class NoiseTape:
+    """Standard-normal noise ``[rows, columns]`` addressed by absolute column.
+
+    Columns are drawn from the CPU ``generator`` in fixed blocks, in column order, so a column's value
+    does not depend on which slices were asked for before. Blocks before :meth:`forget_before`
+    are dropped.
+    """
+
+    def __init__(self, rows: int, block: int, generator: torch.Generator, device: torch.device,
+                 dtype: torch.dtype = torch.float32):
+        self.rows, self.block, self.generator = rows, block, generator
+        self.device, self.dtype = device, dtype
+        self._blocks: list[torch.Tensor] = []
+        self._first_block = 0  # index of self._blocks[0]
+
+    def slice(self, start: int, end: int) -> torch.Tensor:
+        assert self._first_block * self.block <= start <= end, (start, end, self._first_block)
+        while (self._first_block + len(self._blocks)) * self.block < end:
+            # drawn on the CPU, so a stream's noise is the same on every device and in every dtype
+            block = torch.randn(self.rows, self.block, generator=self.generator)
+            self._blocks.append(block.to(device=self.device, dtype=self.dtype))
+        offset = self._first_block * self.block
+        first, last = (start - offset) // self.block, max(start, end - 1 - offset) // self.block
+        joined = torch.cat(self._blocks[first:last + 1], dim=1) if end > start else \
+            torch.zeros(self.rows, 0, device=self.device, dtype=self.dtype)
+        begin = start - offset - first * self.block
+        return joined[:, begin:begin + end - start]
+
+    def forget_before(self, column: int) -> None:
+        drop = column // self.block - self._first_block
+        if drop > 0:
+            del self._blocks[:drop]
+            self._first_block += drop
+
+
+@dataclass
+class StreamState:
+    """What a streaming job has vocoded and sent (see the module docstring)."""
+
+    flow_noise: NoiseTape
+    source_noise: NoiseTape
+    phases: torch.Tensor  # [harmonics] initial harmonic phases (CPU float64)
+    next_threshold: int  # usable tokens at which the next window ends (its pass reads holdback more)
+    next_window: int  # size of that window
+    mel_end: int = 0  # mel frames vocoded so far
+    hift_start: int = 0  # first mel frame the next pass's HiFT reads
+    cycles: float = 0.0  # fundamental cycles (f0 integrated) over frames [0, hift_start)
+    sent: int = 0  # samples sent
+    tail: torch.Tensor = field(default_factory=lambda: torch.zeros(0))  # held audio after `sent`
+    passes: int = 0
+
+
+@dataclass
+class Job:
+    """A job's tokens and state. ``tokens`` are the usable tokens so far (the variant's rules
+    applied incrementally, silence tokens not included)."""
+
+    job_id: str
+    voice: Voice
+    seed: int
+    n_steps: int | None
+    cfg_rate: float | None
+    rules: TokenRules
+    order: int
+    stream: StreamState | None = None
+    tokens: list[int] = field(default_factory=list)
+    final: bool = False
+    saw_bos: bool = False
+    saw_eos: bool = False
+    dropped_invalid: int = 0
+
+    @property
+    def streaming(self) -> bool:
+        return self.stream is not None
+
+    def accept(self, raw: list[int]) -> None:
+        """Apply the variant's clean-up to newly arrived raw tokens, as postprocess_speech_tokens
+        does to the whole list: the span after the first BOS up to the first EOS (original,
+        multilingual), then only real speech codes."""
+        rules = self.rules
+        for t in raw:
+            if rules.cut_at_markers:
+                if t == rules.bos and not self.saw_bos:
+                    self.saw_bos = True
+                    if self.stream is not None and self.stream.passes:
+                        logger.warning("job %s: a start-of-speech token after audio was sent; "
+                                       "the tokens before it stay in the audio", self.job_id)
+                    else:
+                        self.tokens.clear()
+                    continue
+                if self.saw_eos:
+                    continue
+                if t == rules.eos:
+                    self.saw_eos = True
+                    continue
+            if 0 <= t < rules.num_codes:
+                self.tokens.append(t)
+            else:
+                self.dropped_invalid += 1
+                if not rules.filter_invalid and self.dropped_invalid == 1:
+                    logger.warning("job %s: dropped speech token(s) outside 0..%d that S3Gen cannot vocode",
+                                   self.job_id, rules.num_codes - 1)
+
+    def next_pass(self, holdback: int) -> tuple[list[int], bool]:
+        """(tokens, final) of the job's next pass. A stream's window ``k`` ends at a fixed token
+        count ``e_k`` and its pass reads exactly ``e_k + holdback`` tokens, so the audio depends
+        only on the tokens and the seed, never on how they were pushed or when ``step`` ran. The
+        final pass reads everything, plus the variant's silence tokens."""
+        stream = self.stream
+        if stream is not None and len(self.tokens) > stream.next_threshold + holdback:
+            return self.tokens[:stream.next_threshold + holdback], False
+        assert self.final
+        return self.tokens + [SILENCE_TOKEN] * self.rules.silence_tokens, True
+
+    def is_ready(self, holdback: int) -> bool:
+        if self.final:
+            return True
+        return self.stream is not None and len(self.tokens) > self.stream.next_threshold + holdback
+
+    def sample_limit(self, num_tokens: int) -> int | None:
+        """Multilingual: the audio of ``num_tokens`` tokens ends before the last token's
+        (``max(1, N - 1) * 960``). None when the variant keeps all the audio."""
+        if not self.rules.drop_last_token_audio:
+            return None
+        return max(1, num_tokens - 1) * SAMPLES_PER_TOKEN
+
+
+def new_stream(seed: int, device: torch.device, flow_dtype: torch.dtype, harmonics: int,
+               first_window: int, block: int) -> StreamState:
+    """A stream's randomness, all from ``seed`` and drawn on the CPU: the flow noise tape (80 mel bins), the HiFT
+    source-noise tape (per harmonic, per sample) and the initial harmonic phases."""
+    seeds = torch.randint(0, 2 ** 62, (2,), generator=torch.Generator().manual_seed(seed)).tolist()
+    flow_gen, source_gen = (torch.Generator().manual_seed(s) for s in seeds)
+    phase_gen = torch.Generator().manual_seed(seed)
+    phases = (torch.rand(harmonics, generator=phase_gen, dtype=torch.float64) * 2 - 1) * math.pi
+    phases[0] = 0.0
+    return StreamState(
+        flow_noise=NoiseTape(80, block, flow_gen, device, flow_dtype),
+        source_noise=NoiseTape(harmonics, block * SAMPLES_PER_FRAME, source_gen, device),
+        phases=phases, next_threshold=first_window, next_window=first_window,
+    )
+
+
+def raised_cosine(length: int) -> torch.Tensor:
+    """Fade-in gains 0 -> 1 over ``length`` samples (the fade-out is ``1 - gains``)."""
+    i = torch.arange(length, dtype=torch.float64)
+    return ((1 - torch.cos(math.pi * (i + 0.5) / length)) / 2).float()
+
+
+def trim_fade_gains(start: int, length: int) -> torch.Tensor | None:
+    """The trim/fade envelope over samples ``[start, start + length)`` of a job's audio, or None
+    when those samples are past its 40 ms."""
+    from chorus.models.s3gen.postprocess import trim_fade_envelope
+
+    if start >= TRIM_FADE_SAMPLES:
+        return None
+    gains = torch.ones(length)
+    envelope = trim_fade_envelope()
+    head = min(length, TRIM_FADE_SAMPLES - start)
+    gains[:head] = envelope[start:start + head]
+    return gains

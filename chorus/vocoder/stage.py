@@ -1,0 +1,319 @@
+"""The vocoder stage: batched, streaming S3Gen (speech tokens -> 24 kHz audio) for many jobs.
+
+Used from one thread (the pipeline's vocoder thread): ``add`` a job, ``push`` its tokens as T3
+emits them, call ``step`` while ``has_work``; each step runs one batched pass (flow encoder,
+flow-matching solver, HiFT) over jobs that have a window ready and returns their new audio.
+See docs/vocoder.md for the windowing scheme and its measured error.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from typing import Sequence
+
+import torch
+
+from chorus.models.s3gen.hift import SourceNoise, draw_source_noise
+from chorus.models.s3gen.postprocess import apply_trim_fade
+from chorus.models.s3gen.s3gen import SAMPLE_RATE, S3Gen, item_generators
+from chorus.vocoder.batching import Candidate, select_batch
+from chorus.vocoder.config import AudioOut, VocoderConfig, VocoderStats
+from chorus.vocoder.job import SAMPLES_PER_FRAME, Job, new_stream, raised_cosine, trim_fade_gains
+from chorus.vocoder.voice_cache import VoiceCache, VoicePrompt
+from chorus.voices import Voice
+
+logger = logging.getLogger(__name__)
+
+
+class VocoderStage:
+    """Batched, streaming S3Gen for many concurrent jobs; see the module docstring."""
+
+    def __init__(self, s3gen: S3Gen, config: VocoderConfig | None = None):
+        self.s3gen = s3gen
+        self.config = config or VocoderConfig()
+        self.voices = VoiceCache(s3gen.flow, self.config.voice_cache_size)
+        self._jobs: dict[str, Job] = {}
+        self._generators: dict[str, tuple[torch.Generator, torch.Generator]] = {}
+        self._order = 0
+        self._stats = VocoderStats()
+
+    # ------------------------------------------------------------------------------- interface
+    def add(self, job_id: str, voice: Voice, *, seed: int, streaming: bool,
+            n_steps: int | None = None, cfg_rate: float | None = None) -> None:
+        """Register a job. ``seed`` fixes all its randomness; a job's audio never depends on
+        the other jobs. ``n_steps``/``cfg_rate`` default to the variant's solver settings.
+        Non-streaming jobs give their whole audio in one piece once final, equal to
+        ``S3Gen.tokens_to_wav`` for the same tokens and seed."""
+        if job_id in self._jobs:
+            raise ValueError(f"vocoder job {job_id!r} already exists")
+        if not isinstance(voice, Voice):
+            raise TypeError(f"voice must be a Voice, got {type(voice).__name__}")
+        if n_steps is not None and n_steps < 1:
+            raise ValueError(f"n_steps must be >= 1, got {n_steps}")
+        cfg = self.config
+        job = Job(job_id, voice, int(seed), n_steps, cfg_rate, self.s3gen.rules, self._order)
+        self._order += 1
+        if streaming:
+            job.stream = new_stream(job.seed, self.s3gen.device, self.s3gen.dtype,
+                                    self.s3gen.mel2wav.config.num_harmonics,
+                                    cfg.first_window_tokens, cfg.noise_block_frames)
+        else:
+            self._generators[job_id] = item_generators(job.seed, self.s3gen.device)
+        self._jobs[job_id] = job
+
+    def push(self, job_id: str, tokens: Sequence[int], *, final: bool = False) -> None:
+        """Append raw T3 speech tokens (as the engine emits them); ``final=True`` when T3 is done."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise KeyError(f"unknown vocoder job {job_id!r}")
+        if job.final:
+            raise ValueError(f"vocoder job {job_id!r} was already pushed final")
+        job.accept([int(t) for t in tokens])
+        job.final = bool(final)
+
+    def step(self) -> list[AudioOut]:
+        """One batched pass over jobs with a window ready (or a finished non-streaming job).
+        Jobs without usable tokens finish here without a pass. Returns the pieces produced."""
+        hold = self.config.holdback_tokens
+        out = [self._finish_empty(job) for job in list(self._jobs.values())
+               if job.final and not job.next_pass(hold)[0]]
+        ready = [job for job in self._jobs.values() if job.is_ready(hold)]
+        if not ready:
+            return out
+        batch = self._select(ready)
+        start = time.perf_counter()
+        try:
+            out += self._run_pass(batch)
+        except Exception as exc:  # one bad pass fails its own jobs only
+            logger.exception("vocoder pass over %d job(s) failed", len(batch))
+            self._stats.failed_passes += 1
+            for job in batch:
+                self._forget(job.job_id)
+                out.append(AudioOut(job.job_id, torch.zeros(0), final=True,
+                                    error=f"{type(exc).__name__}: {exc}"))
+        self._stats.total_seconds += time.perf_counter() - start
+        return out
+
+    def abort(self, job_id: str) -> None:
+        """Drop everything held for the job at once (unknown or finished ids are ignored)."""
+        self._forget(job_id)
+
+    def has_work(self) -> bool:
+        """True while a call to :meth:`step` would produce something."""
+        hold = self.config.holdback_tokens
+        return any(job.is_ready(hold) for job in self._jobs.values())
+
+    def has_job(self, job_id: str) -> bool:
+        return job_id in self._jobs
+
+    @property
+    def stats(self) -> VocoderStats:
+        """Cumulative counters and timings (the live object; copy it to keep a snapshot)."""
+        return self._stats
+
+    # -------------------------------------------------------------------------------- internals
+    def _forget(self, job_id: str) -> None:
+        self._jobs.pop(job_id, None)
+        self._generators.pop(job_id, None)
+
+    def _finish_empty(self, job: Job) -> AudioOut:
+        stream = job.stream
+        samples = torch.zeros(0) if stream is None else stream.tail[:0]
+        self._forget(job.job_id)
+        return AudioOut(job.job_id, samples, final=True)
+
+    def _solver_key(self, job: Job) -> tuple[int, float]:
+        settings = self.s3gen.variant.s3gen
+        return (settings.flow_steps if job.n_steps is None else job.n_steps,
+                settings.cfg_rate if job.cfg_rate is None else float(job.cfg_rate))
+
+    def _select(self, ready: list[Job]) -> list[Job]:
+        ready.sort(key=lambda j: j.order)
+        hold = self.config.holdback_tokens
+        candidates = [Candidate(i, self.voices.get(j.voice).num_tokens + len(j.next_pass(hold)[0]),
+                                self._solver_key(j)) for i, j in enumerate(ready)]
+        cfg = self.config
+        chosen = select_batch(candidates, cfg.max_batch_items, cfg.max_batch_tokens, cfg.batching)
+        return [ready[i] for i in chosen]
+
+    @torch.inference_mode()
+    def _run_pass(self, jobs: list[Job]) -> list[AudioOut]:
+        s3gen, device = self.s3gen, self.s3gen.device
+        flow, hift, stats = s3gen.flow, s3gen.mel2wav, self._stats
+        prompts = [self.voices.get(job.voice) for job in jobs]
+        passes = [job.next_pass(self.config.holdback_tokens) for job in jobs]
+        items = [tokens for tokens, _ in passes]
+        finals = [final for _, final in passes]
+        n_steps, cfg_rate = self._solver_key(jobs[0])
+        tokens, token_lengths = _pad_rows([torch.tensor(t, dtype=torch.long) for t in items], device)
+        prompt_tokens, prompt_lengths = _pad_rows([p.tokens for p in prompts], device)
+        prompt_mel, mel_lengths = _pad_rows([p.mel for p in prompts], device)
+        noise, _ = _pad_rows([self._flow_noise(job, p, len(t)).transpose(0, 1)
+                              for job, p, t in zip(jobs, prompts, items)], device)
+        lengths = (prompt_lengths + token_lengths).tolist()
+        stats.padded_tokens += len(jobs) * max(lengths)
+        stats.real_tokens += sum(lengths)
+
+        started = time.perf_counter()
+        with self._timed_encoder():
+            mel, frames = flow.inference(
+                tokens, token_lengths, prompt_tokens, prompt_lengths, prompt_mel, mel_lengths,
+                torch.stack([p.xvector for p in prompts]), noise=noise.transpose(1, 2),
+                n_steps=n_steps, cfg_rate=cfg_rate, speaker=torch.stack([p.speaker for p in prompts]))
+            self._sync()
+        flow_seconds = time.perf_counter() - started
+
+        spans = [self._hift_span(job, int(f), last) for job, f, last in zip(jobs, frames.tolist(), finals)]
+        vocode = [i for i, (a, b) in enumerate(spans) if b > a]
+        started = time.perf_counter()
+        wav = f0 = None
+        if vocode:
+            hift_mel, counts = _pad_rows([mel[i, :, spans[i][0]:spans[i][1]].transpose(0, 1) for i in vocode], device)
+            phases, source_noise = zip(*(self._source_noise(jobs[i], *spans[i]) for i in vocode))
+            excitation_noise, _ = _pad_rows([n.transpose(0, 1) for n in source_noise], device)
+            f0 = hift.predict_f0(hift_mel.transpose(1, 2), counts)
+            source = hift.harmonic_source(f0, counts, SourceNoise(torch.stack(phases).to(device),
+                                                                  excitation_noise.transpose(1, 2)))
+            wav = hift.decode(hift_mel.transpose(1, 2), source, counts).float()
+            f0 = f0.float().cpu()
+            wav = wav.cpu()
+        hift_seconds = time.perf_counter() - started
+
+        out, rows = [], {i: r for r, i in enumerate(vocode)}
+        for i, job in enumerate(jobs):
+            start, end = spans[i]
+            piece = wav[rows[i], :(end - start) * SAMPLES_PER_FRAME] if i in rows else torch.zeros(0)
+            if job.stream is None:
+                samples = apply_trim_fade(piece)
+                limit = job.sample_limit(len(items[i]))
+                out.append(AudioOut(job.job_id, samples[:limit] if limit is not None else samples, final=True))
+                self._forget(job.job_id)
+            elif i in rows or finals[i]:
+                f0_row = f0[rows[i], :end - start] if i in rows else torch.zeros(0)
+                piece_out = self._emit(job, piece, start, end, f0_row, len(items[i]), finals[i])
+                if piece_out is not None:
+                    out.append(piece_out)
+            else:  # no settled frames yet (a prompt mel longer than 2 Tp): a larger window
+                self._advance_window(job.stream)
+        stats.passes += 1
+        stats.items += len(jobs)
+        stats.flow_decoder_seconds += flow_seconds
+        stats.hift_seconds += hift_seconds
+        stats.audio_seconds += sum(o.samples.shape[0] for o in out) / SAMPLE_RATE
+        return out
+
+    def _flow_noise(self, job: Job, prompt: VoicePrompt, num_tokens: int) -> torch.Tensor:
+        """The solver's starting noise [80, 2 (Tp + N)] (prompt frames, then new frames)."""
+        ratio = self.s3gen.flow.config.token_mel_ratio
+        total = ratio * (prompt.num_tokens + num_tokens)
+        if job.stream is not None:
+            return job.stream.flow_noise.slice(0, total)
+        # Non-streaming: drawn as FlowDecoder.inference draws it from a generator.
+        generator = self._generators[job.job_id][0]
+        like = dict(generator=generator, device=self.s3gen.device, dtype=self.s3gen.dtype)
+        if self.s3gen.flow.config.meanflow:
+            new = torch.randn(1, 80, ratio * num_tokens, **like)[0]
+            noise = torch.randn(1, 80, total, **like)[0]
+            noise[:, ratio * prompt.num_tokens:] = new
+            return noise
+        return torch.randn(1, 80, total, **like)[0]
+
+    def _hift_span(self, job: Job, frames: int, final: bool) -> tuple[int, int]:
+        """Mel frames ``[start, end)`` this pass vocodes for the job."""
+        stream = job.stream
+        if stream is None:
+            return 0, frames
+        end = frames if final else frames - 2 * self.config.holdback_tokens
+        return stream.hift_start, end if end > stream.mel_end else stream.hift_start
+
+    def _source_noise(self, job: Job, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(initial phases [H] float32, noise [H, samples]) of the harmonic source for the span."""
+        if job.stream is None:
+            p, n = self._generators[job.job_id][1], self._generators[job.job_id][0]
+            drawn = draw_source_noise([end - start], self.s3gen.mel2wav.config, self.s3gen.device,
+                                      noise_generators=[n], phase_generators=[p])
+            return drawn.phases[0].cpu(), drawn.noise[0]
+        stream = job.stream
+        assert start == stream.hift_start
+        harmonics = torch.arange(1, stream.phases.shape[0] + 1, dtype=torch.float64)
+        # Continue each harmonic's phase where the one-pass sine would be at this span's start.
+        offset = 2 * math.pi * torch.remainder(stream.cycles * harmonics, 1.0)
+        phases = (stream.phases + offset).float()
+        return phases, stream.source_noise.slice(start * SAMPLES_PER_FRAME, end * SAMPLES_PER_FRAME)
+
+    def _emit(self, job: Job, piece: torch.Tensor, start: int, end: int, f0: torch.Tensor,
+              num_tokens: int, final: bool) -> AudioOut | None:
+        """Cross-fade the pass's audio into the stream, send what is settled, hold the rest."""
+        cfg, stream = self.config, job.stream
+        a0, a1 = start * SAMPLES_PER_FRAME, end * SAMPLES_PER_FRAME
+        assert a0 <= stream.sent <= a1, (a0, stream.sent, a1)
+        audio = piece[stream.sent - a0:].clone()
+        held = stream.tail.shape[0]
+        if held:
+            gains = raised_cosine(held)
+            audio[:held] = stream.tail * (1 - gains) + audio[:held] * gains
+        limit = a1 if final else a1 - cfg.crossfade_frames * SAMPLES_PER_FRAME
+        cap = job.sample_limit(num_tokens)
+        if cap is not None:
+            limit = min(limit, cap)
+        limit = max(limit, stream.sent)
+        samples = audio[:limit - stream.sent]
+        gains = trim_fade_gains(stream.sent, samples.shape[0])
+        if gains is not None:
+            samples = samples * gains
+        stream.tail = audio[limit - stream.sent:]
+        stream.sent, stream.mel_end, stream.passes = limit, end, stream.passes + 1
+        if final:
+            self._forget(job.job_id)
+            return AudioOut(job.job_id, samples, final=True)
+        # The next pass re-reads HiFT context from here; carry the harmonic phase up to it.
+        next_start = max(stream.hift_start, min(end - cfg.hift_context_frames, limit // SAMPLES_PER_FRAME))
+        used = f0[:next_start - start].double()
+        stream.cycles += float(used.sum()) * SAMPLES_PER_FRAME / self.s3gen.mel2wav.config.sample_rate
+        stream.hift_start = next_start
+        stream.source_noise.forget_before(next_start * SAMPLES_PER_FRAME)
+        self._advance_window(stream)
+        return AudioOut(job.job_id, samples, final=False) if samples.shape[0] else None
+
+    def _advance_window(self, stream) -> None:
+        stream.next_window = min(2 * stream.next_window, self.config.max_window_tokens)
+        stream.next_threshold += stream.next_window
+
+    def _sync(self) -> None:
+        if self.config.time_stages and self.s3gen.device.type == "cuda":
+            torch.cuda.synchronize(self.s3gen.device)
+
+    @contextlib.contextmanager
+    def _timed_encoder(self):
+        """Time the flow's encoder inside ``FlowDecoder.inference`` (hooks live for one pass);
+        what it takes is moved from the decoder's share to the encoder's."""
+        began = [0.0]
+
+        def before(module, args):
+            self._sync()
+            began[0] = time.perf_counter()
+
+        def after(module, args, output):
+            self._sync()
+            spent = time.perf_counter() - began[0]
+            self._stats.flow_encoder_seconds += spent
+            self._stats.flow_decoder_seconds -= spent
+
+        encoder = self.s3gen.flow.encoder
+        handles = [encoder.register_forward_pre_hook(before), encoder.register_forward_hook(after)]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+
+def _pad_rows(rows: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack tensors of shape [L_i, ...] into [B, max L, ...] (zero-padded) and their lengths."""
+    lengths = torch.tensor([r.shape[0] for r in rows], device=device)
+    out = torch.zeros(len(rows), int(lengths.max()), *rows[0].shape[1:], dtype=rows[0].dtype, device=device)
+    for i, r in enumerate(rows):
+        out[i, :r.shape[0]] = r.to(device)
+    return out, lengths
