@@ -95,10 +95,10 @@ def test_long_sentence_without_commas_splits_at_spaces():
     assert _squeeze("".join(chunks)) == _squeeze(text)
 
 
-def test_text_without_spaces_is_cut_hard():
+def test_text_without_spaces_is_cut_hard_into_balanced_pieces():
     text = "好" * 130
     chunks = split_into_chunks(text, max_chars=50)
-    assert [len(c) for c in chunks] == [50, 50, 30]
+    assert [len(c) for c in chunks] == [44, 43, 43]
 
 
 def test_long_chinese_sentence_splits_at_an_ideographic_comma():
