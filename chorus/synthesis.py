@@ -78,8 +78,9 @@ def plan_text(encoder: TextEncoder, text: str, language: str | None = None, *,
     model runs."""
     if not isinstance(text, str) or not text.strip():
         raise TextInputError("text is empty; give at least one word to speak")
-    encoder.check_language(language)
-    return [(chunk, t3_text_ids(encoder, chunk, language)) for chunk in split_into_chunks(text, max_chars=max_chars)]
+    code = encoder.check_language(language)
+    chunks = split_into_chunks(text, max_chars=max_chars, language=code)
+    return [(chunk, t3_text_ids(encoder, chunk, language)) for chunk in chunks]
 
 
 def _check_number(name: str, value: Any, minimum: float) -> float:

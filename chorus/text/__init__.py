@@ -1,15 +1,17 @@
-"""Text front end: punctuation clean-up, tokenizers of every variant, long-text chunking.
+"""Text front end: punctuation clean-up, English normalisation, tokenizers, long-text chunking.
 
 Most callers need only::
 
     encoder = load_text_encoder(variant, checkpoint_dir)
     ids = encoder.encode("Bonjour !", language="fr")   # T3 text ids (the model adds SOT/EOT)
-    chunks = split_into_chunks(long_text)               # sentence-aligned pieces
+    text = normalize_for_speech(text, language)        # English: "$5" -> "five dollars"
+    chunks = split_into_chunks(text, language=language) # sentence-aligned pieces
 
 See docs/text.md.
 """
 from chorus.text.chunking import DEFAULT_MAX_CHARS, split_into_chunks, split_sentences
 from chorus.text.encoder import TextEncoder, load_text_encoder
+from chorus.text.english import normalize_for_speech
 from chorus.text.errors import (
     LanguagePreprocessingError,
     MissingLanguagePackageError,
@@ -38,6 +40,6 @@ __all__ = [
     "LanguagePreprocessingError", "LanguagePreprocessor", "MissingLanguagePackageError",
     "MultilingualTokenizer", "PARALINGUISTIC_TAGS", "PUNCTUATION_STYLES", "PunctuationStyle",
     "SUPPORTED_LANGUAGES", "TextEncoder", "TextError", "TextInputError", "TokenizerFileError",
-    "UnsupportedLanguageError", "load_text_encoder", "normalize_language", "normalize_punctuation",
+    "UnsupportedLanguageError", "load_text_encoder", "normalize_for_speech", "normalize_language", "normalize_punctuation",
     "split_into_chunks", "split_sentences", "write_standin_tokenizer_files",
 ]

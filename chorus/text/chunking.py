@@ -5,107 +5,130 @@ get their own synthesis. Rules, in order:
 
 1. blank lines end a paragraph, and a chunk never spans two paragraphs;
 2. inside a paragraph, whitespace runs become single spaces;
-3. sentences end at ``. ! ? …`` (and Arabic ``؟``, Devanagari ``। ॥``) followed by whitespace or
-   the end, or at CJK ``。！？`` anywhere; closing quotes and brackets stay with their sentence;
-   a full stop after a known abbreviation or a single letter (``Dr.``, ``J. R. R.``), or one
-   followed by a lower-case word, does not end a sentence;
-4. a sentence longer than ``max_chars`` is cut at the last clause mark (``, ; : — –`` and CJK
-   ``，、；：``) that leaves a reasonably long first piece, else at the last space, else hard;
-5. consecutive sentences are packed greedily into chunks of at most ``max_chars`` characters.
+3. sentences come from :func:`chorus.text.sentences.split_sentences` (``sentencex``, per language);
+4. a sentence longer than ``max_chars`` is cut into the fewest pieces that fit, each cut placed
+   near an equal share of the length (balanced, so no tiny tail): at a clause mark
+   (``, ; : — –``, Arabic ``، ؛``, CJK ``，、；：``) when one lies close enough, else at the space
+   nearest the share, else (a single "word" longer than the bound, e.g. CJK text without spaces)
+   between two characters, never inside a Latin-script word, a combining sequence or an emoji
+   sequence when that can be avoided;
+5. consecutive sentences and pieces are packed greedily into chunks of at most ``max_chars``.
 
-No character other than whitespace is ever dropped.
+No character other than whitespace is ever dropped or repeated, and the order is kept.
 """
 from __future__ import annotations
 
+import math
 import re
+import unicodedata
+
+from chorus.text.sentences import sentence_language, split_sentences
 
 # About 25 s of English speech (~650 speech tokens), well inside T3's 1000-token budget.
 DEFAULT_MAX_CHARS = 400
 MIN_MAX_CHARS = 20
 
-_CLOSERS = "\"'\u201d\u2019\u00bb)]\u300d\u300f\u3011\u3015\uff09"
-_CLOSER_CLASS = "[" + re.escape(_CLOSERS) + "]*"
-_SENTENCE_END = re.compile(
-    r"[.!?\u2026\u061f\u0964\u0965]+" + _CLOSER_CLASS + r"(?=\s|$)"  # needs a following space or the end
-    r"|[\u3002\uff01\uff1f]+" + _CLOSER_CLASS  # CJK: no space follows
-)
-_CLAUSE_MARK = re.compile(r"[,;:\u2014\u2013](?=\s)|[\uff0c\u3001\uff1b\uff1a]")
+# A mark ending a clause; the cut goes right after it. ASCII-style marks need a following space
+# (so "3:30", "1,000" and "10–20" stay whole); the em dash and CJK/Arabic marks need none.
+_CLAUSE_MARK = re.compile(r"[,;:\u2013](?=\s)|\u2014|[\u060c\u061b\uff0c\u3001\uff1b\uff1a]")
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t\r\f\v]*\n\s*")
-_ABBREVIATIONS = frozenset(
-    "mr mrs ms dr prof sr jr st vs etc e.g i.e cf no vol fig approx dept est inc ltd co corp "
-    "mt ft gen col lt sgt capt".split()
-)
+# A clause cut may leave the first piece this much shorter than an equal share.
+_CLAUSE_SLACK = 0.5
+_JOINERS = frozenset("\u200c\u200d\u2060\ufeff")  # ZWNJ, ZWJ, word joiner, BOM
 
 
-def _ends_sentence(paragraph: str, match: re.Match) -> bool:
-    if paragraph[match.start()] in "\u3002\uff01\uff1f":
+def _is_scriptio_continua(char: str) -> bool:
+    """Scripts written without spaces between words, where a cut between characters is fine."""
+    code = ord(char)
+    return (
+        0x2E80 <= code <= 0x9FFF  # CJK radicals, punctuation, kana, ideographs
+        or 0xF900 <= code <= 0xFAFF or 0xFF00 <= code <= 0xFFEF
+        or 0x20000 <= code <= 0x3FFFF  # CJK extensions
+        or 0x0E00 <= code <= 0x0EFF or 0x1000 <= code <= 0x109F  # Thai, Lao, Myanmar
+    )
+
+
+def _glued(left: str, right: str) -> bool:
+    """True when cutting between ``left`` and ``right`` would break a word or a grapheme."""
+    if right in _JOINERS or left in _JOINERS:
         return True
-    following = paragraph[match.end():].lstrip()
-    if following[:1].islower():
-        return False
-    marks = match.group().rstrip(_CLOSERS)
-    if marks == ".":
-        word = paragraph[: match.start()].rsplit(None, 1)[-1] if paragraph[: match.start()].strip() else ""
-        word = word.lstrip(_CLOSERS + "([\"'\u201c\u2018\u00ab")
-        if word.lower() in _ABBREVIATIONS or (len(word) == 1 and word.isalpha()):
-            return False
-    return True
+    category = unicodedata.category(right)
+    if category[0] == "M" or category == "Sk" or 0xFE00 <= ord(right) <= 0xFE0F or 0x1F3FB <= ord(right) <= 0x1F3FF:
+        return True  # combining mark, modifier, variation selector, skin tone
+    if 0xDC00 <= ord(right) <= 0xDFFF:
+        return True  # low surrogate (only in malformed text)
+    return (left.isalnum() and right.isalnum()
+            and not (_is_scriptio_continua(left) or _is_scriptio_continua(right)))
 
 
-def split_sentences(paragraph: str) -> list[str]:
-    """Sentences of one paragraph, each keeping the whitespace that followed it."""
-    sentences, start = [], 0
-    for match in _SENTENCE_END.finditer(paragraph):
-        if match.end() <= start or not _ends_sentence(paragraph, match):
-            continue
-        end = match.end()
-        while end < len(paragraph) and paragraph[end].isspace():
-            end += 1
-        sentences.append(paragraph[start:end])
-        start = end
-    if start < len(paragraph):
-        sentences.append(paragraph[start:])
-    return sentences
+def _hard_cut(text: str, want: int) -> int:
+    for cut in range(want, 0, -1):
+        if not _glued(text[cut - 1], text[cut]):
+            return cut
+    return want  # one unbreakable run longer than the bound: cut it anyway
 
 
-def _cut_position(text: str, max_chars: int) -> int:
+def _closest(candidates: list[int], target: float) -> int | None:
+    return min(candidates, key=lambda c: (abs(c - target), -c)) if candidates else None
+
+
+def _next_start(text: str, max_chars: int) -> int:
+    """Where the second piece of ``text`` (stripped, longer than ``max_chars``) begins."""
+    length = len(text)
+    pieces = math.ceil(length / max_chars)
+    target = length / pieces
+    shortest = length - (pieces - 1) * max_chars  # any shorter and one more piece is needed
     window = text[: max_chars + 1]
-    floor = max_chars // 3  # a clause cut must leave at least this much in the first piece
-    clause_cuts = [m.end() for m in _CLAUSE_MARK.finditer(window) if floor <= m.end() <= max_chars]
-    if clause_cuts:
-        return clause_cuts[-1]
-    space = window.rfind(" ")
-    if space > 0:
-        return space + 1
-    return max_chars
+    lowest_clause = max(shortest, target * _CLAUSE_SLACK)
+    clause_ends = [m.end() for m in _CLAUSE_MARK.finditer(window) if lowest_clause <= m.end() <= max_chars]
+    spaces = [i for i, char in enumerate(window) if char == " " and i > 0]
+    end = _closest(clause_ends, target)
+    if end is None:
+        end = _closest([i for i in spaces if i >= shortest], target)
+    if end is None and spaces:
+        end = spaces[-1]  # the balanced range has no space: take the last one that fits
+    if end is None:
+        end = _hard_cut(text, min(max_chars, math.ceil(target)))
+    while text[end].isspace():  # a stripped text never ends in whitespace
+        end += 1
+    return end
 
 
 def split_long_sentence(sentence: str, max_chars: int) -> list[str]:
-    """Pieces of at most ``max_chars`` characters (ignoring trailing whitespace)."""
+    """Pieces of at most ``max_chars`` characters (not counting the whitespace that ends them).
+
+    Each piece keeps the whitespace that followed it, so ``"".join(pieces)`` equals ``sentence``
+    except for leading whitespace.
+    """
     pieces = []
-    while len(sentence.rstrip()) > max_chars:
-        cut = _cut_position(sentence, max_chars)
-        pieces.append(sentence[:cut])
-        sentence = sentence[cut:]
-    if sentence.strip():
-        pieces.append(sentence)
+    rest = sentence.lstrip()
+    while len(rest.rstrip()) > max_chars:
+        start = _next_start(rest.rstrip(), max_chars)
+        pieces.append(rest[:start])
+        rest = rest[start:]
+    if rest.strip():
+        pieces.append(rest)
     return pieces
 
 
-def split_into_chunks(text: str, max_chars: int = DEFAULT_MAX_CHARS) -> list[str]:
+def split_into_chunks(text: str, max_chars: int = DEFAULT_MAX_CHARS, language: str | None = None) -> list[str]:
     """Cut ``text`` into sentence-aligned chunks of at most ``max_chars`` characters.
 
+    ``language`` is a Chatterbox language code for sentence segmentation (``None``: English).
     Chunks are stripped and have single spaces; an empty or whitespace-only text gives ``[]``.
+    Raises ``TypeError`` for a non-string text, ``ValueError`` for a bad ``max_chars`` and
+    ``UnsupportedLanguageError`` for an unknown language.
     """
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
-    if not isinstance(max_chars, int) or max_chars < MIN_MAX_CHARS:
+    if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < MIN_MAX_CHARS:
         raise ValueError(f"max_chars must be an integer of at least {MIN_MAX_CHARS}, got {max_chars!r}")
+    language = sentence_language(language)
     chunks: list[str] = []
     for paragraph in _PARAGRAPH_BREAK.split(text):
         paragraph = " ".join(paragraph.split())
         current = ""
-        for sentence in split_sentences(paragraph):
+        for sentence in split_sentences(paragraph, language):
             for piece in split_long_sentence(sentence, max_chars):
                 if current and len((current + piece).rstrip()) > max_chars:
                     chunks.append(current.strip())

@@ -4,8 +4,7 @@ from importlib import resources
 
 import pytest
 
-from chorus.text import DEFAULT_MAX_CHARS, split_into_chunks, split_sentences
-
+from chorus.text import DEFAULT_MAX_CHARS, UnsupportedLanguageError, split_into_chunks, split_sentences
 
 
 def _squeeze(text: str) -> str:
@@ -95,10 +94,10 @@ def test_long_sentence_without_commas_splits_at_spaces():
     assert _squeeze("".join(chunks)) == _squeeze(text)
 
 
-def test_text_without_spaces_is_cut_hard():
+def test_text_without_spaces_is_cut_hard_into_balanced_pieces():
     text = "好" * 130
     chunks = split_into_chunks(text, max_chars=50)
-    assert [len(c) for c in chunks] == [50, 50, 30]
+    assert [len(c) for c in chunks] == [44, 43, 43]
 
 
 def test_long_chinese_sentence_splits_at_an_ideographic_comma():
@@ -119,3 +118,94 @@ def test_bad_max_chars_is_rejected():
 def test_non_string_is_rejected():
     with pytest.raises(TypeError):
         split_into_chunks(None)
+
+
+def test_abbreviations_times_and_dates_stay_in_one_sentence():
+    text = "Dr. Smith met Mr. Jones at 5 p.m. on Jan. 3. They talked."
+    assert split_sentences(text) == ["Dr. Smith met Mr. Jones at 5 p.m. on Jan. 3. ", "They talked."]
+
+
+def test_a_decimal_does_not_end_a_sentence():
+    assert split_sentences("Pi is 3.14159. It never ends.") == ["Pi is 3.14159. ", "It never ends."]
+
+
+def test_nested_quotes_stay_in_their_sentence():
+    text = "She said, \"He told me 'no.' Then he left.\" We waited."
+    assert split_sentences(text) == ["She said, \"He told me 'no.' Then he left.\" ", "We waited."]
+
+
+def test_ellipses_end_a_sentence_only_before_a_new_one():
+    assert split_sentences("Wait... what? I think so... but not sure. Fine.") == [
+        "Wait... what? ", "I think so... but not sure. ", "Fine.",
+    ]
+
+
+def test_text_without_punctuation_is_one_chunk():
+    text = "no punctuation at all just words going on and on"
+    assert split_into_chunks(text, max_chars=100) == [text]
+
+
+def test_long_text_without_punctuation_is_cut_at_spaces():
+    text = " ".join(["alpha", "beta", "gamma", "delta"] * 12)
+    chunks = split_into_chunks(text, max_chars=100)
+    assert " ".join(chunks) == text
+
+
+def test_sentence_over_twice_the_limit_is_cut_at_every_comma_near_an_equal_share():
+    text = ("This clause runs along for a while, then another clause follows it closely, "
+            "and a third one ends the long sentence here.")
+    assert split_into_chunks(text, max_chars=50) == [
+        "This clause runs along for a while,", "then another clause follows it closely,",
+        "and a third one ends the long sentence here.",
+    ]
+
+
+def test_sentence_over_twice_the_limit_without_commas_gets_balanced_pieces():
+    text = " ".join(["alpha", "beta", "gamma", "delta"] * 12) + "."
+    lengths = [len(c) for c in split_into_chunks(text, max_chars=100)]
+    assert len(lengths) == 3 and max(lengths) - min(lengths) <= 6
+
+
+def test_a_slightly_long_sentence_is_halved_not_cut_into_a_tiny_tail():
+    text = "word " * 21  # 104 characters
+    lengths = [len(c) for c in split_into_chunks(text, max_chars=100)]
+    assert len(lengths) == 2 and min(lengths) >= 40
+
+
+def test_hard_cut_does_not_break_a_latin_word_inside_cjk_text():
+    text = "好" * 45 + "iPhone" + "好" * 45
+    chunks = split_into_chunks(text, max_chars=50)
+    assert any(c.startswith("iPhone") or c.endswith("iPhone") for c in chunks)
+
+
+def test_hard_cut_keeps_combining_marks_with_their_letter():
+    chunks = split_into_chunks("e\u0301" * 31, max_chars=25)
+    assert all(not c.startswith("\u0301") for c in chunks)
+
+
+def test_hard_cut_keeps_an_emoji_sequence_whole():
+    family = "\U0001F468\u200d\U0001F469\u200d\U0001F467"
+    chunks = split_into_chunks(family * 21, max_chars=24)
+    assert all(c.startswith("\U0001F468") and c.endswith("\U0001F467") for c in chunks)
+
+
+def test_arabic_comma_is_a_clause_boundary():
+    text = "كلمة " * 6 + "كلمة، " + "كلمة " * 7
+    chunks = split_into_chunks(text, max_chars=60)
+    assert chunks[0].endswith("،")
+
+
+def test_mixed_language_paragraphs_stay_apart():
+    text = "An English paragraph. It has two sentences.\n\n这是中文。第二句。\n\nСнова по-русски."
+    assert split_into_chunks(text, max_chars=200, language="en") == [
+        "An English paragraph. It has two sentences.", "这是中文。第二句。", "Снова по-русски.",
+    ]
+
+
+def test_language_is_accepted_in_any_case():
+    assert split_into_chunks("你好。再见。", max_chars=20, language="ZH") == ["你好。再见。"]
+
+
+def test_unknown_language_is_rejected():
+    with pytest.raises(UnsupportedLanguageError, match="xx"):
+        split_into_chunks("Hello.", language="xx")
