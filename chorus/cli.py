@@ -7,6 +7,7 @@ import sys
 from typing import Callable, Sequence
 
 from chorus import __version__
+from chorus.text.chunking import DEFAULT_MAX_CHARS
 from chorus.text.errors import TextError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -103,6 +104,45 @@ def _cmd_bench_t3(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pipeline_bench_config(args: argparse.Namespace):
+    from chorus.bench.pipeline_bench import PipelineBenchConfig
+
+    return PipelineBenchConfig(
+        variant=args.variant, checkpoint=args.checkpoint, dtype=args.dtype, device=args.device,
+        text_file=getattr(args, "text_file", None), tokens_per_char=args.tokens_per_char,
+        cfg_weight=args.cfg_weight, flow_steps=args.flow_steps, reference=getattr(args, "reference", False),
+        reference_chunks=getattr(args, "reference_chunks", 3),
+        concurrency=tuple(int(c) for c in getattr(args, "concurrency", "1").split(",")),
+        cuda_graphs=not args.no_cuda_graphs)
+
+
+def _cmd_bench_offline(args: argparse.Namespace) -> int:
+    from chorus.bench.pipeline_bench import run_offline, write_report
+
+    write_report(run_offline(_pipeline_bench_config(args)), args.out)
+    return 0
+
+
+def _cmd_bench_stream(args: argparse.Namespace) -> int:
+    from chorus.bench.pipeline_bench import run_stream, write_report
+
+    write_report(run_stream(_pipeline_bench_config(args)), args.out)
+    return 0
+
+
+def _add_pipeline_bench_options(p: argparse.ArgumentParser) -> None:
+    _add_variant(p)
+    p.add_argument("--checkpoint", "-c", default=None,
+                   help="checkpoint dir or hub id (default: random weights in a temporary directory)")
+    p.add_argument("--dtype", default="auto", help="fp32, bf16, fp16 or auto (default: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--device", default="auto", help="cuda, cpu or auto (default)")
+    p.add_argument("--tokens-per-char", type=float, default=1.6, help="fixed output length per input character")
+    p.add_argument("--cfg-weight", type=float, default=0.5, help="T3 CFG weight for variants with CFG")
+    p.add_argument("--flow-steps", type=int, default=None, help="S3Gen solver steps (default: the variant's)")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="run T3 decode steps eagerly")
+    p.add_argument("--out", "-o", default=None, help="also write the JSON report to this file")
+
+
 def _read_text(args: argparse.Namespace) -> str:
     if (args.text is None) == (args.text_file is None):
         raise CliError("give the text to speak as an argument or with --text-file (exactly one of them)")
@@ -121,7 +161,8 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     from chorus.audio.encode import format_from_path, write_audio
     from chorus.models.loading import Checkpoint
     from chorus.models.variants import get_variant
-    from chorus.synthesis import VOICE_FILE_SUFFIX, Synthesizer, plan_text
+    from chorus.pipeline.planner import RequestPlanner, is_voice_file
+    from chorus.pipeline.request import SpeechRequest
     from chorus.text import load_text_encoder
     from chorus.voices import Voice, prepare_voice_audio
 
@@ -130,30 +171,42 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     fmt = format_from_path(args.out)
     text = _read_text(args)
     checkpoint = Checkpoint.open(variant, args.checkpoint)
-    plan_text(load_text_encoder(variant, checkpoint.directory), text, args.language)
-    if args.watermark is not None:
-        from chorus.watermark import get_watermarker
+    request = SpeechRequest(
+        text, language=args.language, exaggeration=args.exaggeration, cfg_weight=args.cfg_weight,
+        temperature=args.temperature, top_p=args.top_p, min_p=args.min_p, top_k=args.top_k,
+        repetition_penalty=args.repetition_penalty, seed=args.seed, max_new_tokens=args.max_new_tokens,
+        min_new_tokens=args.min_new_tokens, flow_steps=args.flow_steps, watermark=args.watermark,
+        normalize=not args.no_normalize)
 
-        get_watermarker(args.watermark)
+    def no_voice_yet():
+        raise AssertionError("validate() does not resolve voices")
+
+    RequestPlanner(variant, load_text_encoder(variant, checkpoint.directory), builtin_voice=no_voice_yet,
+                   max_chars=args.max_chars).validate(request)
     voice = reference = None
     if args.voice is None:
         if not checkpoint.has_builtin_voice():
             raise CliError(f"the checkpoint at {checkpoint.directory} has no built-in voice; pass --voice FILE")
-    elif Path(args.voice).suffix.lower() == VOICE_FILE_SUFFIX:
+    elif is_voice_file(args.voice):
         voice = Voice.load(args.voice)
     else:
         reference = prepare_voice_audio(args.voice, variant)
 
-    synth = Synthesizer.load(variant, checkpoint, dtype=args.dtype, device=args.device,
-                             voice_models=reference is not None)
+    from chorus.pipeline.models import SpeechModels
+
+    models = SpeechModels.load(variant, checkpoint, dtype=args.dtype, device=args.device,
+                               voice_models=reference is not None)
     if reference is not None:
-        voice = synth.front_end.build(reference, name=Path(args.voice).stem)
-    result = synth.synthesize(
-        text, voice=voice, exaggeration=args.exaggeration, cfg_weight=args.cfg_weight,
-        temperature=args.temperature, top_p=args.top_p, min_p=args.min_p, top_k=args.top_k,
-        repetition_penalty=args.repetition_penalty, seed=args.seed, language=args.language,
-        flow_steps=args.flow_steps, max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
-        watermark=args.watermark, progress=not args.quiet and sys.stderr.isatty())
+        voice = models.front_end.build(reference, name=Path(args.voice).stem)
+    request.voice = voice
+    plan = models.planner(args.max_chars).plan(request)
+    show_progress = not args.quiet and sys.stderr.isatty()
+    if args.exact:
+        from chorus.synthesis import Synthesizer
+
+        result = Synthesizer(models, max_chars=args.max_chars).run(plan, progress=show_progress)
+    else:
+        result = _run_pipeline(models, plan, args.max_chars, show_progress)
     write_audio(args.out, result.wav, result.sample_rate, fmt)
     print(f"wrote {args.out}: {result.duration:.2f} s at {result.sample_rate} Hz ({fmt}), "
           f"{len(result.chunks)} chunk(s), seed {result.seed}"
@@ -161,12 +214,41 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_pipeline(models, plan, max_chars: int, show_progress: bool):
+    """Run one plan through the pipeline, with a progress bar of chunks, audio seconds and
+    speed (x real time) when ``show_progress``."""
+    import time
+
+    from chorus.pipeline.pipeline import Pipeline, PipelineConfig
+
+    bar = None
+    if show_progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(plan.chunks), unit="chunk", desc="synthesizing", leave=False)
+    start, audio = time.monotonic(), [0.0]
+
+    def progress(update) -> None:
+        audio[0] += update.audio_seconds
+        if bar is not None:
+            elapsed = max(time.monotonic() - start, 1e-9)
+            bar.set_postfix_str(f"{audio[0]:.1f} s audio, {audio[0] / elapsed:.2f}x real time", refresh=False)
+            bar.update(1)
+
+    try:
+        with Pipeline(models, PipelineConfig(max_chars=max_chars)) as pipe:
+            return pipe.submit(plan, progress=progress).result()
+    finally:
+        if bar is not None:
+            bar.close()
+
+
 def _cmd_voice_create(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from chorus.models.loading import Checkpoint
     from chorus.models.variants import get_variant
-    from chorus.synthesis import VOICE_FILE_SUFFIX
+    from chorus.voices.voice import VOICE_FILE_SUFFIX
     from chorus.voices import VoiceFrontEnd, prepare_voice_audio
 
     variant = get_variant(args.variant)
@@ -184,9 +266,12 @@ def _cmd_voice_create(args: argparse.Namespace) -> int:
 
 
 def _add_synth_parser(sub) -> None:
-    p = sub.add_parser("synth", help="speak a text to an audio file (the plain, exact path)",
+    p = sub.add_parser("synth", help="speak a text (or a whole book with --text-file) to an audio file",
                        description="Speak TEXT (or --text-file) with a variant's models and write "
-                                   "a .wav, .flac or .mp3 file. Unset options use the variant's defaults.")
+                                   "a .wav, .flac or .mp3 file. The text is split into sentence chunks "
+                                   "that are generated in parallel through the pipeline (continuous "
+                                   "batching of T3, batched S3Gen); --exact runs them one at a time on the "
+                                   "plain reference path instead. Unset options use the variant's defaults.")
     _add_variant(p)
     _add_checkpoint(p)
     p.add_argument("text", nargs="?", default=None, help="the text to speak")
@@ -211,6 +296,12 @@ def _add_synth_parser(sub) -> None:
                    help="apply Resemble's Perth watermark (needs the `watermark` extra); default: none")
     p.add_argument("--dtype", default="fp32", help="fp32, bf16 or fp16 for T3 and S3Gen (default fp32)")
     p.add_argument("--device", default="auto", help="cuda, cpu or auto (default)")
+    p.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS,
+                   help=f"longest text chunk in characters (default {DEFAULT_MAX_CHARS}); chunks end at sentences")
+    p.add_argument("--no-normalize", action="store_true",
+                   help="speak the text as written (no spelling-out of numbers and abbreviations)")
+    p.add_argument("--exact", action="store_true",
+                   help="run the plain sequential reference path (one chunk at a time) instead of the pipeline")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(handler=_cmd_synth)
 
@@ -278,6 +369,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly")
     p.add_argument("--out", "-o", default=None, help="also write the JSON report to this file")
     p.set_defaults(handler=_cmd_bench_t3)
+    p = bench_sub.add_parser(
+        "offline", help="the whole path (T3 + S3Gen) on the benchmark text, all chunks at once; optionally "
+                        "the reference generate() on a few chunks for the ratio (fixed output lengths)")
+    _add_pipeline_bench_options(p)
+    p.add_argument("--text-file", default=None, help="workload text (default: the shipped benchmark text)")
+    p.add_argument("--reference", action="store_true",
+                   help="also time the reference chatterbox-tts generate() (needs chatterbox-tts installed)")
+    p.add_argument("--reference-chunks", type=int, default=3, help="workload chunks the reference runs")
+    p.set_defaults(handler=_cmd_bench_offline)
+    p = bench_sub.add_parser(
+        "stream", help="streaming: time to first audio, gaps between audio pieces and real-time factor per "
+                       "stream at several concurrency levels")
+    _add_pipeline_bench_options(p)
+    p.add_argument("--concurrency", default="1,16,64,256", help="concurrent streams per level (comma-separated)")
+    p.set_defaults(handler=_cmd_bench_stream)
     bench.set_defaults(handler=lambda a: (bench.print_help(), 2)[1])
 
     _add_synth_parser(sub)

@@ -16,7 +16,8 @@ from chorus.audio import load_audio
 from chorus.models.loading import Checkpoint
 from chorus.models.s3gen.s3gen import SAMPLES_PER_TOKEN
 from chorus.models.variants import get_variant
-from chorus.synthesis import Synthesizer, plan_text, synthesize, t3_text_ids
+from chorus.pipeline.planner import plan_text
+from chorus.synthesis import Synthesizer, synthesize
 from chorus.text import TextInputError, UnsupportedLanguageError, load_text_encoder
 from tests.conftest import DATA_DIR
 from tests.voices.checkpoints import shared_checkpoint
@@ -74,7 +75,9 @@ def test_parameters_nano_does_not_use_are_ignored_as_the_reference_does(synth):
 @pytest.mark.fullsize
 def test_long_text_is_split_into_chunks_with_consecutive_seeds(synth):
     text = "The first sentence is here. And a second one follows it."
-    result = _run(synth, text=text, max_chars=30)
+    short_chunks = Synthesizer(synth.models, max_chars=30)
+    short_chunks.short_voice = synth.short_voice
+    result = _run(short_chunks, text=text)
     assert [c.text for c in result.chunks] == ["The first sentence is here.", "And a second one follows it."]
     assert [c.seed for c in result.chunks] == [5, 6]
     assert result.wav.shape == (2 * (N + SILENCE) * SAMPLES_PER_TOKEN,)
@@ -115,7 +118,6 @@ def test_bad_requests_fail_before_any_model_runs(synth):
 def test_text_ids_given_to_t3_are_unframed_for_framing_variants():
     checkpoint = Checkpoint(get_variant("nano"), shared_checkpoint("nano"))
     encoder = load_text_encoder(checkpoint.variant, checkpoint.directory)
-    assert t3_text_ids(encoder, "Hi there.", None) == encoder.encode("Hi there.")
     assert [ids for _, ids in plan_text(encoder, "Hi there.")] == [encoder.encode("Hi there.")]
 
 

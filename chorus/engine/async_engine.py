@@ -4,6 +4,10 @@ The HTTP event loop never runs model code: requests go to the engine thread thro
 command queue, and each request's tokens come back through its own ``asyncio.Queue``. A
 consumer that stops iterating (a client disconnect) aborts its request, which frees every KV
 block it held at once.
+
+A layer that consumes tokens on threads rather than in asyncio (the speech pipeline) passes
+``on_step`` instead: it is called on the engine thread with every step's outputs, and requests
+go in with :meth:`AsyncT3Engine.submit`.
 """
 from __future__ import annotations
 
@@ -12,10 +16,14 @@ import itertools
 import queue
 import threading
 from dataclasses import dataclass
-from typing import AsyncIterator
+import time
+from typing import AsyncIterator, Callable, Sequence
 
 from chorus.engine.engine import T3Engine, T3Request, T3Result
 from chorus.engine.request import FinishReason
+from chorus.engine.scheduler import RequestOutput
+
+StepListener = Callable[[list[RequestOutput]], None]
 
 _ids = itertools.count()
 
@@ -39,8 +47,10 @@ class TokenEvent:
 class AsyncT3Engine:
     """Owns a ``T3Engine`` and the thread that steps it."""
 
-    def __init__(self, engine: T3Engine, *, idle_wait_s: float = 0.05):
+    def __init__(self, engine: T3Engine, *, idle_wait_s: float = 0.05, on_step: StepListener | None = None):
         self.engine = engine
+        self.on_step = on_step
+        self.busy_s = 0.0  # time spent inside engine steps (for timing breakdowns)
         self._commands: queue.Queue = queue.Queue()
         self._consumers: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._lock = threading.Lock()
@@ -112,6 +122,16 @@ class AsyncT3Engine:
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
 
+    def submit(self, requests: Sequence[T3Request]) -> None:
+        """Queue requests (each with its ``request_id`` set) for the engine thread; they are
+        admitted together, before the next step. Their outputs, admission failures included
+        (as an ``ERROR`` output), go to ``on_step``. Thread-safe."""
+        if self.on_step is None:
+            raise RuntimeError("submit() needs an engine built with on_step; use stream() otherwise")
+        if any(r.request_id is None for r in requests):
+            raise ValueError("submitted requests need a request_id")
+        self._commands.put(("add_many", list(requests)))
+
     # -- engine thread ---------------------------------------------------------------------------
     def _deliver(self, request_id: str, event: TokenEvent) -> None:
         with self._lock:
@@ -121,7 +141,16 @@ class AsyncT3Engine:
             loop.call_soon_threadsafe(events.put_nowait, event)
 
     def _apply(self, command: str, payload) -> None:
-        if command == "add":
+        if command == "add_many":
+            failed = []
+            for request in payload:
+                try:
+                    self.engine.add_request(request)
+                except Exception as exc:  # noqa: BLE001 - reported to the listener as an error output
+                    failed.append(RequestOutput(request.request_id, None, FinishReason.ERROR, str(exc)))
+            if failed:
+                self.on_step(failed)
+        elif command == "add":
             try:
                 self.engine.add_request(payload)
             except Exception as exc:  # noqa: BLE001 - the consumer gets the exception itself
@@ -147,8 +176,13 @@ class AsyncT3Engine:
                 except queue.Empty:
                     pass
                 if self.engine.has_unfinished_requests():
-                    for event in self.engine.step():
+                    start = time.perf_counter()
+                    events = self.engine.step()
+                    self.busy_s += time.perf_counter() - start
+                    for event in events:
                         self._deliver(event.request_id, TokenEvent(event.new_token, event.finish_reason, event.error))
+                    if self.on_step is not None and events:
+                        self.on_step(events)
         except BaseException as exc:  # noqa: BLE001 - fail every consumer instead of hanging them
             self.loop_error = exc
             with self._lock:

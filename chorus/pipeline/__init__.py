@@ -1,1 +1,30 @@
-"""The speech pipeline: one floor above the T3 engine and the vocoder stage (see docs/pipeline.md)."""
+"""The speech pipeline: one floor above the T3 engine and the vocoder stage (docs/pipeline.md).
+
+    from chorus.pipeline import Pipeline, SpeechRequest
+
+    with Pipeline.load("turbo", "ckpt/turbo", device="cuda") as pipe:
+        result = pipe.synthesize("Hello there.", seed=7)              # SpeechResult
+        for piece in pipe.submit(SpeechRequest("Hi!", stream=True)):  # AudioPiece, in order
+            ...
+        results = pipe.generate(["First text.", "Second text."])      # batch job
+
+Modules load lazily so that ``chorus.pipeline.conditioning`` stays importable on its own.
+"""
+_EXPORTS = {
+    "Pipeline": "pipeline", "PipelineConfig": "pipeline", "Progress": "pipeline",
+    "SpeechRequest": "request", "SpeechResult": "request", "ChunkResult": "request",
+    "SpeechStream": "stream", "AudioPiece": "stream", "PipelineError": "stream",
+    "RequestPlanner": "planner", "SpeechPlan": "planner", "SpeechModels": "models",
+    "ConditioningCache": "conditioning",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'chorus.pipeline' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"chorus.pipeline.{module}"), name)

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 import torch
 
 FORMAT = "chorus-voice/1"
+VOICE_FILE_SUFFIX = ".safetensors"  # how a saved voice file is told apart from a reference clip
 _TENSORS = ("speaker_embedding", "t3_prompt_tokens", "s3gen_prompt_tokens", "s3gen_prompt_mel", "xvector")
 
 

@@ -1,0 +1,73 @@
+"""The loaded models of one checkpoint, shared by the pipeline and the exact sequential path."""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from chorus.models.loading import Checkpoint, CheckpointNotFoundError, load_t3, parse_device, parse_dtype
+from chorus.models.s3gen.s3gen import S3Gen
+from chorus.models.t3.model import T3Model
+from chorus.models.variants import Variant, get_variant
+from chorus.pipeline.planner import RequestPlanner
+from chorus.text import DEFAULT_MAX_CHARS, TextEncoder, load_text_encoder
+from chorus.voices import Voice, VoiceFrontEnd
+
+
+@dataclass
+class SpeechModels:
+    """T3, S3Gen, the text encoder and optionally the voice front end (the models that turn a
+    reference clip into a voice) of one checkpoint, on one device."""
+
+    checkpoint: Checkpoint
+    t3: T3Model
+    s3gen: S3Gen
+    text_encoder: TextEncoder
+    front_end: VoiceFrontEnd | None = None
+    _builtin: Voice | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def load(cls, variant: Variant | str, checkpoint: Checkpoint | str | os.PathLike | None = None, *,
+             dtype: str | torch.dtype = "fp32", device: str | torch.device | None = "cpu",
+             voice_models: bool = True) -> "SpeechModels":
+        """Load every model of ``checkpoint`` (a :class:`Checkpoint`, a directory, a hub id, or
+        None for the variant's official repo). ``voice_models=False`` skips the models that build
+        voices from reference clips (then only built-in and saved voices work)."""
+        variant = get_variant(variant) if isinstance(variant, str) else variant
+        if not isinstance(checkpoint, Checkpoint):
+            checkpoint = Checkpoint.open(variant, checkpoint)
+        elif checkpoint.variant.name != variant.name:
+            raise ValueError(f"the checkpoint is for {checkpoint.variant.name}, not {variant.name}")
+        dtype, device = parse_dtype(dtype), parse_device(device)
+        text_encoder = load_text_encoder(variant, checkpoint.directory)
+        t3 = load_t3(checkpoint, dtype=dtype, device=device)
+        s3gen = S3Gen.from_checkpoint(checkpoint, dtype=dtype, device=device, voice_models=voice_models)
+        front_end = VoiceFrontEnd.from_checkpoint(checkpoint, device=device, s3gen=s3gen) if voice_models else None
+        return cls(checkpoint, t3, s3gen, text_encoder, front_end)
+
+    @property
+    def variant(self) -> Variant:
+        return self.checkpoint.variant
+
+    @property
+    def device(self) -> torch.device:
+        return self.t3.device
+
+    def builtin_voice(self) -> Voice:
+        """The checkpoint's ``conds.pt`` voice (read once)."""
+        with self._lock:
+            if self._builtin is None:
+                if not self.checkpoint.has_builtin_voice():
+                    raise CheckpointNotFoundError(
+                        f"the checkpoint at {self.checkpoint.directory} has no built-in voice "
+                        f"({self.variant.files.conds}); pass a reference clip or a voice file")
+                self._builtin = Voice.from_conditionals(self.checkpoint.builtin_voice_state())
+            return self._builtin
+
+    def planner(self, max_chars: int = DEFAULT_MAX_CHARS) -> RequestPlanner:
+        build = None if self.front_end is None else self.front_end.build
+        return RequestPlanner(self.variant, self.text_encoder, builtin_voice=self.builtin_voice,
+                              build_voice=build, max_chars=max_chars)

@@ -1,0 +1,407 @@
+"""The speech pipeline: text -> chunks -> T3 engine -> vocoder stage -> audio, for many requests.
+
+Threads: the caller's thread plans a request (validation, chunking, voice, conditioning) and
+submits its chunks; the **T3 thread** (``AsyncT3Engine``) runs continuous batching and hands
+each step's tokens over; the **vocoder thread** owns every request's state, feeds tokens to the
+batched ``VocoderStage``, orders the audio of each request's chunks and delivers it to the
+request's :class:`SpeechStream`. On CUDA the vocoder thread runs on its own stream, so S3Gen and
+T3 work overlap on the GPU (``stats()`` shows the busy time of each and the wall time).
+
+All chunks of a request are submitted to T3 at once and generated in parallel; audio leaves in
+chunk order. Chunk ``i`` uses seed ``seed + i`` for T3 and S3Gen, as on the exact path, so a
+non-streaming request gets the exact path's audio for the same tokens and noise.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from chorus.engine.async_engine import AsyncT3Engine
+from chorus.engine.config import EngineConfig
+from chorus.engine.engine import T3Engine, T3Request
+from chorus.engine.request import FinishReason
+from chorus.engine.scheduler import RequestOutput
+from chorus.models.loading import Checkpoint
+from chorus.models.s3gen.s3gen import SAMPLE_RATE
+from chorus.models.variants import Variant
+from chorus.pipeline.conditioning import ConditioningCache
+from chorus.pipeline.models import SpeechModels
+from chorus.pipeline.planner import SpeechPlan
+from chorus.pipeline.request import ChunkResult, SpeechRequest, SpeechResult
+from chorus.pipeline.stitch import stitch_chunks
+from chorus.pipeline.stream import AudioPiece, PipelineError, SpeechStream
+from chorus.text import DEFAULT_MAX_CHARS
+from chorus.vocoder import AudioOut, VocoderConfig, VocoderStage
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """engine: the T3 engine (its ``default_deadline_s`` is overridden by ``default_deadline_s``
+    here, which covers the whole request, T3 and S3Gen). vocoder: the S3Gen stage.
+    max_chars: chunk length bound. default_deadline_s: None = no deadline (batch jobs).
+    """
+
+    engine: EngineConfig | None = None
+    vocoder: VocoderConfig | None = None
+    max_chars: int = DEFAULT_MAX_CHARS
+    default_deadline_s: float | None = None
+    conditioning_cache_size: int = 256
+    cuda_graphs: bool = True
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One chunk finished (passed to ``generate``'s ``progress`` callback)."""
+
+    request_id: str
+    chunk_index: int
+    audio_seconds: float  # of that chunk
+
+
+@dataclass
+class PipelineStats:
+    t3_busy_s: float
+    vocoder_busy_s: float
+    vocoder: Any  # the stage's own counters
+    requests_done: int
+    audio_seconds: float
+
+
+@dataclass
+class _Job:
+    """One chunk of one request, as the vocoder thread tracks it."""
+
+    request: "_RequestState"
+    index: int
+    tokens: list[int] = field(default_factory=list)
+    pushed: int = 0  # tokens already handed to the stage (streaming jobs)
+    t3_reason: str | None = None  # set when T3 finished the chunk
+    pieces: list[np.ndarray] = field(default_factory=list)  # audio not yet streamed out
+    delivered: list[np.ndarray] = field(default_factory=list)  # audio already streamed out
+    done: bool = False
+
+    def waveform(self) -> np.ndarray:
+        parts = self.delivered + self.pieces
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+
+@dataclass
+class _RequestState:
+    plan: SpeechPlan
+    stream: SpeechStream
+    jobs: list[_Job]
+    deadline: float | None
+    submitted: float
+    progress: Callable[[Progress], None] | None = None
+    next_chunk: int = 0  # first chunk not yet fully delivered
+    first_audio: float | None = None
+
+    def job_id(self, index: int) -> str:
+        return f"{self.plan.request_id}#{index}"
+
+
+class Pipeline:
+    """Text to audio for many concurrent requests over one T3 engine and one vocoder stage.
+
+    Use as a context manager (or call :meth:`close`)::
+
+        with Pipeline.load("turbo", "ckpt/turbo", device="cuda") as pipe:
+            result = pipe.submit(SpeechRequest("Hello there.", seed=7)).result()
+            results = pipe.generate([SpeechRequest(t) for t in texts])
+    """
+
+    def __init__(self, models: SpeechModels, config: PipelineConfig | None = None):
+        self.models = models
+        self.config = config = config or PipelineConfig()
+        variant = models.variant
+        engine_config = config.engine or EngineConfig(variant=variant.name)
+        from dataclasses import replace
+
+        engine_config = replace(engine_config, default_deadline_s=None)
+        self.planner = models.planner(config.max_chars)
+        self.conditioning = ConditioningCache(models.t3, variant, config.conditioning_cache_size)
+        self.engine = T3Engine(models.t3, variant, engine_config, cuda_graphs=config.cuda_graphs)
+        self.vocoder = VocoderStage(models.s3gen, config.vocoder)
+        self._t3 = AsyncT3Engine(self.engine, on_step=self._on_t3_step)
+        self._inbox: queue.Queue = queue.Queue()
+        self._requests: dict[str, _RequestState] = {}
+        self._jobs: dict[str, _Job] = {}
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._cuda_stream = torch.cuda.Stream(models.device) if models.device.type == "cuda" else None
+        self.vocoder_busy_s = 0.0
+        self.requests_done = 0
+        self.audio_seconds = 0.0
+        self.loop_error: BaseException | None = None
+
+    @classmethod
+    def load(cls, variant: Variant | str, checkpoint: Checkpoint | str | os.PathLike | None = None, *,
+             dtype: str | torch.dtype = "fp32", device: str | torch.device | None = "cpu",
+             voice_models: bool = True, config: PipelineConfig | None = None) -> "Pipeline":
+        """Load the models (see :meth:`SpeechModels.load`) and start the pipeline's threads."""
+        models = SpeechModels.load(variant, checkpoint, dtype=dtype, device=device, voice_models=voice_models)
+        return cls(models, config).start()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> "Pipeline":
+        if self._thread is None:
+            self._t3.start()
+            self._thread = threading.Thread(target=self._run, name="chorus-vocoder", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Stop both threads; requests still running fail with reason ``"stopped"``."""
+        self._stopping.set()
+        self._inbox.put(("wake", None))
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        self._t3.stop(timeout)
+
+    def __enter__(self) -> "Pipeline":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._t3.is_running
+
+    # -- requests --------------------------------------------------------------------------------
+    def plan(self, request: SpeechRequest) -> SpeechPlan:
+        """Validate and plan a request without running it (raises on bad input)."""
+        return self.planner.plan(request)
+
+    def submit(self, request: SpeechRequest | SpeechPlan, *,
+               progress: Callable[[Progress], None] | None = None) -> SpeechStream:
+        """Plan ``request`` (bad input raises here, before any work) and start it. Thread-safe."""
+        if not self.is_running:
+            raise RuntimeError("the pipeline is not running; call start() (or use it as a context manager)")
+        plan = request if isinstance(request, SpeechPlan) else self.planner.plan(request)
+        if plan.request_id in self._requests:
+            raise ValueError(f"request id {plan.request_id!r} is already running")
+        conditioning = self.conditioning.get(plan.voice, plan.exaggeration)
+        stream = SpeechStream(plan, self.abort)
+        deadline_s = plan.deadline_s if plan.deadline_s is not None else self.config.default_deadline_s
+        now = time.monotonic()
+        state = _RequestState(plan, stream, [], None if deadline_s is None else now + deadline_s, now, progress)
+        state.jobs = [_Job(state, c.index) for c in plan.chunks]
+        self._inbox.put(("add", state))  # before T3 can report on its chunks
+        self._t3.submit([T3Request(c.text_ids, conditioning, c.params, priority=plan.priority,
+                                   deadline_s=deadline_s, request_id=state.job_id(c.index))
+                         for c in plan.chunks])
+        return stream
+
+    def synthesize(self, request: SpeechRequest | str, **options: Any) -> SpeechResult:
+        """Speak one text and wait for the whole result."""
+        if isinstance(request, str):
+            request = SpeechRequest(request, **options)
+        return self.submit(request).result()
+
+    def generate(self, requests: Sequence[SpeechRequest | str], *,
+                 progress: Callable[[Progress], None] | None = None) -> list[SpeechResult]:
+        """Run many requests at once (all their chunks batch together); results in input order.
+        Every request is planned before any starts, so bad input fails the whole call early."""
+        plans = [self.planner.plan(SpeechRequest(r) if isinstance(r, str) else r) for r in requests]
+        streams = [self.submit(p, progress=progress) for p in plans]
+        return [s.result() for s in streams]
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request: its T3 chunks and vocoder jobs are dropped at once; its stream
+        raises ``PipelineError(reason="aborted")``. Unknown ids are ignored. Thread-safe."""
+        self._inbox.put(("abort", request_id))
+
+    def stats(self) -> PipelineStats:
+        return PipelineStats(t3_busy_s=self._t3.busy_s, vocoder_busy_s=self.vocoder_busy_s,
+                             vocoder=self.vocoder.stats, requests_done=self.requests_done,
+                             audio_seconds=self.audio_seconds)
+
+    # -- T3 thread -------------------------------------------------------------------------------
+    def _on_t3_step(self, events: list[RequestOutput]) -> None:
+        self._inbox.put(("t3", events))
+
+    # -- vocoder thread --------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                self._drain(block=not self.vocoder.has_work())
+                self._expire_deadlines()
+                if self.vocoder.has_work():
+                    start = time.perf_counter()
+                    with _on_stream(self._cuda_stream):
+                        outs = self.vocoder.step()
+                    self.vocoder_busy_s += time.perf_counter() - start
+                    for out in outs:
+                        self._on_audio(out)
+        except BaseException as exc:  # noqa: BLE001 - fail every request instead of hanging them
+            self.loop_error = exc
+            logger.exception("the vocoder thread stopped")
+            for state in list(self._requests.values()):
+                self._fail(state, "error", f"pipeline stopped: {exc}")
+            raise
+        for state in list(self._requests.values()):
+            self._fail(state, "stopped", "the pipeline was closed")
+
+    def _drain(self, block: bool) -> None:
+        touched: set[str] = set()
+        try:
+            message = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
+            while True:
+                self._apply(*message, touched)
+                message = self._inbox.get_nowait()
+        except queue.Empty:
+            pass
+        with _on_stream(self._cuda_stream):
+            for job_id in touched:
+                job = self._jobs.get(job_id)
+                if job is not None:
+                    self._push(job_id, job)
+
+    def _apply(self, kind: str, payload, touched: set[str]) -> None:
+        if kind == "add":
+            state: _RequestState = payload
+            plan = state.plan
+            self._requests[plan.request_id] = state
+            with _on_stream(self._cuda_stream):
+                for job in state.jobs:
+                    chunk = plan.chunks[job.index]
+                    self.vocoder.add(state.job_id(job.index), plan.voice, seed=chunk.seed, streaming=plan.stream,
+                                     n_steps=plan.flow_steps)
+                    self._jobs[state.job_id(job.index)] = job
+        elif kind == "t3":
+            for event in payload:
+                self._on_t3_event(event, touched)
+        elif kind == "abort":
+            state = self._requests.get(payload)
+            if state is not None:
+                self._fail(state, "aborted", "cancelled")
+
+    def _on_t3_event(self, event: RequestOutput, touched: set[str]) -> None:
+        job = self._jobs.get(event.request_id)
+        if job is None:
+            return  # a job of a request that already ended
+        if event.new_token is not None:
+            job.tokens.append(event.new_token)
+            touched.add(event.request_id)
+        reason = event.finish_reason
+        if reason is None:
+            return
+        if reason in (FinishReason.EOS, FinishReason.LENGTH):
+            job.t3_reason = reason.value
+            touched.add(event.request_id)
+        elif reason is not FinishReason.ABORTED:  # ERROR, DEADLINE
+            why = "deadline" if reason is FinishReason.DEADLINE else "error"
+            self._fail(job.request, why, event.error or f"T3 {reason.value} in chunk {job.index}")
+
+    def _push(self, job_id: str, job: _Job) -> None:
+        final = job.t3_reason is not None
+        if job.request.plan.stream or final:
+            new = job.tokens[job.pushed:]
+            if new or final:
+                self.vocoder.push(job_id, new, final=final)
+                job.pushed = len(job.tokens)
+
+    def _on_audio(self, out: AudioOut) -> None:
+        job = self._jobs.get(out.job_id)
+        if job is None:
+            return
+        state = job.request
+        if out.error is not None:
+            self._fail(state, "error", f"vocoder failed on chunk {job.index}: {out.error}")
+            return
+        samples = out.samples.numpy() if isinstance(out.samples, torch.Tensor) else np.asarray(out.samples)
+        if samples.size and state.first_audio is None:
+            state.first_audio = time.monotonic()
+        job.pieces.append(samples)
+        if out.final:
+            job.done = True
+            del self._jobs[out.job_id]
+            if state.progress is not None:
+                state.progress(Progress(state.plan.request_id, job.index, job.waveform().size / SAMPLE_RATE))
+        if state.plan.stream:
+            self._deliver_in_order(state)
+        if all(j.done for j in state.jobs):
+            self._complete(state)
+
+    def _deliver_in_order(self, state: _RequestState) -> None:
+        """Stream what can go out now: the pieces of the first undelivered chunk, then, once it
+        is done, the next chunk's buffered pieces, and so on."""
+        last = len(state.jobs) - 1
+        while state.next_chunk <= last:
+            job = state.jobs[state.next_chunk]
+            for i, samples in enumerate(job.pieces):
+                final = job.done and i == len(job.pieces) - 1 and state.next_chunk == last
+                if samples.size or final:
+                    state.stream._put_audio(AudioPiece(samples, job.index, final))
+            job.delivered += job.pieces
+            job.pieces = []
+            if not job.done:
+                return
+            state.next_chunk += 1
+
+    def _complete(self, state: _RequestState) -> None:
+        plan = state.plan
+        self._requests.pop(plan.request_id, None)
+        waves = [j.waveform() for j in state.jobs]
+        audio = stitch_chunks(waves)
+        if plan.watermark is not None:
+            from chorus.watermark import get_watermarker
+
+            audio = get_watermarker(plan.watermark).apply(audio, SAMPLE_RATE)
+        if not plan.stream:
+            state.stream._put_audio(AudioPiece(audio, len(state.jobs) - 1, True))
+        now = time.monotonic()
+        chunks = tuple(ChunkResult(c.text, c.seed, len(j.tokens), j.t3_reason or "eos", w.size)
+                       for c, j, w in zip(plan.chunks, state.jobs, waves))
+        timings = {"total_s": now - state.submitted}
+        if state.first_audio is not None:
+            timings["first_audio_s"] = state.first_audio - state.submitted
+        self.requests_done += 1
+        self.audio_seconds += audio.size / SAMPLE_RATE
+        state.stream._finish(SpeechResult(audio, SAMPLE_RATE, plan.seed, chunks, plan.ignored,
+                                          plan.request_id, timings))
+
+    def _fail(self, state: _RequestState, reason: str, message: str) -> None:
+        request_id = state.plan.request_id
+        if self._requests.pop(request_id, None) is None:
+            return
+        for job in state.jobs:
+            job_id = state.job_id(job.index)
+            if self._jobs.pop(job_id, None) is not None:
+                self.vocoder.abort(job_id)
+            if job.t3_reason is None:
+                self._t3.abort(job_id)
+        state.stream._fail(PipelineError(request_id, reason, message))
+
+    def _expire_deadlines(self) -> None:
+        now = time.monotonic()
+        for state in [s for s in self._requests.values() if s.deadline is not None and now > s.deadline]:
+            self._fail(state, "deadline", f"not finished within its deadline "
+                                          f"({state.deadline - state.submitted:g} s)")
+
+
+class _on_stream:
+    """``torch.cuda.stream(s)`` when ``s`` is a CUDA stream, else nothing."""
+
+    def __init__(self, stream):
+        self._ctx = torch.cuda.stream(stream) if stream is not None else None
+
+    def __enter__(self):
+        if self._ctx is not None:
+            self._ctx.__enter__()
+
+    def __exit__(self, *exc):
+        if self._ctx is not None:
+            self._ctx.__exit__(*exc)

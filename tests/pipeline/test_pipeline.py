@@ -1,0 +1,155 @@
+"""The pipeline end to end on tiny models: equal to the exact path, streaming, ordering,
+cancellation, deadlines and failures."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from chorus.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from chorus.pipeline.pipeline import Pipeline, PipelineConfig
+from chorus.pipeline.request import SpeechRequest
+from chorus.pipeline.stream import PipelineError
+from chorus.synthesis import Synthesizer
+from chorus.vocoder import VocoderConfig
+from chorus.vocoder.quality import one_pass_config
+from tests.pipeline.tiny_pipeline import tiny_models
+
+STREAM_SNR_DB = 10.0  # docs/vocoder.md: 12-16 dB at 150 tokens; these chunks are 60 tokens (3 windows)
+TEXT = "The first sentence is here. A second one follows it. And a third closes the text."
+
+
+def _pipeline(name: str, **config) -> Pipeline:
+    models = tiny_models(name)
+    engine = EngineConfig(variant=name, cache=CacheConfig(kv_cache_bytes=64 << 20),
+                          scheduler=SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=1024, max_model_len=1024))
+    return Pipeline(models, PipelineConfig(engine=engine, max_chars=40, **config)).start()
+
+
+def _request(text=TEXT, tokens=30, seed=3, **kw) -> SpeechRequest:
+    return SpeechRequest(text, seed=seed, max_new_tokens=tokens, min_new_tokens=tokens, normalize=False, **kw)
+
+
+def snr_db(reference: np.ndarray, test: np.ndarray) -> float:
+    return float(10 * np.log10((reference ** 2).sum() / max(((test - reference) ** 2).sum(), 1e-30)))
+
+
+@pytest.fixture(scope="module", params=["original", "turbo"])
+def pipe(request):
+    pipeline = _pipeline(request.param)
+    yield pipeline
+    pipeline.close()
+
+
+def _exact(pipe: Pipeline, request: SpeechRequest):
+    return Synthesizer(pipe.models, max_chars=pipe.config.max_chars).run(pipe.plan(request))
+
+
+def test_non_streaming_audio_equals_the_exact_path(pipe):
+    request = _request()
+    got, want = pipe.submit(request).result(), _exact(pipe, request)
+    assert len(got.chunks) == 3
+    assert [(c.text, c.seed, c.speech_tokens) for c in got.chunks] == \
+        [(c.text, c.seed, c.speech_tokens) for c in want.chunks]
+    assert got.wav.shape == want.wav.shape
+    np.testing.assert_allclose(got.wav, want.wav, atol=1e-4)
+
+
+def test_streamed_audio_comes_in_pieces_in_chunk_order_and_matches_one_pass(pipe):
+    stream = pipe.submit(_request(tokens=60, stream=True))
+    pieces = list(stream)
+    result = stream.result()
+    indexes = [p.chunk_index for p in pieces]
+    assert indexes == sorted(indexes) and set(indexes) == {0, 1, 2}
+    assert len(pieces) > 3  # chunks arrive in several windows
+    assert pieces[-1].final and not any(p.final for p in pieces[:-1])
+    streamed = np.concatenate([p.samples for p in pieces])
+    np.testing.assert_array_equal(streamed, result.wav)
+    # the same streams vocoded in one pass each (same noise tapes): docs/vocoder.md's bound
+    reference = _pipeline(pipe.models.variant.name, vocoder=one_pass_config(VocoderConfig()))
+    try:
+        one_pass = reference.submit(_request(tokens=60, stream=True)).result().wav
+    finally:
+        reference.close()
+    assert streamed.shape == one_pass.shape
+    assert snr_db(one_pass, streamed) >= STREAM_SNR_DB
+
+
+def test_many_requests_at_once_each_get_their_own_audio(pipe):
+    requests = [_request(f"Request number {i} speaks.", tokens=12 + i, seed=100 + i) for i in range(5)]
+    progress = []
+    results = pipe.generate(requests, progress=progress.append)
+    assert len(progress) == 5
+    for request, result in zip(requests, results):
+        alone = _exact(pipe, request)
+        np.testing.assert_allclose(result.wav, alone.wav, atol=1e-4)
+
+
+def test_cancel_mid_stream_frees_every_block_and_leaves_others_untouched(pipe):
+    other = pipe.submit(_request("Another text runs beside it.", tokens=40))
+    victim = pipe.submit(_request(tokens=400, stream=True))
+    iterator = iter(victim)
+    next(iterator)
+    victim.cancel()
+    with pytest.raises(PipelineError, match="aborted"):
+        list(iterator)
+    result = other.result()
+    np.testing.assert_allclose(result.wav, _exact(pipe, _request("Another text runs beside it.", tokens=40)).wav,
+                               atol=1e-4)
+    _wait_idle(pipe)
+
+
+def test_a_deadline_fails_the_request_and_frees_its_work(pipe):
+    stream = pipe.submit(_request(tokens=900, deadline_s=0.3))
+    with pytest.raises(PipelineError) as info:
+        stream.result(timeout=60)
+    assert info.value.reason == "deadline"
+    _wait_idle(pipe)
+
+
+def test_a_failed_t3_chunk_fails_its_request_only(pipe, monkeypatch):
+    bad = _request(tokens=10, request_id="bad-one")
+    good = _request("A good request.", tokens=10)
+    original = pipe.engine.runner.add_request
+
+    def fail_for_bad(request_id, *args, **kwargs):
+        if request_id.startswith("bad-one#1"):
+            raise ValueError("injected admission failure")
+        return original(request_id, *args, **kwargs)
+
+    monkeypatch.setattr(pipe.engine.runner, "add_request", fail_for_bad)
+    bad_stream, good_stream = pipe.submit(bad), pipe.submit(good)
+    with pytest.raises(PipelineError, match="injected admission failure"):
+        bad_stream.result(timeout=60)
+    assert good_stream.result(timeout=60).duration > 0
+    _wait_idle(pipe)
+
+
+def test_bad_input_raises_at_submit_and_queues_nothing(pipe):
+    with pytest.raises(ValueError, match="top_p"):
+        pipe.submit(_request(top_p=2.0))
+    assert not pipe.engine.has_unfinished_requests()
+
+
+def test_closing_fails_running_requests():
+    pipeline = _pipeline("turbo")
+    stream = pipeline.submit(_request(tokens=900))
+    pipeline.close()
+    with pytest.raises(PipelineError) as info:
+        stream.result(timeout=30)
+    assert info.value.reason in ("stopped", "aborted")
+
+
+def _wait_idle(pipe: Pipeline, timeout: float = 30.0) -> None:
+    """Cancels and failures are applied by the worker threads; wait until both are idle."""
+    done = threading.Event()
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if (not pipe.engine.has_unfinished_requests() and not pipe.vocoder.has_work()
+                and pipe.engine.kv_manager.num_free_blocks == pipe.engine.kv_cache.num_blocks):
+            done.set()
+            break
+        time.sleep(0.02)
+    assert done.is_set(), "the pipeline did not free everything"

@@ -1,0 +1,84 @@
+"""RequestPlanner: every check before any model runs, chunk seeds, voice resolution."""
+from __future__ import annotations
+
+import pytest
+
+from chorus.engine.request import Priority
+from chorus.pipeline.planner import chunk_seed, is_voice_file, needs_voice_models
+from chorus.pipeline.request import SpeechRequest
+from chorus.sampling.params import MAX_SEED
+from chorus.text import TextInputError, UnsupportedLanguageError
+from tests.pipeline.tiny_pipeline import tiny_models
+
+LONG = "First sentence here. " * 12 + "And the last one."
+
+
+@pytest.fixture(scope="module")
+def planner():
+    return tiny_models("original").planner(max_chars=80)
+
+
+def test_chunks_are_tokenized_and_seeded_from_the_base_seed(planner):
+    plan = planner.plan(SpeechRequest(LONG, seed=40, normalize=False))
+    assert len(plan.chunks) > 2
+    assert [c.seed for c in plan.chunks] == [40 + i for i in range(len(plan.chunks))]
+    assert all(len(c.text) <= 80 and c.text_ids == tuple(planner.text_encoder.encode(c.text)) for c in plan.chunks)
+    assert " ".join(c.text for c in plan.chunks) == " ".join(LONG.split())
+
+
+def test_chunk_seeds_wrap_around_the_seed_range():
+    assert chunk_seed(MAX_SEED, 1) == 0 and chunk_seed(5, 2) == 7
+
+
+def test_defaults_and_ignored_parameters():
+    turbo = tiny_models("turbo").planner()
+    plan = turbo.plan(SpeechRequest("Hi there.", cfg_weight=0.7, exaggeration=0.9, seed=1))
+    assert plan.ignored == ("cfg_weight", "exaggeration") and plan.exaggeration == 0.0
+    assert plan.chunks[0].params.cfg_weight == 0.0 and plan.priority is Priority.NORMAL
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("flow_steps", 0, "flow_steps"), ("top_p", 1.5, "top_p"), ("exaggeration", -1.0, "exaggeration"),
+    ("priority", 7, "priority"), ("deadline_s", 0.0, "deadline_s"), ("watermark", "nope", "watermark"),
+])
+def test_bad_parameters_are_rejected_with_the_parameter_named(planner, field, value, match):
+    with pytest.raises(ValueError, match=match):
+        planner.validate(SpeechRequest("Hello.", **{field: value}))
+
+
+def test_empty_text_and_wrong_language_are_rejected(planner):
+    with pytest.raises(TextInputError):
+        planner.validate(SpeechRequest("  \n "))
+    with pytest.raises(UnsupportedLanguageError):
+        planner.validate(SpeechRequest("Bonjour.", language="fr"))
+
+
+def test_a_streamed_request_cannot_be_watermarked(planner):
+    with pytest.raises(ValueError, match="whole waveform"):
+        planner.validate(SpeechRequest("Hello.", watermark="perth", stream=True))
+
+
+def test_validate_never_resolves_the_voice():
+    def no_voice():
+        raise AssertionError("resolved")
+
+    from chorus.pipeline.planner import RequestPlanner
+
+    models = tiny_models("turbo")
+    RequestPlanner(models.variant, models.text_encoder, builtin_voice=no_voice).validate(SpeechRequest("Hi."))
+
+
+def test_voice_arguments_are_told_apart():
+    assert is_voice_file("me.safetensors") and is_voice_file("ME.SAFETENSORS")
+    assert not is_voice_file("me.wav") and not is_voice_file(b"RIFF")
+    assert needs_voice_models("me.wav") and not needs_voice_models(None)
+    assert not needs_voice_models("me.safetensors")
+
+
+def test_a_reference_clip_needs_the_voice_models(planner):
+    with pytest.raises(ValueError, match="voice models are not loaded"):
+        planner.plan(SpeechRequest("Hello.", voice="clip.wav"))
+
+
+def test_the_builtin_voice_is_the_default(planner):
+    assert planner.plan(SpeechRequest("Hello.")).voice.name == "short0"
