@@ -155,6 +155,7 @@ class Synthesizer:
         return self.front_end.build(voice, sample_rate=sample_rate)
 
     def _checked(self, voice: Voice) -> Voice:
+        voice.check_variant(self.variant)
         expected = self.variant.t3.speech_cond_prompt_len
         if voice.t3_prompt_tokens.shape[1] > expected:
             logger.warning("voice %r has %d T3 prompt tokens; %s voices have at most %d (was it built for "
