@@ -4,10 +4,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from typing import Callable, Sequence
 
 from chorus import __version__
 from chorus.text.chunking import DEFAULT_MAX_CHARS
+from chorus.pipeline.errors import PipelineError
 from chorus.text.errors import TextError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -15,6 +17,22 @@ Handler = Callable[[argparse.Namespace], int]
 
 class CliError(Exception):
     """An error to show the user as one line, without a traceback."""
+
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+
+
+def _add_command(sub, name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
+    """A subcommand parser: its help line doubles as its ``--help`` description, and options are
+    never matched by prefix (``--text`` must not silently mean ``--text-file``)."""
+    return sub.add_parser(name, help=help, description=description or help, allow_abbrev=False)
+
+
+def _add_dtype(parser: argparse.ArgumentParser) -> None:
+    from chorus.models.loading import DTYPE_CHOICES
+
+    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                        help="precision: auto (bf16 on CUDA, fp32 on the CPU; the default), fp32, bf16 or fp16")
 
 
 def _add_variant(parser: argparse.ArgumentParser) -> None:
@@ -45,8 +63,12 @@ def _cmd_checkpoint_random(args: argparse.Namespace) -> int:
     from chorus.models.random_checkpoint import COMPONENTS, NOISE_WARNING, write_random_checkpoint
     from chorus.models.variants import get_variant
 
+    from chorus.cli_checks import check_output_directory
+    from chorus.models.random_checkpoint import is_random_checkpoint
+
     variant = get_variant(args.variant)
     components = COMPONENTS if args.only is None else tuple(c.strip() for c in args.only.split(","))
+    check_output_directory(args.out, "--out", replaceable=is_random_checkpoint)
     out = write_random_checkpoint(variant, args.out, seed=args.seed, components=components)
     print(f"wrote a {variant.name} checkpoint ({', '.join(components)}) to {out}")
     print(f"WARNING: {NOISE_WARNING}")
@@ -54,29 +76,15 @@ def _cmd_checkpoint_random(args: argparse.Namespace) -> int:
 
 
 def _cmd_checkpoint_check(args: argparse.Namespace) -> int:
-    from chorus.models.checkpoint import compare_state_dict
+    from chorus.models.checkpoint_check import check_checkpoint
     from chorus.models.loading import Checkpoint
-    from chorus.models.random_checkpoint import reference_key_specs, t3_key_specs
     from chorus.models.variants import get_variant
 
     variant = get_variant(args.variant)
-    ckpt = Checkpoint.open(variant, args.checkpoint)
-    checks = [
-        (variant.files.t3, ckpt.t3_state, t3_key_specs(variant), frozenset()),
-        (variant.files.voice_encoder, ckpt.voice_encoder_state, reference_key_specs("ve"), frozenset()),
-        (variant.files.s3gen, ckpt.s3gen_state,
-         reference_key_specs("s3genmf" if variant.s3gen.meanflow else "s3gen"),
-         frozenset({"tokenizer._mel_filters", "tokenizer.window"})),
-    ]
-    failed = False
-    for name, read, specs, optional in checks:
-        report = compare_state_dict(read(), {s.name: s.shape for s in specs}, str(ckpt.path(name)), optional)
-        print(f"{name}: {'ok' if report.ok else 'MISMATCH'}")
-        if not report.ok:
-            print(report.render())
-            failed = True
-    print(f"{variant.files.conds}: {'present' if ckpt.has_builtin_voice() else 'absent (no built-in voice)'}")
-    return 1 if failed else 0
+    results = check_checkpoint(Checkpoint.open(variant, args.checkpoint))
+    for result in results:
+        print(result.render())
+    return 0 if all(r.ok for r in results) else 1
 
 
 def _cmd_tokenize(args: argparse.Namespace) -> int:
@@ -92,7 +100,12 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
 
 def _cmd_bench_t3(args: argparse.Namespace) -> int:
     from chorus.bench.t3_bench import T3BenchConfig, main_json
+    from chorus.cli_checks import check_input_file, check_output_file
 
+    if args.out is not None:
+        check_output_file(args.out, "--out")
+    if args.text_file is not None:
+        check_input_file(args.text_file, "--text-file")
     cfg = T3BenchConfig(
         variant=args.variant, checkpoint=args.checkpoint, dtype=args.dtype, device=args.device,
         batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")), decode_steps=args.decode_steps,
@@ -134,7 +147,7 @@ def _add_pipeline_bench_options(p: argparse.ArgumentParser) -> None:
     _add_variant(p)
     p.add_argument("--checkpoint", "-c", default=None,
                    help="checkpoint dir or hub id (default: random weights in a temporary directory)")
-    p.add_argument("--dtype", default="auto", help="fp32, bf16, fp16 or auto (default: bf16 on CUDA, fp32 on CPU)")
+    _add_dtype(p)
     p.add_argument("--device", default="auto", help="cuda, cpu or auto (default)")
     p.add_argument("--tokens-per-char", type=float, default=1.6, help="fixed output length per input character")
     p.add_argument("--cfg-weight", type=float, default=0.5, help="T3 CFG weight for variants with CFG")
@@ -148,6 +161,9 @@ def _read_text(args: argparse.Namespace) -> str:
         raise CliError("give the text to speak as an argument or with --text-file (exactly one of them)")
     if args.text_file is None:
         return args.text
+    from chorus.cli_checks import check_input_file
+
+    check_input_file(args.text_file, "--text-file")
     try:
         with open(args.text_file, encoding="utf-8") as f:
             return f.read()
@@ -166,11 +182,22 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     from chorus.text import load_text_encoder
     from chorus.voices import Voice, prepare_voice_audio
 
-    # Everything that can be wrong with the inputs is checked before the models load.
+    from chorus.cli_checks import check_input_file, check_output_file, random_weights_token_cap
+    from chorus.models.loading import dtype_name, resolve_dtype
+
+    # Everything that can be wrong with the inputs and outputs is checked before the models load.
     variant = get_variant(args.variant)
     fmt = format_from_path(args.out)
+    check_output_file(args.out, "--out")
     text = _read_text(args)
+    if args.voice is not None:
+        check_input_file(args.voice, "--voice")
+    args.dtype = dtype_name(resolve_dtype(args.dtype, args.device))
     checkpoint = Checkpoint.open(variant, args.checkpoint)
+    args.max_new_tokens, note = random_weights_token_cap(checkpoint.has_random_weights, args.max_new_tokens,
+                                                         args.min_new_tokens)
+    if note is not None:
+        print(f"chorus: note: {note}", file=sys.stderr)
     request = SpeechRequest(
         text, language=args.language, exaggeration=args.exaggeration, cfg_weight=args.cfg_weight,
         temperature=args.temperature, top_p=args.top_p, min_p=args.min_p, top_k=args.top_k,
@@ -188,7 +215,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         if not checkpoint.has_builtin_voice():
             raise CliError(f"the checkpoint at {checkpoint.directory} has no built-in voice; pass --voice FILE")
     elif is_voice_file(args.voice):
-        voice = Voice.load(args.voice)
+        voice = Voice.load(args.voice).check_variant(variant)
     else:
         reference = prepare_voice_audio(args.voice, variant)
 
@@ -251,9 +278,13 @@ def _cmd_voice_create(args: argparse.Namespace) -> int:
     from chorus.voices.voice import VOICE_FILE_SUFFIX
     from chorus.voices import VoiceFrontEnd, prepare_voice_audio
 
+    from chorus.cli_checks import check_input_file, check_output_file
+
     variant = get_variant(args.variant)
     if Path(args.out).suffix.lower() != VOICE_FILE_SUFFIX:
         raise CliError(f"--out must name a {VOICE_FILE_SUFFIX} file, got {args.out!r}")
+    check_output_file(args.out, "--out")
+    check_input_file(args.audio, "--audio")
     reference = prepare_voice_audio(args.audio, variant)
     front_end = VoiceFrontEnd.from_checkpoint(Checkpoint.open(variant, args.checkpoint), device=args.device)
     voice = front_end.build(reference, name=args.name or Path(args.audio).stem)
@@ -266,12 +297,14 @@ def _cmd_voice_create(args: argparse.Namespace) -> int:
 
 
 def _add_synth_parser(sub) -> None:
-    p = sub.add_parser("synth", help="speak a text (or a whole book with --text-file) to an audio file",
-                       description="Speak TEXT (or --text-file) with a variant's models and write "
-                                   "a .wav, .flac or .mp3 file. The text is split into sentence chunks "
-                                   "that are generated in parallel through the pipeline (continuous "
-                                   "batching of T3, batched S3Gen); --exact runs them one at a time on the "
-                                   "plain reference path instead. Unset options use the variant's defaults.")
+    p = _add_command(sub, "synth", help="speak a text (or a whole book with --text-file) to an audio file",
+                     description="Speak TEXT (or --text-file) with a variant's models and write "
+                                 "a .wav, .flac or .mp3 file. The text is split into sentence chunks "
+                                 "that are generated in parallel through the pipeline (continuous "
+                                 "batching of T3, batched S3Gen); --exact runs them one at a time on the "
+                                 "plain reference path instead. Unset options use the variant's defaults. "
+                                 "A random-weight checkpoint caps speech tokens at 100 per chunk unless "
+                                 "--max-new-tokens is given.")
     _add_variant(p)
     _add_checkpoint(p)
     p.add_argument("text", nargs="?", default=None, help="the text to speak")
@@ -294,7 +327,7 @@ def _add_synth_parser(sub) -> None:
     p.add_argument("--min-new-tokens", type=int, default=None, help="speech tokens per chunk at least (EOS banned before)")
     p.add_argument("--watermark", choices=["perth"], default=None,
                    help="apply Resemble's Perth watermark (needs the `watermark` extra); default: none")
-    p.add_argument("--dtype", default="fp32", help="fp32, bf16 or fp16 for T3 and S3Gen (default fp32)")
+    _add_dtype(p)
     p.add_argument("--device", default="auto", help="cuda, cpu or auto (default)")
     p.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS,
                    help=f"longest text chunk in characters (default {DEFAULT_MAX_CHARS}); chunks end at sentences")
@@ -307,9 +340,9 @@ def _add_synth_parser(sub) -> None:
 
 
 def _add_voice_parser(sub) -> None:
-    voice = sub.add_parser("voice", help="build voices from reference clips")
+    voice = _add_command(sub, "voice", help="build voices from reference clips")
     voice_sub = voice.add_subparsers(dest="voice_command", metavar="ACTION")
-    p = voice_sub.add_parser("create", help="build a voice from a reference clip and save it (.safetensors)")
+    p = _add_command(voice_sub, "create", help="build a voice from a reference clip and save it (.safetensors)")
     _add_variant(p)
     _add_checkpoint(p)
     p.add_argument("--audio", "-a", required=True, help="reference clip (5-15 s of clean speech works best)")
@@ -324,38 +357,43 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="chorus",
         description="Chorus: a serving engine for the Chatterbox TTS family.",
+        allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"chorus {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("variants", help="list the supported model variants")
+    p = _add_command(sub, "variants", help="list the supported model variants",
+                     description="List the supported model variants: description, hub repo, T3 shape "
+                                 "and the checkpoint files each one needs.")
     p.set_defaults(handler=_cmd_variants)
 
-    ckpt = sub.add_parser("checkpoint", help="write or check checkpoints in the official layout")
+    ckpt = _add_command(sub, "checkpoint", help="write or check checkpoints in the official layout")
     ckpt_sub = ckpt.add_subparsers(dest="checkpoint_command", metavar="ACTION")
-    p = ckpt_sub.add_parser(
-        "random", help="write a random-weight checkpoint directory (for tests and benchmarks; it speaks noise)")
+    p = _add_command(
+        ckpt_sub, "random", help="write a random-weight checkpoint directory (for tests and benchmarks; it speaks noise)")
     _add_variant(p)
-    p.add_argument("--out", "-o", required=True, help="directory to write")
+    p.add_argument("--out", "-o", required=True,
+                   help="directory to write (new, empty, or an earlier random checkpoint, which is replaced)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--only", default=None, metavar="PARTS",
                    help="comma-separated subset of: t3, voice_encoder, s3gen, tokenizer, conds")
     p.set_defaults(handler=_cmd_checkpoint_random)
-    p = ckpt_sub.add_parser("check", help="verify a checkpoint's files, keys and shapes")
+    p = _add_command(ckpt_sub, "check", help="open and verify every file of a checkpoint: tensors, keys, "
+                                             "shapes, the built-in voice and the tokenizer")
     _add_variant(p)
     _add_checkpoint(p)
     p.set_defaults(handler=_cmd_checkpoint_check)
     ckpt.set_defaults(handler=lambda a: (ckpt.print_help(), 2)[1])
 
-    bench = sub.add_parser("bench", help="benchmarks that print JSON")
+    bench = _add_command(sub, "bench", help="benchmarks that print JSON")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="STAGE")
-    p = bench_sub.add_parser(
-        "t3", help="T3 engine: decode step latency and tokens/s per batch size, the benchmark-text "
+    p = _add_command(
+        bench_sub, "t3", help="T3 engine: decode step latency and tokens/s per batch size, the benchmark-text "
                    "workload, optionally the reference T3 loop for the ratio (fixed output lengths)")
     _add_variant(p)
     p.add_argument("--checkpoint", "-c", default=None,
                    help="checkpoint dir or hub id (default: random weights in a temporary directory)")
-    p.add_argument("--dtype", default="bf16", help="fp32, bf16 or fp16 (default bf16)")
+    _add_dtype(p)
     p.add_argument("--device", default="auto", help="cuda, cpu or auto (default)")
     p.add_argument("--batch-sizes", default="1,8,64,256", help="concurrent requests for the decode test")
     p.add_argument("--decode-steps", type=int, default=50, help="timed decode steps per batch size")
@@ -369,8 +407,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly")
     p.add_argument("--out", "-o", default=None, help="also write the JSON report to this file")
     p.set_defaults(handler=_cmd_bench_t3)
-    p = bench_sub.add_parser(
-        "offline", help="the whole path (T3 + S3Gen) on the benchmark text, all chunks at once; optionally "
+    p = _add_command(
+        bench_sub, "offline", help="the whole path (T3 + S3Gen) on the benchmark text, all chunks at once; optionally "
                         "the reference generate() on a few chunks for the ratio (fixed output lengths)")
     _add_pipeline_bench_options(p)
     p.add_argument("--text-file", default=None, help="workload text (default: the shipped benchmark text)")
@@ -378,8 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also time the reference chatterbox-tts generate() (needs chatterbox-tts installed)")
     p.add_argument("--reference-chunks", type=int, default=3, help="workload chunks the reference runs")
     p.set_defaults(handler=_cmd_bench_offline)
-    p = bench_sub.add_parser(
-        "stream", help="streaming: time to first audio, gaps between audio pieces and real-time factor per "
+    p = _add_command(
+        bench_sub, "stream", help="streaming: time to first audio, gaps between audio pieces and real-time factor per "
                        "stream at several concurrency levels")
     _add_pipeline_bench_options(p)
     p.add_argument("--concurrency", default="1,16,64,256", help="concurrent streams per level (comma-separated)")
@@ -389,11 +427,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_synth_parser(sub)
     _add_voice_parser(sub)
 
-    p = sub.add_parser("tokenize", help="print the T3 text input of a text (ids, with start/stop framing)")
+    p = _add_command(sub, "tokenize", help="print the T3 text input of a text (ids, with start/stop framing)")
     _add_variant(p)
     _add_checkpoint(p)
     p.add_argument("--language", "-l", default=None, help="language code (multilingual variants)")
-    p.add_argument("text")
+    p.add_argument("text", help="the text to tokenize")
     p.set_defaults(handler=_cmd_tokenize)
     return parser
 
@@ -406,10 +444,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return handler(args)
+        with warnings.catch_warnings():
+            _quiet_third_party_warnings()
+            return handler(args)
+    except KeyboardInterrupt:
+        print("chorus: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (CliError, TextError, ValueError, OSError, ImportError) as exc:
         print(f"chorus: error: {exc}", file=sys.stderr)
         return 2
+    except PipelineError as exc:  # a model step failed after the inputs were accepted
+        print(f"chorus: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _quiet_third_party_warnings() -> None:
+    """Python warnings from other packages (pkg_resources deprecation, torch notices) are not
+    for our users; ``python -W`` or ``PYTHONWARNINGS`` still turn them on."""
+    if not sys.warnoptions:
+        warnings.simplefilter("ignore")
+        warnings.filterwarnings("default", module=r"chorus(\.|$)")
 
 
 if __name__ == "__main__":

@@ -11,9 +11,12 @@ sets ``PerthImplicitWatermarker`` to None. :func:`get_watermarker` detects that 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
-from typing import Protocol
+import io
+import warnings
+from typing import Iterator, Protocol
 
 import numpy as np
 
@@ -38,7 +41,9 @@ class PerthWatermarker:
     name = "perth"
 
     def __init__(self, device: str = "cpu"):
-        self._impl = _perth_class()(device=device)
+        cls = _perth_class()
+        with _quiet():
+            self._impl = cls(device=device)
 
     def apply(self, wav: np.ndarray, sample_rate: int) -> np.ndarray:
         """Watermarked copy of mono float samples at ``sample_rate``, same length."""
@@ -59,7 +64,8 @@ class PerthWatermarker:
 def _perth_class():
     """``perth.PerthImplicitWatermarker``, or a :class:`WatermarkUnavailableError` saying why not."""
     try:
-        perth = importlib.import_module("perth")
+        with _quiet():
+            perth = importlib.import_module("perth")
     except ImportError as exc:
         raise WatermarkUnavailableError(f"the perth watermark needs the resemble-perth package ({exc}); "
                                         f"{INSTALL_HINT}") from exc
@@ -76,10 +82,20 @@ def _perth_class():
     return cls
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence resemble-perth's import-time noise: the pkg_resources deprecation warning and the
+    "loaded PerthNet ..." line it prints to stdout (which would mix with our own output)."""
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        yield
+
+
 def _perth_import_failure() -> str:
     """The error perth swallowed when it set ``PerthImplicitWatermarker`` to None."""
     try:
-        importlib.import_module("perth.perth_net.perth_net_implicit.perth_watermarker")
+        with _quiet():
+            importlib.import_module("perth.perth_net.perth_net_implicit.perth_watermarker")
     except Exception as exc:  # noqa: BLE001 - any import-time failure is the answer
         return f"{type(exc).__name__}: {exc}"
     return "unknown reason"

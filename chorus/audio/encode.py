@@ -70,12 +70,13 @@ def to_pcm16(wav: np.ndarray) -> np.ndarray:
 
 
 def write_audio(path: str | os.PathLike, wav: np.ndarray, sample_rate: int, fmt: str | None = None) -> Path:
-    """Write ``wav`` to ``path``; the format comes from the extension unless ``fmt`` is given."""
+    """Write ``wav`` to ``path`` (atomically: a temporary name, then a rename); the format comes
+    from the extension unless ``fmt`` is given."""
     fmt = fmt or format_from_path(path)
+    from chorus.atomic import atomic_write_bytes
+
     data = encode_audio(wav, sample_rate, fmt)
-    path = Path(path)
-    path.write_bytes(data)
-    return path
+    return atomic_write_bytes(path, data)  # an interrupted run leaves no half-written file
 
 
 def _mp3_with_pyav(wav: np.ndarray, sample_rate: int) -> bytes:

@@ -22,7 +22,8 @@ import torch
 
 from chorus.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chorus.engine.engine import T3Engine, T3Request
-from chorus.models.loading import Checkpoint, load_t3, parse_device, parse_dtype
+from chorus.atomic import atomic_write_text
+from chorus.models.loading import Checkpoint, dtype_name, load_t3, parse_device, resolve_dtype
 from chorus.models.random_checkpoint import write_random_checkpoint
 from chorus.models.variants import get_variant
 from chorus.sampling import SamplingParams
@@ -35,7 +36,7 @@ from chorus.voices import Voice
 class T3BenchConfig:
     variant: str = "original"
     checkpoint: str | None = None  # None: a random-weight checkpoint in a temporary directory
-    dtype: str = "bf16"
+    dtype: str = "auto"  # bf16 on CUDA, fp32 on the CPU (chorus.models.loading.resolve_dtype)
     device: str = "auto"
     batch_sizes: tuple[int, ...] = (1, 8, 64, 256)
     decode_steps: int = 50
@@ -181,18 +182,19 @@ def bench_workload(model, variant, conditioning, encoder, chunks: list[str], cfg
 def run(cfg: T3BenchConfig) -> dict:
     variant = get_variant(cfg.variant)
     device = parse_device(cfg.device)
-    dtype = parse_dtype(cfg.dtype)
+    dtype = resolve_dtype(cfg.dtype, device)
     with tempfile.TemporaryDirectory() as tmp:
         location = cfg.checkpoint or write_random_checkpoint(variant, tmp, components=("t3", "tokenizer", "conds"))
         ckpt = Checkpoint.open(variant, location) if cfg.checkpoint else Checkpoint(variant, Path(location))
         model = load_t3(ckpt, dtype=dtype, device=device)
         encoder = load_text_encoder(variant, ckpt.directory)
         voice = Voice.from_conditionals(ckpt.builtin_voice_state())
+        random_weights = ckpt.has_random_weights
     chunks = workload_chunks(cfg)
     report: dict = {
-        "variant": variant.name, "dtype": cfg.dtype, "device": str(device),
+        "variant": variant.name, "dtype": dtype_name(dtype), "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "random_weights": cfg.checkpoint is None, "cfg_weight": cfg.cfg_weight if variant.t3.supports_cfg else 0.0,
+        "random_weights": random_weights, "cfg_weight": cfg.cfg_weight if variant.t3.supports_cfg else 0.0,
         "tokens_per_char": cfg.tokens_per_char, "torch": torch.__version__,
     }
     text_ids = encoder.encode(chunks[0])
@@ -224,6 +226,6 @@ def main_json(cfg: T3BenchConfig, out: str | None) -> dict:
     report = run(cfg)
     text = json.dumps(report, indent=2)
     if out:
-        Path(out).write_text(text)
+        atomic_write_text(out, text)
     print(text)
     return report

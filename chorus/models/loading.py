@@ -3,11 +3,15 @@
 A checkpoint is a directory holding a variant's files under their official names (see
 ``Variant.files``). It comes from a local directory or from a Hugging Face hub repo id;
 hub downloads go through ``huggingface_hub`` (cached, honouring ``HF_HUB_OFFLINE``,
-``HF_TOKEN`` and ``HF_HOME``).
+``HF_TOKEN``, ``HF_HOME`` and ``HF_ENDPOINT``). Before downloading, the hub is probed with a short
+timeout: when it cannot be reached, a complete snapshot in the local cache is used, else loading
+fails at once with one line naming the ways out (instead of retrying for minutes).
 """
 from __future__ import annotations
 
+import logging
 import os
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -15,6 +19,15 @@ from typing import Any, Mapping
 import torch
 
 from chorus.models.variants import Variant
+
+logger = logging.getLogger(__name__)
+
+RANDOM_WEIGHTS_MARKER = "CHORUS_RANDOM_WEIGHTS.txt"  # written by chorus checkpoint random
+HUB_PROBE_TIMEOUT_S = 5.0
+REWRITE_HINT = ("download it again (or, for a test checkpoint, rewrite the directory with "
+                "`chorus checkpoint random`)")
+DTYPE_CHOICES = ("auto", "fp32", "bf16", "fp16")
+SLOW_CPU_DTYPES = (torch.bfloat16, torch.float16)
 
 _DTYPES = {
     "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
@@ -27,6 +40,14 @@ class CheckpointNotFoundError(FileNotFoundError):
     """A checkpoint directory or some of its files could not be found."""
 
 
+class HubUnreachableError(CheckpointNotFoundError):
+    """The hub cannot be reached and the local cache lacks the files."""
+
+
+class CheckpointFileError(ValueError):
+    """A checkpoint file exists but cannot be read (corrupt, truncated, wrong format)."""
+
+
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     """``"fp32" | "bf16" | "fp16"`` (or a torch dtype) -> torch dtype."""
     if isinstance(name, torch.dtype):
@@ -37,6 +58,28 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         return _DTYPES[name.lower()]
     except KeyError:
         raise ValueError(f"unknown dtype {name!r}; use fp32, bf16 or fp16") from None
+
+
+def resolve_dtype(name: str | torch.dtype | None, device: str | torch.device | None) -> torch.dtype:
+    """The one place a dtype choice is resolved against the device.
+
+    ``"auto"`` (or None) is bf16 on CUDA and fp32 on the CPU. An explicit bf16/fp16 on the CPU
+    is honoured with one warning: the CPU has no fast half-precision path (about 13x slower than
+    fp32 for T3 decoding on 2 cores).
+    """
+    device = parse_device(device)
+    if name is None or (isinstance(name, str) and name.lower() == "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = parse_dtype(name)
+    if device.type == "cpu" and dtype in SLOW_CPU_DTYPES:
+        logger.warning("%s on the CPU is much slower than fp32 (about 13x for T3); "
+                       "use --dtype fp32 or auto unless you are testing %s", dtype_name(dtype), dtype_name(dtype))
+    return dtype
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch dtype -> ``"fp32" | "bf16" | "fp16"``."""
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
 
 
 def parse_device(name: str | torch.device | None) -> torch.device:
@@ -91,8 +134,21 @@ def resolve_checkpoint_dir(variant: Variant, location: str | os.PathLike | None 
 
 def _download_from_hub(variant: Variant, repo_id: str, revision: str | None,
                        cache_dir: str | os.PathLike | None) -> Path:
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import constants, hf_hub_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    if not constants.HF_HUB_OFFLINE:
+        unreachable = hub_unreachable_reason(constants.ENDPOINT)
+        if unreachable is not None:
+            cached = cached_snapshot(variant, repo_id, revision, cache_dir)
+            if cached is not None:
+                logger.warning("the hub at %s cannot be reached (%s); using the cached snapshot of %s",
+                               constants.ENDPOINT, unreachable, repo_id)
+                return cached
+            raise HubUnreachableError(
+                f"cannot reach the Hugging Face hub at {constants.ENDPOINT} ({unreachable}) and the {variant.name} "
+                f"files of {repo_id!r} are not in the local cache: pass --checkpoint DIR with a local checkpoint, "
+                f"set HF_HUB_OFFLINE=1 to use only the cache, or set HTTPS_PROXY if the hub is reached through a proxy")
 
     directory: Path | None = None
     missing: list[str] = []
@@ -106,12 +162,51 @@ def _download_from_hub(variant: Variant, repo_id: str, revision: str | None,
                 missing.append(name)
                 reasons.add(type(exc).__name__)
     if missing:
-        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+        offline = constants.HF_HUB_OFFLINE
         where = f"hub repo {repo_id!r}" + (" (HF_HUB_OFFLINE is set: only the local cache was searched)" if offline else "")
         raise CheckpointNotFoundError(
             _missing_files_message(variant, where, missing) + f"\n(errors: {', '.join(sorted(reasons))})"
         )
     assert directory is not None
+    return directory
+
+
+def hub_unreachable_reason(endpoint: str, timeout: float = HUB_PROBE_TIMEOUT_S) -> str | None:
+    """None when ``endpoint`` answers an HTTP request (any status) within ``timeout`` seconds,
+    else a short reason. Proxies from the environment (``HTTPS_PROXY``) are honoured."""
+    import socket
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(endpoint.rstrip("/") + "/api/whoami-v2", method="HEAD")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout):
+            return None
+    except urllib.error.HTTPError:
+        return None  # it answered
+    except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, (socket.timeout, TimeoutError)):
+            return f"no answer within {timeout:g} s"
+        return str(reason) or type(reason).__name__
+
+
+def cached_snapshot(variant: Variant, repo_id: str, revision: str | None = None,
+                    cache_dir: str | os.PathLike | None = None) -> Path | None:
+    """The directory of a cached snapshot of ``repo_id`` holding every required file of
+    ``variant`` (found without any network access), or None."""
+    from huggingface_hub import hf_hub_download
+
+    directory: Path | None = None
+    for name in (*variant.files.required, variant.files.conds, *variant.files.optional):
+        try:
+            path = Path(hf_hub_download(repo_id, name, revision=revision, cache_dir=cache_dir,
+                                        local_files_only=True))
+        except Exception:  # noqa: BLE001 - any failure means "not cached"
+            if name in variant.files.required:
+                return None
+            continue
+        directory = directory or path.parent
     return directory
 
 
@@ -124,20 +219,41 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointNotFoundError(f"checkpoint file {path} does not exist")
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
 
+        try:
             state: Any = load_file(str(path), device="cpu")
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ValueError(f"could not read checkpoint file {path}: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - safetensors raises several types
+            raise CheckpointFileError(
+                f"could not read checkpoint file {path}: not a valid safetensors file, corrupt or truncated "
+                f"({_short(exc)}); {REWRITE_HINT}") from None
+    else:
+        state = load_torch_file(path)
     if isinstance(state, Mapping) and "model" in state and not isinstance(state["model"], torch.Tensor):
         state = state["model"][0]
     if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"checkpoint file {path} does not hold a flat state dict of tensors")
     return dict(state)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def load_torch_file(path: str | os.PathLike) -> Any:
+    """``torch.load`` of a weights-only ``.pt`` file onto the CPU, with an error naming the file
+    and the fix. Never falls back to (or suggests) unrestricted unpickling."""
+    path = Path(path)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        detail = "not a weights-only PyTorch file: corrupt, or holding Python objects Chorus does not load"
+    except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, OSError, EOFError ...
+        message = _short(exc)
+        detail = "corrupt or truncated" + ("" if "weights_only" in message else f" ({message})")
+    raise CheckpointFileError(f"could not read checkpoint file {path}: {detail}; {REWRITE_HINT}") from None
 
 
 @dataclass(frozen=True)
@@ -164,6 +280,11 @@ class Checkpoint:
     def s3gen_state(self) -> dict[str, torch.Tensor]:
         return read_state_dict(self.path(self.variant.files.s3gen))
 
+    @property
+    def has_random_weights(self) -> bool:
+        """Whether this is a random-weight checkpoint (it carries the marker file)."""
+        return self.path(RANDOM_WEIGHTS_MARKER).is_file()
+
     def has_builtin_voice(self) -> bool:
         return self.path(self.variant.files.conds).is_file()
 
@@ -174,9 +295,10 @@ class Checkpoint:
             raise CheckpointNotFoundError(
                 f"{path} does not exist: this checkpoint has no built-in voice; pass a reference clip"
             )
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = load_torch_file(path)
         if not isinstance(state, Mapping) or "t3" not in state or "gen" not in state:
-            raise ValueError(f"{path} is not a Chatterbox conditionals file (expected keys 't3' and 'gen')")
+            raise CheckpointFileError(f"{path} is not a Chatterbox conditionals file (expected keys 't3' and "
+                                      f"'gen'); {REWRITE_HINT}")
         return dict(state)
 
 

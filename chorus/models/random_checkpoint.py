@@ -17,6 +17,8 @@ from typing import Iterable
 
 import torch
 
+from chorus.atomic import atomic_directory
+from chorus.models.loading import RANDOM_WEIGHTS_MARKER
 from chorus.models.variants import Variant
 
 NOISE_WARNING = "random weights: this checkpoint is for tests and benchmarks and speaks noise"
@@ -118,34 +120,41 @@ def random_builtin_voice(variant: Variant, seed: int) -> dict:
     }
 
 
+def is_random_checkpoint(directory: str | os.PathLike) -> bool:
+    """Whether ``directory`` holds a checkpoint written by :func:`write_random_checkpoint`."""
+    return (Path(directory) / RANDOM_WEIGHTS_MARKER).is_file()
+
+
 def write_random_checkpoint(variant: Variant, out_dir: str | os.PathLike, *, seed: int = 0,
                             components: Iterable[str] = COMPONENTS) -> Path:
-    """Write a random-weight checkpoint of ``variant`` into ``out_dir`` (created if needed).
+    """Write a random-weight checkpoint of ``variant`` into ``out_dir``.
 
     ``components`` selects what to write (tests that need only T3 skip the 1 GB S3Gen file).
-    Returns the directory.
+    The directory is written under a temporary name beside ``out_dir`` and renamed when complete
+    (an interrupted run leaves nothing). ``out_dir`` may be absent (parents are created), empty,
+    or an earlier random checkpoint (replaced); any other existing content is refused with
+    :class:`FileExistsError`. Returns the directory.
     """
     components = tuple(components)
     unknown = set(components) - set(COMPONENTS)
     if unknown:
         raise ValueError(f"unknown checkpoint components {sorted(unknown)}; choose from {COMPONENTS}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     files = variant.files
-    if "t3" in components:
-        _save(random_state_dict(t3_key_specs(variant), seed), out / files.t3)
-    if "voice_encoder" in components:
-        _save(random_state_dict(reference_key_specs("ve"), seed + 1), out / files.voice_encoder)
-    if "s3gen" in components:
-        table = "s3genmf" if variant.s3gen.meanflow else "s3gen"
-        _save(random_state_dict(reference_key_specs(table), seed + 2), out / files.s3gen)
-    if "tokenizer" in components:
-        from chorus.text import write_standin_tokenizer_files
+    with atomic_directory(out_dir, replaceable=is_random_checkpoint) as out:
+        if "t3" in components:
+            _save(random_state_dict(t3_key_specs(variant), seed), out / files.t3)
+        if "voice_encoder" in components:
+            _save(random_state_dict(reference_key_specs("ve"), seed + 1), out / files.voice_encoder)
+        if "s3gen" in components:
+            table = "s3genmf" if variant.s3gen.meanflow else "s3gen"
+            _save(random_state_dict(reference_key_specs(table), seed + 2), out / files.s3gen)
+        if "tokenizer" in components:
+            from chorus.text import write_standin_tokenizer_files
 
-        write_standin_tokenizer_files(variant.tokenizer_kind, out)
-    if "conds" in components:
-        torch.save(random_builtin_voice(variant, seed + 3), out / files.conds)
-    (out / "CHORUS_RANDOM_WEIGHTS.txt").write_text(
-        f"{NOISE_WARNING}\nvariant: {variant.name}\nseed: {seed}\n"
-    )
-    return out
+            write_standin_tokenizer_files(variant.tokenizer_kind, out)
+        if "conds" in components:
+            torch.save(random_builtin_voice(variant, seed + 3), out / files.conds)
+        (out / RANDOM_WEIGHTS_MARKER).write_text(
+            f"{NOISE_WARNING}\nvariant: {variant.name}\nseed: {seed}\n"
+        )
+    return Path(out_dir)

@@ -13,7 +13,7 @@ Modules load lazily so that ``chorus.pipeline.conditioning`` stays importable on
 _EXPORTS = {
     "Pipeline": "pipeline", "PipelineConfig": "pipeline", "Progress": "pipeline",
     "SpeechRequest": "request", "SpeechResult": "request", "ChunkResult": "request",
-    "SpeechStream": "stream", "AudioPiece": "stream", "PipelineError": "stream",
+    "SpeechStream": "stream", "AudioPiece": "stream", "PipelineError": "errors",
     "RequestPlanner": "planner", "SpeechPlan": "planner", "SpeechModels": "models",
     "ConditioningCache": "conditioning",
 }

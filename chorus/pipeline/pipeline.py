@@ -37,7 +37,8 @@ from chorus.pipeline.models import SpeechModels
 from chorus.pipeline.planner import SpeechPlan
 from chorus.pipeline.request import ChunkResult, SpeechRequest, SpeechResult
 from chorus.pipeline.stitch import stitch_chunks
-from chorus.pipeline.stream import AudioPiece, PipelineError, SpeechStream
+from chorus.pipeline.errors import PipelineError
+from chorus.pipeline.stream import AudioPiece, SpeechStream
 from chorus.text import DEFAULT_MAX_CHARS
 from chorus.vocoder import AudioOut, VocoderConfig, VocoderStage
 

@@ -140,6 +140,7 @@ class RequestPlanner:
         return self._build_voice(voice)
 
     def _checked(self, voice: Voice) -> Voice:
+        voice.check_variant(self.variant)
         expected = self.variant.t3.speech_cond_prompt_len
         if voice.t3_prompt_tokens.shape[1] > expected:
             logger.warning("voice %r has %d T3 prompt tokens; %s voices have at most %d (was it built for "

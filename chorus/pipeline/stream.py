@@ -9,17 +9,8 @@ from typing import AsyncIterator, Callable, Iterator
 import numpy as np
 
 from chorus.pipeline.planner import SpeechPlan
+from chorus.pipeline.errors import PipelineError
 from chorus.pipeline.request import SpeechResult
-
-
-class PipelineError(RuntimeError):
-    """A request failed after it was accepted (a failed model step, an expired deadline, a
-    cancel, or the pipeline stopping). ``reason`` is ``"error"``, ``"deadline"``, ``"aborted"``
-    or ``"stopped"``."""
-
-    def __init__(self, request_id: str, reason: str, message: str):
-        super().__init__(f"request {request_id} {reason}: {message}")
-        self.request_id, self.reason, self.message = request_id, reason, message
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,7 @@ def build_voice(
         s3gen_prompt_mel=prompt.mel,
         xvector=prompt.xvector,
         name=name,
+        variant=variant.name,
     )
 
 

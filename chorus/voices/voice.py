@@ -6,22 +6,27 @@ caches (the engine's conditioning-prefix blocks, the voice store).
 
 On disk a voice is one safetensors file: tensors ``speaker_embedding`` [1, 256],
 ``t3_prompt_tokens`` [1, P], ``s3gen_prompt_tokens`` [1, Tp], ``s3gen_prompt_mel`` [1, Tm, 80],
-``xvector`` [1, 192], optionally ``t3_prompt_embeds``; metadata ``format`` = ``chorus-voice/1``
-and ``name``.
+``xvector`` [1, 192], optionally ``t3_prompt_embeds``; metadata ``format`` = ``chorus-voice/1``,
+``name``, ``variant`` (the variant it was built for) and ``sample_rate`` (of the prompt mel,
+24000). Files written before ``variant`` was recorded still load, with a warning.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 
+logger = logging.getLogger(__name__)
+
 FORMAT = "chorus-voice/1"
 VOICE_FILE_SUFFIX = ".safetensors"  # how a saved voice file is told apart from a reference clip
+SAMPLE_RATE = 24000  # of s3gen_prompt_mel (S3Gen's output rate)
 _TENSORS = ("speaker_embedding", "t3_prompt_tokens", "s3gen_prompt_tokens", "s3gen_prompt_mel", "xvector")
 
 
@@ -48,6 +53,7 @@ class Voice:
     xvector: torch.Tensor
     t3_prompt_embeds: torch.Tensor | None = None
     name: str = ""
+    variant: str | None = None  # the variant it was built for; None when unknown (old files)
 
     def __post_init__(self) -> None:
         def check(cond: bool, what: str) -> None:
@@ -122,7 +128,13 @@ class Voice:
         tensors = {k: getattr(self, k).contiguous() for k in _TENSORS}
         if self.t3_prompt_embeds is not None:
             tensors["t3_prompt_embeds"] = self.t3_prompt_embeds.contiguous()
-        save_file(tensors, str(path), metadata={"format": FORMAT, "name": self.name})
+        from chorus.atomic import atomic_file
+
+        metadata = {"format": FORMAT, "name": self.name, "sample_rate": str(SAMPLE_RATE)}
+        if self.variant is not None:
+            metadata["variant"] = self.variant
+        with atomic_file(path) as tmp:
+            save_file(tensors, str(tmp), metadata=metadata)
         return Path(path)
 
     @classmethod
@@ -143,5 +155,40 @@ class Voice:
         missing = [k for k in _TENSORS if k not in tensors]
         if missing:
             raise VoiceFormatError(f"voice file {path} lacks {', '.join(missing)}")
+        if meta.get("sample_rate", str(SAMPLE_RATE)) != str(SAMPLE_RATE):
+            raise VoiceFormatError(f"voice file {path} holds a {meta['sample_rate']} Hz prompt; Chorus voices are "
+                                   f"{SAMPLE_RATE} Hz: build it again with `chorus voice create`")
+        if "variant" not in meta:
+            logger.warning("voice file %s does not record the variant it was built for (written by an older "
+                           "Chorus); build it again with `chorus voice create` to have it checked", path)
         return cls(**{k: tensors[k] for k in _TENSORS}, t3_prompt_embeds=tensors.get("t3_prompt_embeds"),
-                   name=meta.get("name", path.stem))
+                   name=meta.get("name", path.stem), variant=meta.get("variant"))
+
+    def check_variant(self, variant) -> "Voice":
+        """Return this voice if it suits ``variant`` (a :class:`Variant`), else raise
+        :class:`VoiceFormatError` naming the variant it was built for. Voices of unknown origin
+        pass (old files warn when loaded); see :func:`voices_interchangeable`."""
+        if self.variant is not None and not voices_interchangeable(self.variant, variant.name):
+            raise VoiceFormatError(
+                f"voice {self.name or '(unnamed)'!r} was built for the {self.variant} variant, not {variant.name}: "
+                f"build it for {variant.name} with `chorus voice create --variant {variant.name}`")
+        return self
+
+
+def voices_interchangeable(built_for: str, used_by: str) -> bool:
+    """Whether a voice built for variant ``built_for`` is what ``used_by`` would build from the
+    same clip: the same voice models (same repo and files) and the same clip rules. True for
+    multilingual v2/v3; False across original, multilingual, Turbo and Nano."""
+    from chorus.audio.reference import ReferencePolicy
+    from chorus.models.variants import VARIANTS, get_variant
+
+    if built_for == used_by:
+        return True
+    if built_for not in VARIANTS:
+        return False
+    a, b = get_variant(built_for), get_variant(used_by)
+
+    def key(v):
+        return v.hub_repo, v.files.voice_encoder, v.files.s3gen, replace(ReferencePolicy.for_variant(v), variant_name="")
+
+    return key(a) == key(b)

@@ -100,3 +100,103 @@ def test_parse_device_rejects_cuda_without_gpu():
     with pytest.raises(ValueError, match="CUDA is not available"):
         parse_device("cuda")
     assert parse_device("auto").type == "cpu"
+
+
+# ---- dtype defaults depend on the device ------------------------------------------------------
+
+def test_auto_dtype_is_fp32_on_the_cpu_and_bf16_on_cuda(monkeypatch):
+    from chorus.models.loading import resolve_dtype
+
+    assert resolve_dtype("auto", "cpu") is torch.float32
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_dtype("auto", "cuda") is torch.bfloat16
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16"])
+def test_half_precision_on_the_cpu_warns_once(name, caplog):
+    from chorus.models.loading import resolve_dtype
+
+    with caplog.at_level("WARNING"):
+        assert resolve_dtype(name, "cpu") is parse_dtype(name)
+    assert len(caplog.records) == 1 and "slower than fp32" in caplog.text
+
+
+def test_fp32_on_the_cpu_does_not_warn(caplog):
+    from chorus.models.loading import resolve_dtype
+
+    with caplog.at_level("WARNING"):
+        resolve_dtype("fp32", "cpu")
+    assert caplog.records == []
+
+
+# ---- unreadable files name the file and the fix -----------------------------------------------
+
+def _conds_checkpoint(tmp_path) -> Checkpoint:
+    _touch_required(tmp_path)
+    return Checkpoint.open(ORIGINAL, tmp_path)
+
+
+def test_truncated_conds_names_the_file_and_the_fix(tmp_path):
+    from chorus.models.loading import CheckpointFileError
+    from chorus.models.random_checkpoint import random_builtin_voice
+
+    ckpt = _conds_checkpoint(tmp_path)
+    torch.save(random_builtin_voice(ORIGINAL, 0), tmp_path / "conds.pt")
+    data = (tmp_path / "conds.pt").read_bytes()
+    (tmp_path / "conds.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointFileError) as info:
+        ckpt.builtin_voice_state()
+    assert str(tmp_path / "conds.pt") in str(info.value) and "download it again" in str(info.value)
+
+
+def test_conds_with_python_objects_is_refused_without_suggesting_unsafe_loading(tmp_path):
+    from chorus.models.loading import CheckpointFileError
+
+    ckpt = _conds_checkpoint(tmp_path)
+    torch.save({"t3": {"obj": Path("x")}, "gen": {}}, tmp_path / "conds.pt")  # not weights-only loadable
+    with pytest.raises(CheckpointFileError) as info:
+        ckpt.builtin_voice_state()
+    message = str(info.value)
+    assert str(tmp_path / "conds.pt") in message and "weights_only" not in message and "\n" not in message
+
+
+def test_truncated_safetensors_names_the_file_and_the_fix(tmp_path):
+    save_file({"w": torch.arange(300.0)}, str(tmp_path / "x.safetensors"))
+    data = (tmp_path / "x.safetensors").read_bytes()
+    (tmp_path / "x.safetensors").write_bytes(data[:-100])
+    with pytest.raises(ValueError) as info:
+        read_state_dict(tmp_path / "x.safetensors")
+    assert str(tmp_path / "x.safetensors") in str(info.value) and "download it again" in str(info.value)
+
+
+# ---- an unreachable hub ----------------------------------------------------------------------
+
+def test_unreachable_hub_uses_a_complete_cached_snapshot(tmp_path, monkeypatch):
+    import huggingface_hub.constants as hub_constants
+
+    from chorus.models import loading
+
+    repo = tmp_path / "models--ResembleAI--chatterbox"
+    commit = "1" * 40
+    snap = repo / "snapshots" / commit
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    _touch_required(snap)
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(loading, "hub_unreachable_reason", lambda endpoint: "connection refused")
+    assert resolve_checkpoint_dir(ORIGINAL, None, cache_dir=tmp_path) == snap
+
+
+def test_hub_probe_reports_a_closed_port_at_once():
+    import socket
+    import time
+
+    from chorus.models.loading import hub_unreachable_reason
+
+    with socket.socket() as s:  # a port that was free a moment ago
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.monotonic()
+    assert hub_unreachable_reason(f"http://127.0.0.1:{port}", timeout=2.0) is not None
+    assert time.monotonic() - start < 20

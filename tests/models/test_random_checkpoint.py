@@ -78,8 +78,10 @@ def test_cli_check_reports_an_unreadable_file(tmp_path, capsys):
     variant = get_variant("nano")
     out = write_random_checkpoint(variant, tmp_path, components=("t3", "voice_encoder", "tokenizer"))
     (out / variant.files.s3gen).write_bytes(b"")  # present but unreadable
-    assert main(["checkpoint", "check", "--variant", "nano", "--checkpoint", str(out)]) == 2
-    assert "could not read checkpoint file" in capsys.readouterr().err
+    assert main(["checkpoint", "check", "--variant", "nano", "--checkpoint", str(out)]) == 1
+    report = capsys.readouterr().out
+    assert "s3gen_meanflow.safetensors: ERROR (could not read checkpoint file" in report
+    assert "ve.safetensors: ok" in report  # the other files are still checked
 
 
 def test_cli_check_reports_a_wrong_shape(tmp_path, capsys):
@@ -99,3 +101,27 @@ def test_cli_check_reports_a_wrong_shape(tmp_path, capsys):
 
 def test_all_components_listed():
     assert COMPONENTS == ("t3", "voice_encoder", "s3gen", "tokenizer", "conds")
+
+
+def test_interrupted_write_leaves_no_directory(tmp_path, monkeypatch):
+    import chorus.text
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(chorus.text, "write_standin_tokenizer_files", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_random_checkpoint(tiny_variant("turbo"), tmp_path / "ckpt", components=("t3", "tokenizer"))
+    assert list(tmp_path.iterdir()) == []  # neither the directory nor its temporary
+
+
+def test_an_earlier_random_checkpoint_is_replaced_but_other_content_is_refused(tmp_path):
+    variant = tiny_variant("turbo")
+    out = write_random_checkpoint(variant, tmp_path / "ckpt", seed=1, components=("t3",))
+    write_random_checkpoint(variant, out, seed=2, components=("conds",))
+    assert sorted(p.name for p in out.iterdir()) == ["CHORUS_RANDOM_WEIGHTS.txt", variant.files.conds]
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "t3_cfg.safetensors").write_bytes(b"weights")
+    with pytest.raises(FileExistsError, match="not empty"):
+        write_random_checkpoint(variant, tmp_path / "real", components=("conds",))
+    assert [p.name for p in (tmp_path / "real").iterdir()] == ["t3_cfg.safetensors"]

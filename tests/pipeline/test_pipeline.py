@@ -11,7 +11,7 @@ import pytest
 from chorus.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chorus.pipeline.pipeline import Pipeline, PipelineConfig
 from chorus.pipeline.request import SpeechRequest
-from chorus.pipeline.stream import PipelineError
+from chorus.pipeline.errors import PipelineError
 from chorus.synthesis import Synthesizer
 from chorus.vocoder import VocoderConfig
 from chorus.vocoder.quality import one_pass_config

@@ -84,6 +84,7 @@ def postprocess_speech_tokens(tokens: TokenSeq, variant: Variant | TokenRules) -
     """
     rules = variant if isinstance(variant, TokenRules) else TokenRules.for_variant(variant)
     ids = [int(t) for t in (tokens.reshape(-1).tolist() if isinstance(tokens, torch.Tensor) else tokens)]
+    generated = len(ids)
     if rules.cut_at_markers:
         start = ids.index(rules.bos) + 1 if rules.bos in ids else 0
         end = ids.index(rules.eos) if rules.eos in ids else len(ids)
@@ -92,6 +93,13 @@ def postprocess_speech_tokens(tokens: TokenSeq, variant: Variant | TokenRules) -
     if len(valid) != len(ids) and not rules.filter_invalid:
         logger.warning("dropped %d speech token(s) outside 0..%d that S3Gen cannot vocode",
                        len(ids) - len(valid), rules.num_codes - 1)
+    elif len(valid) != generated and rules.cut_at_markers:
+        # Forced lengths (min/max_new_tokens) then give shorter audio than 25 tokens/s suggests:
+        # say why, as the multilingual message above does.
+        logger.warning("S3Gen vocodes %d of %d speech tokens: the clean-up keeps only the span between the "
+                       "first start (%d) and stop (%d) markers (%d cut) and drops ids outside 0..%d (%d dropped)",
+                       len(valid), generated, rules.bos, rules.eos, generated - len(ids), rules.num_codes - 1,
+                       len(ids) - len(valid))
     return valid + [SILENCE_TOKEN] * rules.silence_tokens
 
 

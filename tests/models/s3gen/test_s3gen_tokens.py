@@ -59,3 +59,15 @@ def test_item_generators_share_one_stream_on_the_cpu():
     main, phases = item_generators(3, "cpu")
     assert main is phases
     assert torch.equal(torch.rand(4, generator=main), torch.rand(4, generator=torch.Generator().manual_seed(3)))
+
+
+def test_original_says_why_fewer_tokens_are_vocoded(caplog):
+    with caplog.at_level(logging.WARNING):
+        assert postprocess_speech_tokens([1, 2, BOS, 3, 7000, 4, EOS, 5], get_variant("original")) == [3, 4]
+    assert "vocodes 2 of 8 speech tokens" in caplog.text and "markers (5 cut)" in caplog.text
+
+
+def test_nothing_is_said_when_every_token_is_vocoded(caplog):
+    with caplog.at_level(logging.WARNING):
+        postprocess_speech_tokens([1, 2, 3], get_variant("original"))
+    assert caplog.records == []

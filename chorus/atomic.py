@@ -1,0 +1,97 @@
+"""Writing files and directories atomically.
+
+Every file or directory a command produces is first written under a temporary name in the same
+directory (``.NAME.tmp-XXXX``, hidden) and renamed into place only when complete, so an
+interrupted or failed run leaves either the previous output or nothing: never something that
+looks like output but is cut short. The temporary is removed on every exit path, Ctrl-C included.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+TEMP_MARK = ".tmp-"
+
+
+def temporary_sibling(path: str | os.PathLike) -> Path:
+    """A fresh hidden name next to ``path`` (same directory, so a rename is atomic)."""
+    path = Path(path)
+    return path.with_name(f".{path.name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+@contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path to write; on success it replaces ``path``, on any exception
+    (KeyboardInterrupt included) it is removed and ``path`` is left as it was."""
+    path = Path(path)
+    tmp = temporary_sibling(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    with atomic_file(path) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+@contextmanager
+def atomic_directory(path: str | os.PathLike, *, replaceable=lambda existing: False) -> Iterator[Path]:
+    """Yield an empty temporary directory to fill; on success it becomes ``path``.
+
+    ``path`` may be absent or an empty directory. An existing non-empty directory is replaced
+    only when ``replaceable(path)`` says so (e.g. an earlier random checkpoint), else
+    :class:`FileExistsError` is raised before anything is written. Parents are created.
+    """
+    path = Path(path)
+    check_directory_target(path, replaceable)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(path)
+    tmp.mkdir()
+    old: Path | None = None
+    try:
+        yield tmp
+        if path.is_dir() and any(path.iterdir()):
+            old = temporary_sibling(path)
+            os.replace(path, old)
+        os.replace(tmp, path)  # onto an absent or empty directory
+    except BaseException:
+        _remove(tmp)
+        if old is not None and not path.exists():
+            os.replace(old, path)
+            old = None
+        raise
+    finally:
+        if old is not None:
+            _remove(old)
+
+
+def check_directory_target(path: str | os.PathLike, replaceable=lambda existing: False) -> None:
+    """Raise unless ``path`` can become an output directory (see :func:`atomic_directory`)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(f"{path} exists and is not a directory")
+    if path.is_dir() and any(path.iterdir()) and not replaceable(path):
+        raise FileExistsError(f"{path} exists and is not empty; choose a new directory")
