@@ -1,0 +1,248 @@
+"""``chorus bench offline`` and ``chorus bench stream``: the whole text-to-audio path.
+
+Output lengths are fixed like ``chorus bench t3`` does (``tokens_per_char`` speech tokens per
+input character; EOS banned until then), so random weights give a trained model's amount of work.
+
+- offline: benchmark-text-1 (or ``--text-file``) chunked at sentences, every chunk submitted at
+  once through the pipeline, one voice; T3 busy time, S3Gen busy time, wall time and their
+  overlap. With ``reference``, the reference package's ``generate()`` (as shipped: one chunk at a
+  time, fp32) on the first ``reference_chunks`` chunks, on the same weights and device, reported
+  per second of audio, so the speed-up is a ratio measured side by side.
+- stream: N concurrent streaming requests of one sentence each, per concurrency level: time to
+  first audio, the gaps between audio pieces, each stream's real-time factor and stalls (a stall
+  is a piece that arrives after the audio before it has finished playing).
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from chorus.bench.t3_bench import workload_chunks
+from chorus.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from chorus.models.loading import Checkpoint, parse_device, resolve_dtype
+from chorus.models.random_checkpoint import write_random_checkpoint
+from chorus.models.s3gen.s3gen import SAMPLE_RATE
+from chorus.models.variants import get_variant
+from chorus.pipeline.models import SpeechModels
+from chorus.pipeline.pipeline import Pipeline, PipelineConfig
+from chorus.pipeline.request import SpeechRequest
+from chorus.vocoder import VocoderConfig
+
+STREAM_TEXT = ("The quick brown fox jumps over the lazy dog, and then it runs back into the forest "
+               "to find its friends before the sun goes down.")
+
+
+@dataclass
+class PipelineBenchConfig:
+    variant: str = "turbo"
+    checkpoint: str | None = None  # None: random weights in a temporary directory
+    dtype: str = "auto"
+    device: str = "auto"
+    text_file: str | None = None
+    max_chars: int = 400
+    tokens_per_char: float = 1.6
+    cfg_weight: float = 0.5
+    flow_steps: int | None = None  # None: the variant's (10, meanflow 2)
+    reference: bool = False
+    reference_chunks: int = 3
+    concurrency: tuple[int, ...] = (1, 16, 64, 256)
+    stream_text: str = STREAM_TEXT
+    max_num_seqs: int = 512
+    max_num_batched_tokens: int = 16384
+    max_model_len: int = 2048
+    kv_cache_gib: float = 40.0  # on CUDA; the CPU runs with 1 GiB
+    cuda_graphs: bool = True
+    vocoder: VocoderConfig | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _pipeline(models: SpeechModels, cfg: PipelineBenchConfig) -> Pipeline:
+    cuda = models.device.type == "cuda"
+    engine = EngineConfig(
+        variant=models.variant.name, default_deadline_s=None,
+        cache=CacheConfig(kv_cache_bytes=int((cfg.kv_cache_gib if cuda else 1.0) * 2**30)),
+        scheduler=SchedulerConfig(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+                                  max_model_len=cfg.max_model_len))
+    return Pipeline(models, PipelineConfig(engine=engine, vocoder=cfg.vocoder, max_chars=cfg.max_chars,
+                                           cuda_graphs=cfg.cuda_graphs)).start()
+
+
+def _request(models: SpeechModels, cfg: PipelineBenchConfig, text: str, seed: int, *, stream: bool) -> SpeechRequest:
+    n = max(1, round(cfg.tokens_per_char * len(text)))
+    return SpeechRequest(text, seed=seed, max_new_tokens=n, min_new_tokens=n, flow_steps=cfg.flow_steps,
+                         cfg_weight=cfg.cfg_weight if models.variant.t3.supports_cfg else None,
+                         normalize=False, stream=stream)
+
+
+def _warm_up(pipe: Pipeline, models: SpeechModels, cfg: PipelineBenchConfig) -> None:
+    """A few short requests, streamed and not, so lazy initialisation is not timed."""
+    texts = ["Warm up, one two three.", "A second warm-up sentence."]
+    pipe.generate([_request(models, cfg, t, i, stream=i % 2 == 1) for i, t in enumerate(texts)])
+
+
+def bench_offline(models: SpeechModels, cfg: PipelineBenchConfig, chunks: list[str]) -> dict:
+    pipe = _pipeline(models, cfg)
+    try:
+        _warm_up(pipe, models, cfg)
+        before = pipe.stats()
+        requests = [_request(models, cfg, c, i, stream=False) for i, c in enumerate(chunks)]
+        _sync(models.device)
+        start = time.perf_counter()
+        results = pipe.generate(requests)
+        _sync(models.device)
+        wall = time.perf_counter() - start
+        after = pipe.stats()
+    finally:
+        pipe.close()
+    tokens = sum(ch.speech_tokens for r in results for ch in r.chunks)
+    expected = sum(max(1, round(cfg.tokens_per_char * len(c))) for c in chunks)
+    assert tokens == expected, f"fixed lengths were not honoured ({tokens} != {expected})"
+    audio = sum(r.duration for r in results)
+    t3_s = after.t3_busy_s - before.t3_busy_s
+    s3gen_s = after.vocoder_busy_s - before.vocoder_busy_s
+    return {"chunks": len(chunks), "speech_tokens": tokens, "audio_seconds": round(audio, 2),
+            "t3_seconds": round(t3_s, 3), "s3gen_seconds": round(s3gen_s, 3), "total_seconds": round(wall, 3),
+            "overlap_seconds": round(max(0.0, t3_s + s3gen_s - wall), 3),
+            "x_realtime": round(audio / wall, 1), "seconds_per_audio_second": round(wall / audio, 5)}
+
+
+def bench_stream(pipe: Pipeline, models: SpeechModels, cfg: PipelineBenchConfig, concurrency: int) -> dict:
+    """``concurrency`` streaming requests submitted at once; per stream the arrival time of
+    every audio piece."""
+    before = pipe.stats()
+    requests = [_request(models, cfg, cfg.stream_text, i, stream=True) for i in range(concurrency)]
+    plans = [pipe.plan(r) for r in requests]
+    arrivals: list[list[tuple[float, int]]] = [[] for _ in plans]
+    starts = [0.0] * len(plans)
+    errors: list[str] = []
+
+    def consume(i: int) -> None:
+        try:
+            starts[i] = time.perf_counter()
+            for piece in pipe.submit(plans[i]):
+                arrivals[i].append((time.perf_counter(), piece.samples.size))
+        except Exception as exc:  # noqa: BLE001 - reported in the JSON
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(len(plans))]
+    begin = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - begin
+    stats = pipe.stats()
+    ttfa, gaps, rtf, stalls = [], [], [], []
+    for start, pieces in zip(starts, arrivals):
+        audible = [(t, n) for t, n in pieces if n]
+        if not audible:
+            continue
+        ttfa.append(audible[0][0] - start)
+        times = [t for t, _ in audible]
+        gaps.extend(np.diff(times).tolist())
+        audio = sum(n for _, n in audible) / SAMPLE_RATE
+        rtf.append(audio / max(times[-1] - start, 1e-9))
+        played, stall = 0.0, 0.0  # playback starts at the first piece
+        for (t, n) in audible:
+            due = times[0] + played + stall
+            stall += max(0.0, t - due)
+            played += n / SAMPLE_RATE
+        stalls.append(stall)
+
+    def pct(values, q):
+        return round(float(np.percentile(values, q)), 4) if values else None
+
+    return {"concurrency": concurrency, "errors": errors[:5], "num_errors": len(errors), "wall_seconds": round(wall, 3),
+            "ttfa_s": {"p50": pct(ttfa, 50), "p90": pct(ttfa, 90), "p99": pct(ttfa, 99), "max": pct(ttfa, 100)},
+            "gap_s": {"p50": pct(gaps, 50), "p99": pct(gaps, 99), "max": pct(gaps, 100)},
+            "rtf": {"min": pct(rtf, 0), "p50": pct(rtf, 50)},
+            "streams_faster_than_realtime": sum(1 for s in stalls if s == 0.0),
+            "stall_s": {"p50": pct(stalls, 50), "max": pct(stalls, 100)},
+            "t3_busy_s": round(stats.t3_busy_s - before.t3_busy_s, 3),
+            "s3gen_busy_s": round(stats.vocoder_busy_s - before.vocoder_busy_s, 3)}
+
+
+def _load(cfg: PipelineBenchConfig, tmp: str) -> tuple[SpeechModels, Path, bool]:
+    variant = get_variant(cfg.variant)
+    device = parse_device(cfg.device)
+    random_weights = cfg.checkpoint is None
+    location = cfg.checkpoint or write_random_checkpoint(variant, tmp)
+    ckpt = Checkpoint.open(variant, location)
+    random_weights = random_weights or ckpt.has_random_weights
+    models = SpeechModels.load(variant, ckpt, dtype=resolve_dtype(cfg.dtype, device), device=device,
+                               voice_models=False)
+    return models, ckpt.directory, random_weights
+
+
+def _header(models: SpeechModels, cfg: PipelineBenchConfig, random_weights: bool) -> dict:
+    device = models.device
+    flow_steps = cfg.flow_steps or models.variant.s3gen.flow_steps
+    return {"variant": models.variant.name, "dtype": str(models.t3.dtype).removeprefix("torch."),
+            "device": str(device),
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "random_weights": random_weights, "tokens_per_char": cfg.tokens_per_char,
+            "cfg_weight": cfg.cfg_weight if models.variant.t3.supports_cfg else 0.0,
+            "flow_steps": flow_steps, "torch": torch.__version__}
+
+
+def run_offline(cfg: PipelineBenchConfig) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        models, directory, random_weights = _load(cfg, tmp)
+        chunks = workload_chunks(cfg)
+        report = _header(models, cfg, random_weights)
+        report["offline"] = bench_offline(models, cfg, chunks)
+        if cfg.reference:
+            report["reference"] = _reference(models, cfg, directory, chunks)
+            ref = report["reference"]
+            if "seconds_per_audio_second" in ref:
+                report["speedup_vs_reference"] = round(
+                    ref["seconds_per_audio_second"] / report["offline"]["seconds_per_audio_second"], 1)
+    return report
+
+
+def _reference(models: SpeechModels, cfg: PipelineBenchConfig, directory: Path, chunks: list[str]) -> dict:
+    from chorus.bench.reference_pipeline import run_reference_pipeline
+
+    subset = chunks[: cfg.reference_chunks]
+    del_models = models.device.type == "cuda"  # the reference needs the memory on one GPU
+    if del_models:
+        torch.cuda.empty_cache()
+    try:
+        return run_reference_pipeline(models.variant, directory, subset,
+                                      [max(1, round(cfg.tokens_per_char * len(c))) for c in subset],
+                                      cfg_weight=cfg.cfg_weight, device=models.device)
+    except Exception as exc:  # noqa: BLE001 - our figures stay valid without the ratio
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def run_stream(cfg: PipelineBenchConfig) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        models, _, random_weights = _load(cfg, tmp)
+        report = _header(models, cfg, random_weights)
+        report["stream_text_chars"] = len(cfg.stream_text)
+        pipe = _pipeline(models, cfg)
+        try:
+            _warm_up(pipe, models, cfg)
+            report["stream"] = [bench_stream(pipe, models, cfg, n) for n in cfg.concurrency]
+        finally:
+            pipe.close()
+    return report
+
+
+def write_report(report: dict, out: str | None) -> None:
+    text = json.dumps(report, indent=2)
+    if out:
+        Path(out).write_text(text)
+    print(text)

@@ -1,0 +1,38 @@
+"""``chorus bench offline`` / ``stream`` measure what they claim, on tiny models on the CPU (so
+the benchmark cannot rot between GPU runs)."""
+from __future__ import annotations
+
+from chorus.bench.pipeline_bench import PipelineBenchConfig, _pipeline, _warm_up, bench_offline, bench_stream
+from tests.pipeline.tiny_pipeline import tiny_models
+
+CHUNKS = ["Hello there, this is the first chunk.", "And here is a second one."]
+
+
+def test_offline_reports_every_stage_and_honours_fixed_lengths():
+    models = tiny_models("turbo")
+    cfg = PipelineBenchConfig(variant="turbo", tokens_per_char=0.5, max_num_seqs=16,
+                              max_num_batched_tokens=2048, max_model_len=1024)
+    report = bench_offline(models, cfg, CHUNKS)
+    assert report["chunks"] == 2
+    assert report["speech_tokens"] == sum(round(0.5 * len(c)) for c in CHUNKS)
+    assert report["audio_seconds"] > 0 and report["total_seconds"] > 0
+    assert report["t3_seconds"] > 0 and report["s3gen_seconds"] > 0
+    assert abs(report["x_realtime"] - report["audio_seconds"] / report["total_seconds"]) < 0.2
+
+
+def test_stream_reports_time_to_first_audio_per_concurrency_level():
+    models = tiny_models("original")
+    cfg = PipelineBenchConfig(variant="original", tokens_per_char=0.4, max_num_seqs=16,
+                              max_num_batched_tokens=2048, max_model_len=1024, flow_steps=2)
+    pipe = _pipeline(models, cfg)
+    try:
+        _warm_up(pipe, models, cfg)
+        levels = [bench_stream(pipe, models, cfg, n) for n in (1, 3)]
+    finally:
+        pipe.close()
+    for level, n in zip(levels, (1, 3)):
+        assert level["concurrency"] == n and level["num_errors"] == 0
+        assert 0 < level["ttfa_s"]["p50"] <= level["ttfa_s"]["max"] < level["wall_seconds"] + 1e-6
+        assert level["rtf"]["min"] > 0
+        assert 0 <= level["streams_faster_than_realtime"] <= n
+    assert not pipe.engine.has_unfinished_requests()
