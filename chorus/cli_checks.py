@@ -17,7 +17,7 @@ def check_input_file(path: str | os.PathLike, option: str) -> Path:
     """``path`` exists and is a readable file."""
     p = Path(path).expanduser()
     if not p.exists():
-        raise PathCheckError(f"{option} {os.fspath(path)}: no such file")
+        raise PathCheckError(f"{option} {os.fspath(path)}: file not found")
     if not p.is_file():
         raise PathCheckError(f"{option} {os.fspath(path)} is not a file")
     if not os.access(p, os.R_OK):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install Chorus into .venv, write a random-weight Turbo checkpoint in the official layout and
+# Install Chorus into .venv (the product environment; tests use .venv-test), write a random-weight Turbo checkpoint in the official layout and
 # synthesise a sentence with it (the model has random weights: it speaks noise).
 #   bash scripts/demo.sh ["text to speak"]
 set -euo pipefail
@@ -8,7 +8,9 @@ VENV=${VENV:-.venv}
 PY=${PYTHON:-python3}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q "torch==${CHORUS_TORCH_VERSION:-2.13.0}"
+# CPU wheel unless asked otherwise (PyPI's default Linux torch is the much larger CUDA build).
+"$VENV/bin/python" -m pip install -q "torch==${CHORUS_TORCH_VERSION:-2.13.0}" \
+  --index-url "${CHORUS_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" --extra-index-url https://pypi.org/simple
 "$VENV/bin/python" -m pip install -q -e .
 
 CKPT=${CHORUS_DEMO_CHECKPOINT:-.ckpt/turbo-random}

@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
 # Build a virtual environment with Chorus, its test tools and the reference oracle
 # (chatterbox-tts 0.1.7 on the CPU, used only by parity tests; see docs/testing.md).
+# The oracle pins older numpy, huggingface_hub, safetensors and tokenizers, so this environment
+# is kept apart from the product's (.venv, made by scripts/demo.sh): never point it there.
 #
-#   bash scripts/install-test-env.sh [VENV_DIR]     (default: .venv)
+#   bash scripts/install-test-env.sh [VENV_DIR]     (default: .venv-test)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-VENV=${1:-.venv}
+VENV=${1:-.venv-test}
+if [[ "$VENV" == ".venv" || "$VENV" == "./.venv" ]]; then
+  echo "install-test-env.sh: .venv is the product environment (scripts/demo.sh); use .venv-test" >&2
+  exit 2
+fi
 PY=${PYTHON:-python3}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install -q)
 
-# The CPU build of torch; on a machine with a CUDA wheel index this picks that build instead.
-"${PIP[@]}" "torch==${CHORUS_TORCH_VERSION:-2.13.0}"
+# The CPU build of torch (CI has no GPU); CHORUS_TORCH_INDEX picks another PyTorch index.
+"${PIP[@]}" "torch==${CHORUS_TORCH_VERSION:-2.13.0}" \
+  --index-url "${CHORUS_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" --extra-index-url https://pypi.org/simple
 "${PIP[@]}" -e ".[test]"
 # Triton runs the paged-attention kernel tests on the CPU through its interpreter.
 "${PIP[@]}" "triton==3.6.0"

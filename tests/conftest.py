@@ -28,6 +28,16 @@ def _import_oracle():
     return chatterbox
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _shared_checkpoints_under_pytest_temp(tmp_path_factory):
+    """Big shared checkpoints go under pytest's base temp dir (see pyproject's tmp_path_*)."""
+    from tests.voices import checkpoints
+
+    checkpoints.BASE[:] = [tmp_path_factory.getbasetemp()]
+    yield
+    checkpoints.BASE.clear()
+
+
 @pytest.fixture(scope="session")
 def oracle():
     """The imported reference package; skips (or fails under CI) when it is missing."""

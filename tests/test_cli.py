@@ -72,13 +72,13 @@ def _path_cases(ckpt: str, tmp: Path) -> dict[str, tuple[list[str], str]]:
     (tmp / "taken").write_text("a file")
     return {
         "synth --out": ([*synth, "--out", str(missing_dir / "o.wav"), "Hi."], "does not exist"),
-        "synth --text-file": ([*synth, "--out", str(tmp / "o.wav"), "--text-file", str(tmp / "no.txt")], "no such file"),
+        "synth --text-file": ([*synth, "--out", str(tmp / "o.wav"), "--text-file", str(tmp / "no.txt")], "file not found"),
         "synth --voice": ([*synth, "--out", str(tmp / "o.wav"), "--voice", str(tmp / "no.safetensors"), "Hi."],
-                          "no such file"),
+                          "file not found"),
         "voice --out": ([*voice, "--audio", CLIP, "--out", str(missing_dir / "v.safetensors")], "does not exist"),
-        "voice --audio": ([*voice, "--audio", str(tmp / "no.wav"), "--out", str(tmp / "v.safetensors")], "no such file"),
+        "voice --audio": ([*voice, "--audio", str(tmp / "no.wav"), "--out", str(tmp / "v.safetensors")], "file not found"),
         "bench --out": ([*bench, "--out", str(missing_dir / "b.json")], "does not exist"),
-        "bench --text-file": ([*bench, "--text-file", str(tmp / "no.txt")], "no such file"),
+        "bench --text-file": ([*bench, "--text-file", str(tmp / "no.txt")], "file not found"),
         "checkpoint random --out": (["checkpoint", "random", "--variant", "nano", "--out", str(tmp / "taken")],
                                     "not a directory"),
     }

@@ -205,6 +205,7 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="where the JSON results go")
     parser.add_argument("--quick", action="store_true", help="a smaller sweep")
     args = parser.parse_args()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # fail before the sweep, not after it
     import triton
 
     started = time.time()
@@ -238,8 +239,9 @@ def main() -> None:
         "copy_bandwidth_GBps": round(copy_gbps, 1), "all_ok": all(r.get("ok", True) for r in rows),
         "rows": rows, "best_decode": best, "seconds": round(time.time() - started, 1),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    from chorus.atomic import atomic_write_text
+
+    atomic_write_text(args.out, json.dumps(result, indent=1))
 
     print(f"\ncopy bandwidth {copy_gbps:.0f} GB/s; all outputs within bounds: {result['all_ok']}")
     print(f"{'batch':>5} {'ctx':>5} | {'default us':>10} {'GB/s':>6} {'splits':>6} | "

@@ -71,7 +71,7 @@ def test_cli_writes_a_full_nano_checkpoint_that_checks_clean(tmp_path, capsys):
         assert sorted(f.keys()) == sorted(s.name for s in reference_key_specs("s3genmf"))
     assert main(["checkpoint", "check", "--variant", "nano", "--checkpoint", str(out)]) == 0
     report = capsys.readouterr().out
-    assert "MISMATCH" not in report and "conds.pt: present" in report
+    assert "MISMATCH" not in report and "ERROR" not in report and "conds.pt: ok" in report
 
 
 def test_cli_check_reports_an_unreadable_file(tmp_path, capsys):
