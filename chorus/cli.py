@@ -126,7 +126,20 @@ def _pipeline_bench_config(args: argparse.Namespace):
         cfg_weight=args.cfg_weight, flow_steps=args.flow_steps, reference=getattr(args, "reference", False),
         reference_chunks=getattr(args, "reference_chunks", 3),
         concurrency=tuple(int(c) for c in getattr(args, "concurrency", "1").split(",")),
-        cuda_graphs=not args.no_cuda_graphs)
+        cuda_graphs=not args.no_cuda_graphs, vocoder=_vocoder_config(args))
+
+
+def _vocoder_config(args: argparse.Namespace):
+    from dataclasses import replace
+
+    from chorus.vocoder import VocoderConfig
+
+    changes = {name: value for name, value in (
+        ("first_window_tokens", args.first_window), ("max_window_tokens", args.max_window),
+        ("max_batch_items", args.vocoder_batch)) if value is not None}
+    if args.no_stage_timing:
+        changes["time_stages"] = False
+    return replace(VocoderConfig(), **changes)
 
 
 def _cmd_bench_offline(args: argparse.Namespace) -> int:
@@ -153,6 +166,11 @@ def _add_pipeline_bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cfg-weight", type=float, default=0.5, help="T3 CFG weight for variants with CFG")
     p.add_argument("--flow-steps", type=int, default=None, help="S3Gen solver steps (default: the variant's)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run T3 decode steps eagerly")
+    p.add_argument("--first-window", type=int, default=None, help="speech tokens in a stream's first vocoder window")
+    p.add_argument("--max-window", type=int, default=None, help="speech tokens in later vocoder windows at most")
+    p.add_argument("--vocoder-batch", type=int, default=None, help="vocoder items per batched pass at most")
+    p.add_argument("--no-stage-timing", action="store_true",
+                   help="do not synchronise the GPU to time the vocoder's stages (faster; no stage breakdown)")
     p.add_argument("--out", "-o", default=None, help="also write the JSON report to this file")
 
 

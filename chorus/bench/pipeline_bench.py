@@ -18,7 +18,7 @@ import json
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -59,7 +59,7 @@ class PipelineBenchConfig:
     max_model_len: int = 2048
     kv_cache_gib: float = 40.0  # on CUDA; the CPU runs with 1 GiB
     cuda_graphs: bool = True
-    vocoder: VocoderConfig | None = None
+    vocoder: VocoderConfig | None = None  # None: VocoderConfig()
     extra: dict = field(default_factory=dict)
 
 
@@ -87,8 +87,9 @@ def _request(models: SpeechModels, cfg: PipelineBenchConfig, text: str, seed: in
 
 
 def _warm_up(pipe: Pipeline, models: SpeechModels, cfg: PipelineBenchConfig) -> None:
-    """A few short requests, streamed and not, so lazy initialisation is not timed."""
-    texts = ["Warm up, one two three.", "A second warm-up sentence."]
+    """Requests of a few lengths, streamed and not, so that one-time work (kernel compilation
+    for new shapes, allocator growth) is not timed."""
+    texts = ["Warm up, one two three.", "A second warm-up sentence.", cfg.stream_text, cfg.stream_text[:60]]
     pipe.generate([_request(models, cfg, t, i, stream=i % 2 == 1) for i, t in enumerate(texts)])
 
 
@@ -126,13 +127,16 @@ def bench_stream(pipe: Pipeline, models: SpeechModels, cfg: PipelineBenchConfig,
     plans = [pipe.plan(r) for r in requests]
     arrivals: list[list[tuple[float, int]]] = [[] for _ in plans]
     starts = [0.0] * len(plans)
+    first_tokens: list[float] = []
     errors: list[str] = []
 
     def consume(i: int) -> None:
         try:
             starts[i] = time.perf_counter()
-            for piece in pipe.submit(plans[i]):
+            stream = pipe.submit(plans[i])
+            for piece in stream:
                 arrivals[i].append((time.perf_counter(), piece.samples.size))
+            first_tokens.append(stream.result().timings.get("first_token_s", float("nan")))
         except Exception as exc:  # noqa: BLE001 - reported in the JSON
             errors.append(f"{type(exc).__name__}: {exc}")
 
@@ -166,6 +170,7 @@ def bench_stream(pipe: Pipeline, models: SpeechModels, cfg: PipelineBenchConfig,
 
     return {"concurrency": concurrency, "errors": errors[:5], "num_errors": len(errors), "wall_seconds": round(wall, 3),
             "ttfa_s": {"p50": pct(ttfa, 50), "p90": pct(ttfa, 90), "p99": pct(ttfa, 99), "max": pct(ttfa, 100)},
+            "first_token_s": {"p50": pct(first_tokens, 50), "p99": pct(first_tokens, 99)},
             "gap_s": {"p50": pct(gaps, 50), "p99": pct(gaps, 99), "max": pct(gaps, 100)},
             "rtf": {"min": pct(rtf, 0), "p50": pct(rtf, 50)},
             "streams_faster_than_realtime": sum(1 for s in stalls if s == 0.0),
@@ -194,7 +199,8 @@ def _header(models: SpeechModels, cfg: PipelineBenchConfig, random_weights: bool
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "random_weights": random_weights, "tokens_per_char": cfg.tokens_per_char,
             "cfg_weight": cfg.cfg_weight if models.variant.t3.supports_cfg else 0.0,
-            "flow_steps": flow_steps, "torch": torch.__version__}
+            "flow_steps": flow_steps, "vocoder": asdict(cfg.vocoder or VocoderConfig()),
+            "torch": torch.__version__}
 
 
 def run_offline(cfg: PipelineBenchConfig) -> dict:

@@ -105,6 +105,7 @@ class _RequestState:
     submitted: float
     progress: Callable[[Progress], None] | None = None
     next_chunk: int = 0  # first chunk not yet fully delivered
+    first_token: float | None = None  # T3's first token of the first chunk
     first_audio: float | None = None
 
     def job_id(self, index: int) -> str:
@@ -296,6 +297,8 @@ class Pipeline:
         if event.new_token is not None:
             job.tokens.append(event.new_token)
             touched.add(event.request_id)
+            if job.index == 0 and job.request.first_token is None:
+                job.request.first_token = time.monotonic()
         reason = event.finish_reason
         if reason is None:
             return
@@ -367,6 +370,8 @@ class Pipeline:
         chunks = tuple(ChunkResult(c.text, c.seed, len(j.tokens), j.t3_reason or "eos", w.size)
                        for c, j, w in zip(plan.chunks, state.jobs, waves))
         timings = {"total_s": now - state.submitted}
+        if state.first_token is not None:
+            timings["first_token_s"] = state.first_token - state.submitted
         if state.first_audio is not None:
             timings["first_audio_s"] = state.first_audio - state.submitted
         self.requests_done += 1

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from chorus.models.s3gen.s3gen import SAMPLES_PER_TOKEN, SILENCE_TOKEN, TokenRules
+from chorus.models.s3gen.s3gen import SAMPLE_RATE, SAMPLES_PER_TOKEN, SILENCE_TOKEN, TokenRules
 from chorus.voices import Voice
 
 logger = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ class StreamState:
     sent: int = 0  # samples sent
     tail: torch.Tensor = field(default_factory=lambda: torch.zeros(0))  # held audio after `sent`
     passes: int = 0
+    first_sent_at: float | None = None  # stage clock when its first audio left
 
 
 @dataclass
@@ -87,6 +88,8 @@ class Job:
     cfg_rate: float | None
     rules: TokenRules
     order: int
+    added_at: float = 0.0  # stage clock at add()
+    final_at: float | None = None  # stage clock when T3 was done
     stream: StreamState | None = None
     tokens: list[int] = field(default_factory=list)
     final: bool = False
@@ -136,6 +139,18 @@ class Job:
             return self.tokens[:stream.next_threshold + holdback], False
         assert self.final
         return self.tokens + [SILENCE_TOKEN] * self.rules.silence_tokens, True
+
+    def deadline(self) -> float:
+        """When this job's next pass is due, on the stage clock (earliest deadline first): a
+        stream that has sent nothing is due since it was added (time to first audio); one that
+        has audio out is due when its listener would run out of it; a non-streaming job is due
+        since its tokens were complete."""
+        stream = self.stream
+        if stream is None:
+            return self.final_at if self.final_at is not None else self.added_at
+        if stream.first_sent_at is None:
+            return self.added_at
+        return stream.first_sent_at + stream.sent / SAMPLE_RATE
 
     def is_ready(self, holdback: int) -> bool:
         if self.final:

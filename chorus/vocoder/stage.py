@@ -11,7 +11,7 @@ import contextlib
 import logging
 import math
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -30,8 +30,11 @@ logger = logging.getLogger(__name__)
 class VocoderStage:
     """Batched, streaming S3Gen for many concurrent jobs; see the module docstring."""
 
-    def __init__(self, s3gen: S3Gen, config: VocoderConfig | None = None):
+    def __init__(self, s3gen: S3Gen, config: VocoderConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        """``clock`` orders passes by deadline (see ``Job.deadline``); tests may pass a fake one."""
         self.s3gen = s3gen
+        self._clock = clock
         self.config = config or VocoderConfig()
         self.voices = VoiceCache(s3gen.flow, self.config.voice_cache_size)
         self._jobs: dict[str, Job] = {}
@@ -53,7 +56,8 @@ class VocoderStage:
         if n_steps is not None and n_steps < 1:
             raise ValueError(f"n_steps must be >= 1, got {n_steps}")
         cfg = self.config
-        job = Job(job_id, voice, int(seed), n_steps, cfg_rate, self.s3gen.rules, self._order)
+        job = Job(job_id, voice, int(seed), n_steps, cfg_rate, self.s3gen.rules, self._order,
+                  added_at=self._clock())
         self._order += 1
         if streaming:
             job.stream = new_stream(job.seed, self.s3gen.device, self.s3gen.dtype,
@@ -72,6 +76,8 @@ class VocoderStage:
             raise ValueError(f"vocoder job {job_id!r} was already pushed final")
         job.accept([int(t) for t in tokens])
         job.final = bool(final)
+        if job.final:
+            job.final_at = self._clock()
 
     def step(self) -> list[AudioOut]:
         """One batched pass over jobs with a window ready (or a finished non-streaming job).
@@ -130,7 +136,7 @@ class VocoderStage:
                 settings.cfg_rate if job.cfg_rate is None else float(job.cfg_rate))
 
     def _select(self, ready: list[Job]) -> list[Job]:
-        ready.sort(key=lambda j: j.order)
+        ready.sort(key=lambda j: (j.deadline(), j.order))  # earliest deadline first
         hold = self.config.holdback_tokens
         candidates = [Candidate(i, self.voices.get(j.voice).num_tokens + len(j.next_pass(hold)[0]),
                                 self._solver_key(j)) for i, j in enumerate(ready)]
@@ -264,6 +270,8 @@ class VocoderStage:
         if gains is not None:
             samples = samples * gains
         stream.tail = audio[limit - stream.sent:]
+        if stream.first_sent_at is None and samples.shape[0]:
+            stream.first_sent_at = self._clock()
         stream.sent, stream.mel_end, stream.passes = limit, end, stream.passes + 1
         if final:
             self._forget(job.job_id)

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks, run from the repository root on a CUDA machine.
-#   bash scripts/gpu/device_checks.sh tests|bench-original|bench-turbo|attention OUT_DIR
+#   bash scripts/gpu/device_checks.sh CHECK OUT_DIR
+# CHECK: tests | bench-original | bench-turbo | offline-original | offline-turbo |
+#        stream-original | stream-turbo | attention
 # The reference chatterbox-tts (for the benchmark ratio) must be importable; WHEELS=DIR installs
 # it offline from wheels first (see scripts/gpu/README.md).
 set -uo pipefail
-what=${1:?usage: device_checks.sh tests|bench-original|bench-turbo|attention OUT_DIR}
+what=${1:?usage: device_checks.sh CHECK OUT_DIR (see the header)}
 out=${2:?OUT_DIR}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TQDM_DISABLE=1
 if [[ -n "${WHEELS:-}" ]]; then
@@ -15,11 +17,17 @@ else
 fi
 case $what in
   tests)
-    python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine tests/sampling 2>&1 | tee "$out/gpu_tests.log" ;;
+    python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$out/gpu_tests.log" ;;
   bench-original)
     python3 -m chorus.cli bench t3 --variant original --reference --out "$out/bench_t3_original.json" 2>&1 | tail -80 ;;
   bench-turbo)
     python3 -m chorus.cli bench t3 --variant turbo --reference --out "$out/bench_t3_turbo.json" 2>&1 | tail -80 ;;
+  offline-original|offline-turbo)
+    python3 -m chorus.cli bench offline --variant "${what#offline-}" --reference \
+      --out "$out/bench_offline_${what#offline-}.json" 2>&1 | tail -60 ;;
+  stream-original|stream-turbo)
+    python3 -m chorus.cli bench stream --variant "${what#stream-}" \
+      --out "$out/bench_stream_${what#stream-}.json" 2>&1 | tail -80 ;;
   attention)
     python3 scripts/gpu/bench_attention.py --quick --out "$out/attention.json" 2>&1 | tail -40 ;;
   *) echo "unknown check $what" >&2; exit 2 ;;

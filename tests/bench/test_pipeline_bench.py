@@ -33,6 +33,7 @@ def test_stream_reports_time_to_first_audio_per_concurrency_level():
     for level, n in zip(levels, (1, 3)):
         assert level["concurrency"] == n and level["num_errors"] == 0
         assert 0 < level["ttfa_s"]["p50"] <= level["ttfa_s"]["max"] < level["wall_seconds"] + 1e-6
+        assert 0 < level["first_token_s"]["p50"] <= level["ttfa_s"]["max"]
         assert level["rtf"]["min"] > 0
         assert 0 <= level["streams_faster_than_realtime"] <= n
     assert not pipe.engine.has_unfinished_requests()

@@ -1,0 +1,54 @@
+"""Which job's pass runs first: earliest deadline first (first audio, then the stream that would
+run dry soonest)."""
+from __future__ import annotations
+
+from chorus.vocoder import VocoderConfig, VocoderStage
+from tests.vocoder.models import random_tokens, random_voice
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _stage(s3gen, clock) -> VocoderStage:
+    return VocoderStage(s3gen, VocoderConfig(max_batch_items=1, first_window_tokens=10, max_window_tokens=10),
+                        clock=clock)
+
+
+def test_a_stream_waiting_for_its_first_audio_goes_before_one_with_audio_to_spare(tiny_turbo):
+    clock, voice = FakeClock(), random_voice(10, seed=1)
+    stage = _stage(tiny_turbo, clock)
+    stage.add("ahead", voice, seed=1, streaming=True, n_steps=1)
+    stage.push("ahead", random_tokens(60, seed=1))
+    [out] = stage.step()  # its first window: 10 tokens = 0.4 s of audio, minus the held cross-fade
+    assert out.job_id == "ahead" and out.samples.numel() > 0
+    clock.now = 0.1  # "ahead" has audio until about 0.3 s; "new" has none
+    stage.add("new", voice, seed=2, streaming=True, n_steps=1)
+    stage.push("new", random_tokens(30, seed=2))
+    assert [o.job_id for o in stage.step()] == ["new"]
+
+
+def test_a_stream_about_to_run_dry_goes_before_a_later_arrival_with_none(tiny_turbo):
+    clock, voice = FakeClock(), random_voice(10, seed=1)
+    stage = _stage(tiny_turbo, clock)
+    stage.add("old", voice, seed=1, streaming=True, n_steps=1)
+    stage.push("old", random_tokens(60, seed=1))
+    stage.step()
+    clock.now = 5.0  # "old" ran dry long ago; "late" arrived just now
+    stage.add("late", voice, seed=2, streaming=True, n_steps=1)
+    stage.push("late", random_tokens(30, seed=2))
+    assert [o.job_id for o in stage.step()] == ["old"]
+
+
+def test_without_streams_passes_run_in_arrival_order(tiny_turbo):
+    clock, voice = FakeClock(), random_voice(10, seed=1)
+    stage = _stage(tiny_turbo, clock)
+    for i, job in enumerate(("first", "second")):
+        clock.now = float(i)
+        stage.add(job, voice, seed=i, streaming=False, n_steps=1)
+        stage.push(job, random_tokens(12, seed=i), final=True)
+    assert [o.job_id for o in stage.step()] == ["first"]
