@@ -39,6 +39,10 @@ class VocoderConfig:
     batching: Literal["fifo", "length"] = "length"
     """Which ready jobs share a pass: ``fifo`` takes them oldest first; ``length`` starts from
     the oldest and adds the jobs closest in length (less padding)."""
+    playback_margin_s: float = 1.0
+    """Passes go earliest deadline first; a playing stream is due this many seconds before its
+    listener would run out of audio, so streams that have started keep this much in hand before
+    new streams get their first audio (a stall is worse than a later start)."""
     voice_cache_size: int = 16
     """Voices whose prompt tensors are kept on the device (LRU)."""
     time_stages: bool = True
@@ -47,6 +51,8 @@ class VocoderConfig:
     def __post_init__(self) -> None:
         if self.first_window_tokens < 1 or self.max_window_tokens < self.first_window_tokens:
             raise ValueError("need 1 <= first_window_tokens <= max_window_tokens")
+        if not self.playback_margin_s >= 0:
+            raise ValueError(f"playback_margin_s must be >= 0, got {self.playback_margin_s!r}")
         if self.max_batch_items < 1 or self.max_batch_tokens < 1:
             raise ValueError("max_batch_items and max_batch_tokens must be positive")
         if self.holdback_tokens < 1:

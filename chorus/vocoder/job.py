@@ -140,17 +140,17 @@ class Job:
         assert self.final
         return self.tokens + [SILENCE_TOKEN] * self.rules.silence_tokens, True
 
-    def deadline(self) -> float:
+    def deadline(self, margin_s: float) -> float:
         """When this job's next pass is due, on the stage clock (earliest deadline first): a
         stream that has sent nothing is due since it was added (time to first audio); one that
-        has audio out is due when its listener would run out of it; a non-streaming job is due
-        since its tokens were complete."""
+        has audio out is due ``margin_s`` before its listener would run out of it; a
+        non-streaming job is due since its tokens were complete."""
         stream = self.stream
         if stream is None:
             return self.final_at if self.final_at is not None else self.added_at
         if stream.first_sent_at is None:
             return self.added_at
-        return stream.first_sent_at + stream.sent / SAMPLE_RATE
+        return stream.first_sent_at + stream.sent / SAMPLE_RATE - margin_s
 
     def is_ready(self, holdback: int) -> bool:
         if self.final:

@@ -136,7 +136,8 @@ class VocoderStage:
                 settings.cfg_rate if job.cfg_rate is None else float(job.cfg_rate))
 
     def _select(self, ready: list[Job]) -> list[Job]:
-        ready.sort(key=lambda j: (j.deadline(), j.order))  # earliest deadline first
+        margin = self.config.playback_margin_s
+        ready.sort(key=lambda j: (j.deadline(margin), j.order))  # earliest deadline first
         hold = self.config.holdback_tokens
         candidates = [Candidate(i, self.voices.get(j.voice).num_tokens + len(j.next_pass(hold)[0]),
                                 self._solver_key(j)) for i, j in enumerate(ready)]

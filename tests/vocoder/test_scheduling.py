@@ -14,9 +14,9 @@ class FakeClock:
         return self.now
 
 
-def _stage(s3gen, clock) -> VocoderStage:
-    return VocoderStage(s3gen, VocoderConfig(max_batch_items=1, first_window_tokens=10, max_window_tokens=10),
-                        clock=clock)
+def _stage(s3gen, clock, margin: float = 0.0) -> VocoderStage:
+    return VocoderStage(s3gen, VocoderConfig(max_batch_items=1, first_window_tokens=10, max_window_tokens=10,
+                                             playback_margin_s=margin), clock=clock)
 
 
 def test_a_stream_waiting_for_its_first_audio_goes_before_one_with_audio_to_spare(tiny_turbo):
@@ -30,6 +30,18 @@ def test_a_stream_waiting_for_its_first_audio_goes_before_one_with_audio_to_spar
     stage.add("new", voice, seed=2, streaming=True, n_steps=1)
     stage.push("new", random_tokens(30, seed=2))
     assert [o.job_id for o in stage.step()] == ["new"]
+
+
+def test_a_playing_stream_inside_the_margin_goes_before_a_new_one(tiny_turbo):
+    clock, voice = FakeClock(), random_voice(10, seed=1)
+    stage = _stage(tiny_turbo, clock, margin=1.0)
+    stage.add("ahead", voice, seed=1, streaming=True, n_steps=1)
+    stage.push("ahead", random_tokens(60, seed=1))
+    stage.step()
+    clock.now = 0.1  # "ahead" has about 0.2 s in hand, less than the 1 s margin
+    stage.add("new", voice, seed=2, streaming=True, n_steps=1)
+    stage.push("new", random_tokens(30, seed=2))
+    assert [o.job_id for o in stage.step()] == ["ahead"]
 
 
 def test_a_stream_about_to_run_dry_goes_before_a_later_arrival_with_none(tiny_turbo):
