@@ -46,7 +46,7 @@ class Synthesizer:
 
     @classmethod
     def load(cls, variant: Variant | str, checkpoint: Checkpoint | str | os.PathLike | None = None, *,
-             dtype: str | torch.dtype = "fp32", device: str | torch.device | None = "cpu",
+             dtype: str | torch.dtype = "auto", device: str | torch.device | None = "cpu",
              voice_models: bool = True) -> "Synthesizer":
         """See :meth:`SpeechModels.load`."""
         return cls(SpeechModels.load(variant, checkpoint, dtype=dtype, device=device, voice_models=voice_models))
@@ -114,7 +114,7 @@ def _progress_bar(total: int, enabled: bool):
 
 
 def synthesize(text: str, *, variant: Variant | str, checkpoint: Checkpoint | str | os.PathLike | None = None,
-               dtype: str | torch.dtype = "fp32", device: str | torch.device | None = "cpu",
+               dtype: str | torch.dtype = "auto", device: str | torch.device | None = "cpu",
                progress: bool = False, **options: Any) -> tuple[np.ndarray, int]:
     """One-shot text-to-speech on the exact path: load the models, speak ``text``, return
     ``(wav float32, 24000)``. Loads everything on every call; keep a :class:`Synthesizer` (or a

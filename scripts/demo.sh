@@ -9,8 +9,7 @@ PY=${PYTHON:-python3}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
 # CPU wheel unless asked otherwise (PyPI's default Linux torch is the much larger CUDA build).
-"$VENV/bin/python" -m pip install -q "torch==${CHORUS_TORCH_VERSION:-2.13.0}" \
-  --index-url "${CHORUS_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" --extra-index-url https://pypi.org/simple
+bash scripts/install-torch.sh "$VENV"
 "$VENV/bin/python" -m pip install -q -e .
 
 CKPT=${CHORUS_DEMO_CHECKPOINT:-.ckpt/turbo-random}

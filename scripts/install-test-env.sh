@@ -19,8 +19,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 PIP=("$VENV/bin/python" -m pip install -q)
 
 # The CPU build of torch (CI has no GPU); CHORUS_TORCH_INDEX picks another PyTorch index.
-"${PIP[@]}" "torch==${CHORUS_TORCH_VERSION:-2.13.0}" \
-  --index-url "${CHORUS_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" --extra-index-url https://pypi.org/simple
+bash scripts/install-torch.sh "$VENV"
 "${PIP[@]}" -e ".[test]"
 # Triton runs the paged-attention kernel tests on the CPU through its interpreter.
 "${PIP[@]}" "triton==3.6.0"

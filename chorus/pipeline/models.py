@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from chorus.models.loading import Checkpoint, CheckpointNotFoundError, load_t3, parse_device, parse_dtype
+from chorus.models.loading import Checkpoint, CheckpointNotFoundError, load_t3, parse_device, resolve_dtype
 from chorus.models.s3gen.s3gen import S3Gen
 from chorus.models.t3.model import T3Model
 from chorus.models.variants import Variant, get_variant
@@ -31,17 +31,19 @@ class SpeechModels:
 
     @classmethod
     def load(cls, variant: Variant | str, checkpoint: Checkpoint | str | os.PathLike | None = None, *,
-             dtype: str | torch.dtype = "fp32", device: str | torch.device | None = "cpu",
+             dtype: str | torch.dtype = "auto", device: str | torch.device | None = "cpu",
              voice_models: bool = True) -> "SpeechModels":
         """Load every model of ``checkpoint`` (a :class:`Checkpoint`, a directory, a hub id, or
         None for the variant's official repo). ``voice_models=False`` skips the models that build
-        voices from reference clips (then only built-in and saved voices work)."""
+        voices from reference clips (then only built-in and saved voices work). ``dtype="auto"``
+        is bf16 on CUDA and fp32 on the CPU; ``device="auto"`` picks CUDA when there is one."""
         variant = get_variant(variant) if isinstance(variant, str) else variant
         if not isinstance(checkpoint, Checkpoint):
             checkpoint = Checkpoint.open(variant, checkpoint)
         elif checkpoint.variant.name != variant.name:
             raise ValueError(f"the checkpoint is for {checkpoint.variant.name}, not {variant.name}")
-        dtype, device = parse_dtype(dtype), parse_device(device)
+        device = parse_device(device)
+        dtype = resolve_dtype(dtype, device)
         text_encoder = load_text_encoder(variant, checkpoint.directory)
         t3 = load_t3(checkpoint, dtype=dtype, device=device)
         s3gen = S3Gen.from_checkpoint(checkpoint, dtype=dtype, device=device, voice_models=voice_models)

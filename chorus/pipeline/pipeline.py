@@ -148,7 +148,7 @@ class Pipeline:
 
     @classmethod
     def load(cls, variant: Variant | str, checkpoint: Checkpoint | str | os.PathLike | None = None, *,
-             dtype: str | torch.dtype = "fp32", device: str | torch.device | None = "cpu",
+             dtype: str | torch.dtype = "auto", device: str | torch.device | None = "cpu",
              voice_models: bool = True, config: PipelineConfig | None = None) -> "Pipeline":
         """Load the models (see :meth:`SpeechModels.load`) and start the pipeline's threads."""
         models = SpeechModels.load(variant, checkpoint, dtype=dtype, device=device, voice_models=voice_models)
