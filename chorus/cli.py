@@ -197,11 +197,10 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     from chorus.models.variants import get_variant
     from chorus.pipeline.planner import RequestPlanner, is_voice_file
     from chorus.pipeline.request import SpeechRequest
+    from chorus.cli_checks import check_input_file, check_output_file, random_weights_token_cap
+    from chorus.models.loading import resolve_dtype
     from chorus.text import load_text_encoder
     from chorus.voices import Voice, prepare_voice_audio
-
-    from chorus.cli_checks import check_input_file, check_output_file, random_weights_token_cap
-    from chorus.models.loading import dtype_name, resolve_dtype
 
     # Everything that can be wrong with the inputs and outputs is checked before the models load.
     variant = get_variant(args.variant)
@@ -210,7 +209,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     text = _read_text(args)
     if args.voice is not None:
         check_input_file(args.voice, "--voice")
-    args.dtype = dtype_name(resolve_dtype(args.dtype, args.device))
+    dtype = resolve_dtype(args.dtype, args.device)  # warns (once) about a slow choice
     checkpoint = Checkpoint.open(variant, args.checkpoint)
     args.max_new_tokens, note = random_weights_token_cap(checkpoint.has_random_weights, args.max_new_tokens,
                                                          args.min_new_tokens)
@@ -239,7 +238,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 
     from chorus.pipeline.models import SpeechModels
 
-    models = SpeechModels.load(variant, checkpoint, dtype=args.dtype, device=args.device,
+    models = SpeechModels.load(variant, checkpoint, dtype=dtype, device=args.device,
                                voice_models=reference is not None)
     if reference is not None:
         voice = models.front_end.build(reference, name=Path(args.voice).stem)

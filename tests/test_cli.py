@@ -23,6 +23,7 @@ from chorus.models.random_checkpoint import random_builtin_voice, write_random_c
 from chorus.models.variants import get_variant
 from chorus.voices import Voice
 from tests.conftest import DATA_DIR
+from tests.voices.checkpoints import light_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIP = os.path.join(DATA_DIR, "sample-01.mp3")
@@ -38,17 +39,9 @@ def _error(capsys, argv: list[str]) -> str:
     return last
 
 
-def _light_checkpoint(variant_name: str, directory: Path) -> str:
-    variant = get_variant(variant_name)
-    write_random_checkpoint(variant, directory, components=("tokenizer", "conds"))
-    for name in (variant.files.voice_encoder, variant.files.t3, variant.files.s3gen):
-        (directory / name).touch()
-    return str(directory)
-
-
 @pytest.fixture(scope="module")
 def light_nano(tmp_path_factory):
-    return _light_checkpoint("nano", tmp_path_factory.mktemp("nano"))
+    return light_checkpoint("nano", tmp_path_factory.mktemp("nano"))
 
 
 def _env(**extra) -> dict:

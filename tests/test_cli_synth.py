@@ -16,11 +16,10 @@ import torch
 
 from chorus.cli import main
 from chorus.models.loading import Checkpoint
-from chorus.models.random_checkpoint import write_random_checkpoint
 from chorus.models.variants import get_variant
 from chorus.voices import Voice
 from tests.conftest import DATA_DIR
-from tests.voices.checkpoints import shared_checkpoint
+from tests.voices.checkpoints import light_checkpoint, shared_checkpoint
 
 N = 6
 EXPECTED_SAMPLES = (N + 3) * 960  # Nano appends 3 silence tokens
@@ -88,24 +87,14 @@ def test_voice_create_and_synth_from_a_clip_to_mp3(nano_dir, tmp_path, capsys):
     assert abs(samples.shape[0] - EXPECTED_SAMPLES) <= 1152  # MP3 frames may pad the end
 
 
-def _light_checkpoint(variant_name: str, directory) -> str:
-    """Tokenizer files and the built-in voice plus empty stand-ins for the weights: enough for
-    everything the CLI checks before it loads models (loading any weight from it would fail)."""
-    variant = get_variant(variant_name)
-    write_random_checkpoint(variant, directory, components=("tokenizer", "conds"))
-    for name in (variant.files.voice_encoder, variant.files.t3, variant.files.s3gen):
-        (directory / name).touch()
-    return str(directory)
-
-
 @pytest.fixture(scope="module")
 def multilingual_dir(tmp_path_factory):
-    return _light_checkpoint("multilingual", tmp_path_factory.mktemp("mtl"))
+    return light_checkpoint("multilingual", tmp_path_factory.mktemp("mtl"))
 
 
 @pytest.fixture(scope="module")
 def light_nano_dir(tmp_path_factory):
-    return _light_checkpoint("nano", tmp_path_factory.mktemp("nano-light"))
+    return light_checkpoint("nano", tmp_path_factory.mktemp("nano-light"))
 
 
 def test_unknown_or_missing_language_for_multilingual(multilingual_dir, tmp_path, capsys):

@@ -43,7 +43,8 @@ class SpeechModels:
         elif checkpoint.variant.name != variant.name:
             raise ValueError(f"the checkpoint is for {checkpoint.variant.name}, not {variant.name}")
         device = parse_device(device)
-        dtype = resolve_dtype(dtype, device)
+        if not isinstance(dtype, torch.dtype):  # a torch dtype is a choice already resolved
+            dtype = resolve_dtype(dtype, device)
         text_encoder = load_text_encoder(variant, checkpoint.directory)
         t3 = load_t3(checkpoint, dtype=dtype, device=device)
         s3gen = S3Gen.from_checkpoint(checkpoint, dtype=dtype, device=device, voice_models=voice_models)

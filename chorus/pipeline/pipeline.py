@@ -18,7 +18,7 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -126,18 +126,18 @@ class Pipeline:
         self.models = models
         self.config = config = config or PipelineConfig()
         variant = models.variant
-        engine_config = config.engine or EngineConfig(variant=variant.name)
-        from dataclasses import replace
-
-        engine_config = replace(engine_config, default_deadline_s=None)
+        # the pipeline's deadline covers the whole request; T3 only gets what a request brings
+        engine_config = replace(config.engine or EngineConfig(variant=variant.name), default_deadline_s=None)
         self.planner = models.planner(config.max_chars)
         self.conditioning = ConditioningCache(models.t3, variant, config.conditioning_cache_size)
         self.engine = T3Engine(models.t3, variant, engine_config, cuda_graphs=config.cuda_graphs)
         self.vocoder = VocoderStage(models.s3gen, config.vocoder)
         self._t3 = AsyncT3Engine(self.engine, on_step=self._on_t3_step)
         self._inbox: queue.Queue = queue.Queue()
-        self._requests: dict[str, _RequestState] = {}
-        self._jobs: dict[str, _Job] = {}
+        self._requests: dict[str, _RequestState] = {}  # owned by the vocoder thread
+        self._jobs: dict[str, _Job] = {}  # owned by the vocoder thread
+        self._active_ids: set[str] = set()  # ids submitted and not yet ended (any thread)
+        self._active_lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._cuda_stream = torch.cuda.Stream(models.device) if models.device.type == "cuda" else None
@@ -192,9 +192,11 @@ class Pipeline:
         if not self.is_running:
             raise RuntimeError("the pipeline is not running; call start() (or use it as a context manager)")
         plan = request if isinstance(request, SpeechPlan) else self.planner.plan(request)
-        if plan.request_id in self._requests:
-            raise ValueError(f"request id {plan.request_id!r} is already running")
         conditioning = self.conditioning.get(plan.voice, plan.exaggeration)
+        with self._active_lock:
+            if plan.request_id in self._active_ids:
+                raise ValueError(f"request id {plan.request_id!r} is already running")
+            self._active_ids.add(plan.request_id)
         stream = SpeechStream(plan, self.abort)
         deadline_s = plan.deadline_s if plan.deadline_s is not None else self.config.default_deadline_s
         now = time.monotonic()
@@ -355,9 +357,14 @@ class Pipeline:
                 return
             state.next_chunk += 1
 
+    def _end(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+        with self._active_lock:
+            self._active_ids.discard(request_id)
+
     def _complete(self, state: _RequestState) -> None:
         plan = state.plan
-        self._requests.pop(plan.request_id, None)
+        self._end(plan.request_id)
         waves = [j.waveform() for j in state.jobs]
         audio = stitch_chunks(waves)
         if plan.watermark is not None:
@@ -381,8 +388,9 @@ class Pipeline:
 
     def _fail(self, state: _RequestState, reason: str, message: str) -> None:
         request_id = state.plan.request_id
-        if self._requests.pop(request_id, None) is None:
+        if request_id not in self._requests:
             return
+        self._end(request_id)
         for job in state.jobs:
             job_id = state.job_id(job.index)
             if self._jobs.pop(job_id, None) is not None:

@@ -153,3 +153,11 @@ def _wait_idle(pipe: Pipeline, timeout: float = 30.0) -> None:
             break
         time.sleep(0.02)
     assert done.is_set(), "the pipeline did not free everything"
+
+
+def test_a_request_id_cannot_run_twice_at_once(pipe):
+    first = pipe.submit(_request(tokens=200, request_id="same-id"))
+    with pytest.raises(ValueError, match="already running"):
+        pipe.submit(_request(tokens=10, request_id="same-id"))
+    first.result(timeout=120)
+    pipe.submit(_request(tokens=10, request_id="same-id")).result(timeout=60)  # free again once ended

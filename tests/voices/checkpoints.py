@@ -23,3 +23,13 @@ def shared_checkpoint(variant_name: str) -> Path:
         write_random_checkpoint(get_variant(variant_name), directory)
         _SHARED[variant_name] = Path(directory)
     return _SHARED[variant_name]
+
+
+def light_checkpoint(variant_name: str, directory) -> str:
+    """Tokenizer files and the built-in voice plus empty stand-ins for the weights: enough for
+    everything the CLI checks before it loads models (loading any weight from it would fail)."""
+    variant = get_variant(variant_name)
+    write_random_checkpoint(variant, directory, components=("tokenizer", "conds"))
+    for name in (variant.files.voice_encoder, variant.files.t3, variant.files.s3gen):
+        (directory / name).touch()
+    return str(directory)

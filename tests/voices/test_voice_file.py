@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 
 import pytest
-import torch
 from safetensors.torch import save_file
 
 from chorus.models.random_checkpoint import random_builtin_voice
