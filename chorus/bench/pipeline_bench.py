@@ -222,8 +222,7 @@ def _reference(models: SpeechModels, cfg: PipelineBenchConfig, directory: Path, 
     from chorus.bench.reference_pipeline import run_reference_pipeline
 
     subset = chunks[: cfg.reference_chunks]
-    del_models = models.device.type == "cuda"  # the reference needs the memory on one GPU
-    if del_models:
+    if models.device.type == "cuda":  # hand cached blocks back: the reference loads its own models
         torch.cuda.empty_cache()
     try:
         return run_reference_pipeline(models.variant, directory, subset,
