@@ -189,4 +189,7 @@ class AsyncT3Engine:
                 pending = list(self._consumers)
             for request_id in pending:
                 self._deliver(request_id, TokenEvent(None, FinishReason.ERROR, f"engine stopped: {exc}"))
+            if self.on_step is not None:
+                self.on_step([RequestOutput(rid, None, FinishReason.ERROR, f"engine stopped: {exc}")
+                              for rid in self.engine.scheduler.unfinished_request_ids()])
             raise

@@ -145,6 +145,10 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
 
+    def unfinished_request_ids(self) -> list[str]:
+        """Ids of every waiting or running request."""
+        return list(self._requests)
+
     def stats(self) -> SchedulerStats:
         return SchedulerStats(
             num_waiting=len(self.waiting), num_running=len(self.running),

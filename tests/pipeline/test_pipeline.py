@@ -161,3 +161,19 @@ def test_a_request_id_cannot_run_twice_at_once(pipe):
         pipe.submit(_request(tokens=10, request_id="same-id"))
     first.result(timeout=120)
     pipe.submit(_request(tokens=10, request_id="same-id")).result(timeout=60)  # free again once ended
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread re-raises
+def test_a_dead_t3_thread_fails_its_requests_instead_of_hanging(monkeypatch):
+    pipeline = _pipeline("turbo")
+    try:
+        def broken_step():
+            raise RuntimeError("scheduler bug")
+
+        monkeypatch.setattr(pipeline.engine, "step", broken_step)
+        stream = pipeline.submit(_request(tokens=20))
+        with pytest.raises(PipelineError, match="engine stopped: scheduler bug") as info:
+            stream.result(timeout=30)
+        assert info.value.reason == "error"
+    finally:
+        pipeline.close()
