@@ -2,7 +2,9 @@
 and engine code, at sizes that run in milliseconds on the CPU."""
 from __future__ import annotations
 
+import atexit
 import functools
+import shutil
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -13,6 +15,7 @@ from chorus.pipeline.models import SpeechModels
 from chorus.text import load_text_encoder
 from chorus.voices import Voice
 from tests.engine.tiny_models import tiny
+from tests.voices.checkpoints import BASE
 from tests.vocoder.models import random_s3gen
 
 tiny_s3gen = functools.cache(random_s3gen)
@@ -30,7 +33,8 @@ def short_voice(name: str, seed: int = 0) -> Voice:
 @functools.cache
 def _checkpoint_dir(name: str) -> Path:
     variant, _ = tiny(name)
-    directory = Path(tempfile.mkdtemp(prefix=f"chorus-tiny-{name}-"))
+    directory = Path(tempfile.mkdtemp(prefix=f"chorus-tiny-{name}-", dir=BASE[0] if BASE else None))
+    atexit.register(shutil.rmtree, directory, True)
     write_random_checkpoint(variant, directory, components=("tokenizer", "conds"))
     return directory
 
