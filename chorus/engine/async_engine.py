@@ -12,6 +12,7 @@ go in with :meth:`AsyncT3Engine.submit`.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import queue
 import threading
@@ -21,7 +22,7 @@ from typing import AsyncIterator, Callable, Sequence
 
 from chorus.engine.engine import T3Engine, T3Request, T3Result
 from chorus.engine.request import FinishReason
-from chorus.engine.scheduler import RequestOutput
+from chorus.engine.scheduler import RequestOutput, SchedulerStats
 
 StepListener = Callable[[list[RequestOutput]], None]
 
@@ -58,6 +59,9 @@ class AsyncT3Engine:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.loop_error: BaseException | None = None
+        self.tokens_generated = 0  # speech tokens sampled so far (a counter for tokens/s)
+        self.step_started_at: float | None = None  # monotonic start of the step running now
+        self.last_step_at: float | None = None  # monotonic end of the last step
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> "AsyncT3Engine":
@@ -122,6 +126,14 @@ class AsyncT3Engine:
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
 
+    def request_stats(self) -> "concurrent.futures.Future[SchedulerStats]":
+        """The engine's ``stats()`` taken on the engine thread between two steps (the scheduler
+        and the block pool are only ever read by their owner). The future resolves within one
+        step; a stalled engine never resolves it, so wait with a timeout."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put(("stats", future))
+        return future
+
     def submit(self, requests: Sequence[T3Request]) -> None:
         """Queue requests (each with its ``request_id`` set) for the engine thread; they are
         admitted together, before the next step. Their outputs, admission failures included
@@ -159,6 +171,9 @@ class AsyncT3Engine:
             out = self.engine.abort(payload)
             if out is not None:
                 self._deliver(payload, TokenEvent(None, FinishReason.ABORTED))
+        elif command == "stats":
+            if payload.set_running_or_notify_cancel():
+                payload.set_result(self.engine.stats())
 
     def _run(self) -> None:
         try:
@@ -177,8 +192,12 @@ class AsyncT3Engine:
                     pass
                 if self.engine.has_unfinished_requests():
                     start = time.perf_counter()
+                    self.step_started_at = time.monotonic()
                     events = self.engine.step()
+                    self.last_step_at = time.monotonic()
+                    self.step_started_at = None
                     self.busy_s += time.perf_counter() - start
+                    self.tokens_generated += sum(1 for event in events if event.new_token is not None)
                     for event in events:
                         self._deliver(event.request_id, TokenEvent(event.new_token, event.finish_reason, event.error))
                     if self.on_step is not None and events:

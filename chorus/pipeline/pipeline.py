@@ -142,6 +142,7 @@ class Pipeline:
         self._thread: threading.Thread | None = None
         self._cuda_stream = torch.cuda.Stream(models.device) if models.device.type == "cuda" else None
         self.vocoder_busy_s = 0.0
+        self._vocoder_step_started_at: float | None = None
         self.requests_done = 0
         self.audio_seconds = 0.0
         self.loop_error: BaseException | None = None
@@ -180,6 +181,39 @@ class Pipeline:
     @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self._t3.is_running
+
+    def stall(self, timeout_s: float) -> str | None:
+        """Why the pipeline cannot serve, or None: a thread has died, or a T3 step or a vocoder
+        pass has been running for more than ``timeout_s`` seconds (readiness checks use this)."""
+        if not self.is_running:
+            return "the pipeline is not running"
+        now = time.monotonic()
+        for what, since in (("T3 step", self._t3.step_started_at),
+                            ("vocoder pass", self._vocoder_step_started_at)):
+            if since is not None and now - since > timeout_s:
+                return f"a {what} has been running for {now - since:.1f} s"
+        return None
+
+    @property
+    def active_requests(self) -> int:
+        """Requests submitted and not yet ended (any thread)."""
+        with self._active_lock:
+            return len(self._active_ids)
+
+    @property
+    def t3_tokens(self) -> int:
+        """Speech tokens T3 has sampled since the start."""
+        return self._t3.tokens_generated
+
+    def engine_stats(self, timeout: float | None = 1.0):
+        """The T3 engine's ``SchedulerStats`` (queue, rows, preemptions, KV pool), taken on its
+        thread between steps; raises ``TimeoutError`` when the engine does not answer in time."""
+        import concurrent.futures
+
+        try:
+            return self._t3.request_stats().result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"the T3 engine did not answer within {timeout} s") from None
 
     # -- requests --------------------------------------------------------------------------------
     def plan(self, request: SpeechRequest) -> SpeechPlan:
@@ -244,8 +278,10 @@ class Pipeline:
                 self._expire_deadlines()
                 if self.vocoder.has_work():
                     start = time.perf_counter()
+                    self._vocoder_step_started_at = time.monotonic()
                     with _on_stream(self._cuda_stream):
                         outs = self.vocoder.step()
+                    self._vocoder_step_started_at = None
                     self.vocoder_busy_s += time.perf_counter() - start
                     for out in outs:
                         self._on_audio(out)
@@ -282,7 +318,7 @@ class Pipeline:
                 for job in state.jobs:
                     chunk = plan.chunks[job.index]
                     self.vocoder.add(state.job_id(job.index), plan.voice, seed=chunk.seed, streaming=plan.stream,
-                                     n_steps=plan.flow_steps)
+                                     n_steps=plan.flow_steps, priority=int(plan.priority))
                     self._jobs[state.job_id(job.index)] = job
         elif kind == "t3":
             for event in payload:

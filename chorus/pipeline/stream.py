@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import threading
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Iterator
 
@@ -42,48 +43,105 @@ class SpeechStream:
         self._error: PipelineError | None = None
         self._pieces: list[np.ndarray] = []
         self._closed = False
+        # an asyncio consumer waiting for the next event: (its loop, the event to set)
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+        self._waiter_lock = threading.Lock()
 
     # -- producer side (the pipeline's vocoder thread) ----------------------------------------
+    def _put(self, event) -> None:
+        self._events.put(event)
+        with self._waiter_lock:
+            waiter = self._waiter
+        if waiter is not None:
+            loop, ready = waiter
+            try:
+                loop.call_soon_threadsafe(ready.set)
+            except RuntimeError:  # the consumer's loop is closed: nobody is listening any more
+                pass
+
     def _put_audio(self, piece: AudioPiece) -> None:
-        self._events.put(piece)
+        self._put(piece)
 
     def _finish(self, result: SpeechResult) -> None:
-        self._events.put(result)
-        self._events.put(_END)
+        self._put(result)
+        self._put(_END)
 
     def _fail(self, error: PipelineError) -> None:
-        self._events.put(error)
-        self._events.put(_END)
+        self._put(error)
+        self._put(_END)
 
     # -- consumer side -------------------------------------------------------------------------
+    def _take(self, event) -> AudioPiece | None:
+        """Account for one event; the piece it carries, if any."""
+        if event is _END:
+            self._closed = True
+        elif isinstance(event, PipelineError):
+            self._error = event
+        elif isinstance(event, SpeechResult):
+            self._result = event
+        else:
+            self._pieces.append(event.samples)
+            return event
+        return None
+
+    def _end_or_raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
     def _next(self, timeout: float | None) -> AudioPiece | None:
         """The next piece, or None at the end; raises the request's failure."""
-        while True:
-            if self._closed:
-                if self._error is not None:
-                    raise self._error
-                return None
+        while not self._closed:
             try:
                 event = self._events.get(timeout=timeout)
             except queue.Empty:
                 raise TimeoutError(f"request {self.request_id}: no audio within {timeout} s") from None
-            if event is _END:
-                self._closed = True
-            elif isinstance(event, PipelineError):
-                self._error = event
-            elif isinstance(event, SpeechResult):
-                self._result = event
-            else:
-                self._pieces.append(event.samples)
-                return event
+            if (piece := self._take(event)) is not None:
+                return piece
+        self._end_or_raise()
+        return None
+
+    async def _anext(self) -> AudioPiece | None:
+        """:meth:`_next` for asyncio: waits on the loop, not on a thread, so thousands of
+        streams cost no threads."""
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                ready = asyncio.Event()
+                with self._waiter_lock:
+                    self._waiter = (loop, ready)
+                try:
+                    if self._events.empty():  # nothing arrived between the check and the wait
+                        await ready.wait()
+                finally:
+                    with self._waiter_lock:
+                        self._waiter = None
+                continue
+            if (piece := self._take(event)) is not None:
+                return piece
+        self._end_or_raise()
+        return None
 
     def __iter__(self) -> Iterator[AudioPiece]:
         while (piece := self._next(None)) is not None:
             yield piece
 
     async def __aiter__(self) -> AsyncIterator[AudioPiece]:
-        while (piece := await asyncio.to_thread(self._next, None)) is not None:
+        while (piece := await self._anext()) is not None:
             yield piece
+
+    async def aresult(self) -> SpeechResult:
+        """:meth:`result` for asyncio."""
+        while await self._anext() is not None:
+            pass
+        assert self._result is not None
+        return self._result
+
+    @property
+    def finished(self) -> bool:
+        """True once the request ended (completed, failed or cancelled) and every event was read."""
+        return self._closed
 
     def result(self, timeout: float | None = None) -> SpeechResult:
         """Wait for the end and return the whole result (pieces not yet iterated included)."""

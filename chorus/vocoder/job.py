@@ -88,6 +88,7 @@ class Job:
     cfg_rate: float | None
     rules: TokenRules
     order: int
+    priority: int = 1  # lower goes first (the engine's Priority: 0 high, 1 normal, 2 low)
     added_at: float = 0.0  # stage clock at add()
     final_at: float | None = None  # stage clock when T3 was done
     stream: StreamState | None = None

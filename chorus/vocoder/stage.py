@@ -44,9 +44,10 @@ class VocoderStage:
 
     # ------------------------------------------------------------------------------- interface
     def add(self, job_id: str, voice: Voice, *, seed: int, streaming: bool,
-            n_steps: int | None = None, cfg_rate: float | None = None) -> None:
+            n_steps: int | None = None, cfg_rate: float | None = None, priority: int = 1) -> None:
         """Register a job. ``seed`` fixes all its randomness; a job's audio never depends on
         the other jobs. ``n_steps``/``cfg_rate`` default to the variant's solver settings.
+        ``priority`` (lower first) orders passes before deadlines do.
         Non-streaming jobs give their whole audio in one piece once final, equal to
         ``S3Gen.tokens_to_wav`` for the same tokens and seed."""
         if job_id in self._jobs:
@@ -57,7 +58,7 @@ class VocoderStage:
             raise ValueError(f"n_steps must be >= 1, got {n_steps}")
         cfg = self.config
         job = Job(job_id, voice, int(seed), n_steps, cfg_rate, self.s3gen.rules, self._order,
-                  added_at=self._clock())
+                  priority=int(priority), added_at=self._clock())
         self._order += 1
         if streaming:
             job.stream = new_stream(job.seed, self.s3gen.device, self.s3gen.dtype,
@@ -137,7 +138,7 @@ class VocoderStage:
 
     def _select(self, ready: list[Job]) -> list[Job]:
         margin = self.config.playback_margin_s
-        ready.sort(key=lambda j: (j.deadline(margin), j.order))  # earliest deadline first
+        ready.sort(key=lambda j: (j.priority, j.deadline(margin), j.order))  # then earliest deadline
         hold = self.config.holdback_tokens
         candidates = [Candidate(i, self.voices.get(j.voice).num_tokens + len(j.next_pass(hold)[0]),
                                 self._solver_key(j)) for i, j in enumerate(ready)]

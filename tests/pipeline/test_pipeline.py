@@ -177,3 +177,28 @@ def test_a_dead_t3_thread_fails_its_requests_instead_of_hanging(monkeypatch):
         assert info.value.reason == "error"
     finally:
         pipeline.close()
+
+
+def test_async_iteration_gives_the_same_pieces_without_a_thread_per_stream(pipe):
+    import asyncio
+
+    request = _request(stream=True, request_id="async-1")
+    want = [p.samples for p in pipe.submit(request)]
+
+    async def consume():
+        threads = threading.active_count()
+        stream = pipe.submit(_request(stream=True, request_id="async-2"))
+        pieces = [p.samples async for p in stream]
+        return pieces, threading.active_count() - threads, stream.finished
+
+    got, extra_threads, finished = asyncio.run(consume())
+    assert finished and extra_threads == 0
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_engine_stats_are_served_by_the_engine_thread(pipe):
+    stats = pipe.engine_stats()
+    assert stats.kv.num_used_blocks == 0 and stats.num_waiting == 0
+    assert pipe.stall(timeout_s=5.0) is None

@@ -1,5 +1,5 @@
-"""Which job's pass runs first: earliest deadline first (first audio, then the stream that would
-run dry soonest)."""
+"""Which job's pass runs first: higher priority, then earliest deadline first (first audio, then the
+stream that would run dry soonest)."""
 from __future__ import annotations
 
 from chorus.vocoder import VocoderConfig, VocoderStage
@@ -64,3 +64,14 @@ def test_without_streams_passes_run_in_arrival_order(tiny_turbo):
         stage.add(job, voice, seed=i, streaming=False, n_steps=1)
         stage.push(job, random_tokens(12, seed=i), final=True)
     assert [o.job_id for o in stage.step()] == ["first"]
+
+
+def test_a_higher_priority_job_goes_before_an_earlier_deadline(tiny_turbo):
+    clock, voice = FakeClock(), random_voice(10, seed=1)
+    stage = _stage(tiny_turbo, clock)
+    stage.add("low", voice, seed=1, streaming=False, n_steps=1, priority=2)
+    stage.push("low", random_tokens(12, seed=1), final=True)
+    clock.now = 1.0
+    stage.add("high", voice, seed=2, streaming=False, n_steps=1, priority=0)
+    stage.push("high", random_tokens(12, seed=2), final=True)
+    assert [o.job_id for o in stage.step()] == ["high"]
