@@ -212,3 +212,10 @@ def test_a_closed_encoder_refuses_writes_and_closes_again_quietly():
     assert encoder.close() == b""
     with pytest.raises(ValueError, match="closed"):
         encoder.write(_tone(100))
+
+
+def test_abort_drops_the_stream_without_flushing():
+    encoder = StreamEncoder("mp3", speed=2.0)
+    encoder.write(_tone(SR))
+    encoder.abort()
+    assert encoder.closed and encoder.close() == b""
