@@ -1,7 +1,8 @@
 """Writing synthesized audio: WAV, FLAC and MP3 from mono float32 samples.
 
 WAV and FLAC are 16-bit PCM (rounded to nearest by Chorus) through soundfile (libsndfile). MP3 goes through libsndfile too when it
-was built with MP3 support (libsndfile >= 1.1.0), otherwise through PyAV's LAME encoder. Samples
+was built with MP3 support (libsndfile >= 1.1.0), otherwise through PyAV's LAME encoder with the
+server's settings (chorus.audio.streaming.encode_with_pyav, docs/audio-formats.md). Samples
 are clipped to [-1, 1] first (the vocoder already limits itself to +-0.99).
 """
 from __future__ import annotations
@@ -16,7 +17,6 @@ import soundfile
 FORMATS = ("wav", "flac", "mp3")
 _SOUNDFILE = {"wav": ("WAV", "PCM_16"), "flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III")}
 _EXTENSIONS = {".wav": "wav", ".wave": "wav", ".flac": "flac", ".mp3": "mp3"}
-MP3_BITRATE = 128_000  # used by the PyAV fallback
 
 
 class UnsupportedFormatError(ValueError):
@@ -80,22 +80,6 @@ def write_audio(path: str | os.PathLike, wav: np.ndarray, sample_rate: int, fmt:
 
 
 def _mp3_with_pyav(wav: np.ndarray, sample_rate: int) -> bytes:
-    try:
-        import av
-    except ImportError:
-        raise UnsupportedFormatError(
-            "this libsndfile cannot write MP3 (it needs libsndfile >= 1.1.0 with MP3 support); "
-            "install PyAV (`pip install av`) or write .wav/.flac") from None
-    buffer = io.BytesIO()
-    with av.open(buffer, mode="w", format="mp3") as container:
-        stream = container.add_stream("libmp3lame" if "libmp3lame" in av.codecs_available else "mp3",
-                                      rate=sample_rate)
-        stream.bit_rate = MP3_BITRATE
-        stream.layout = "mono"
-        frame = av.AudioFrame.from_ndarray(wav[None, :], format="flt", layout="mono")
-        frame.sample_rate = sample_rate
-        for packet in stream.encode(frame):
-            container.mux(packet)
-        for packet in stream.encode(None):
-            container.mux(packet)
-    return buffer.getvalue()
+    from chorus.audio.streaming import encode_with_pyav  # the server's encoder settings, one PyAV path
+
+    return encode_with_pyav(wav, sample_rate, "mp3")

@@ -1,0 +1,257 @@
+"""Streaming encoders for the HTTP server's response formats (OpenAI's ``response_format``).
+
+Mono float32 pieces of any length (empty included) go in through ``StreamEncoder.write`` as the
+vocoder produces them; each call returns the bytes that are ready to send, and ``close`` returns the
+rest. ``wav`` and ``pcm`` are written here (a 44-byte header with open-ended sizes, then 16-bit
+PCM); ``mp3``, ``opus``, ``aac`` and ``flac`` go through a PyAV (FFmpeg) encoder and muxer that
+writes into a write-only buffer drained after every call. The buffer has no ``seek`` on purpose:
+muxers then stream instead of going back to patch headers in bytes that have already been sent.
+
+``speed`` other than 1.0 runs the samples through FFmpeg's ``atempo`` first (chorus.audio.tempo).
+``FORMATS`` and ``MEDIA_TYPES`` are the tables the server reads. Codec settings, the measured
+priming/padding and the empty-stream behaviour are in docs/audio-formats.md.
+"""
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import numpy as np
+
+from chorus.audio.encode import to_pcm16
+from chorus.audio.tempo import MAX_SPEED, MIN_SPEED, TempoStream, check_speed
+
+FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+MEDIA_TYPES = {
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg",  # Opus in an Ogg container
+    "aac": "audio/aac",  # ADTS
+    "flac": "audio/flac",
+    "wav": "audio/wav",
+    "pcm": "audio/pcm",  # raw 16-bit little-endian mono at the input rate (24 kHz for Chatterbox)
+}
+DEFAULT_SAMPLE_RATE = 24_000
+
+__all__ = ["FORMATS", "MEDIA_TYPES", "BIT_RATES", "MIN_SPEED", "MAX_SPEED", "StreamEncoder", "check_format",
+           "media_type", "wav_stream_header", "encode_with_pyav"]
+
+
+@dataclass(frozen=True)
+class _Codec:
+    container: str  # FFmpeg muxer
+    codec: str  # FFmpeg encoder
+    sample_format: str  # what the encoder is fed
+    bit_rate: int | None = None
+    # Input rates the encoder takes as they are; others are resampled by PyAV to ``fallback_rate``.
+    # None: every rate goes in as it is (the encoder refuses the ones it cannot do).
+    rates: tuple[int, ...] | None = None
+    fallback_rate: int | None = None
+    muxer_options: dict = field(default_factory=dict)
+    # mp3/aac have no header and Ogg Opus with no audio page does not open in FFmpeg, so an empty
+    # stream is given one silent sample to stay decodable (docs/audio-formats.md).
+    empty_gets_a_sample: bool = True
+
+
+_CODECS = {
+    # id3v2_version=0: no ID3 tag, the stream is bare MPEG frames. The Xing/LAME header (gapless
+    # trimming) needs a seekable target, so only whole files (encode_with_pyav) get it.
+    "mp3": _Codec("mp3", "libmp3lame", "fltp", bit_rate=128_000, muxer_options={"id3v2_version": "0"}),
+    # libopus takes 24 kHz as it is (decoders still play Opus at 48 kHz); resampling to 48 kHz
+    # first measured no better (SNR on speech 21.2 dB vs 22.6 dB) and loses streams of a few samples in the resampler's delay.
+    # FFmpeg's default Ogg page is 1 s and the muxer holds one finished page back, so nothing
+    # would leave for 2 s; 100 ms pages cost ~30 bytes each and hold back about 0.11 s (measured).
+    "opus": _Codec("ogg", "libopus", "flt", bit_rate=64_000, rates=(8000, 12000, 16000, 24000, 48000),
+                   fallback_rate=48_000, muxer_options={"page_duration": "100000"}),
+    "aac": _Codec("adts", "aac", "fltp", bit_rate=64_000),
+    # FLAC gets to_pcm16's samples, so its decoded samples equal the WAV's; no 8 KiB padding block.
+    "flac": _Codec("flac", "flac", "s16", muxer_options={"metadata_header_padding": "0"},
+                   empty_gets_a_sample=False),
+}
+BIT_RATES = {fmt: codec.bit_rate for fmt, codec in _CODECS.items() if codec.bit_rate}
+
+
+def check_format(fmt: str) -> str:
+    """``fmt`` if it is one of ``FORMATS``, else a ``ValueError`` listing them."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unsupported response format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    return fmt
+
+
+def media_type(fmt: str) -> str:
+    """The HTTP Content-Type of ``fmt``."""
+    return MEDIA_TYPES[check_format(fmt)]
+
+
+def _check_sample_rate(sample_rate: int) -> int:
+    if isinstance(sample_rate, bool) or not isinstance(sample_rate, (int, np.integer)) or sample_rate <= 0:
+        raise ValueError(f"sample_rate must be a positive integer, got {sample_rate!r}")
+    return int(sample_rate)
+
+
+def _check_samples(samples) -> np.ndarray:
+    array = np.asarray(samples)
+    if array.ndim != 1:
+        raise ValueError(f"expected mono samples (1-D), got shape {array.shape}")
+    if array.size and not np.issubdtype(array.dtype, np.floating):
+        raise ValueError(f"expected float samples in [-1, 1], got dtype {array.dtype}")
+    array = array.astype(np.float32, copy=False)
+    if array.size and not np.isfinite(array).all():
+        raise ValueError("the audio contains NaN or infinite samples")
+    return np.clip(array, -1.0, 1.0)
+
+
+def wav_stream_header(sample_rate: int) -> bytes:
+    """A 44-byte PCM16 mono RIFF/WAVE header whose RIFF and data sizes are 0xFFFFFFFF ("unknown"),
+    as streaming servers send when the length is not known up front."""
+    block_align = 2  # one channel of 16-bit samples
+    return (b"RIFF" + struct.pack("<I", 0xFFFFFFFF) + b"WAVE"
+            + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * block_align, block_align, 16)
+            + b"data" + struct.pack("<I", 0xFFFFFFFF))
+
+
+class _Drain:
+    """A write-only file object: no ``seek``/``tell``, so PyAV marks the output non-seekable."""
+
+    def __init__(self):
+        self._chunks: list[bytes] = []
+
+    def write(self, data) -> int:
+        self._chunks.append(bytes(data))
+        return len(data)
+
+    def take(self) -> bytes:
+        data = b"".join(self._chunks)
+        self._chunks.clear()
+        return data
+
+
+class _PyAVEncoder:
+    """One PyAV output container with one mono audio stream, writing into ``target``."""
+
+    def __init__(self, fmt: str, sample_rate: int, target):
+        import av
+
+        self._av = av
+        self._codec = _CODECS[fmt]
+        self._rate = sample_rate
+        self._time_base = Fraction(1, sample_rate)
+        self._pts = 0
+        self._container = av.open(target, mode="w", format=self._codec.container,
+                                  options=dict(self._codec.muxer_options))
+        try:
+            rates = self._codec.rates
+            rate = sample_rate if rates is None or sample_rate in rates else self._codec.fallback_rate
+            stream = self._container.add_stream(self._codec.codec, rate=rate)
+            stream.layout = "mono"
+            stream.format = self._codec.sample_format
+            if self._codec.bit_rate:
+                stream.bit_rate = self._codec.bit_rate
+            self._stream = stream
+            self._container.start_encoding()  # opens the encoder and writes the container header
+        except (av.FFmpegError, ValueError) as exc:
+            self._container.close()
+            raise ValueError(f"cannot encode {fmt} from mono audio at {sample_rate} Hz: {exc}") from exc
+
+    def encode(self, samples: np.ndarray) -> None:
+        """Encode checked float32 samples in [-1, 1]."""
+        if not samples.size:
+            return
+        data = to_pcm16(samples) if self._codec.sample_format == "s16" else samples
+        frame = self._av.AudioFrame.from_ndarray(np.ascontiguousarray(data)[None, :],
+                                                 format=self._codec.sample_format, layout="mono")
+        frame.sample_rate = self._rate
+        frame.time_base = self._time_base
+        frame.pts = self._pts
+        self._pts += samples.size
+        self._container.mux(self._stream.encode(frame))
+
+    def finish(self) -> None:
+        """Flush the encoder (and PyAV's resampler) and write the trailer."""
+        if self._pts == 0 and self._codec.empty_gets_a_sample:
+            self.encode(np.zeros(1, np.float32))
+        self._container.mux(self._stream.encode(None))
+        self._container.close()
+
+    def abort(self) -> None:
+        self._container.close()
+
+
+class StreamEncoder:
+    """Encodes a stream of mono float32 pieces as ``fmt`` (one of ``FORMATS``), piece by piece.
+
+    ``write(samples)`` returns the bytes ready so far (possibly ``b""``); ``close()`` flushes and
+    returns the rest. Samples are clipped to [-1, 1]; ``speed`` in [0.25, 4.0] changes the tempo
+    with the pitch kept. An encoder that is closed without any samples still returns a decodable
+    stream: wav and flac a header with no samples, pcm no bytes, and mp3, opus and aac one silent
+    sample (they have no header that could stand alone), which decodes to 1 sample (opus) or a few
+    frames of silence with the codec's priming (mp3: 1728 samples, aac: 2048).
+    Not thread-safe: one encoder per response.
+    """
+
+    def __init__(self, fmt: str, sample_rate: int = DEFAULT_SAMPLE_RATE, *, speed: float = 1.0):
+        self.format = check_format(fmt)
+        self.sample_rate = _check_sample_rate(sample_rate)
+        self.speed = check_speed(speed)
+        self.media_type = MEDIA_TYPES[fmt]
+        self.closed = False
+        self._tempo = TempoStream(self.speed, self.sample_rate) if self.speed != 1.0 else None
+        self._drain: _Drain | None = None
+        self._codec: _PyAVEncoder | None = None
+        self._pending = wav_stream_header(self.sample_rate) if fmt == "wav" else b""
+        if fmt in _CODECS:
+            self._drain = _Drain()
+            self._codec = _PyAVEncoder(fmt, self.sample_rate, self._drain)
+
+    def write(self, samples: np.ndarray) -> bytes:
+        """Encode one piece (1-D float samples at ``sample_rate``); returns the bytes ready to send."""
+        if self.closed:
+            raise ValueError("write to a closed StreamEncoder")
+        samples = _check_samples(samples)
+        if self._tempo is not None:
+            samples = self._tempo.process(samples)
+        return self._emit(samples)
+
+    def close(self) -> bytes:
+        """Flush everything and return the last bytes; closing again returns ``b""``."""
+        if self.closed:
+            return b""
+        tail = self._emit(self._tempo.flush() if self._tempo is not None else np.zeros(0, np.float32))
+        self.closed = True
+        if self._codec is not None:
+            self._codec.finish()
+            tail += self._drain.take()
+        return tail
+
+    def abort(self) -> None:
+        """Stop without flushing (the client went away): frees the encoder, returns nothing."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._codec is not None:
+            self._codec.abort()
+            self._drain.take()
+
+    def _emit(self, samples: np.ndarray) -> bytes:
+        out, self._pending = self._pending, b""
+        if self._codec is not None:
+            self._codec.encode(samples)
+            return out + self._drain.take()
+        if samples.size:
+            out += to_pcm16(samples).astype("<i2", copy=False).tobytes()
+        return out
+
+
+def encode_with_pyav(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
+    """A whole clip as one ``mp3``/``opus``/``aac``/``flac`` file, with the streaming encoders'
+    settings but a seekable buffer, so the muxer can go back and fill in its headers (mp3's
+    Xing/LAME header with the encoder delay, which gapless decoders trim; FLAC's total length)."""
+    if check_format(fmt) not in _CODECS:
+        raise ValueError(f"encode_with_pyav writes {', '.join(_CODECS)}, not {fmt!r}")
+    samples = _check_samples(samples)
+    buffer = io.BytesIO()
+    encoder = _PyAVEncoder(fmt, _check_sample_rate(sample_rate), buffer)
+    encoder.encode(samples)
+    encoder.finish()
+    return buffer.getvalue()
