@@ -11,4 +11,12 @@ class AudioDecodeError(AudioError):
 
 
 class ReferenceAudioError(AudioError):
-    """Decodable audio that is unusable as a voice reference (empty, silent, too short)."""
+    """Decodable audio that is unusable as a voice reference (empty, silent, too short).
+
+    ``reason`` says which, for callers that answer with a machine-readable code: ``"empty"`` (no
+    samples), ``"too_short"`` (below the general or the variant's minimum) or ``"silent"``.
+    """
+
+    def __init__(self, message: str, *, reason: str = "unusable"):
+        super().__init__(message)
+        self.reason = reason

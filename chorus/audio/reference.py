@@ -107,23 +107,24 @@ def prepare_reference(source: AudioSource | DecodedAudio, policy: ReferencePolic
 def check_reference(wav: np.ndarray, sample_rate: int, policy: ReferencePolicy = ReferencePolicy()) -> None:
     """Raise :class:`ReferenceAudioError` unless ``wav`` is usable as a voice reference."""
     if wav.size == 0:
-        raise ReferenceAudioError("the reference clip contains no audio samples")
+        raise ReferenceAudioError("the reference clip contains no audio samples", reason="empty")
     duration = wav.shape[0] / sample_rate
     if duration < MIN_REFERENCE_SECONDS:
         raise ReferenceAudioError(
             f"the reference clip is {duration:.2f} s long; at least {MIN_REFERENCE_SECONDS} s of speech is "
-            "needed (5-15 s of clean speech works best)"
+            "needed (5-15 s of clean speech works best)", reason="too_short"
         )
     if policy.min_seconds > 0 and not duration > policy.min_seconds:
         raise ReferenceAudioError(
             f"the reference clip is {duration:.2f} s long; the {policy.variant_name} variant needs more than "
-            f"{policy.min_seconds:g} s of audio"
+            f"{policy.min_seconds:g} s of audio", reason="too_short"
         )
     peak = float(np.max(np.abs(wav)))
     peak_dbfs = 20.0 * math.log10(peak) if peak > 0 else -math.inf
     if peak_dbfs < SILENCE_PEAK_DBFS:
         raise ReferenceAudioError(
-            f"the reference clip is silent (peak {peak_dbfs:.1f} dBFS, below {SILENCE_PEAK_DBFS:g} dBFS)"
+            f"the reference clip is silent (peak {peak_dbfs:.1f} dBFS, below {SILENCE_PEAK_DBFS:g} dBFS)",
+            reason="silent",
         )
 
 

@@ -54,8 +54,9 @@ def test_turbo_needs_more_than_five_seconds(seconds, ok):
     if ok:
         assert prepare_reference(clip, TURBO).duration == pytest.approx(seconds)
     else:
-        with pytest.raises(ReferenceAudioError, match="turbo variant needs more than 5 s"):
+        with pytest.raises(ReferenceAudioError, match="turbo variant needs more than 5 s") as err:
             prepare_reference(clip, TURBO)
+        assert err.value.reason == "too_short"
 
 
 def test_original_accepts_a_short_clip():
@@ -63,23 +64,26 @@ def test_original_accepts_a_short_clip():
 
 
 def test_clip_below_the_global_floor_is_rejected():
-    with pytest.raises(ReferenceAudioError, match="at least 0.5 s"):
+    with pytest.raises(ReferenceAudioError, match="at least 0.5 s") as err:
         prepare_reference(_speech_24k(0.3), ORIGINAL)
+    assert err.value.reason == "too_short"
 
 
 def test_empty_file_is_rejected(tmp_path):
     path = tmp_path / "empty.wav"
     soundfile.write(path, np.zeros(0, np.float32), 16000)
-    with pytest.raises(ReferenceAudioError, match="no audio samples"):
+    with pytest.raises(ReferenceAudioError, match="no audio samples") as err:
         prepare_reference(path, ORIGINAL)
+    assert err.value.reason == "empty"
 
 
 @pytest.mark.parametrize("peak", [0.0, 5e-4])
 def test_silent_clip_is_rejected(peak):
     rng = np.random.default_rng(0)
     wav = (peak * np.clip(rng.standard_normal(6 * 16000), -1, 1)).astype(np.float32)
-    with pytest.raises(ReferenceAudioError, match="silent"):
+    with pytest.raises(ReferenceAudioError, match="silent") as err:
         prepare_reference(DecodedAudio(wav, 16000), TURBO)
+    assert err.value.reason == "silent"
 
 
 def test_quiet_but_audible_clip_is_accepted_and_normalized():
