@@ -5,6 +5,8 @@ import argparse
 import json
 import sys
 import warnings
+from dataclasses import MISSING as dataclasses_MISSING
+from pathlib import Path
 from typing import Callable, Sequence
 
 from chorus import __version__
@@ -313,6 +315,47 @@ def _cmd_voice_create(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from chorus.server.config import build_config, field_names, read_config_file
+    from chorus.server.main import serve
+
+    file_values = read_config_file(args.config) if args.config else None
+    flags = {name: getattr(args, name) for name in field_names()}
+    config = build_config(file_values, flags=flags)
+    if config.checkpoint is not None and not Path(config.checkpoint).exists() and "/" not in config.checkpoint:
+        raise CliError(f"--checkpoint {config.checkpoint!r} is neither a directory nor a hub id (owner/name)")
+    serve(config)
+    return 0
+
+
+def _add_serve_parser(sub) -> None:
+    from dataclasses import fields
+
+    from chorus.server.config import ENV_PREFIX, FIELD_HELP, ServerConfig
+
+    p = _add_command(sub, "serve", help="run the voice server (OpenAI-compatible HTTP API)",
+                     description="Load a checkpoint and serve it over HTTP: POST /v1/audio/speech (OpenAI-"
+                                 "compatible, streaming), /v1/voices, /v1/models, /health, /ready, /metrics. "
+                                 "Every option can also come from a CHORUS_<OPTION> environment variable "
+                                 "(e.g. CHORUS_MAX_QUEUE=64) or a --config file; flags win over the "
+                                 "environment, which wins over the file. See docs/server.md.")
+    p.add_argument("--config", default=None, metavar="FILE", help="a .toml or .json file of settings")
+    defaults = ServerConfig.__dataclass_fields__
+    for f in fields(ServerConfig):
+        if f.name == "degradation":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = defaults[f.name].default if f.default is not dataclasses_MISSING else None
+        shown = "none" if default in (None, ()) else default
+        text = f"{FIELD_HELP[f.name]} (default: {shown}; env {ENV_PREFIX}{f.name.upper()})"
+        kind = str(f.type)
+        if kind == "bool":
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
+        else:
+            p.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(), help=text)
+    p.set_defaults(handler=_cmd_serve)
+
+
 def _add_synth_parser(sub) -> None:
     p = _add_command(sub, "synth", help="speak a text (or a whole book with --text-file) to an audio file",
                      description="Speak TEXT (or --text-file) with a variant's models and write "
@@ -441,6 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_cmd_bench_stream)
     bench.set_defaults(handler=lambda a: (bench.print_help(), 2)[1])
 
+    _add_serve_parser(sub)
     _add_synth_parser(sub)
     _add_voice_parser(sub)
 

@@ -16,31 +16,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
-import torch
 
-from chorus.models.campplus import CAMPPlus, CAMPPlusConfig
 from chorus.models.random_checkpoint import random_builtin_voice
-from chorus.models.s3tokenizer import S3TokenizerConfig, S3TokenizerV2
 from chorus.models.variants import get_variant
-from chorus.models.voice_encoder import VoiceEncoder, VoiceEncoderConfig
 from chorus.voices import Voice, VoiceFrontEnd
 from chorus.voices.store import (
     DEFAULT_VOICE_ID, ID_HEX_CHARS, InvalidVoiceIdError, ReservedVoiceError, UnknownVoiceError, VoiceStore,
     VoiceStoreError, VoiceUploadError, upload_hash, variant_family,
 )
 from tests.conftest import DATA_DIR
+from tests.voices.front_ends import tiny_front_end
 
 ORIGINAL = get_variant("original")
-
-
-def tiny_front_end(variant=ORIGINAL) -> VoiceFrontEnd:
-    torch.manual_seed(0)
-    return VoiceFrontEnd(
-        variant,
-        VoiceEncoder(VoiceEncoderConfig(hidden_size=32, num_layers=1)).eval(),
-        S3TokenizerV2(S3TokenizerConfig(width=64, heads=4, layers=1)).eval(),
-        CAMPPlus(CAMPPlusConfig(blocks=((1, 1), (1, 2), (1, 2)))).eval(),
-    )
 
 
 @pytest.fixture(scope="module")

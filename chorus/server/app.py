@@ -1,0 +1,419 @@
+"""The HTTP layer: routes, authentication, limits and response streaming. No model logic lives
+here; :class:`SpeechService` answers every question about the model. docs/server.md documents
+each endpoint, field, header, limit, metric and error."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hmac
+import json
+import logging
+import re
+import time
+import uuid
+from typing import AsyncIterator
+
+from fastapi import Depends, FastAPI, Header, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from chorus.models.s3gen.s3gen import SAMPLE_RATE
+from chorus.pipeline.errors import PipelineError
+from chorus.server.errors import APIError, install_error_handlers
+from chorus.server.logs import request_id_var
+from chorus.server.schemas import (ErrorBody, Health, ModelCard, ModelList, Readiness, SpeechBody, VoiceCard,
+                                   VoiceDeleted, VoiceList)
+from chorus.server.service import SpeechService, pipeline_error
+
+logger = logging.getLogger("chorus.server")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+_MULTIPART_OVERHEAD = 64 << 10  # boundaries and part headers around an upload
+ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 404, 413, 429, 500, 503, 504)}
+
+
+def create_app(service: SpeechService) -> FastAPI:
+    config = service.config
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        starting = asyncio.create_task(service.start())
+        try:
+            yield
+        finally:
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await starting
+            await service.stop()
+
+    app = FastAPI(title="Chorus", summary="A voice server for the Chatterbox TTS family (OpenAI-compatible)",
+                  version=_version(), lifespan=lifespan)
+    app.state.service = service
+    install_error_handlers(app)
+    app.add_middleware(_BodyLimit, default=config.max_body_bytes,
+                       uploads=config.max_upload_bytes + _MULTIPART_OVERHEAD)
+    if config.cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=["X-Request-Id", "X-Chorus-Degradation"])
+
+    app.add_middleware(_RequestContext, metrics=service.metrics)
+
+    def authorize(authorization: str | None = Header(None, include_in_schema=False)) -> None:
+        if not config.api_keys:
+            return
+        scheme, _, key = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not any(hmac.compare_digest(key.strip(), k) for k in config.api_keys):
+            raise APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
+                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+    # -- operations ------------------------------------------------------------------------------
+    @app.get("/health", response_model=Health, tags=["operations"])
+    async def health():
+        """The process is alive (it answers while the model loads)."""
+        return Health()
+
+    @app.get("/ready", response_model=Readiness, responses={503: {"model": Readiness}}, tags=["operations"])
+    async def ready():
+        """The model is loaded, the engine is not stalled and a canary synthesis passed recently."""
+        ok, reason = service.readiness()
+        body = Readiness(ready=ok, state=service.state, reason=reason, degradation_level=service.degradation.level)
+        return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
+
+    @app.get("/metrics", tags=["operations"], response_class=Response)
+    async def metrics():
+        """Prometheus text format."""
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    # -- models ------------------------------------------------------------------------------------
+    @app.get("/v1/models", response_model=ModelList, responses=ERRORS, dependencies=[Depends(authorize)],
+             tags=["models"])
+    async def list_models():
+        created = int(service.started_at)
+        return ModelList(data=[ModelCard(id=m, created=created) for m in service.model_ids()])
+
+    @app.get("/v1/models/{model_id}", response_model=ModelCard, responses=ERRORS,
+             dependencies=[Depends(authorize)], tags=["models"])
+    async def get_model(model_id: str):
+        if model_id not in service.model_ids():
+            raise APIError(404, f"model {model_id!r} is not served here", code="model_not_found", param="model")
+        return ModelCard(id=model_id, created=int(service.started_at))
+
+    # -- voices ------------------------------------------------------------------------------------
+    @app.post("/v1/voices", response_model=VoiceCard, status_code=201, responses=ERRORS,
+              dependencies=[Depends(authorize)], tags=["voices"],
+              openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+                  "type": "object", "required": ["file"], "properties": {
+                      "file": {"type": "string", "format": "binary"}, "name": {"type": "string", "maxLength": 64}}}}}}})
+    async def create_voice(request: Request):
+        """Upload a reference clip (multipart field ``file``, optional ``name``); the same clip
+        uploaded twice is one voice."""
+        service.require_serving()
+        data, name = await _read_upload(request, config.max_upload_bytes)
+        info = await asyncio.to_thread(_voice_call, service.voices.add, data, name=name, param="upload")
+        return _voice_card(info)
+
+    @app.get("/v1/voices", response_model=VoiceList, responses=ERRORS, dependencies=[Depends(authorize)],
+             tags=["voices"])
+    async def list_voices():
+        service.require_serving()
+        infos = await asyncio.to_thread(service.voices.list)
+        return VoiceList(data=[_voice_card(i) for i in infos])
+
+    @app.get("/v1/voices/{voice_id}", response_model=VoiceCard, responses=ERRORS,
+             dependencies=[Depends(authorize)], tags=["voices"])
+    async def get_voice(voice_id: str):
+        service.require_serving()
+        return _voice_card(await asyncio.to_thread(_voice_call, service.voices.info, voice_id))
+
+    @app.delete("/v1/voices/{voice_id}", response_model=VoiceDeleted, responses=ERRORS,
+                dependencies=[Depends(authorize)], tags=["voices"])
+    async def delete_voice(voice_id: str):
+        service.require_serving()
+        deleted = await asyncio.to_thread(_voice_call, service.voices.delete, voice_id)
+        if not deleted:
+            raise APIError(404, f"voice {voice_id!r} does not exist", code="voice_not_found", param="voice_id")
+        return VoiceDeleted(id=voice_id, deleted=True)
+
+    # -- speech ------------------------------------------------------------------------------------
+    @app.post("/v1/audio/speech", responses={**ERRORS, 200: {"content": {
+        "audio/mpeg": {}, "audio/ogg": {}, "audio/aac": {}, "audio/flac": {}, "audio/wav": {}, "audio/pcm": {},
+        "text/event-stream": {}}, "description": "the audio, streamed as it is generated"}},
+        response_class=Response, dependencies=[Depends(authorize)], tags=["audio"])
+    async def speech(body: SpeechBody, request: Request,
+                     x_chorus_priority: str | None = Header(None, description="high, normal or low")):
+        """Speak ``input``: OpenAI-compatible, plus Chatterbox's and Chorus's fields."""
+        arrived = time.perf_counter()
+        service.require_serving()
+        service.check_model(body.model)
+        priority = service.priority(body.priority, x_chorus_priority)
+        voice = await asyncio.to_thread(_voice_call, service.voices.get, body.voice, param="voice")
+        from chorus.audio.streaming import StreamEncoder, media_type  # PyAV: imported when first needed
+
+        try:
+            encoder = StreamEncoder(body.response_format, SAMPLE_RATE, speed=body.speed)
+        except ValueError as exc:
+            raise APIError(400, str(exc), code="invalid_parameter", param="speed") from None
+        ticket = service.admit(priority)
+        try:
+            pipeline_request, applied = service.speech_request(body, voice, priority, request.state.request_id)
+            stream = await asyncio.to_thread(service.submit, pipeline_request)
+        except BaseException:
+            service.admission.release(ticket)
+            encoder.abort()
+            raise
+        try:  # wait for the first audio, so that a failure before it is still a JSON error
+            first = await stream._anext()
+        except PipelineError as exc:
+            service.admission.release(ticket)
+            encoder.abort()
+            error = pipeline_error(exc)
+            service.metrics.requests.labels(error.code).inc()
+            raise error from None
+        except BaseException:  # the client went away while waiting
+            stream.cancel()
+            service.admission.release(ticket)
+            encoder.abort()
+            raise
+        headers = {"X-Chorus-Degradation": str(applied.level), "X-Chorus-Degraded": applied.header(),
+                   "X-Chorus-Seed": str(stream.plan.seed), "Cache-Control": "no-store"}
+        cheap = body.response_format in ("wav", "pcm") and body.speed == 1.0  # no codec: encode inline
+        audio = _Session(service, stream, encoder, ticket, first, arrived, cheap)
+        if body.stream_format == "sse":
+            return StreamingResponse(audio.sse(), media_type="text/event-stream", headers=headers)
+        return StreamingResponse(audio.bytes(), media_type=media_type(body.response_format), headers=headers)
+
+    return app
+
+
+class _Session:
+    """One speech response being streamed: pieces -> encoder -> bytes, and the bookkeeping at
+    the end (metrics, the admission ticket, cancel when the client leaves)."""
+
+    def __init__(self, service: SpeechService, stream, encoder, ticket, first, arrived: float, cheap: bool):
+        self.service, self.stream, self.encoder, self.ticket = service, stream, encoder, ticket
+        self.first, self.arrived, self.cheap = first, arrived, cheap
+        self.audio_samples = 0
+        self.closed = False
+
+    async def _encode(self, fn, *args) -> bytes:
+        """Run an encoder call: a codec on a worker thread (the event loop must not spend its
+        time in one), PCM and WAV inline."""
+        return fn(*args) if self.cheap else await asyncio.to_thread(fn, *args)
+
+    async def _encoded(self) -> AsyncIterator[bytes]:
+        service, metrics = self.service, self.service.metrics
+        status, sent_any = "ok", False
+        try:
+            piece = self.first
+            while piece is not None:
+                self.audio_samples += piece.samples.size
+                data = await self._encode(self.encoder.write, piece.samples)
+                if data:
+                    if not sent_any:
+                        sent_any = True
+                        metrics.ttfa.observe(time.perf_counter() - self.arrived)
+                    yield data
+                piece = await self.stream._anext()
+            tail = await self._encode(self.encoder.close)
+            self.closed = True
+            if tail:
+                if not sent_any:
+                    metrics.ttfa.observe(time.perf_counter() - self.arrived)
+                yield tail
+            result = self.stream._result
+            if result is not None and "first_token_s" in result.timings:
+                metrics.queue_time.observe(result.timings["first_token_s"])
+            metrics.e2e.observe(time.perf_counter() - self.arrived)
+        except PipelineError as exc:  # after the first byte: cut the stream, log and count
+            status = pipeline_error(exc).code
+            metrics.stream_cuts.labels(exc.reason).inc()
+            logger.error("stream cut after audio was sent: %s", exc, extra={"reason": exc.reason})
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            status = "client_disconnected"
+            raise
+        except Exception as exc:
+            status = "internal_error"
+            metrics.stream_cuts.labels("internal_error").inc()
+            logger.exception("stream failed: %s", exc)
+            raise
+        finally:
+            if not self.stream.finished:
+                self.stream.cancel()
+            if not self.closed:
+                self.encoder.abort()
+            service.admission.release(self.ticket)
+            metrics.requests.labels(status).inc()
+            metrics.audio_seconds.inc(self.audio_samples / SAMPLE_RATE)
+
+    async def bytes(self) -> AsyncIterator[bytes]:
+        async for data in self._encoded():
+            yield data
+
+    async def sse(self) -> AsyncIterator[bytes]:
+        async for data in self._encoded():
+            event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")}
+            yield f"data: {json.dumps(event)}\n\n".encode()
+        plan = self.stream.plan
+        result = self.stream._result
+        text_tokens = sum(len(c.text_ids) for c in plan.chunks)
+        speech_tokens = sum(c.speech_tokens for c in result.chunks) if result is not None else 0
+        done = {"type": "speech.audio.done",
+                "usage": {"input_tokens": text_tokens, "output_tokens": speech_tokens,
+                          "total_tokens": text_tokens + speech_tokens}}
+        yield f"data: {json.dumps(done)}\n\n".encode()
+
+
+_VOICE_STATUS = {"too_large": 413, "reserved_voice": 409, "damaged_voice": 500, "id_collision": 500}
+
+
+def _voice_call(fn, *args, param: str = "voice_id", **kwargs):
+    """Call the voice store, mapping its errors to API errors (a request's unknown ``voice`` is
+    a 400 like any bad parameter; an unknown voice in the path is a 404)."""
+    from chorus.voices.store import UnknownVoiceError, VoiceStoreError
+
+    try:
+        return fn(*args, **kwargs)
+    except UnknownVoiceError as exc:
+        raise APIError(400 if param == "voice" else 404, str(exc), code="voice_not_found", param=param) from None
+    except VoiceStoreError as exc:
+        status = _VOICE_STATUS.get(exc.code, 400)
+        raise APIError(status, str(exc), code=exc.code, param="file" if param == "upload" else param) from None
+
+
+def _voice_card(info) -> VoiceCard:
+    return VoiceCard(id=info.id, name=info.name, created_at=int(info.created_at), duration_s=info.duration_s,
+                     variant=info.variant)
+
+
+async def _read_upload(request: Request, limit: int) -> tuple[bytes, str | None]:
+    content_type = request.headers.get("content-type", "")
+    if not content_type.startswith("multipart/form-data"):
+        raise APIError(415, "upload the clip as multipart/form-data with a 'file' field", code="unsupported_media_type")
+    try:
+        form = await request.form(max_files=1, max_fields=4, max_part_size=limit)
+    except StarletteHTTPException:
+        raise
+    except Exception as exc:  # noqa: BLE001 - malformed multipart of any kind
+        raise APIError(400, f"could not read the multipart body: {exc}", code="invalid_multipart") from None
+    upload = form.get("file")
+    if upload is None or isinstance(upload, str):
+        raise APIError(400, "the multipart body needs a 'file' field holding the clip", code="missing_file",
+                       param="file")
+    data = await upload.read(limit + 1)
+    await form.close()
+    if len(data) > limit:
+        raise APIError(413, f"the clip is larger than {limit} bytes", code="too_large", param="file")
+    name = form.get("name")
+    if name is not None and (not isinstance(name, str) or len(name) > 64):
+        raise APIError(400, "name must be text of at most 64 characters", code="invalid_parameter", param="name")
+    return data, name
+
+
+class _RequestContext:
+    """Per request: its id (the client's ``X-Request-Id`` when it is a short token, else a new
+    one) in a context variable and the response header, one access-log line, and the error
+    counter. Pure ASGI, so streamed responses pass through untouched and a client disconnect
+    reaches the route at once."""
+
+    def __init__(self, app, metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
+        request_id = given if _REQUEST_ID.match(given) else f"req-{uuid.uuid4().hex[:16]}"
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        token = request_id_var.set(request_id)
+        started, status = time.perf_counter(), [500]
+
+        async def send_with_id(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  (b"x-request-id", request_id.encode())]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            request_id_var.reset(token)
+            code = state.get("error_code")
+            if scope["path"] != "/metrics":
+                logger.info("%s %s %d", scope["method"], scope["path"], status[0],
+                            extra={"request_id": request_id, "status": status[0], "error_code": code,
+                                   "ms": round(1000 * (time.perf_counter() - started), 1)})
+            if status[0] >= 400:
+                self.metrics.errors.labels(code or str(status[0])).inc()
+
+
+class _BodyLimit:
+    """Reject bodies over the limit (413) before they are read: by Content-Length, and by
+    counting for chunked bodies. Uploads (POST /v1/voices) have their own, larger limit."""
+
+    def __init__(self, app, default: int, uploads: int):
+        self.app, self.default, self.uploads = app, default, uploads
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        limit = self.uploads if scope["path"].rstrip("/") == "/v1/voices" else self.default
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            return await _too_large(limit, send)
+        seen = 0
+        started = False
+
+        async def counting_receive():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    scope.setdefault("state", {})["error_code"] = "body_too_large"
+                    raise _TooLarge()
+            return message
+
+        async def tracking_send(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except _TooLarge:
+            if not started:
+                await _too_large(limit, send)
+
+
+class _TooLarge(StarletteHTTPException):
+    """Raised from ``receive`` when a chunked body passes the limit; FastAPI re-raises HTTP
+    exceptions met while reading a body, so the error handlers answer 413."""
+
+    def __init__(self):
+        super().__init__(413, "the request body is too large")
+
+
+async def _too_large(limit: int, send) -> None:
+    error = APIError(413, f"the request body is larger than {limit} bytes", code="body_too_large")
+    body = json.dumps(error.body()).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("chorus-tts")
+    except PackageNotFoundError:
+        return "0+unknown"

@@ -1,0 +1,270 @@
+"""The server's one typed configuration, from defaults < a config file < environment < flags.
+
+Every field has a ``CHORUS_<NAME>`` environment variable and a ``--name`` flag (``chorus serve
+--help``); a config file (``--config FILE``, TOML or JSON) holds the same names. Values are
+checked in ``__post_init__``: a bad value fails at start-up with the field, the value and the rule.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+ENV_PREFIX = "CHORUS_"
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class DegradationConfig:
+    """When the server sheds quality to keep latency (docs/server.md, "Degradation").
+
+    Pressure is the larger of the admission queue's fill (requests in flight / max_queue) and
+    the KV pool's use. Level 1 above ``thresholds[0]``, 2 above ``thresholds[1]``, 3 above
+    ``thresholds[2]``; a level is entered after pressure stayed above its threshold for
+    ``hold_s`` and left after it stayed ``hysteresis`` below for ``hold_s``.
+    Level 1: new requests get ``reduced_flow_steps`` (never more than they asked for).
+    Level 2: also classifier-free guidance off for new requests (T3 and S3Gen).
+    Level 3: also admission shrinks to ``level3_queue_fraction`` of ``max_queue``.
+    """
+
+    enabled: bool = True
+    thresholds: tuple[float, float, float] = (0.6, 0.75, 0.9)
+    hysteresis: float = 0.1
+    hold_s: float = 2.0
+    reduced_flow_steps: int = 5
+    level3_queue_fraction: float = 0.5
+
+    def __post_init__(self):
+        t = tuple(float(x) for x in self.thresholds)
+        object.__setattr__(self, "thresholds", t)
+        _require(len(t) == 3 and 0 < t[0] <= t[1] <= t[2] <= 1,
+                 f"degradation thresholds must be 3 increasing numbers in (0, 1], got {self.thresholds!r}")
+        _require(0 <= self.hysteresis < t[0], f"degradation hysteresis must be in [0, {t[0]}), got {self.hysteresis!r}")
+        _require(self.hold_s >= 0, f"degradation hold_s must be >= 0, got {self.hold_s!r}")
+        _require(self.reduced_flow_steps >= 1, f"reduced_flow_steps must be >= 1, got {self.reduced_flow_steps!r}")
+        _require(0 < self.level3_queue_fraction <= 1,
+                 f"level3_queue_fraction must be in (0, 1], got {self.level3_queue_fraction!r}")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything ``chorus serve`` can be told. See docs/server.md for each field."""
+
+    # the model
+    variant: str = "turbo"
+    checkpoint: str | None = None  # a directory or a hub id; None: the variant's official repo
+    device: str = "auto"
+    dtype: str = "auto"
+    voice_models: bool = True  # load the models that build voices from uploads
+    # the network
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_keys: tuple[str, ...] = ()  # bearer tokens; empty: no authentication
+    cors_origins: tuple[str, ...] = ()
+    # voices
+    voices_dir: str = "voices"
+    voice_cache_size: int = 64
+    max_upload_bytes: int = 10 << 20
+    # limits and admission
+    max_queue: int = 256  # requests in flight (queued or running) before 429
+    max_input_chars: int = 4096  # OpenAI's limit on `input`
+    max_new_tokens: int | None = None  # cap on speech tokens per text chunk; None: the variant's
+    max_body_bytes: int = 1 << 20  # JSON bodies (uploads have max_upload_bytes)
+    default_deadline_s: float = 30.0
+    max_deadline_s: float = 300.0
+    memory_pressure: float = 0.98  # KV pool use above which new requests get 503 while others wait
+    retry_after_s: int = 1
+    # engine and pipeline
+    max_num_seqs: int = 256
+    max_chars: int = 300  # chunk length bound of long texts
+    kv_cache_bytes: int | None = None
+    gpu_memory_utilization: float = 0.85
+    cuda_graphs: bool = True
+    # operations
+    warmup: bool = True
+    canary_interval_s: float = 60.0  # /ready needs a canary that passed within 2x this
+    canary_timeout_s: float = 60.0
+    stall_timeout_s: float = 15.0  # a T3 step or vocoder pass longer than this: not ready
+    log_format: str = "json"  # "json" or "text"
+    log_level: str = "info"
+    degradation: DegradationConfig = field(default_factory=DegradationConfig)
+
+    def __post_init__(self):
+        from chorus.models.variants import get_variant
+
+        object.__setattr__(self, "variant", get_variant(self.variant).name)
+        for name in ("max_queue", "max_input_chars", "max_body_bytes", "max_upload_bytes", "voice_cache_size",
+                     "max_num_seqs", "max_chars", "retry_after_s"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
+                     f"{name} must be a positive integer, got {value!r}")
+        _require(self.max_new_tokens is None or (isinstance(self.max_new_tokens, int) and self.max_new_tokens > 0),
+                 f"max_new_tokens must be a positive integer or unset, got {self.max_new_tokens!r}")
+        _require(0 < self.port < 65536, f"port must be in 1..65535, got {self.port!r}")
+        for name in ("default_deadline_s", "max_deadline_s", "canary_interval_s", "canary_timeout_s", "stall_timeout_s"):
+            value = getattr(self, name)
+            _require(isinstance(value, (int, float)) and value > 0, f"{name} must be a positive number, got {value!r}")
+        _require(self.default_deadline_s <= self.max_deadline_s,
+                 f"default_deadline_s ({self.default_deadline_s}) must be <= max_deadline_s ({self.max_deadline_s})")
+        _require(0 < self.memory_pressure <= 1, f"memory_pressure must be in (0, 1], got {self.memory_pressure!r}")
+        _require(0 < self.gpu_memory_utilization <= 1,
+                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        _require(self.log_format in ("json", "text"), f"log_format must be 'json' or 'text', got {self.log_format!r}")
+        _require(self.log_level.lower() in ("debug", "info", "warning", "error"),
+                 f"log_level must be debug, info, warning or error, got {self.log_level!r}")
+        _require(all(isinstance(k, str) and len(k) >= 8 for k in self.api_keys),
+                 "every API key must be a string of at least 8 characters")
+
+    @property
+    def model_id(self) -> str:
+        """The id clients pass as ``model`` (also listed by ``GET /v1/models``)."""
+        return f"chatterbox-{self.variant}"
+
+
+FIELD_HELP = {
+    "variant": "model variant (original, multilingual, multilingual-v3, turbo, nano)",
+    "checkpoint": "checkpoint directory in the official layout or a Hugging Face repo id "
+                  "(default: the variant's official repo)",
+    "device": "auto (CUDA when present), cpu, cuda or cuda:N",
+    "dtype": "auto (bf16 on CUDA, fp32 on the CPU), fp32, bf16 or fp16",
+    "voice_models": "load the models that build voices from uploaded clips (off: built-in voice only)",
+    "host": "address to listen on",
+    "port": "port to listen on",
+    "api_keys": "comma-separated bearer tokens clients must send (default: none, no authentication)",
+    "cors_origins": "comma-separated origins allowed by CORS (default: none)",
+    "voices_dir": "directory where uploaded voices are kept (created if missing)",
+    "voice_cache_size": "voices kept in memory (LRU)",
+    "max_upload_bytes": "largest voice upload in bytes",
+    "max_queue": "requests in flight (queued or running) before new ones get 429",
+    "max_input_chars": "longest input text in characters",
+    "max_new_tokens": "cap on speech tokens per text chunk, 25 per second of audio (default: the variant's; "
+                      "100 on a random-weight checkpoint)",
+    "max_body_bytes": "largest JSON request body in bytes",
+    "default_deadline_s": "seconds a request may take before it is aborted, unless it asks for another",
+    "max_deadline_s": "the longest deadline a request may ask for",
+    "memory_pressure": "KV-cache use (0-1) above which new requests get 503 while others wait for memory",
+    "retry_after_s": "the Retry-After of 429 and 503 answers",
+    "max_num_seqs": "rows of the T3 batch (a CFG request takes two)",
+    "max_chars": "longest text chunk in characters (long texts are split at sentences)",
+    "kv_cache_bytes": "bytes of the KV-cache pool (default: from gpu_memory_utilization on CUDA, 1 GiB on the CPU)",
+    "gpu_memory_utilization": "fraction of GPU memory the process may use",
+    "cuda_graphs": "capture CUDA graphs (T3 decode and the S3Gen solver)",
+    "warmup": "warm up (capture CUDA graphs) before reporting ready",
+    "canary_interval_s": "seconds between canary syntheses; /ready needs one that passed within twice this",
+    "canary_timeout_s": "deadline of a canary synthesis",
+    "stall_timeout_s": "a T3 step or S3Gen pass running longer than this makes /ready fail",
+    "log_format": "json (one object per line) or text",
+    "log_level": "debug, info, warning or error",
+}
+
+
+# -- building a config -------------------------------------------------------------------------
+
+_TUPLE_FIELDS = {"api_keys", "cors_origins"}
+
+
+def _convert(name: str, kind: Any, raw: Any) -> Any:
+    """A value from a file, env var or flag, as the field's type."""
+    if raw is None:
+        return None
+    text = isinstance(raw, str)
+    if name in _TUPLE_FIELDS:
+        items = raw.split(",") if text else list(raw)
+        return tuple(i.strip() for i in items if str(i).strip())
+    kind = str(kind)
+    if "bool" in kind:
+        if not text:
+            return bool(raw)
+        lowered = raw.strip().lower()
+        _require(lowered in ("1", "0", "true", "false", "yes", "no", "on", "off"),
+                 f"{name} must be true or false, got {raw!r}")
+        return lowered in ("1", "true", "yes", "on")
+    if "int" in kind and "float" not in kind:
+        try:
+            return int(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+    if "float" in kind:
+        try:
+            return float(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be a number, got {raw!r}") from None
+    return str(raw) if text or not isinstance(raw, (list, dict)) else raw
+
+
+def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
+    """The settings of a TOML (``.toml``) or JSON file: top-level keys are field names, a
+    ``[degradation]`` table holds the degradation settings."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config file {path} does not exist")
+    if path.suffix.lower() == ".toml":
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            raise ValueError(f"config file {path}: TOML needs Python 3.11+; use a .json file") from None
+
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    if path.suffix.lower() == ".json":
+        return json.loads(path.read_text())
+    raise ValueError(f"config file {path}: use a .toml or .json file")
+
+
+def field_names() -> list[str]:
+    return [f.name for f in fields(ServerConfig) if f.name != "degradation"]
+
+
+def build_config(file_values: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
+                 flags: Mapping[str, Any] | None = None) -> ServerConfig:
+    """Merge the sources (later wins: file, then ``CHORUS_*`` env vars, then flags whose value
+    is not None) into a checked :class:`ServerConfig`. Unknown keys in the file are an error;
+    ``CHORUS_DEGRADATION_<FIELD>`` env vars set degradation fields."""
+    types = {f.name: f.type for f in fields(ServerConfig)}
+    deg_types = {f.name: f.type for f in fields(DegradationConfig)}
+    values: dict[str, Any] = {}
+    degradation: dict[str, Any] = {}
+    for key, raw in (file_values or {}).items():
+        if key == "degradation":
+            _require(isinstance(raw, Mapping), "the config file's 'degradation' must be a table")
+            for k, v in raw.items():
+                _require(k in deg_types, f"unknown degradation setting {k!r}; known: {', '.join(deg_types)}")
+                degradation[k] = v
+            continue
+        _require(key in types, f"unknown setting {key!r} in the config file; known: {', '.join(field_names())}")
+        values[key] = _convert(key, types[key], raw)
+    for key, raw in (env if env is not None else os.environ).items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        name = key[len(ENV_PREFIX):].lower()
+        if name.startswith("degradation_") and name[len("degradation_"):] in deg_types:
+            degradation[name[len("degradation_"):]] = raw
+        elif name in types and name != "degradation":
+            values[name] = _convert(name, types[name], raw)
+    for key, raw in (flags or {}).items():
+        if raw is not None:
+            _require(key in types, f"unknown setting {key!r}")
+            values[key] = _convert(key, types[key], raw)
+    if degradation:
+        converted = {}
+        for k, v in degradation.items():
+            if k == "thresholds":
+                converted[k] = tuple(float(x) for x in (v.split(",") if isinstance(v, str) else v))
+            else:
+                converted[k] = _convert(k, deg_types[k], v)
+        values["degradation"] = DegradationConfig(**converted)
+    return ServerConfig(**values)
+
+
+def describe(config: ServerConfig) -> dict[str, Any]:
+    """The config as plain data, API keys hidden (for the start-up log)."""
+    data = dataclasses.asdict(config)
+    data["api_keys"] = f"{len(config.api_keys)} key(s)"
+    return data

@@ -1,0 +1,78 @@
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+
+Every failure a client can see is an :class:`APIError` raised by a route (or turned into one by
+the handlers below), so status codes, types and codes are decided in one place per cause.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error",
+          415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+          500: "server_error", 503: "service_unavailable", 504: "timeout_error"}
+
+
+class APIError(Exception):
+    """A failure to send to the client: HTTP ``status``, a message for people, the ``param`` at
+    fault (or None), a stable machine ``code`` and extra headers (e.g. ``Retry-After``)."""
+
+    def __init__(self, status: int, message: str, *, code: str, param: str | None = None,
+                 headers: dict[str, str] | None = None, type: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+        self.type = type or _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def _validation_error(exc: RequestValidationError) -> APIError:
+    first = exc.errors()[0] if exc.errors() else {}
+    if first.get("type") == "json_invalid":
+        return APIError(400, f"the request body is not valid JSON: {first.get('ctx', {}).get('error', 'parse error')}",
+                        code="invalid_json")
+    location = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
+    param = ".".join(location) or None
+    message = first.get("msg", "invalid request")
+    if param:
+        message = f"{param}: {message}"
+    return APIError(400, message, code="invalid_parameter", param=param)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every error FastAPI or Starlette raises through the OpenAI shape."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        request.state.error_code = exc.code
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        error = _validation_error(exc)
+        request.state.error_code = error.code
+        return error.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
+                400: "invalid_body"}.get(exc.status_code, "http_error")
+        request.state.error_code = code
+        return APIError(exc.status_code, str(exc.detail), code=code,
+                        headers=getattr(exc, "headers", None)).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        request.state.error_code = "internal_error"
+        return APIError(500, "internal server error; the request id in the X-Request-Id header finds it in the log",
+                        code="internal_error").response()

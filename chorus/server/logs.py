@@ -1,0 +1,51 @@
+"""Structured logs: one JSON object per line, with the request id of the request being served.
+
+The request id comes from the client's ``X-Request-Id`` header (when it is a short token) or is
+made up, is returned in the response's ``X-Request-Id`` and rides a context variable, so every
+log line written while serving the request carries it.
+"""
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import time
+
+request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("chorus_request_id", default=None)
+
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
+
+
+class JsonFormatter(logging.Formatter):
+    """``{"ts", "level", "logger", "message", "request_id", ...extra fields, "exc"}``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        data = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        request_id = getattr(record, "request_id", None) or request_id_var.get()
+        if request_id:
+            data["request_id"] = request_id
+        for key, value in vars(record).items():
+            if key not in _STANDARD and key not in data:
+                data[key] = value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+        if record.exc_info:
+            data["exc"] = self.formatException(record.exc_info)
+        return json.dumps(data, ensure_ascii=False)
+
+
+def setup_logging(fmt: str = "json", level: str = "info") -> None:
+    """Send Chorus's and uvicorn's logs to stderr as JSON lines (or plain text)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if fmt == "json" else
+                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error"):
+        logging.getLogger(name).handlers[:] = []
+        logging.getLogger(name).propagate = True
+    logging.getLogger("uvicorn.access").disabled = True  # the server logs each request itself

@@ -1,0 +1,62 @@
+"""``chorus serve``: load a checkpoint behind the HTTP API and run uvicorn."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+from chorus.server.config import ServerConfig, describe
+from chorus.server.logs import setup_logging
+from chorus.server.service import Loaded, SpeechService
+
+logger = logging.getLogger("chorus.server")
+
+
+def load_models(config: ServerConfig) -> Loaded:
+    """The real loader: checkpoint -> models -> running pipeline, plus the voice store."""
+    from chorus.engine.config import EngineConfig
+    from chorus.pipeline import Pipeline, PipelineConfig, SpeechModels
+    from chorus.voices.store import VoiceStore
+
+    models = SpeechModels.load(config.variant, config.checkpoint, dtype=config.dtype, device=config.device,
+                               voice_models=config.voice_models)
+    if models.checkpoint.has_random_weights:
+        logger.warning("the checkpoint at %s has RANDOM WEIGHTS (written by `chorus checkpoint random`): "
+                       "every voice speaks noise; point --checkpoint at real weights to hear speech",
+                       models.checkpoint.directory)
+    engine = EngineConfig.from_flat(variant=config.variant, max_num_seqs=config.max_num_seqs,
+                                    kv_cache_bytes=config.kv_cache_bytes,
+                                    gpu_memory_utilization=config.gpu_memory_utilization)
+    pipeline = Pipeline(models, PipelineConfig(engine=engine, max_chars=config.max_chars,
+                                               default_deadline_s=config.default_deadline_s,
+                                               cuda_graphs=config.cuda_graphs))
+    builtin = models.builtin_voice() if models.checkpoint.has_builtin_voice() else None
+    voices = VoiceStore(Path(config.voices_dir), models.front_end, models.variant, builtin=builtin,
+                        cache_size=config.voice_cache_size, max_upload_bytes=config.max_upload_bytes)
+    return Loaded(pipeline.start(), voices)
+
+
+def effective_config(config: ServerConfig) -> ServerConfig:
+    """Settings that depend on the checkpoint: random weights cap speech at 100 tokens per chunk
+    unless a cap was given (such models rarely stop by themselves)."""
+    if config.max_new_tokens is not None or config.checkpoint is None:
+        return config
+    from chorus.cli_checks import RANDOM_WEIGHTS_TOKEN_CAP
+    from chorus.models.random_checkpoint import is_random_checkpoint
+
+    if Path(config.checkpoint).is_dir() and is_random_checkpoint(config.checkpoint):
+        return dataclasses.replace(config, max_new_tokens=RANDOM_WEIGHTS_TOKEN_CAP)
+    return config
+
+
+def serve(config: ServerConfig) -> None:
+    import uvicorn
+
+    from chorus.server.app import create_app
+
+    setup_logging(config.log_format, config.log_level)
+    config = effective_config(config)
+    logger.info("starting", extra={"config": describe(config)})
+    service = SpeechService(config, lambda: load_models(config))
+    uvicorn.run(create_app(service), host=config.host, port=config.port, log_config=None,
+                log_level=config.log_level.lower(), timeout_graceful_shutdown=10)

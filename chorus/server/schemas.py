@@ -1,0 +1,104 @@
+"""Request and response bodies of the HTTP API (they make the OpenAPI schema at /openapi.json).
+
+Ranges here are the API's limits; the pipeline's planner checks the rest against the loaded
+variant (e.g. which sampling parameters it uses) and its errors become 400s too.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from chorus.sampling.params import MAX_SEED
+
+ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+PriorityName = Literal["high", "normal", "low"]
+
+
+class SpeechBody(BaseModel):
+    """``POST /v1/audio/speech``: OpenAI's fields, then Chatterbox's, then Chorus's.
+    Unknown fields are an error (a misspelt parameter must not be silently ignored)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(description="a model id from GET /v1/models")
+    input: str = Field(min_length=1, description="the text to speak (at most the server's max_input_chars)")
+    voice: str = Field("default", min_length=1, max_length=64,
+                       description="a voice id from GET /v1/voices; 'default' is the model's built-in voice")
+    response_format: ResponseFormat = "mp3"
+    speed: float = Field(1.0, ge=0.25, le=4.0, description="playback speed; pitch is kept (FFmpeg atempo)")
+    stream_format: Literal["audio", "sse"] = Field(
+        "audio", description="'audio': the encoded audio as chunked bytes; 'sse': server-sent events "
+                             "speech.audio.delta (base64 audio) then speech.audio.done")
+    instructions: str | None = Field(None, description="not supported by Chatterbox; must be empty")
+    # Chatterbox
+    exaggeration: float | None = Field(None, ge=0.0, le=2.0, description="emotion intensity (original and multilingual)")
+    cfg_weight: float | None = Field(None, ge=0.0, le=5.0, description="classifier-free guidance weight; 0 turns it off")
+    temperature: float | None = Field(None, ge=0.0, le=5.0, description="0 is greedy")
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0, le=100_000, description="0 turns top-k off")
+    repetition_penalty: float | None = Field(None, ge=0.001, le=10.0)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="the same seed and input give the same audio")
+    language: str | None = Field(None, min_length=2, max_length=8, description="ISO 639-1 code (multilingual)")
+    # Chorus
+    priority: PriorityName | None = Field(None, description="overrides the X-Chorus-Priority header; default normal")
+    deadline_s: float | None = Field(None, gt=0.0, description="seconds until the request is aborted "
+                                                               "(default: the server's; at most its max)")
+    flow_steps: int | None = Field(None, ge=1, le=50, description="S3Gen solver steps (default: the variant's)")
+    max_new_tokens: int | None = Field(None, ge=1, le=4096, description="speech tokens per text chunk "
+                                                                        "(25 per second of audio)")
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "chorus"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class VoiceCard(BaseModel):
+    id: str
+    object: Literal["voice"] = "voice"
+    name: str | None
+    created_at: int
+    duration_s: float | None
+    variant: str | None
+
+
+class VoiceList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[VoiceCard]
+
+
+class VoiceDeleted(BaseModel):
+    id: str
+    object: Literal["voice"] = "voice"
+    deleted: bool
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class Readiness(BaseModel):
+    ready: bool
+    state: str
+    reason: str | None = None
+    degradation_level: int = 0

@@ -1,0 +1,272 @@
+"""The server's state between HTTP and the pipeline: loading, readiness, admission,
+degradation, the monitor and the canary. The HTTP layer (``app.py``) holds no model logic; it
+asks this object for everything.
+
+Life: ``start()`` loads the models on a worker thread (``/health`` answers meanwhile, ``/ready``
+says "loading"), warms up, runs a canary synthesis, and only then reports ready. A monitor task
+refreshes the engine snapshot every ``MONITOR_INTERVAL_S`` (metrics, pressure, degradation) and
+re-runs the canary every ``canary_interval_s``.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import unicodedata
+from dataclasses import dataclass
+from typing import Callable
+
+from chorus.engine.request import Priority
+from chorus.pipeline.errors import PipelineError
+from chorus.pipeline.request import SpeechRequest
+from chorus.server.admission import Admission, Ticket
+from chorus.server.config import ServerConfig
+from chorus.server.degradation import Applied, DegradationPolicy
+from chorus.server.errors import APIError
+from chorus.server.metrics import EngineSnapshot, ServerMetrics
+from chorus.server.schemas import SpeechBody
+
+logger = logging.getLogger("chorus.server")
+
+MONITOR_INTERVAL_S = 0.25
+CANARY_TEXT = "Chorus is ready."
+CANARY_TOKENS = 25  # one second of audio: enough to run every stage once
+
+PRIORITIES = {"high": Priority.HIGH, "normal": Priority.NORMAL, "low": Priority.LOW}
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What the loader returns: the running pipeline and the voice store."""
+
+    pipeline: "object"  # chorus.pipeline.Pipeline (kept untyped: importing it pulls in torch)
+    voices: "object"  # chorus.voices.store.VoiceStore
+
+
+class SpeechService:
+    def __init__(self, config: ServerConfig, loader: Callable[[], Loaded], *, clock=time.monotonic):
+        """``loader`` runs on a worker thread at start-up and returns the started pipeline and
+        the voice store (``chorus serve`` loads the checkpoint; tests pass tiny models)."""
+        self.config = config
+        self._loader = loader
+        self._clock = clock
+        self.pipeline = None
+        self.voices = None
+        self.state = "starting"  # starting -> loading -> warming -> ready | failed
+        self.failure: str | None = None
+        self.started_at = time.time()
+        self.admission = Admission(config.max_queue, config.memory_pressure, config.retry_after_s)
+        self.degradation = DegradationPolicy(config.degradation)
+        self.snapshot = EngineSnapshot()
+        self.metrics = ServerMetrics(lambda: self.snapshot)
+        self.last_canary_ok: float | None = None
+        self.last_canary_error: str | None = None
+        self._canary_running = False
+        self._monitor: asyncio.Task | None = None
+        self._last_tokens: tuple[float, int] | None = None
+        self._last_passes: tuple[int, int] = (0, 0)
+
+    # ------------------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Load, warm up, run the canary; failures leave the service in state ``failed`` (the
+        process stays up so /health and /ready can say why)."""
+        try:
+            self.state = "loading"
+            loaded = await asyncio.to_thread(self._loader)
+            self.pipeline, self.voices = loaded.pipeline, loaded.voices
+            if self.config.warmup:
+                self.state = "warming"
+                warmup = getattr(self.pipeline, "warmup", None)
+                if warmup is not None:
+                    await asyncio.to_thread(warmup)
+            await self.run_canary()
+            if self.last_canary_ok is None:
+                raise RuntimeError(f"the start-up canary failed: {self.last_canary_error}")
+            self.state = "ready"
+            logger.info("ready", extra={"variant": self.config.variant, "model": self.config.model_id})
+        except Exception as exc:  # noqa: BLE001 - reported by /ready and the log
+            self.state, self.failure = "failed", f"{type(exc).__name__}: {exc}"
+            logger.exception("start-up failed")
+        self._monitor = asyncio.create_task(self._monitor_loop())
+
+    async def stop(self) -> None:
+        if self._monitor is not None:
+            self._monitor.cancel()
+            try:
+                await self._monitor
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - shutting down
+                pass
+        if self.pipeline is not None:
+            await asyncio.to_thread(self.pipeline.close)
+
+    # ------------------------------------------------------------------------------ readiness
+    def readiness(self) -> tuple[bool, str | None]:
+        """(ready, why not)."""
+        if self.state != "ready":
+            return False, self.failure or f"the server is {self.state}"
+        stall = self.pipeline.stall(self.config.stall_timeout_s)
+        if stall is not None:
+            return False, stall
+        if self.last_canary_ok is None or self._clock() - self.last_canary_ok > 2 * self.config.canary_interval_s:
+            return False, f"no canary passed in the last {2 * self.config.canary_interval_s:g} s" + (
+                f" (last error: {self.last_canary_error})" if self.last_canary_error else "")
+        return True, None
+
+    def require_serving(self) -> None:
+        """Raise 503 unless the model is loaded and the start-up canary passed."""
+        if self.state != "ready":
+            reason = self.failure or f"the model is {self.state}"
+            raise APIError(503, f"not ready: {reason}", code="not_ready",
+                           headers={"Retry-After": str(max(self.config.retry_after_s, 5))})
+
+    async def run_canary(self) -> None:
+        """One short synthesis through the whole pipeline, at high priority."""
+        if self._canary_running:
+            return
+        self._canary_running = True
+        try:
+            request = SpeechRequest(CANARY_TEXT, seed=0, max_new_tokens=CANARY_TOKENS, priority=Priority.HIGH,
+                                    deadline_s=self.config.canary_timeout_s, request_id=f"canary-{time.time_ns()}")
+            stream = await asyncio.to_thread(self.pipeline.submit, request)
+            result = await stream.aresult()
+            if result.wav.size == 0 and result.chunks[0].speech_tokens > 0:
+                raise RuntimeError("the canary produced tokens but no audio")
+            self.last_canary_ok, self.last_canary_error = self._clock(), None
+        except Exception as exc:  # noqa: BLE001 - readiness reports it
+            self.last_canary_error = f"{type(exc).__name__}: {exc}"
+            logger.error("canary failed: %s", self.last_canary_error)
+        finally:
+            self._canary_running = False
+
+    # -------------------------------------------------------------------------------- monitor
+    async def _monitor_loop(self) -> None:
+        while True:
+            await asyncio.sleep(MONITOR_INTERVAL_S)
+            try:
+                await self.refresh()
+            except Exception:  # noqa: BLE001 - the monitor must not die
+                logger.exception("monitor refresh failed")
+
+    async def refresh(self) -> None:
+        """Take a new engine snapshot, update pressure, degradation, metrics and the canary."""
+        if self.pipeline is None:
+            return
+        now = self._clock()
+        if self.pipeline.stall(self.config.stall_timeout_s) is None:
+            try:
+                stats = await asyncio.to_thread(self.pipeline.engine_stats, 2.0)
+            except TimeoutError:
+                stats = None
+            if stats is not None:
+                self.snapshot = self._snapshot(stats, now)
+        pressure = max(self.admission.in_flight / self.config.max_queue, self.snapshot.kv_usage)
+        level = self.degradation.update(pressure, now)
+        m = self.metrics
+        m.degradation_level.set(level)
+        for priority, count in self.admission.in_flight_by_priority().items():
+            m.in_flight.labels(priority.name.lower()).set(count)
+        m.ready.set(1 if self.readiness()[0] else 0)
+        due = self.last_canary_ok is None or now - self.last_canary_ok >= self.config.canary_interval_s
+        if self.state == "ready" and due and not self._canary_running:
+            asyncio.create_task(self.run_canary())
+
+    def _snapshot(self, stats, now: float) -> EngineSnapshot:
+        pipe = self.pipeline
+        tokens = pipe.t3_tokens
+        rate = 0.0
+        if self._last_tokens is not None and now > self._last_tokens[0]:
+            rate = (tokens - self._last_tokens[1]) / (now - self._last_tokens[0])
+        self._last_tokens = (now, tokens)
+        vocoder = pipe.vocoder.stats
+        passes, items = vocoder.passes - self._last_passes[0], vocoder.items - self._last_passes[1]
+        self._last_passes = (vocoder.passes, vocoder.items)
+        kv = stats.kv
+        return EngineSnapshot(
+            kv_blocks_used=kv.num_used_blocks, kv_blocks_free=kv.num_free_blocks,
+            prefix_hit_rate=kv.prefix_hit_rate, preemptions=stats.num_preemptions,
+            t3_waiting=stats.num_waiting, t3_running=stats.num_running, t3_rows=stats.num_running_rows,
+            t3_tokens=tokens, t3_tokens_per_s=rate, vocoder_passes=vocoder.passes, vocoder_items=vocoder.items,
+            vocoder_items_per_pass=items / passes if passes else 0.0, pipeline_active=pipe.active_requests)
+
+    # ------------------------------------------------------------------------------- requests
+    def model_ids(self) -> list[str]:
+        return [self.config.model_id, self.config.variant]
+
+    def check_model(self, model: str) -> None:
+        if model not in self.model_ids():
+            raise APIError(400, f"model {model!r} is not served here; use one of: {', '.join(self.model_ids())} "
+                                f"(GET /v1/models)", code="model_not_found", param="model")
+
+    def priority(self, field: str | None, header: str | None) -> Priority:
+        name = field or (header.strip().lower() if header else "normal")
+        if name not in PRIORITIES:
+            raise APIError(400, f"priority must be high, normal or low, got {name!r}", code="invalid_parameter",
+                           param="priority")
+        return PRIORITIES[name]
+
+    def admit(self, priority: Priority) -> Ticket:
+        return self.admission.admit(priority, queue_limit=self.degradation.queue_limit(self.config.max_queue),
+                                    kv_usage=self.snapshot.kv_usage, waiting=self.snapshot.t3_waiting)
+
+    def speech_request(self, body: SpeechBody, voice, priority: Priority, request_id: str
+                       ) -> tuple[SpeechRequest, Applied]:
+        """The pipeline request of an API body, with the current degradation applied."""
+        config = self.config
+        if len(body.input) > config.max_input_chars:
+            raise APIError(400, f"input is {len(body.input)} characters; the limit is {config.max_input_chars} "
+                                f"(split the text into several requests)", code="input_too_long", param="input")
+        bad = next((c for c in body.input if unicodedata.category(c) == "Cc" and c not in "\t\n\r"), None)
+        if bad is not None:
+            raise APIError(400, f"input contains the control character U+{ord(bad):04X}; send plain text",
+                           code="invalid_input", param="input")
+        if body.instructions:
+            raise APIError(400, "instructions are not supported by Chatterbox models; steer delivery with "
+                                "exaggeration and cfg_weight", code="unsupported_parameter", param="instructions")
+        cap = config.max_new_tokens
+        if cap is not None and body.max_new_tokens is not None and body.max_new_tokens > cap:
+            raise APIError(400, f"max_new_tokens must be at most {cap} on this server, got {body.max_new_tokens}",
+                           code="invalid_parameter", param="max_new_tokens")
+        max_new_tokens = body.max_new_tokens if body.max_new_tokens is not None else cap
+        deadline = body.deadline_s if body.deadline_s is not None else config.default_deadline_s
+        if deadline > config.max_deadline_s:
+            raise APIError(400, f"deadline_s must be at most {config.max_deadline_s:g}, got {deadline:g}",
+                           code="invalid_parameter", param="deadline_s")
+        request = SpeechRequest(
+            body.input, voice=voice, language=body.language, exaggeration=body.exaggeration,
+            cfg_weight=body.cfg_weight, temperature=body.temperature, top_p=body.top_p, min_p=body.min_p,
+            top_k=body.top_k, repetition_penalty=body.repetition_penalty, seed=body.seed,
+            max_new_tokens=max_new_tokens, flow_steps=body.flow_steps, priority=priority,
+            deadline_s=deadline, stream=True, request_id=request_id)
+        request, applied = self.degradation.apply(request, self.pipeline.models.variant)
+        for change in applied.changes:
+            self.metrics.degraded.labels(change.split("=")[0]).inc()
+        return request, applied
+
+    def submit(self, request: SpeechRequest):
+        """Plan and start a request (on a worker thread: planning tokenizes the text). Bad input
+        becomes a 400 naming the parameter."""
+        from chorus.sampling.params import InvalidSamplingParams
+        from chorus.text.errors import MissingLanguagePackageError, TextError, UnsupportedLanguageError
+
+        try:
+            return self.pipeline.submit(request)
+        except InvalidSamplingParams as exc:
+            raise APIError(400, str(exc), code="invalid_parameter", param=exc.param) from None
+        except UnsupportedLanguageError as exc:
+            raise APIError(400, str(exc), code="unsupported_language", param="language") from None
+        except MissingLanguagePackageError as exc:
+            raise APIError(400, f"{exc}", code="language_unavailable", param="language") from None
+        except TextError as exc:
+            raise APIError(400, str(exc), code="invalid_input", param="input") from None
+        except ValueError as exc:
+            raise APIError(400, str(exc), code="invalid_parameter") from None
+
+
+def pipeline_error(error: PipelineError) -> APIError:
+    """The API error of a request that failed inside the pipeline before sending audio."""
+    if error.reason == "deadline":
+        return APIError(504, f"the request did not finish within its deadline: {error.message}",
+                        code="deadline_exceeded")
+    if error.reason == "stopped":
+        return APIError(503, "the server is shutting down", code="shutting_down", headers={"Retry-After": "5"})
+    return APIError(500, f"synthesis failed: {error.message}", code="synthesis_failed")

@@ -1,0 +1,142 @@
+"""A real server for tests: uvicorn on a loopback port, in a thread, over the tiny random models
+of tests/pipeline (the real pipeline, engine and vocoder code). Clients are real too (httpx, the
+``openai`` SDK)."""
+from __future__ import annotations
+
+import dataclasses
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import uvicorn
+
+from chorus.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from chorus.pipeline.pipeline import Pipeline, PipelineConfig
+from chorus.server.app import create_app
+from chorus.server.config import DegradationConfig, ServerConfig
+from chorus.server.service import Loaded, SpeechService
+from chorus.voices.store import VoiceStore
+from tests.pipeline.tiny_pipeline import tiny_models
+
+TOKENS = 12  # speech tokens per chunk in server tests: about half a second of audio
+
+
+def server_config(voices_dir: Path, **overrides) -> ServerConfig:
+    base = dict(variant="turbo", voices_dir=str(voices_dir), max_new_tokens=TOKENS, canary_interval_s=30.0,
+                stall_timeout_s=5.0, warmup=False, log_format="text",
+                degradation=DegradationConfig(enabled=False))
+    base.update(overrides)
+    return ServerConfig(**base)
+
+
+def tiny_loader(config: ServerConfig, *, front_end=None, max_num_seqs: int = 16,
+                kv_cache_bytes: int = 64 << 20, max_chars: int = 60):
+    """A loader of the tiny ``config.variant`` models (the real one is chorus.server.main)."""
+
+    def load() -> Loaded:
+        models = tiny_models(config.variant)
+        if front_end is not None:
+            models = dataclasses.replace(models, front_end=front_end)
+            models._builtin = tiny_models(config.variant)._builtin
+        engine = EngineConfig(variant=config.variant, cache=CacheConfig(kv_cache_bytes=kv_cache_bytes),
+                              scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=1024,
+                                                        max_model_len=1024))
+        pipeline = Pipeline(models, PipelineConfig(engine=engine, max_chars=max_chars,
+                                                   default_deadline_s=config.default_deadline_s))
+        voices = VoiceStore(Path(config.voices_dir), models.front_end, models.variant,
+                            builtin=models.builtin_voice(), cache_size=config.voice_cache_size,
+                            max_upload_bytes=config.max_upload_bytes)
+        return Loaded(pipeline.start(), voices)
+
+    return load
+
+
+class LiveServer:
+    """``with LiveServer(config, loader) as server:`` -> ``server.url``, ``server.client`` (httpx),
+    ``server.service``; waits until /ready answers 200 (unless ``wait_ready=False``)."""
+
+    def __init__(self, config: ServerConfig, loader, *, wait_ready: bool = True, api_key: str | None = None):
+        self.service = SpeechService(config, loader)
+        self.config = config
+        self._wait_ready = wait_ready
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind(("127.0.0.1", 0))
+        self.port = self._socket.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.Client(base_url=self.url, timeout=60.0, headers=headers)
+        self._server = uvicorn.Server(uvicorn.Config(create_app(self.service), log_config=None, lifespan="on",
+                                                     timeout_graceful_shutdown=5))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
+
+    def __enter__(self) -> "LiveServer":
+        self._thread.start()
+        deadline = time.monotonic() + 120
+        while not self._server.started:
+            assert self._thread.is_alive(), "the server thread died"
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+        while self._wait_ready and self.client.get("/ready").status_code != 200:
+            assert time.monotonic() < deadline, f"not ready: {self.client.get('/ready').json()}"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.client.close()
+        self._server.should_exit = True
+        self._thread.join(30)
+        self._socket.close()
+
+    @property
+    def pipeline(self) -> Pipeline:
+        return self.service.pipeline
+
+    def speech(self, **body) -> httpx.Response:
+        body.setdefault("model", "chatterbox-turbo")
+        return self.client.post("/v1/audio/speech", json=body)
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        """Until no request is inside the pipeline and no KV block is in use."""
+        deadline = time.monotonic() + timeout
+        while True:
+            stats = self.pipeline.engine_stats()
+            if self.pipeline.active_requests == 0 and stats.kv.num_used_blocks == 0 and stats.num_running == 0:
+                return
+            assert time.monotonic() < deadline, f"still busy: {stats}"
+            time.sleep(0.05)
+
+
+def metric(text: str, name: str, labels: str = "") -> float:
+    """The value of one sample in Prometheus text (0 when absent)."""
+    key = f"{name}{{{labels}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith(key + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+class EnginePause:
+    """Holds the T3 engine's next step until released (``with EnginePause(server) as pause:``):
+    requests admitted meanwhile stay in flight. The real step runs once released."""
+
+    def __init__(self, server: LiveServer):
+        self.engine = server.pipeline.engine
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self._step = self.engine.step
+
+    def _held_step(self):
+        self.entered.set()
+        self.release.wait(60)
+        return self._step()
+
+    def __enter__(self) -> "EnginePause":
+        self.engine.step = self._held_step
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.engine.step = self._step
+        self.release.set()

@@ -1,0 +1,104 @@
+"""Health, readiness (canary, stalled engine, failed start-up), metrics and logs."""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import time
+
+import httpx
+
+from chorus.server.logs import JsonFormatter, request_id_var
+from chorus.server.service import Loaded
+from tests.server.live import EnginePause, LiveServer, metric, server_config, tiny_loader
+
+
+def test_health_and_ready_answer_when_loaded(server):
+    assert server.client.get("/health").json() == {"status": "ok"}
+    ready = server.client.get("/ready")
+    assert ready.status_code == 200 and ready.json()["ready"] is True and ready.json()["state"] == "ready"
+
+
+def test_ready_fails_while_the_engine_is_stalled_and_recovers(tmp_path):
+    config = server_config(tmp_path, stall_timeout_s=0.3)
+    with LiveServer(config, tiny_loader(config)) as server, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with EnginePause(server) as pause:
+            future = pool.submit(httpx.post, f"{server.url}/v1/audio/speech", timeout=60,
+                                 json={"model": "chatterbox-turbo", "input": "Hi.", "response_format": "pcm"})
+            assert pause.entered.wait(10)
+            time.sleep(0.5)
+            ready = server.client.get("/ready")
+            assert ready.status_code == 503
+            assert "T3 step" in ready.json()["reason"] and ready.json()["ready"] is False
+            assert server.client.get("/health").status_code == 200  # alive, just not ready
+        assert future.result().status_code == 200
+        assert server.client.get("/ready").status_code == 200
+
+
+def test_a_failed_start_up_is_reported_not_hidden(tmp_path):
+    def broken() -> Loaded:
+        raise FileNotFoundError("no checkpoint at /nowhere")
+
+    with LiveServer(server_config(tmp_path), broken, wait_ready=False) as server:
+        deadline = time.monotonic() + 10
+        while server.service.state != "failed":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        ready = server.client.get("/ready")
+        assert ready.status_code == 503 and "no checkpoint" in ready.json()["reason"]
+        speech = server.speech(input="Hi.")
+        assert speech.status_code == 503 and speech.json()["error"]["code"] == "not_ready"
+        assert "retry-after" in speech.headers
+
+
+def test_ready_needs_a_recent_canary(server):
+    service = server.service
+    passed = service.last_canary_ok
+    try:
+        service.last_canary_ok = passed - 10 * service.config.canary_interval_s
+        ready = server.client.get("/ready")
+        assert ready.status_code == 503 and "canary" in ready.json()["reason"]
+    finally:
+        service.last_canary_ok = passed
+
+
+def test_metrics_move_with_requests(server):
+    before = server.client.get("/metrics").text
+    assert server.speech(input="Hello there.", response_format="pcm").status_code == 200
+    time.sleep(0.6)  # two monitor ticks
+    after = server.client.get("/metrics").text
+    for name, labels in (("chorus_requests_total", 'status="ok"'), ("chorus_audio_seconds_total", ""),
+                         ("chorus_time_to_first_audio_seconds_count", ""), ("chorus_request_duration_seconds_count", ""),
+                         ("chorus_queue_time_seconds_count", ""), ("chorus_t3_tokens_total", ""),
+                         ("chorus_vocoder_passes_total", "")):
+        assert metric(after, name, labels) > metric(before, name, labels), name
+    for name in ("chorus_kv_blocks", "chorus_prefix_cache_hit_rate", "chorus_preemptions_total", "chorus_queue_depth",
+                 "chorus_degradation_level", "chorus_t3_tokens_per_second", "chorus_t3_batch_rows",
+                 "chorus_errors_total", "chorus_ready"):
+        assert name in after, name
+    assert metric(after, "chorus_ready") == 1
+    assert metric(after, "chorus_prefix_cache_hit_rate") > 0  # the built-in voice's prefix is shared
+
+
+def test_errors_are_counted_by_type(server):
+    before = metric(server.client.get("/metrics").text, "chorus_errors_total", 'type="voice_not_found"')
+    server.speech(input="Hi.", voice="missing")
+    after = metric(server.client.get("/metrics").text, "chorus_errors_total", 'type="voice_not_found"')
+    assert after == before + 1
+
+
+def test_json_logs_carry_the_request_id():
+    record = logging.LogRecord("chorus.server", logging.INFO, __file__, 1, "served %s", ("x",), None)
+    token = request_id_var.set("req-abc")
+    try:
+        line = json.loads(JsonFormatter().format(record))
+    finally:
+        request_id_var.reset(token)
+    assert line["request_id"] == "req-abc" and line["message"] == "served x" and line["level"] == "info"
+
+
+def test_openapi_schema_describes_the_api(server):
+    schema = server.client.get("/openapi.json").json()
+    for path in ("/v1/audio/speech", "/v1/voices", "/v1/voices/{voice_id}", "/v1/models", "/health", "/ready",
+                 "/metrics"):
+        assert path in schema["paths"], path

@@ -1,0 +1,23 @@
+"""A voice front end of shrunken real models (random weights, one layer each): a voice build
+takes milliseconds, while clip decoding and validation are the real ones."""
+from __future__ import annotations
+
+import torch
+
+from chorus.models.campplus import CAMPPlus, CAMPPlusConfig
+from chorus.models.s3tokenizer import S3TokenizerConfig, S3TokenizerV2
+from chorus.models.variants import get_variant
+from chorus.models.voice_encoder import VoiceEncoder, VoiceEncoderConfig
+from chorus.voices import VoiceFrontEnd
+
+ORIGINAL = get_variant("original")
+
+
+def tiny_front_end(variant=ORIGINAL) -> VoiceFrontEnd:
+    torch.manual_seed(0)
+    return VoiceFrontEnd(
+        variant,
+        VoiceEncoder(VoiceEncoderConfig(hidden_size=32, num_layers=1)).eval(),
+        S3TokenizerV2(S3TokenizerConfig(width=64, heads=4, layers=1)).eval(),
+        CAMPPlus(CAMPPlusConfig(blocks=((1, 1), (1, 2), (1, 2)))).eval(),
+    )
