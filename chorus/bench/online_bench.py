@@ -1,0 +1,448 @@
+"""``chorus bench online``: a load test of a running ``chorus serve``, over HTTP.
+
+Per concurrency level N, N clients (asyncio tasks sharing one httpx connection pool of N
+connections) send ``POST /v1/audio/speech`` back to back, each reading its response as a stream,
+until the level's request budget is spent (``requests_per_level``) or its time is up
+(``duration_s``; requests in flight then are finished and counted). Per request: its status, time
+to the first audio byte, end-to-end time, the audio received, the real-time factor and whether a
+player starting at the first byte would have run dry. Per level: counts by status, percentiles,
+throughput, and what the server's ``/metrics`` said (counter deltas over the level, gauge peaks
+polled during it).
+
+The server is admission-controlled: 429 (queue full), 503 (memory pressure) and 504 (deadline)
+answers are data about the server under load, counted in the report, never raised.
+
+Only the client lives here (httpx and numpy; no model, no torch), so it runs from any machine
+that reaches the server. docs/benchmarks.md ("Online load test") explains every field.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import numpy as np
+
+SAMPLE_RATE = 24_000  # the server's output rate; pcm is 16-bit little-endian mono
+WAV_HEADER_BYTES = 44  # the streamed wav header (open-ended sizes), then pcm
+MEASURED_FORMATS = ("pcm", "wav")  # audio seconds are counted from the bytes of these
+RESPONSE_FORMATS = ("pcm", "wav", "mp3", "opus", "aac", "flac")
+# The sentence `chorus bench stream` speaks (26 words), so in-process and HTTP figures compare.
+DEFAULT_TEXT = ("The quick brown fox jumps over the lazy dog, and then it runs back into the forest "
+                "to find its friends before the sun goes down.")
+DEFAULT_REQUESTS_PER_CLIENT = 4
+# Request outcomes. ok: 200 and the whole body; 429/503/504: the server's answer (admission
+# refused, memory pressure or shutting down, deadline passed before the first byte); other: any
+# other HTTP status; cut: a 200 whose body ended early (the server cut the stream or the
+# connection broke); client_error: no answer (connection refused, client timeout).
+STATUSES = ("ok", "429", "503", "504", "other", "cut", "client_error")
+REJECTIONS = ("429", "503", "504")
+FAILURES = ("other", "cut", "client_error")
+# Server metrics: counters reported as deltas over a level, gauges as the peak seen while polling.
+COUNTERS = {"t3_tokens": "chorus_t3_tokens_total", "preemptions": "chorus_preemptions_total",
+            "audio_seconds": "chorus_audio_seconds_total", "vocoder_passes": "chorus_vocoder_passes_total"}
+GAUGES = {"degradation_level_max": "chorus_degradation_level", "kv_usage_max": "chorus_kv_usage",
+          "queue_depth_max": "chorus_queue_depth", "in_flight_max": "chorus_requests_in_flight",
+          "t3_batch_rows_max": "chorus_t3_batch_rows"}
+
+
+class OnlineBenchError(Exception):
+    """The load test cannot run (server unreachable, model or voice refused): one line for the user."""
+
+
+@dataclass
+class OnlineBenchConfig:
+    url: str
+    api_key: str | None = None
+    model: str | None = None  # None: the first id of GET /v1/models
+    voice: str = "default"
+    concurrency: tuple[int, ...] = (1, 16, 64, 256)
+    requests_per_level: int | None = None  # None and no duration_s: DEFAULT_REQUESTS_PER_CLIENT per client
+    duration_s: float | None = None
+    text: str = DEFAULT_TEXT
+    response_format: str = "pcm"
+    max_new_tokens: int | None = None  # None: the server's cap
+    warmup: int = 1  # requests sent one at a time before the first level, not counted
+    timeout_s: float = 300.0  # per request, client side
+    honor_retry_after: bool = False  # after a 429/503, a client waits Retry-After before its next request
+    metrics_interval_s: float = 0.5  # /metrics polling during a level (gauge peaks)
+    settle_s: float = 0.5  # wait before the closing scrape: engine metrics refresh every 0.25 s
+    extra_body: dict = field(default_factory=dict)  # more request fields (e.g. seed, priority)
+
+    def __post_init__(self):
+        self.url = self.url.rstrip("/")
+        if not re.match(r"^https?://[^/\s]+", self.url):
+            raise ValueError(f"--url must be http://host:port or https://..., got {self.url!r}")
+        self.concurrency = tuple(int(n) for n in self.concurrency)
+        if not self.concurrency or any(n < 1 for n in self.concurrency):
+            raise ValueError(f"--concurrency must be positive integers, got {self.concurrency!r}")
+        if self.requests_per_level is not None and self.duration_s is not None:
+            raise ValueError("give --requests-per-level or --duration-s, not both")
+        if self.requests_per_level is not None and self.requests_per_level < 1:
+            raise ValueError(f"--requests-per-level must be >= 1, got {self.requests_per_level}")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise ValueError(f"--duration-s must be > 0, got {self.duration_s}")
+        if self.response_format not in RESPONSE_FORMATS:
+            raise ValueError(f"--response-format must be one of {', '.join(RESPONSE_FORMATS)}, "
+                             f"got {self.response_format!r}")
+        if not self.text.strip():
+            raise ValueError("--text must not be empty")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.warmup < 0 or not self.timeout_s > 0:
+            raise ValueError("--warmup must be >= 0 and --timeout-s > 0")
+
+    def level_budget(self, concurrency: int) -> int | None:
+        """Requests a level sends in all (None: as many as fit in ``duration_s``)."""
+        if self.duration_s is not None:
+            return None
+        return self.requests_per_level or DEFAULT_REQUESTS_PER_CLIENT * concurrency
+
+
+# ---------------------------------------------------------------------------------- one request
+
+class Playback:
+    """A player that starts at a stream's first byte and plays its audio at 1x: ``stall_s`` is
+    how long it waited for audio in all. The stream is faster than real time when that is 0,
+    i.e. when every chunk arrived no later than the audio before it had finished playing
+    (chunk k received at t_k: t_k - t_1 <= audio in chunks 1..k-1)."""
+
+    def __init__(self):
+        self.first: float | None = None
+        self.audio_s = 0.0
+        self.stall_s = 0.0
+
+    def receive(self, now: float, audio_s: float) -> None:
+        if self.first is None:
+            self.first = now
+        else:
+            runs_dry = self.first + self.audio_s + self.stall_s
+            self.stall_s += max(0.0, now - runs_dry)
+        self.audio_s += audio_s
+
+
+@dataclass
+class Outcome:
+    """One request as the client saw it (times in seconds from sending it)."""
+
+    status: str
+    http_status: int | None = None
+    code: str | None = None  # the error body's code (queue_full, memory_pressure, ...)
+    message: str | None = None
+    ttfa_s: float | None = None  # to the first body byte of a 200
+    e2e_s: float | None = None  # to the end of the body (or of the error answer)
+    bytes: int = 0
+    audio_s: float | None = None  # pcm and wav only
+    stall_s: float | None = None  # pcm and wav only
+    retry_after_s: float | None = None
+
+
+def _audio_seconds(fmt: str, nbytes: int) -> float:
+    header = WAV_HEADER_BYTES if fmt == "wav" else 0
+    return max(0, nbytes - header) // 2 / SAMPLE_RATE
+
+
+def _status_name(http_status: int) -> str:
+    return str(http_status) if str(http_status) in REJECTIONS else "other"
+
+
+def _error_details(raw: bytes) -> tuple[str | None, str]:
+    try:
+        error = json.loads(raw)["error"]
+        return error.get("code"), str(error.get("message"))
+    except (ValueError, KeyError, TypeError):
+        return None, raw[:200].decode("utf-8", "replace")
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    try:
+        return float(response.headers["retry-after"])
+    except (KeyError, ValueError):
+        return None
+
+
+async def speak_once(client: httpx.AsyncClient, cfg: OnlineBenchConfig, body: dict) -> Outcome:
+    """Send one speech request and read its response to the end."""
+    fmt = cfg.response_format
+    measured = fmt in MEASURED_FORMATS
+    start = time.perf_counter()
+    outcome = Outcome(status="client_error")
+    playback = Playback()
+    try:
+        async with client.stream("POST", "/v1/audio/speech", json=body) as response:
+            outcome.http_status = response.status_code
+            if response.status_code != 200:
+                outcome.status = _status_name(response.status_code)
+                raw = await response.aread()
+                outcome.e2e_s = time.perf_counter() - start
+                outcome.code, outcome.message = _error_details(raw)
+                outcome.retry_after_s = _retry_after(response)
+                return outcome
+            outcome.status = "cut"  # until the body ends cleanly
+            async for data in response.aiter_raw():
+                if not data:
+                    continue
+                now = time.perf_counter()
+                if outcome.ttfa_s is None:
+                    outcome.ttfa_s = now - start
+                before = _audio_seconds(fmt, outcome.bytes)
+                outcome.bytes += len(data)
+                playback.receive(now, _audio_seconds(fmt, outcome.bytes) - before)
+        outcome.e2e_s = time.perf_counter() - start
+        outcome.status = "ok"
+    except (httpx.HTTPError, OSError) as exc:
+        outcome.e2e_s = time.perf_counter() - start
+        outcome.message = f"{type(exc).__name__}: {exc}"
+    if measured and outcome.bytes:
+        outcome.audio_s, outcome.stall_s = playback.audio_s, playback.stall_s
+    return outcome
+
+
+# ---------------------------------------------------------------------------------- server metrics
+
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> the sum of every metric's samples over their labels."""
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            continue
+        totals[match.group(1)] = totals.get(match.group(1), 0.0) + value
+    return totals
+
+
+class MetricsWatch:
+    """Scrapes /metrics at a level's start and end (counter deltas) and polls it in between
+    (gauge peaks). A server without /metrics leaves ``error`` set and the figures out."""
+
+    def __init__(self, client: httpx.AsyncClient):
+        self.client = client
+        self.error: str | None = None
+        self.scrapes = 0
+        self.first: dict[str, float] | None = None
+        self.last: dict[str, float] | None = None
+        self.peaks = {key: 0.0 for key in GAUGES}
+
+    async def scrape(self) -> dict[str, float] | None:
+        try:
+            response = await self.client.get("/metrics")
+            response.raise_for_status()
+        except httpx.HTTPError as exc:
+            self.error = f"GET /metrics failed: {type(exc).__name__}: {exc}"
+            return None
+        values = parse_metrics(response.text)
+        self.scrapes += 1
+        for key, name in GAUGES.items():
+            self.peaks[key] = max(self.peaks[key], values.get(name, 0.0))
+        self.first = self.first or values
+        self.last = values
+        return values
+
+    async def poll(self, interval_s: float, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), interval_s)
+            except asyncio.TimeoutError:
+                await self.scrape()
+
+    def report(self, wall_s: float) -> dict:
+        if self.first is None or self.last is None or self.scrapes < 2:
+            return {"error": self.error or "no /metrics scrapes"}
+        out: dict = {key: round(self.last.get(name, 0.0) - self.first.get(name, 0.0), 3)
+                     for key, name in COUNTERS.items()}
+        out["t3_tokens_per_s"] = round(out["t3_tokens"] / wall_s, 1) if wall_s > 0 else None
+        out.update({key: round(value, 4) for key, value in self.peaks.items()})
+        out["scrapes"] = self.scrapes
+        return out
+
+
+# ---------------------------------------------------------------------------------- a level
+
+def _pct(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 4) if values else None
+
+
+def summarize(concurrency: int, outcomes: list[Outcome], wall_s: float, fmt: str) -> dict:
+    """The per-level figures of the report (docs/benchmarks.md, "Online load test")."""
+    counts = {s: sum(1 for o in outcomes if o.status == s) for s in STATUSES}
+    ok = [o for o in outcomes if o.status == "ok"]
+    ttfa = [o.ttfa_s for o in ok if o.ttfa_s is not None]
+    e2e = [o.e2e_s for o in ok]
+    measured = fmt in MEASURED_FORMATS
+    codes: dict[str, int] = {}
+    for o in outcomes:
+        if o.status != "ok":
+            key = o.code or (f"http_{o.http_status}" if o.http_status else o.status)
+            codes[key] = codes.get(key, 0) + 1
+    samples = [f"{o.status} {o.http_status or ''} {o.code or ''}: {o.message}".replace("  ", " ")
+               for o in outcomes if o.status in FAILURES][:5]
+    level = {
+        "concurrency": concurrency, "requests": len(outcomes), "ok": counts["ok"], "status": counts,
+        "rejected": sum(counts[s] for s in REJECTIONS), "failed": sum(counts[s] for s in FAILURES),
+        "error_codes": codes, "error_samples": samples, "wall_s": round(wall_s, 3),
+        "ttfa_s": {"p50": _pct(ttfa, 50), "p95": _pct(ttfa, 95), "p99": _pct(ttfa, 99), "max": _pct(ttfa, 100)},
+        "e2e_s": {"p50": _pct(e2e, 50), "p95": _pct(e2e, 95), "p99": _pct(e2e, 99), "max": _pct(e2e, 100)},
+        "bytes": sum(o.bytes for o in ok),
+        "audio_s": None, "rtf": {"p50": None, "min": None}, "faster_than_realtime": None,
+        "rtf_at_least_1": None, "stall_s": {"p50": None, "max": None}, "throughput_audio_s_per_s": None,
+    }
+    if measured:
+        audio = [o.audio_s or 0.0 for o in ok]
+        rtf = [a / o.e2e_s for a, o in zip(audio, ok) if o.e2e_s]
+        stalls = [o.stall_s or 0.0 for o in ok]
+        level.update({
+            "audio_s": round(sum(audio), 3),
+            "rtf": {"p50": _pct(rtf, 50), "min": _pct(rtf, 0)},
+            "faster_than_realtime": round(sum(1 for s in stalls if s == 0.0) / len(ok), 4) if ok else None,
+            "rtf_at_least_1": round(sum(1 for r in rtf if r >= 1.0) / len(rtf), 4) if rtf else None,
+            "stall_s": {"p50": _pct(stalls, 50), "max": _pct(stalls, 100)},
+            "throughput_audio_s_per_s": round(sum(audio) / wall_s, 3) if wall_s > 0 else None,
+        })
+    return level
+
+
+async def run_level(cfg: OnlineBenchConfig, body: dict, concurrency: int) -> dict:
+    """N clients back to back; see the module docstring."""
+    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    timeout = httpx.Timeout(cfg.timeout_s, connect=min(cfg.timeout_s, 30.0), pool=None)
+    budget = cfg.level_budget(concurrency)
+    remaining = [budget]
+    outcomes: list[Outcome] = []
+
+    async def client_loop(client: httpx.AsyncClient, stop_at: float | None) -> None:
+        while True:
+            if budget is not None:
+                if remaining[0] <= 0:
+                    return
+                remaining[0] -= 1  # one event loop: no lock needed
+            elif time.perf_counter() >= stop_at:
+                return
+            outcome = await speak_once(client, cfg, body)
+            outcomes.append(outcome)
+            if cfg.honor_retry_after and outcome.status in ("429", "503") and outcome.retry_after_s:
+                await asyncio.sleep(outcome.retry_after_s)
+
+    async with httpx.AsyncClient(base_url=cfg.url, headers=headers, limits=limits, timeout=timeout) as client, \
+            httpx.AsyncClient(base_url=cfg.url, headers=headers, timeout=10.0) as scraper:
+        watch = MetricsWatch(scraper)
+        await watch.scrape()
+        stop = asyncio.Event()
+        poller = asyncio.create_task(watch.poll(cfg.metrics_interval_s, stop))
+        begin = time.perf_counter()
+        stop_at = begin + cfg.duration_s if cfg.duration_s is not None else None
+        try:
+            await asyncio.gather(*(client_loop(client, stop_at) for _ in range(concurrency)))
+        finally:
+            wall = time.perf_counter() - begin
+            stop.set()
+            await poller
+        await asyncio.sleep(cfg.settle_s)
+        await watch.scrape()
+    level = summarize(concurrency, outcomes, wall, cfg.response_format)
+    level["server"] = watch.report(wall)
+    return level
+
+
+# ---------------------------------------------------------------------------------- the run
+
+async def _first_model(cfg: OnlineBenchConfig, client: httpx.AsyncClient) -> str:
+    try:
+        response = await client.get("/v1/models")
+    except httpx.HTTPError as exc:
+        raise OnlineBenchError(f"cannot reach the server at {cfg.url}: {type(exc).__name__}: {exc}") from None
+    if response.status_code != 200:
+        raise OnlineBenchError(f"GET {cfg.url}/v1/models answered {response.status_code}: "
+                               f"{_error_details(response.content)[1]}")
+    try:
+        data = response.json().get("data") or []
+    except (ValueError, AttributeError):
+        data = []
+    if not data:
+        raise OnlineBenchError(f"GET {cfg.url}/v1/models lists no model; pass --model")
+    return data[0]["id"]
+
+
+def request_body(cfg: OnlineBenchConfig, model: str) -> dict:
+    body = {"model": model, "input": cfg.text, "voice": cfg.voice, "response_format": cfg.response_format,
+            **cfg.extra_body}
+    if cfg.max_new_tokens is not None:
+        body["max_new_tokens"] = cfg.max_new_tokens
+    return body
+
+
+async def _warm_up(cfg: OnlineBenchConfig, body: dict) -> dict:
+    """``cfg.warmup`` requests one at a time. A refusal that is not about load (a bad model,
+    voice or field: 4xx other than 429) would fail every request, so it stops the run."""
+    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    outcomes = []
+    async with httpx.AsyncClient(base_url=cfg.url, headers=headers, timeout=cfg.timeout_s) as client:
+        for _ in range(cfg.warmup):
+            outcome = await speak_once(client, cfg, body)
+            outcomes.append(outcome)
+            if outcome.status == "client_error":
+                raise OnlineBenchError(f"cannot reach the server at {cfg.url}: {outcome.message}")
+            if outcome.status == "other" and outcome.http_status is not None and 400 <= outcome.http_status < 500:
+                raise OnlineBenchError(f"the server refused the benchmark request ({outcome.http_status} "
+                                       f"{outcome.code}): {outcome.message}")
+    return {"requests": len(outcomes), "ok": sum(1 for o in outcomes if o.status == "ok")}
+
+
+async def run_async(cfg: OnlineBenchConfig, progress=None) -> dict:
+    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    model = cfg.model
+    if model is None:
+        async with httpx.AsyncClient(base_url=cfg.url, headers=headers, timeout=30.0) as client:
+            model = await _first_model(cfg, client)
+    body = request_body(cfg, model)
+    report = {
+        "benchmark": "online", "url": cfg.url, "model": model, "voice": cfg.voice,
+        "response_format": cfg.response_format,
+        "audio_measured": cfg.response_format in MEASURED_FORMATS, "sample_rate": SAMPLE_RATE,
+        "text_chars": len(cfg.text), "text_words": len(cfg.text.split()), "max_new_tokens": cfg.max_new_tokens,
+        "requests_per_level": cfg.requests_per_level, "duration_s": cfg.duration_s,
+        "honor_retry_after": cfg.honor_retry_after,
+        "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    report["warmup"] = await _warm_up(cfg, body)
+    report["levels"] = []
+    for n in cfg.concurrency:
+        level = await run_level(cfg, body, n)
+        report["levels"].append(level)
+        if progress is not None:
+            progress(level)
+    return report
+
+
+def _progress_line(level: dict) -> None:
+    ttfa = level["ttfa_s"]["p50"]
+    shown = "-" if ttfa is None else f"{1000 * ttfa:.0f} ms"
+    print(f"concurrency {level['concurrency']}: {level['ok']}/{level['requests']} ok, {level['rejected']} rejected, "
+          f"{level['failed']} failed; TTFA p50 {shown}; {level['wall_s']:.1f} s", file=sys.stderr)
+
+
+def run_online(cfg: OnlineBenchConfig, *, progress: bool = False) -> dict:
+    """Run every level and return the report (a JSON-ready dict)."""
+    return asyncio.run(run_async(cfg, _progress_line if progress else None))
+
+
+def write_report(report: dict, out: str | None) -> None:
+    """Print the report as JSON and, with ``out``, write it there atomically."""
+    from chorus.atomic import atomic_write_text
+
+    text = json.dumps(report, indent=2)
+    if out:
+        atomic_write_text(out, text + "\n")
+    print(text)
