@@ -158,6 +158,73 @@ def _cmd_bench_stream(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_online(args: argparse.Namespace) -> int:
+    from chorus.bench.online_bench import DEFAULT_TEXT, OnlineBenchConfig, OnlineBenchError, run_online, write_report
+    from chorus.cli_checks import check_output_file
+
+    if args.out is not None:
+        check_output_file(args.out, "--out")
+    try:
+        concurrency = tuple(int(c) for c in args.concurrency.split(","))
+    except ValueError:
+        raise CliError(f"--concurrency must be comma-separated integers, got {args.concurrency!r}") from None
+    cfg = OnlineBenchConfig(
+        url=args.url, api_key=args.api_key, model=args.model, voice=args.voice, concurrency=concurrency,
+        requests_per_level=args.requests_per_level, duration_s=args.duration_s,
+        text=DEFAULT_TEXT if args.text is None else args.text,
+        response_format=args.response_format, max_new_tokens=args.max_new_tokens, warmup=args.warmup,
+        timeout_s=args.timeout_s, honor_retry_after=args.honor_retry_after)
+    try:
+        report = run_online(cfg, progress=not args.quiet)
+    except OnlineBenchError as exc:
+        raise CliError(str(exc)) from None
+    write_report(report, args.out)
+    return 0
+
+
+def _add_online_bench_parser(bench_sub) -> None:
+    from chorus.bench.online_bench import DEFAULT_REQUESTS_PER_CLIENT, RESPONSE_FORMATS
+
+    p = _add_command(
+        bench_sub, "online", help="load test of a running server (chorus serve): concurrent streaming clients per "
+                       "level; time to first audio, end-to-end time, real-time factor, rejections, server metrics",
+        description="Load-test a running `chorus serve` over HTTP. For each concurrency level N, N clients "
+                    "send POST /v1/audio/speech back to back (one connection each) and read every response "
+                    "as a stream, until the level's requests are spent or its --duration-s is up. 429, 503 "
+                    "and 504 answers (admission control, memory pressure, deadlines) are counted, not "
+                    "errors. Prints a JSON report (docs/benchmarks.md, \"Online load test\"); a line per level "
+                    "goes to stderr.")
+    p.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--api-key", default=None, help="bearer token, when the server has --api-keys (default: none)")
+    p.add_argument("--model", default=None, help="model id to request (default: the first id of GET /v1/models)")
+    p.add_argument("--voice", default="default", help="voice id (default: default, the model's built-in voice)")
+    p.add_argument("--concurrency", default="1,16,64,256", help="concurrent clients per level (comma-separated; "
+                                                                 "default 1,16,64,256)")
+    amount = p.add_mutually_exclusive_group()
+    amount.add_argument("--requests-per-level", type=int, default=None, metavar="N",
+                        help=f"requests per level, shared by its clients (default: {DEFAULT_REQUESTS_PER_CLIENT} "
+                             f"per client)")
+    amount.add_argument("--duration-s", type=float, default=None, metavar="SECONDS",
+                        help="run each level this long instead; requests in flight at the end finish and count")
+    p.add_argument("--text", default=None, help="text of every request (default: a 26-word sentence, the one "
+                                                 "`chorus bench stream` speaks)")
+    p.add_argument("--response-format", default="pcm", choices=RESPONSE_FORMATS,
+                   help="pcm (the default) and wav are measured in audio seconds; other formats in bytes only "
+                        "(no audio seconds, real-time factor or throughput)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="speech tokens per text chunk, sent with each request (default: the server's; useful "
+                        "against random-weight servers)")
+    p.add_argument("--warmup", type=int, default=1, help="requests sent one at a time before the first level, "
+                                                          "not counted (default 1)")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="client timeout per request (default 300)")
+    p.add_argument("--honor-retry-after", action="store_true",
+                   help="after a 429 or 503, a client waits the answer's Retry-After before its next request "
+                        "(default: it sends the next one at once)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--out", "-o", default=None, help="also write the JSON report to this file (atomically)")
+    p.set_defaults(handler=_cmd_bench_online)
+
+
 def _add_pipeline_bench_options(p: argparse.ArgumentParser) -> None:
     _add_variant(p)
     p.add_argument("--checkpoint", "-c", default=None,
@@ -482,6 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pipeline_bench_options(p)
     p.add_argument("--concurrency", default="1,16,64,256", help="concurrent streams per level (comma-separated)")
     p.set_defaults(handler=_cmd_bench_stream)
+    _add_online_bench_parser(bench_sub)
     bench.set_defaults(handler=lambda a: (bench.print_help(), 2)[1])
 
     _add_serve_parser(sub)

@@ -1,0 +1,111 @@
+"""``chorus bench online`` against real servers of tiny models on the CPU: the report's fields,
+sane numbers, rejections counted as data, and the command line."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from chorus.bench.online_bench import STATUSES, OnlineBenchConfig, Playback, run_online
+from chorus.cli import main
+from tests.server.live import TOKENS, LiveServer, server_config, tiny_loader
+
+TEXT = "Hello there, this is a load test."
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    config = server_config(tmp_path_factory.mktemp("voices"))
+    with LiveServer(config, tiny_loader(config)) as server:
+        yield server
+
+
+def _check_level(level: dict, concurrency: int, requests: int | None, chunks: int = 1) -> None:
+    """``chunks``: text chunks per request (the tiny server splits texts at 60 characters)."""
+    assert level["concurrency"] == concurrency
+    if requests is not None:
+        assert level["requests"] == requests
+    assert set(level["status"]) == set(STATUSES) and sum(level["status"].values()) == level["requests"]
+    assert level["ok"] == level["status"]["ok"] == level["requests"], level
+    assert level["rejected"] == level["failed"] == 0 and level["error_samples"] == []
+    ttfa, e2e = level["ttfa_s"], level["e2e_s"]
+    assert 0 < ttfa["p50"] <= ttfa["p95"] <= ttfa["p99"] <= ttfa["max"] <= e2e["max"]
+    assert 0 < e2e["p50"] <= e2e["p95"] <= e2e["p99"] <= e2e["max"] <= level["wall_s"] + 1e-6
+    assert ttfa["p50"] <= e2e["p50"]
+    # pcm: 2 bytes a sample at 24 kHz
+    assert level["audio_s"] == pytest.approx(level["bytes"] / 2 / 24_000, abs=1e-3) and level["audio_s"] > 0
+    assert 0 < level["rtf"]["min"] <= level["rtf"]["p50"]
+    assert 0 <= level["faster_than_realtime"] <= 1 and 0 <= level["rtf_at_least_1"] <= 1
+    assert level["throughput_audio_s_per_s"] == pytest.approx(level["audio_s"] / level["wall_s"], rel=0.01)
+    server = level["server"]
+    assert "error" not in server, server
+    assert server["audio_seconds"] == pytest.approx(level["audio_s"], abs=1e-3)  # the server sent what we got
+    assert 0 < server["t3_tokens"] <= level["requests"] * chunks * TOKENS + 25  # + a canary that may have run
+    assert server["preemptions"] >= 0 and server["degradation_level_max"] == 0
+    assert 1 <= server["in_flight_max"] <= concurrency and server["scrapes"] >= 2
+
+
+def test_the_bench_reports_every_level(live):
+    cfg = OnlineBenchConfig(url=live.url, concurrency=(1, 4), requests_per_level=6, text=TEXT,
+                            max_new_tokens=TOKENS)
+    report = run_online(cfg)
+    assert json.loads(json.dumps(report)) == report
+    assert report["model"] == "chatterbox-turbo"  # the first id of GET /v1/models
+    assert report["response_format"] == "pcm" and report["audio_measured"] is True
+    assert report["warmup"] == {"requests": 1, "ok": 1}
+    assert [level["concurrency"] for level in report["levels"]] == [1, 4]
+    for level in report["levels"]:
+        _check_level(level, level["concurrency"], 6)
+    live.wait_idle()
+
+
+def test_the_command_line_prints_and_writes_the_report(live, tmp_path, capsys):
+    out = tmp_path / "online.json"
+    assert main(["bench", "online", "--url", live.url, "--concurrency", "2", "--duration-s", "1",
+                 "--max-new-tokens", str(TOKENS), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert json.loads(out.read_text()) == report
+    assert "concurrency 2:" in captured.err  # a progress line per level
+    assert report["duration_s"] == 1.0 and report["text_words"] == 26  # the default sentence
+    (level,) = report["levels"]
+    _check_level(level, 2, None, chunks=3)
+    assert level["requests"] >= 2 and level["wall_s"] >= 1.0
+    assert [p.name for p in tmp_path.iterdir()] == ["online.json"]  # no temporary left behind
+    live.wait_idle()
+
+
+def test_a_full_queue_is_counted_as_rejections(tmp_path):
+    config = server_config(tmp_path, max_queue=1)  # one request in flight; the rest get 429
+    with LiveServer(config, tiny_loader(config)) as server:
+        cfg = OnlineBenchConfig(url=server.url, concurrency=(4,), requests_per_level=12, text=TEXT, warmup=0)
+        (level,) = run_online(cfg)["levels"]
+    status = level["status"]
+    assert status["ok"] >= 1 and status["429"] >= 1 and status["ok"] + status["429"] == 12, status
+    assert level["rejected"] == status["429"] and level["failed"] == 0
+    assert level["error_codes"] == {"queue_full": status["429"]}
+    assert level["ttfa_s"]["p50"] > 0 and level["server"]["in_flight_max"] <= 1
+
+
+def test_an_unreachable_server_is_one_line(tmp_path, capsys):
+    assert main(["bench", "online", "--url", "http://127.0.0.1:1", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("chorus: error: cannot reach the server at http://127.0.0.1:1") and "\n" not in err
+
+
+def test_a_refused_request_stops_the_run_before_the_levels(live, capsys):
+    assert main(["bench", "online", "--url", live.url, "--voice", "missing", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "voice_not_found" in err and "\n" not in err
+
+
+def test_faster_than_real_time_means_the_player_never_runs_dry():
+    on_time = Playback()
+    for now, audio in ((10.0, 1.0), (10.9, 1.0), (12.0, 1.0)):  # each chunk before the audio runs out
+        on_time.receive(now, audio)
+    assert on_time.stall_s == 0 and on_time.audio_s == 3.0
+    late = Playback()
+    for now, audio in ((10.0, 0.5), (10.8, 0.5), (11.0, 1.0), (12.6, 1.0)):
+        late.receive(now, audio)
+    # dry at 10.5 until 10.8 (0.3 s); then playback ends at 10.8 + 0.5 + 1.0 = 12.3, dry until 12.6
+    assert late.stall_s == pytest.approx(0.6)
