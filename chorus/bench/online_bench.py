@@ -38,8 +38,9 @@ DEFAULT_TEXT = ("The quick brown fox jumps over the lazy dog, and then it runs b
 DEFAULT_REQUESTS_PER_CLIENT = 4
 # Request outcomes. ok: 200 and the whole body; 429/503/504: the server's answer (admission
 # refused, memory pressure or shutting down, deadline passed before the first byte); other: any
-# other HTTP status; cut: a 200 whose body ended early (the server cut the stream or the
-# connection broke); client_error: no answer (connection refused, client timeout).
+# other HTTP status; cut: a 200 whose body did not end cleanly (the server cut the stream, the
+# connection broke or timeout_s passed); client_error: no answer (connection refused or reset,
+# or timeout_s passed first).
 STATUSES = ("ok", "429", "503", "504", "other", "cut", "client_error")
 REJECTIONS = ("429", "503", "504")
 FAILURES = ("other", "cut", "client_error")
@@ -68,7 +69,7 @@ class OnlineBenchConfig:
     response_format: str = "pcm"
     max_new_tokens: int | None = None  # None: the server's cap
     warmup: int = 1  # requests sent one at a time before the first level, not counted
-    timeout_s: float = 300.0  # per request, client side
+    timeout_s: float = 300.0  # per request, from sending it to the end of its body
     honor_retry_after: bool = False  # after a 429/503, a client waits Retry-After before its next request
     metrics_interval_s: float = 0.5  # /metrics polling during a level (gauge peaks)
     settle_s: float = 0.5  # wait before the closing scrape: engine metrics refresh every 0.25 s
@@ -167,40 +168,47 @@ def _retry_after(response: httpx.Response) -> float | None:
 
 
 async def speak_once(client: httpx.AsyncClient, cfg: OnlineBenchConfig, body: dict) -> Outcome:
-    """Send one speech request and read its response to the end."""
-    fmt = cfg.response_format
-    measured = fmt in MEASURED_FORMATS
+    """Send one speech request and read its response to the end, within ``cfg.timeout_s`` in all."""
     start = time.perf_counter()
-    outcome = Outcome(status="client_error")
+    outcome = Outcome(status="client_error")  # until an answer comes
     playback = Playback()
     try:
-        async with client.stream("POST", "/v1/audio/speech", json=body) as response:
-            outcome.http_status = response.status_code
-            if response.status_code != 200:
-                outcome.status = _status_name(response.status_code)
-                raw = await response.aread()
-                outcome.e2e_s = time.perf_counter() - start
-                outcome.code, outcome.message = _error_details(raw)
-                outcome.retry_after_s = _retry_after(response)
-                return outcome
-            outcome.status = "cut"  # until the body ends cleanly
-            async for data in response.aiter_raw():
-                if not data:
-                    continue
-                now = time.perf_counter()
-                if outcome.ttfa_s is None:
-                    outcome.ttfa_s = now - start
-                before = _audio_seconds(fmt, outcome.bytes)
-                outcome.bytes += len(data)
-                playback.receive(now, _audio_seconds(fmt, outcome.bytes) - before)
-        outcome.e2e_s = time.perf_counter() - start
-        outcome.status = "ok"
+        await asyncio.wait_for(_exchange(client, cfg, body, outcome, playback, start), cfg.timeout_s)
+    except asyncio.TimeoutError:
+        outcome.message = f"no complete answer within --timeout-s {cfg.timeout_s:g} s"
     except (httpx.HTTPError, OSError) as exc:
-        outcome.e2e_s = time.perf_counter() - start
         outcome.message = f"{type(exc).__name__}: {exc}"
-    if measured and outcome.bytes:
+    if outcome.e2e_s is None:
+        outcome.e2e_s = time.perf_counter() - start
+    if cfg.response_format in MEASURED_FORMATS and outcome.bytes:
         outcome.audio_s, outcome.stall_s = playback.audio_s, playback.stall_s
     return outcome
+
+
+async def _exchange(client: httpx.AsyncClient, cfg: OnlineBenchConfig, body: dict, outcome: Outcome,
+                    playback: Playback, start: float) -> None:
+    fmt = cfg.response_format
+    async with client.stream("POST", "/v1/audio/speech", json=body) as response:
+        outcome.http_status = response.status_code
+        if response.status_code != 200:
+            outcome.status = _status_name(response.status_code)
+            outcome.retry_after_s = _retry_after(response)
+            raw = await response.aread()
+            outcome.e2e_s = time.perf_counter() - start
+            outcome.code, outcome.message = _error_details(raw)
+            return
+        outcome.status = "cut"  # until the body ends cleanly
+        async for data in response.aiter_raw():
+            if not data:
+                continue
+            now = time.perf_counter()
+            if outcome.ttfa_s is None:
+                outcome.ttfa_s = now - start
+            before = _audio_seconds(fmt, outcome.bytes)
+            outcome.bytes += len(data)
+            playback.receive(now, _audio_seconds(fmt, outcome.bytes) - before)
+    outcome.e2e_s = time.perf_counter() - start
+    outcome.status = "ok"
 
 
 # ---------------------------------------------------------------------------------- server metrics

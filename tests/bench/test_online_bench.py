@@ -87,6 +87,16 @@ def test_a_full_queue_is_counted_as_rejections(tmp_path):
     assert level["ttfa_s"]["p50"] > 0 and level["server"]["in_flight_max"] <= 1
 
 
+def test_requests_past_the_client_timeout_are_failures_not_crashes(live):
+    cfg = OnlineBenchConfig(url=live.url, concurrency=(2,), requests_per_level=2, text=TEXT, warmup=0,
+                            timeout_s=0.005)
+    (level,) = run_online(cfg)["levels"]
+    assert level["ok"] == 0 and level["failed"] == 2 and level["status"]["client_error"] + level["status"]["cut"] == 2
+    assert all("--timeout-s" in sample for sample in level["error_samples"])
+    assert level["ttfa_s"]["p50"] is None and level["rtf"]["min"] is None and level["audio_s"] == 0
+    live.wait_idle()  # the server saw the clients leave and freed their work
+
+
 def test_an_unreachable_server_is_one_line(tmp_path, capsys):
     assert main(["bench", "online", "--url", "http://127.0.0.1:1", "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
