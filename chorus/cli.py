@@ -216,7 +216,8 @@ def _add_online_bench_parser(bench_sub) -> None:
                         "against random-weight servers)")
     p.add_argument("--warmup", type=int, default=1, help="requests sent one at a time before the first level, "
                                                           "not counted (default 1)")
-    p.add_argument("--timeout-s", type=float, default=300.0, help="seconds a request may take, from sending it to the end of its audio (default 300)")
+    p.add_argument("--timeout-s", type=float, default=300.0,
+                   help="seconds a request may take, from sending it to the end of its audio (default 300)")
     p.add_argument("--honor-retry-after", action="store_true",
                    help="after a 429 or 503, a client waits the answer's Retry-After before its next request "
                         "(default: it sends the next one at once)")
