@@ -47,6 +47,15 @@ class VocoderConfig:
     """Voices whose prompt tensors are kept on the device (LRU)."""
     time_stages: bool = True
     """Time the flow encoder separately (adds device synchronisations on GPU)."""
+    cuda_graphs: bool = True
+    """On a CUDA device, run the flow-matching solver (every Euler step and the CFG combine) as
+    one captured CUDA graph per shape bucket instead of launching its kernels one by one from
+    Python (``chorus.vocoder.solver_graphs``; docs/vocoder.md). Off, or on the CPU, the solver
+    runs eagerly."""
+    max_solver_graphs: int = 64
+    """Captured solver graphs kept at once (least recently used dropped first); each holds its
+    static inputs and output on the device, so this bounds what the graphs hold besides the
+    shared memory pool of their intermediates."""
 
     def __post_init__(self) -> None:
         if self.first_window_tokens < 1 or self.max_window_tokens < self.first_window_tokens:
@@ -61,6 +70,8 @@ class VocoderConfig:
             raise ValueError("need 0 <= crossfade_frames <= hift_context_frames")
         if self.noise_block_frames < 1 or self.voice_cache_size < 1:
             raise ValueError("noise_block_frames and voice_cache_size must be positive")
+        if self.max_solver_graphs < 1:
+            raise ValueError(f"max_solver_graphs must be >= 1, got {self.max_solver_graphs}")
         if self.batching not in ("fifo", "length"):
             raise ValueError(f"batching must be 'fifo' or 'length', got {self.batching!r}")
 
@@ -95,3 +106,11 @@ class VocoderStats:
     """Sum over passes of items x longest (prompt + tokens): the flow's padded work."""
     real_tokens: int = 0
     """Sum over passes of each item's prompt + tokens."""
+    graph_replays: int = 0
+    """Flow-matching solves run by replaying a captured CUDA graph."""
+    graph_captures: int = 0
+    """Solver graphs captured (at warm-up or on a pass's first use of a shape bucket)."""
+    graph_capture_seconds: float = 0.0
+    """Wall time spent capturing them (each capture includes a warm-up solve)."""
+    eager_solves: int = 0
+    """Flow-matching solves run eagerly (CPU, graphs off, or a shape whose capture failed)."""

@@ -17,10 +17,11 @@ import torch
 
 from chorus.models.s3gen.hift import SourceNoise, draw_source_noise
 from chorus.models.s3gen.postprocess import apply_trim_fade
-from chorus.models.s3gen.s3gen import SAMPLE_RATE, S3Gen, item_generators
+from chorus.models.s3gen.s3gen import SAMPLE_RATE, SAMPLES_PER_TOKEN, S3Gen, item_generators
 from chorus.vocoder.batching import Candidate, select_batch
 from chorus.vocoder.config import AudioOut, VocoderConfig, VocoderStats
 from chorus.vocoder.job import SAMPLES_PER_FRAME, Job, new_stream, raised_cosine, trim_fade_gains
+from chorus.vocoder.solver_graphs import GraphedSolver, frame_bucket, row_bucket
 from chorus.vocoder.voice_cache import VoiceCache, VoicePrompt
 from chorus.voices import Voice
 
@@ -41,6 +42,8 @@ class VocoderStage:
         self._generators: dict[str, tuple[torch.Generator, torch.Generator]] = {}
         self._order = 0
         self._stats = VocoderStats()
+        self._solver = GraphedSolver(s3gen.flow.decoder, enabled=self.config.cuda_graphs,
+                                     max_graphs=self.config.max_solver_graphs, stats=self._stats)
 
     # ------------------------------------------------------------------------------- interface
     def add(self, job_id: str, voice: Voice, *, seed: int, streaming: bool,
@@ -120,6 +123,60 @@ class VocoderStage:
         """Cumulative counters and timings (the live object; copy it to keep a snapshot)."""
         return self._stats
 
+    @property
+    def solver(self) -> GraphedSolver:
+        """The flow-matching solver the passes run (CUDA graphs on a GPU, see ``warmup``)."""
+        return self._solver
+
+    def warmup(self, *, prompt_tokens: int | None = None, chunk_tokens: int = 240,
+               max_items: int | None = None, n_steps: int | None = None, cfg_rate: float | None = None,
+               time_budget_s: float = 60.0) -> int:
+        """Capture the solver's CUDA graphs for the shapes common streaming passes need, so the
+        first requests do not pay for captures; call once at startup, before serving. Does
+        nothing (returns 0) on the CPU or with ``cuda_graphs`` off; returns the graphs captured.
+
+        Shapes: passes over a voice prompt of ``prompt_tokens`` (default: the variant's S3Gen
+        prompt length, 10 s = 250 tokens) plus at most ``chunk_tokens`` new tokens. The frame
+        bucket of the first window goes first, then those of the later window ends, then every
+        other bucket up to the last window end (final passes land anywhere in between); each at
+        row buckets 1, 2, 4, ... up to ``max_items`` (default ``max_batch_items``); with the
+        variant's solver settings unless ``n_steps``/``cfg_rate`` are given. It stops once
+        ``time_budget_s`` seconds have passed (a capture already started finishes) or
+        ``max_solver_graphs`` graphs are held, so it never evicts its own graphs.
+        """
+        solver, cfg = self._solver, self.config
+        if not solver.active:
+            return 0
+        settings, ratio = self.s3gen.variant.s3gen, self.s3gen.flow.config.token_mel_ratio
+        if prompt_tokens is None:
+            prompt_tokens = int(self.s3gen.variant.s3gen_prompt_seconds * SAMPLE_RATE / SAMPLES_PER_TOKEN)
+        n_steps = settings.flow_steps if n_steps is None else n_steps
+        cfg_rate = settings.cfg_rate if cfg_rate is None else cfg_rate
+        ends, window = [cfg.first_window_tokens], cfg.first_window_tokens
+        while True:  # window ends as streams advance them (see _advance_window)
+            window = min(2 * window, cfg.max_window_tokens)
+            if ends[-1] + window > chunk_tokens:
+                break
+            ends.append(ends[-1] + window)
+        buckets = [frame_bucket(ratio * (prompt_tokens + end + cfg.holdback_tokens)) for end in ends]
+        between = [buckets[0]]
+        while between[-1] < buckets[-1]:
+            between.append(frame_bucket(between[-1] + 1))
+        frames = list(dict.fromkeys(buckets + between))
+        rows = [1]
+        while rows[-1] < row_bucket(cfg.max_batch_items if max_items is None else max_items):
+            rows.append(2 * rows[-1])
+        started, captured = time.perf_counter(), 0
+        for f in frames:
+            for r in rows:
+                if len(solver.keys) >= solver.max_graphs or time.perf_counter() - started >= time_budget_s:
+                    logger.info("vocoder warm-up stopped after %d solver graphs (%.1f s)", captured,
+                                time.perf_counter() - started)
+                    return captured
+                captured += solver.prepare(solver.key(r, f, n_steps, cfg_rate))
+        logger.info("vocoder warm-up captured %d solver graphs in %.1f s", captured, time.perf_counter() - started)
+        return captured
+
     # -------------------------------------------------------------------------------- internals
     def _forget(self, job_id: str) -> None:
         self._jobs.pop(job_id, None)
@@ -169,7 +226,8 @@ class VocoderStage:
             mel, frames = flow.inference(
                 tokens, token_lengths, prompt_tokens, prompt_lengths, prompt_mel, mel_lengths,
                 torch.stack([p.xvector for p in prompts]), noise=noise.transpose(1, 2),
-                n_steps=n_steps, cfg_rate=cfg_rate, speaker=torch.stack([p.speaker for p in prompts]))
+                n_steps=n_steps, cfg_rate=cfg_rate, speaker=torch.stack([p.speaker for p in prompts]),
+                solver=self._solver)
             self._sync()
         flow_seconds = time.perf_counter() - started
 

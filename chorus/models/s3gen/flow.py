@@ -12,7 +12,7 @@ State-dict keys are the checkpoint's ``flow.*`` keys without the prefix.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +24,9 @@ from chorus.models.s3gen.estimator import EstimatorConfig
 from chorus.models.s3gen.flow_matching import ConditionalFlowMatching
 
 Noise = torch.Tensor | torch.Generator | Sequence[torch.Generator]
+Solver = Callable[..., torch.Tensor]
+"""Called as ``ConditionalFlowMatching.solve(noise, mask, mu, spks, cond, n_steps=, cfg_rate=)`` is,
+returning the same values (e.g. a wrapper that replays captured CUDA graphs)."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,7 @@ class FlowDecoder(nn.Module):
         n_steps: int | None = None,
         cfg_rate: float | None = None,
         speaker: torch.Tensor | None = None,
+        solver: Solver | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Mel frames of the new tokens only: (``[B, 80, T_new]`` zero-padded, lengths ``[B]``).
 
@@ -160,6 +164,8 @@ class FlowDecoder(nn.Module):
             n_steps: Euler steps (default 10, meanflow 2). cfg_rate: default ``config.cfg_rate``.
             speaker: optional ``[B or 1, 80]`` result of :meth:`speaker_projection` for ``xvector``
               (a caller that caches it per voice saves the projection); None computes it.
+            solver: runs the flow-matching solve in place of ``self.decoder.solve`` (same call,
+              same result); None uses the module's own.
         """
         config = self.config
         batch, device = tokens.shape[0], self.encoder_proj.weight.device
@@ -186,7 +192,7 @@ class FlowDecoder(nn.Module):
 
         z = self._initial_noise(noise, generated_noise, ratio * prompt_token_lengths,
                                 ratio * token_lengths, frames, mu)
-        mel = self.decoder.solve(
+        mel = (self.decoder.solve if solver is None else solver)(
             z, mask, mu,
             self.speaker_projection(xvector) if speaker is None else _broadcast_batch(speaker.to(device), batch), cond,
             n_steps=config.default_steps if n_steps is None else n_steps,

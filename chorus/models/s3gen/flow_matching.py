@@ -49,6 +49,29 @@ class ConditionalFlowMatching(nn.Module):
         """
         if n_steps < 1:
             raise ValueError(f"n_steps must be >= 1, got {n_steps}")
+        guided = not self.meanflow and cfg_rate != 0.0
+        return self.integrate(noise, mask, mu, spks, cond, n_steps,
+                              guidance=(1.0 + cfg_rate, cfg_rate) if guided else None)
+
+    def integrate(
+        self,
+        noise: torch.Tensor,
+        mask: torch.Tensor,
+        mu: torch.Tensor,
+        spks: torch.Tensor,
+        cond: torch.Tensor,
+        n_steps: int,
+        guidance: tuple[float, float] | tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> torch.Tensor:
+        """The Euler loop of :meth:`solve` with the guidance weights given directly:
+        ``v = w_cond v(cond) - w_uncond v(uncond)``, or None for no guidance (meanflow: must be None).
+
+        The weights are Python floats (what :meth:`solve` passes) or 0-dim float32 tensors on the
+        solver's device, so that a captured CUDA graph can read them from memory; a product with a
+        tensor weight is formed in float32 and rounded once to the model's dtype, exactly as a
+        product with a Python scalar is, so both give the same values. The loop has no host
+        synchronisation and no data-dependent control flow, so it can be captured as a whole.
+        """
         dtype = self.estimator.final_proj.weight.dtype
         x = noise.to(dtype)
         mu, spks, cond = mu.to(dtype), spks.to(dtype), cond.to(dtype)
@@ -56,6 +79,7 @@ class ConditionalFlowMatching(nn.Module):
         times = time_grid(n_steps, self.meanflow, device=x.device, dtype=dtype)
 
         if self.meanflow:
+            assert guidance is None, "meanflow solves take no guidance"
             for t, r in zip(times[:-1], times[1:]):
                 velocity = self.estimator(
                     x, mask, mu, t.expand(batch), spks, cond, r=r.expand(batch)
@@ -63,7 +87,7 @@ class ConditionalFlowMatching(nn.Module):
                 x = x + (r - t) * velocity
             return x
 
-        guided = cfg_rate != 0.0
+        guided = guidance is not None
         if guided:
             # Conditional rows first, then the same rows with every condition zeroed.
             mask = torch.cat([mask, mask])
@@ -75,7 +99,14 @@ class ConditionalFlowMatching(nn.Module):
             x_in = torch.cat([x, x]) if guided else x
             velocity = self.estimator(x_in, mask, mu, t.expand(rows), spks, cond)
             if guided:
-                v_cond, v_uncond = velocity.split(batch)
-                velocity = (1.0 + cfg_rate) * v_cond - cfg_rate * v_uncond
+                velocity = _guide(*velocity.split(batch), *guidance)
             x = x + (r - t) * velocity
         return x
+
+
+def _guide(v_cond: torch.Tensor, v_uncond: torch.Tensor, w_cond, w_uncond) -> torch.Tensor:
+    """``w_cond * v_cond - w_uncond * v_uncond`` (see :meth:`ConditionalFlowMatching.integrate`)."""
+    if isinstance(w_cond, torch.Tensor):
+        dtype = v_cond.dtype
+        return (v_cond.float() * w_cond).to(dtype) - (v_uncond.float() * w_uncond).to(dtype)
+    return w_cond * v_cond - w_uncond * v_uncond
