@@ -75,8 +75,10 @@ def _pipeline(models: SpeechModels, cfg: PipelineBenchConfig) -> Pipeline:
         cache=CacheConfig(kv_cache_bytes=int((cfg.kv_cache_gib if cuda else 1.0) * 2**30)),
         scheduler=SchedulerConfig(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
                                   max_model_len=cfg.max_model_len))
-    return Pipeline(models, PipelineConfig(engine=engine, vocoder=cfg.vocoder, max_chars=cfg.max_chars,
+    pipe = Pipeline(models, PipelineConfig(engine=engine, vocoder=cfg.vocoder, max_chars=cfg.max_chars,
                                            cuda_graphs=cfg.cuda_graphs)).start()
+    pipe.warmup()  # the vocoder's solver graphs, as `chorus serve` captures them before serving
+    return pipe
 
 
 def _request(models: SpeechModels, cfg: PipelineBenchConfig, text: str, seed: int, *, stream: bool) -> SpeechRequest:

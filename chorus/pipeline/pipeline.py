@@ -182,6 +182,12 @@ class Pipeline:
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self._t3.is_running
 
+    def warmup(self, time_budget_s: float = 120.0) -> int:
+        """Capture the vocoder's CUDA graphs for common shapes before serving (the T3 engine
+        captures its own at construction). Returns the graphs captured; 0 on the CPU."""
+        with _on_stream(self._cuda_stream):
+            return self.vocoder.warmup(time_budget_s=time_budget_s)
+
     def stall(self, timeout_s: float) -> str | None:
         """Why the pipeline cannot serve, or None: a thread has died, or a T3 step or a vocoder
         pass has been running for more than ``timeout_s`` seconds (readiness checks use this)."""

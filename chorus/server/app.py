@@ -107,7 +107,7 @@ def create_app(service: SpeechService) -> FastAPI:
               dependencies=[Depends(authorize)], tags=["voices"],
               openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
                   "type": "object", "required": ["file"], "properties": {
-                      "file": {"type": "string", "format": "binary"}, "name": {"type": "string", "maxLength": 64}}}}}}})
+                      "file": {"type": "string", "format": "binary"}, "name": {"type": "string", "maxLength": 128}}}}}}})
     async def create_voice(request: Request):
         """Upload a reference clip (multipart field ``file``, optional ``name``); the same clip
         uploaded twice is one voice."""
@@ -309,9 +309,9 @@ async def _read_upload(request: Request, limit: int) -> tuple[bytes, str | None]
     if len(data) > limit:
         raise APIError(413, f"the clip is larger than {limit} bytes", code="too_large", param="file")
     name = form.get("name")
-    if name is not None and (not isinstance(name, str) or len(name) > 64):
-        raise APIError(400, "name must be text of at most 64 characters", code="invalid_parameter", param="name")
-    return data, name
+    if name is not None and not isinstance(name, str):
+        raise APIError(400, "name must be a text field, not a file", code="invalid_name", param="name")
+    return data, name  # the store checks the name itself
 
 
 class _RequestContext:
@@ -345,11 +345,11 @@ class _RequestContext:
         finally:
             request_id_var.reset(token)
             code = state.get("error_code")
-            if scope["path"] != "/metrics":
-                logger.info("%s %s %d", scope["method"], scope["path"], status[0],
-                            extra={"request_id": request_id, "status": status[0], "error_code": code,
-                                   "ms": round(1000 * (time.perf_counter() - started), 1)})
-            if status[0] >= 400:
+            probe = scope["path"] in ("/health", "/ready", "/metrics")  # polled often: not logged at info
+            logger.log(logging.DEBUG if probe else logging.INFO, "%s %s %d", scope["method"], scope["path"],
+                       status[0], extra={"request_id": request_id, "status": status[0], "error_code": code,
+                                         "ms": round(1000 * (time.perf_counter() - started), 1)})
+            if status[0] >= 400 and not probe:  # a 503 from /ready is an answer, not an error
                 self.metrics.errors.labels(code or str(status[0])).inc()
 
 

@@ -2,7 +2,7 @@
 # GPU checks and benchmarks, run from the repository root on a CUDA machine.
 #   bash scripts/gpu/device_checks.sh CHECK OUT_DIR
 # CHECK: tests | bench-original | bench-turbo | offline-original | offline-turbo |
-#        stream-original | stream-turbo | attention
+#        stream-original | stream-turbo | attention | vocoder-graphs | online-original | online-turbo
 # The reference chatterbox-tts (for the benchmark ratio) must be importable; WHEELS=DIR installs
 # it offline from wheels first (see scripts/gpu/README.md).
 set -uo pipefail
@@ -28,6 +28,10 @@ case $what in
   stream-original|stream-turbo)
     python3 -m chorus.cli bench stream --variant "${what#stream-}" \
       --out "$out/bench_stream_${what#stream-}.json" 2>&1 | tail -80 ;;
+  vocoder-graphs)
+    python3 scripts/gpu/vocoder_graphs.py --out "$out/vocoder_graphs.json" 2>&1 | tail -40 ;;
+  online-original|online-turbo)
+    bash scripts/gpu/online.sh "${what#online-}" "$out" --duration-s "${ONLINE_SECONDS:-20}" --quiet ;;
   attention)
     python3 scripts/gpu/bench_attention.py --quick --out "$out/attention.json" 2>&1 | tail -40 ;;
   *) echo "unknown check $what" >&2; exit 2 ;;

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The online load test on one GPU: a random-weight checkpoint, `chorus serve` in the background,
+# `chorus bench online` against it, the server's log and metrics kept.
+#   bash scripts/gpu/online.sh VARIANT OUT_DIR [bench online options]
+set -uo pipefail
+variant=${1:?VARIANT}; out=${2:?OUT_DIR}; shift 2
+ckpt=/tmp/chorus-online-$variant port=${CHORUS_BENCH_PORT:-8123}
+[[ -f $ckpt/CHORUS_RANDOM_WEIGHTS.txt ]] || python3 -m chorus.cli checkpoint random --variant "$variant" --out "$ckpt" >/dev/null
+# 210 tokens per chunk: what a trained model speaks for the bench sentence (1.6 tokens/char)
+python3 -m chorus.cli serve --variant "$variant" --checkpoint "$ckpt" --port "$port" --max-new-tokens 210 \
+  --max-queue 1024 --voices-dir /tmp/chorus-voices >"$out/serve_$variant.log" 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT
+for _ in $(seq 600); do
+  curl -sf "http://127.0.0.1:$port/ready" >/dev/null && break
+  kill -0 $server 2>/dev/null || { echo "server died"; tail -30 "$out/serve_$variant.log"; exit 1; }
+  sleep 0.5
+done
+curl -s "http://127.0.0.1:$port/ready"; echo
+python3 -m chorus.cli bench online --url "http://127.0.0.1:$port" --out "$out/bench_online_$variant.json" "$@" \
+  2>&1 | tail -40
+curl -s "http://127.0.0.1:$port/metrics" >"$out/metrics_$variant.txt"
