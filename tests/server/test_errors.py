@@ -89,6 +89,17 @@ def test_unknown_route_is_a_json_404(server):
     _error(server.client.get("/v1/nothing-here"), 404, "not_found")
 
 
+@pytest.mark.parametrize("method, path, allowed", [
+    ("PUT", "/v1/voices/default", {"GET", "DELETE"}),  # GET and DELETE are two routes
+    ("OPTIONS", "/v1/voices", {"GET", "POST"}),
+    ("GET", "/v1/audio/speech", {"POST"}),
+])
+def test_a_wrong_method_is_a_405_naming_every_allowed_one(server, method, path, allowed):
+    response = server.client.request(method, path)
+    _error(response, 405, "method_not_allowed")
+    assert {m.strip() for m in response.headers["allow"].split(",")} == allowed
+
+
 def test_bad_input_leaves_nothing_running(server):
     for body in ({"input": ""}, {"input": "Hi.", "voice": "nope"}, {"input": "Hi.", "top_p": 7}):
         server.speech(**body)
