@@ -50,6 +50,7 @@ def test_missing_model(server):
     ("top_k", -3), ("repetition_penalty", 0), ("seed", -1), ("exaggeration", 9), ("cfg_weight", -0.5),
     ("response_format", "ogg"), ("stream_format", "websocket"), ("priority", "urgent"), ("deadline_s", 0),
     ("flow_steps", 0), ("max_new_tokens", 0),
+    ("top_k", True), ("seed", "5"), ("speed", "1.5"), ("temperature", False), ("voice", 7),  # wrong JSON types
 ])
 def test_parameter_out_of_range(server, field, value):
     _error(server.speech(input="Hi.", **{field: value}), 400, "invalid_parameter", field)
