@@ -30,6 +30,8 @@ logger = logging.getLogger("chorus.server")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 _MULTIPART_OVERHEAD = 64 << 10  # boundaries and part headers around an upload
 ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 404, 413, 429, 500, 503, 504)}
+UPLOAD_ERRORS = {**ERRORS, 415: {"model": ErrorBody}}  # POST /v1/voices: a body that is not multipart
+DELETE_ERRORS = {**ERRORS, 409: {"model": ErrorBody}}  # the built-in voice cannot be deleted
 
 
 def create_app(service: SpeechService) -> FastAPI:
@@ -59,6 +61,14 @@ def create_app(service: SpeechService) -> FastAPI:
                            allow_headers=["*"], expose_headers=["X-Request-Id", "X-Chorus-Degradation"])
 
     app.add_middleware(_RequestContext, metrics=service.metrics)
+    generate_openapi = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            app.openapi_schema = _refine_openapi(generate_openapi(), service)
+        return app.openapi_schema
+
+    app.openapi = openapi
 
     def authorize(authorization: str | None = Header(None, include_in_schema=False)) -> None:
         if not config.api_keys:
@@ -103,7 +113,7 @@ def create_app(service: SpeechService) -> FastAPI:
         return ModelCard(id=model_id, created=int(service.started_at))
 
     # -- voices ------------------------------------------------------------------------------------
-    @app.post("/v1/voices", response_model=VoiceCard, status_code=201, responses=ERRORS,
+    @app.post("/v1/voices", response_model=VoiceCard, status_code=201, responses=UPLOAD_ERRORS,
               dependencies=[Depends(authorize)], tags=["voices"],
               openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
                   "type": "object", "required": ["file"], "properties": {
@@ -129,7 +139,7 @@ def create_app(service: SpeechService) -> FastAPI:
         service.require_serving()
         return _voice_card(await asyncio.to_thread(_voice_call, service.voices.info, voice_id))
 
-    @app.delete("/v1/voices/{voice_id}", response_model=VoiceDeleted, responses=ERRORS,
+    @app.delete("/v1/voices/{voice_id}", response_model=VoiceDeleted, responses=DELETE_ERRORS,
                 dependencies=[Depends(authorize)], tags=["voices"])
     async def delete_voice(voice_id: str):
         service.require_serving()
@@ -187,6 +197,34 @@ def create_app(service: SpeechService) -> FastAPI:
         return StreamingResponse(audio.bytes(), media_type=media_type(body.response_format), headers=headers)
 
     return app
+
+
+def _refine_openapi(schema: dict, service: SpeechService) -> dict:
+    """What FastAPI cannot know: validation errors are 400s (never FastAPI's 422), and this
+    server's limits on the speech body (the models it serves, its input and token caps, its
+    longest deadline)."""
+    config = service.config
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            operation.get("responses", {}).pop("422", None)
+    components = schema.get("components", {}).get("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        components.pop(name, None)
+    body = components.get("SpeechBody", {}).get("properties", {})
+    if body:
+        body["model"]["enum"] = service.model_ids()
+        body["input"]["maxLength"] = config.max_input_chars
+        _cap(body["deadline_s"], config.max_deadline_s)
+        if config.max_new_tokens is not None:
+            _cap(body["max_new_tokens"], config.max_new_tokens)
+    return schema
+
+
+def _cap(prop: dict, maximum: float) -> None:
+    """Lower a numeric field's maximum (on its non-null branch when it is optional)."""
+    for branch in prop.get("anyOf", [prop]):
+        if branch.get("type") != "null":
+            branch["maximum"] = min(branch.get("maximum", maximum), maximum)
 
 
 class _Session:

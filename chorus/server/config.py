@@ -107,6 +107,8 @@ class ServerConfig:
                      f"{name} must be a positive integer, got {value!r}")
         _require(self.max_new_tokens is None or (isinstance(self.max_new_tokens, int) and self.max_new_tokens > 0),
                  f"max_new_tokens must be a positive integer or unset, got {self.max_new_tokens!r}")
+        _require(self.kv_cache_bytes is None or (isinstance(self.kv_cache_bytes, int) and self.kv_cache_bytes > 0),
+                 f"kv_cache_bytes must be a positive integer or unset, got {self.kv_cache_bytes!r}")
         _require(0 < self.port < 65536, f"port must be in 1..65535, got {self.port!r}")
         for name in ("default_deadline_s", "max_deadline_s", "canary_interval_s", "canary_timeout_s", "stall_timeout_s"):
             value = getattr(self, name)
@@ -120,7 +122,7 @@ class ServerConfig:
         _require(self.log_level.lower() in ("debug", "info", "warning", "error"),
                  f"log_level must be debug, info, warning or error, got {self.log_level!r}")
         _require(all(isinstance(k, str) and len(k) >= 8 for k in self.api_keys),
-                 "every API key must be a string of at least 8 characters")
+                 "api_keys: every API key must be a string of at least 8 characters")
 
     @property
     def model_id(self) -> str:
@@ -181,17 +183,23 @@ def _convert(name: str, kind: Any, raw: Any) -> Any:
     kind = str(kind)
     if "bool" in kind:
         if not text:
-            return bool(raw)
+            _require(isinstance(raw, bool), f"{name} must be true or false, got {raw!r}")
+            return raw
         lowered = raw.strip().lower()
         _require(lowered in ("1", "0", "true", "false", "yes", "no", "on", "off"),
                  f"{name} must be true or false, got {raw!r}")
         return lowered in ("1", "true", "yes", "on")
     if "int" in kind and "float" not in kind:
+        # a file's value must already be an integer: true or 80.5 must not become 1 or 80
+        _require(text or (isinstance(raw, int) and not isinstance(raw, bool)),
+                 f"{name} must be an integer, got {raw!r}")
         try:
             return int(raw)
         except (TypeError, ValueError):
             raise ValueError(f"{name} must be an integer, got {raw!r}") from None
     if "float" in kind:
+        _require(text or (isinstance(raw, (int, float)) and not isinstance(raw, bool)),
+                 f"{name} must be a number, got {raw!r}")
         try:
             return float(raw)
         except (TypeError, ValueError):
@@ -256,7 +264,9 @@ def build_config(file_values: Mapping[str, Any] | None = None, env: Mapping[str,
         converted = {}
         for k, v in degradation.items():
             if k == "thresholds":
-                converted[k] = tuple(float(x) for x in (v.split(",") if isinstance(v, str) else v))
+                items = v.split(",") if isinstance(v, str) else v
+                _require(isinstance(items, (list, tuple)), f"degradation thresholds must be 3 numbers, got {v!r}")
+                converted[k] = tuple(_convert("degradation thresholds", "float", x) for x in items)
             else:
                 converted[k] = _convert(k, deg_types[k], v)
         values["degradation"] = DegradationConfig(**converted)

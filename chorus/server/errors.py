@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error",
@@ -49,6 +50,18 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     return APIError(400, message, code="invalid_parameter", param=param)
 
 
+def _allowed_methods(request: Request) -> str:
+    """Every method the path answers to. Starlette's 405 names only the methods of the first
+    route whose path matched, but FastAPI makes one route per method (GET and DELETE of
+    /v1/voices/{id} are two routes)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return ", ".join(sorted(methods))
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Route every error FastAPI or Starlette raises through the OpenAI shape."""
 
@@ -68,8 +81,10 @@ def install_error_handlers(app: FastAPI) -> None:
         code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
                 400: "invalid_body"}.get(exc.status_code, "http_error")
         request.state.error_code = code
-        return APIError(exc.status_code, str(exc.detail), code=code,
-                        headers=getattr(exc, "headers", None)).response()
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            headers["Allow"] = _allowed_methods(request)
+        return APIError(exc.status_code, str(exc.detail), code=code, headers=headers).response()
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):

@@ -31,10 +31,14 @@ class JsonFormatter(logging.Formatter):
             data["request_id"] = request_id
         for key, value in vars(record).items():
             if key not in _STANDARD and key not in data:
-                data[key] = value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+                data[key] = value  # nested data (the start-up config) stays JSON; the rest becomes text
         if record.exc_info:
             data["exc"] = self.formatException(record.exc_info)
-        return json.dumps(data, ensure_ascii=False)
+        try:
+            return json.dumps(data, ensure_ascii=False, default=str)
+        except (TypeError, ValueError):  # e.g. a dict with tuple keys: never fail to log
+            return json.dumps({k: v if isinstance(v, (str, int, float, bool, type(None))) else str(v)
+                               for k, v in data.items()}, ensure_ascii=False)
 
 
 def setup_logging(fmt: str = "json", level: str = "info") -> None:

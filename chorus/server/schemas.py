@@ -17,9 +17,10 @@ PriorityName = Literal["high", "normal", "low"]
 
 class SpeechBody(BaseModel):
     """``POST /v1/audio/speech``: OpenAI's fields, then Chatterbox's, then Chorus's.
-    Unknown fields are an error (a misspelt parameter must not be silently ignored)."""
+    Unknown fields are an error (a misspelt parameter must not be silently ignored), and so
+    are values of the wrong JSON type (``true`` or ``"5"`` for a number), as the schema says."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str = Field(description="a model id from GET /v1/models")
     input: str = Field(min_length=1, description="the text to speak (at most the server's max_input_chars)")

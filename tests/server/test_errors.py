@@ -50,6 +50,7 @@ def test_missing_model(server):
     ("top_k", -3), ("repetition_penalty", 0), ("seed", -1), ("exaggeration", 9), ("cfg_weight", -0.5),
     ("response_format", "ogg"), ("stream_format", "websocket"), ("priority", "urgent"), ("deadline_s", 0),
     ("flow_steps", 0), ("max_new_tokens", 0),
+    ("top_k", True), ("seed", "5"), ("speed", "1.5"), ("temperature", False), ("voice", 7),  # wrong JSON types
 ])
 def test_parameter_out_of_range(server, field, value):
     _error(server.speech(input="Hi.", **{field: value}), 400, "invalid_parameter", field)
@@ -87,6 +88,17 @@ def test_body_over_the_size_limit(server):
 
 def test_unknown_route_is_a_json_404(server):
     _error(server.client.get("/v1/nothing-here"), 404, "not_found")
+
+
+@pytest.mark.parametrize("method, path, allowed", [
+    ("PUT", "/v1/voices/default", {"GET", "DELETE"}),  # GET and DELETE are two routes
+    ("OPTIONS", "/v1/voices", {"GET", "POST"}),
+    ("GET", "/v1/audio/speech", {"POST"}),
+])
+def test_a_wrong_method_is_a_405_naming_every_allowed_one(server, method, path, allowed):
+    response = server.client.request(method, path)
+    _error(response, 405, "method_not_allowed")
+    assert {m.strip() for m in response.headers["allow"].split(",")} == allowed
 
 
 def test_bad_input_leaves_nothing_running(server):

@@ -5,6 +5,7 @@ import concurrent.futures
 import json
 import logging
 import time
+from pathlib import Path
 
 import httpx
 
@@ -95,6 +96,15 @@ def test_json_logs_carry_the_request_id():
     finally:
         request_id_var.reset(token)
     assert line["request_id"] == "req-abc" and line["message"] == "served x" and line["level"] == "info"
+
+
+def test_json_logs_keep_nested_extra_data_as_json():
+    record = logging.LogRecord("chorus.server", logging.INFO, __file__, 1, "starting", (), None)
+    record.config = {"port": 8000, "cors_origins": ("https://a.example",), "degradation": {"enabled": True}}
+    record.path = Path("/tmp")
+    line = json.loads(JsonFormatter().format(record))
+    assert line["config"] == {"port": 8000, "cors_origins": ["https://a.example"], "degradation": {"enabled": True}}
+    assert line["path"] == "/tmp"
 
 
 def test_openapi_schema_describes_the_api(server):

@@ -1,0 +1,173 @@
+"""``chorus.server.config``: defaults, the file < env < flags precedence, parsing of env values,
+the checks of every field, config files, and the start-up description."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from chorus.server.config import (DegradationConfig, ServerConfig, build_config, describe, field_names,
+                                  read_config_file)
+
+
+def _build(file_values=None, env=None, flags=None) -> ServerConfig:
+    """build_config with an empty environment unless one is given (the test's own CHORUS_*
+    variables must not leak in)."""
+    return build_config(file_values, env=env or {}, flags=flags)
+
+
+def _error(match: str, **sources) -> str:
+    with pytest.raises(ValueError, match=match) as info:
+        _build(**sources)
+    return str(info.value)
+
+
+def test_the_defaults_are_a_valid_config():
+    config = _build()
+    assert config == ServerConfig()
+    assert config.variant == "turbo" and config.model_id == "chatterbox-turbo"
+    assert config.port == 8000 and config.api_keys == () and config.degradation == DegradationConfig()
+
+
+def test_field_names_are_the_server_fields_without_degradation():
+    names = field_names()
+    assert "degradation" not in names and {"port", "api_keys", "max_queue", "log_format"} <= set(names)
+
+
+def test_env_wins_over_the_file_and_flags_win_over_env():
+    file_values = {"port": 1111, "max_queue": 5, "host": "0.0.0.0"}
+    env = {"CHORUS_PORT": "2222", "CHORUS_MAX_QUEUE": "6"}
+    assert _build(file_values).port == 1111
+    from_env = _build(file_values, env)
+    assert (from_env.port, from_env.max_queue, from_env.host) == (2222, 6, "0.0.0.0")
+    from_flags = _build(file_values, env, {"port": "3333"})
+    assert (from_flags.port, from_flags.max_queue, from_flags.host) == (3333, 6, "0.0.0.0")
+
+
+def test_a_flag_left_unset_does_not_override():
+    assert _build({"port": 1111}, {"CHORUS_PORT": "2222"}, {"port": None}).port == 2222
+
+
+def test_env_vars_without_the_prefix_or_unknown_are_ignored():
+    config = _build(env={"PORT": "1", "CHORUS_NO_SUCH_SETTING": "x", "CHORUS_PORT": "9000"})
+    assert config.port == 9000
+
+
+def test_an_unknown_key_in_the_file_is_an_error_naming_it():
+    message = _error("unknown setting", file_values={"prot": 9000})
+    assert "'prot'" in message and "port" in message  # the known names are listed
+
+
+def test_an_unknown_degradation_key_in_the_file_is_an_error_naming_it():
+    assert "'hold'" in _error("unknown degradation setting", file_values={"degradation": {"hold": 1}})
+
+
+def test_api_keys_from_env_are_a_comma_separated_tuple():
+    config = _build(env={"CHORUS_API_KEYS": "first-key-1, second-key-2,,"})
+    assert config.api_keys == ("first-key-1", "second-key-2")
+
+
+def test_cors_origins_from_env_are_a_comma_separated_tuple():
+    config = _build(env={"CHORUS_CORS_ORIGINS": "https://a.example,https://b.example"})
+    assert config.cors_origins == ("https://a.example", "https://b.example")
+
+
+def test_degradation_thresholds_from_env():
+    config = _build(env={"CHORUS_DEGRADATION_THRESHOLDS": "0.5,0.6,0.7", "CHORUS_DEGRADATION_HOLD_S": "0.5"})
+    assert config.degradation.thresholds == (0.5, 0.6, 0.7) and config.degradation.hold_s == 0.5
+
+
+@pytest.mark.parametrize("value", ["0.5,0.6", "0.7,0.6,0.5", "a,b,c", ""])
+def test_bad_degradation_thresholds_are_errors_naming_them(value):
+    _error("degradation thresholds", env={"CHORUS_DEGRADATION_THRESHOLDS": value})
+
+
+@pytest.mark.parametrize("text, value", [("true", True), ("false", False), ("1", True), ("0", False),
+                                         ("yes", True), ("no", False), ("on", True), ("OFF", False),
+                                         (" True ", True)])
+def test_bool_values_from_env(text, value):
+    assert _build(env={"CHORUS_WARMUP": text}).warmup is value
+
+
+def test_a_bad_bool_is_an_error_naming_the_field():
+    assert "'maybe'" in _error("warmup must be true or false", env={"CHORUS_WARMUP": "maybe"})
+
+
+def test_bool_flags_override_env():
+    assert _build(env={"CHORUS_CUDA_GRAPHS": "true"}, flags={"cuda_graphs": False}).cuda_graphs is False
+
+
+def test_a_non_number_is_an_error_naming_the_field():
+    _error("max_queue must be an integer", env={"CHORUS_MAX_QUEUE": "abc"})
+    _error("memory_pressure must be a number", env={"CHORUS_MEMORY_PRESSURE": "high"})
+
+
+@pytest.mark.parametrize("key, value", [("max_queue", True), ("port", 8000.5), ("memory_pressure", True),
+                                        ("warmup", 1), ("warmup", "perhaps")])
+def test_a_file_value_of_the_wrong_type_is_not_coerced(key, value):
+    _error(key, file_values={key: value})
+
+
+@pytest.mark.parametrize("sources, field", [
+    ({"flags": {"port": "0"}}, "port"),
+    ({"flags": {"port": "65536"}}, "port"),
+    ({"env": {"CHORUS_MAX_QUEUE": "0"}}, "max_queue"),
+    ({"env": {"CHORUS_MAX_INPUT_CHARS": "-1"}}, "max_input_chars"),
+    ({"env": {"CHORUS_MAX_NEW_TOKENS": "0"}}, "max_new_tokens"),
+    ({"env": {"CHORUS_KV_CACHE_BYTES": "-5"}}, "kv_cache_bytes"),
+    ({"env": {"CHORUS_DEFAULT_DEADLINE_S": "400", "CHORUS_MAX_DEADLINE_S": "300"}}, "default_deadline_s"),
+    ({"env": {"CHORUS_CANARY_INTERVAL_S": "0"}}, "canary_interval_s"),
+    ({"env": {"CHORUS_MEMORY_PRESSURE": "1.5"}}, "memory_pressure"),
+    ({"env": {"CHORUS_GPU_MEMORY_UTILIZATION": "0"}}, "gpu_memory_utilization"),
+    ({"flags": {"log_format": "xml"}}, "log_format"),
+    ({"flags": {"log_level": "loud"}}, "log_level"),
+    ({"env": {"CHORUS_API_KEYS": "long-enough-key,short"}}, "api_keys"),
+    ({"flags": {"variant": "bogus"}}, "variant"),
+    ({"file_values": {"degradation": {"hysteresis": 0.9}}}, "hysteresis"),
+    ({"file_values": {"degradation": {"level3_queue_fraction": 0}}}, "level3_queue_fraction"),
+])
+def test_an_invalid_value_is_an_error_naming_the_field(sources, field):
+    with pytest.raises(ValueError) as info:
+        _build(**sources)
+    assert field in str(info.value)
+
+
+def test_a_toml_file_with_a_degradation_table(tmp_path):
+    path = tmp_path / "chorus.toml"
+    path.write_text('port = 9001\napi_keys = ["toml-key-0001"]\nwarmup = false\nmax_deadline_s = 60\n\n'
+                    '[degradation]\nthresholds = [0.5, 0.6, 0.7]\nenabled = false\n')
+    config = _build(read_config_file(path))
+    assert (config.port, config.api_keys, config.warmup, config.max_deadline_s) == (9001, ("toml-key-0001",),
+                                                                                     False, 60.0)
+    assert config.degradation.thresholds == (0.5, 0.6, 0.7) and config.degradation.enabled is False
+
+
+def test_a_json_file_with_a_degradation_table(tmp_path):
+    path = tmp_path / "chorus.json"
+    path.write_text(json.dumps({"max_queue": 7, "cors_origins": ["https://a.example"], "log_format": "text",
+                                "degradation": {"hold_s": 0.25, "reduced_flow_steps": 3}}))
+    config = _build(read_config_file(path))
+    assert (config.max_queue, config.cors_origins, config.log_format) == (7, ("https://a.example",), "text")
+    assert config.degradation.hold_s == 0.25 and config.degradation.reduced_flow_steps == 3
+
+
+def test_a_file_setting_is_overridden_by_env(tmp_path):
+    path = tmp_path / "chorus.toml"
+    path.write_text("port = 9001\n")
+    assert _build(read_config_file(path), {"CHORUS_PORT": "9002"}).port == 9002
+
+
+def test_a_missing_file_or_an_unknown_format_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        read_config_file(tmp_path / "absent.toml")
+    (tmp_path / "chorus.yaml").write_text("port: 1\n")
+    with pytest.raises(ValueError, match=r"\.toml or \.json"):
+        read_config_file(tmp_path / "chorus.yaml")
+
+
+def test_describe_hides_api_keys():
+    config = _build(env={"CHORUS_API_KEYS": "secret-key-0001,secret-key-0002"})
+    description = describe(config)
+    assert description["api_keys"] == "2 key(s)"
+    assert "secret-key" not in json.dumps(description)
+    assert description["port"] == 8000 and description["degradation"]["enabled"] is True
