@@ -53,6 +53,14 @@ class VocoderConfig:
     Python (``chorus.vocoder.solver_graphs``; docs/vocoder.md). Off, or on the CPU, the solver
     runs eagerly."""
     max_solver_graphs: int = 64
+    max_graph_rows: int = 8
+    """Solves of more items than this run eagerly: a batch that large is compute bound and a graph
+    does not pay (measured on an H200: 1.5-3.8x faster up to 8 items, about 1.0x at 32;
+    docs/vocoder.md)."""
+    capture_after: int = 3
+    """A shape bucket that warm-up did not capture is captured on its ``capture_after``-th solve
+    (eager before that): rare shapes never pay a capture (0.1-0.6 s each, the GIL held), frequent
+    ones do once."""
     """Captured solver graphs kept at once (least recently used dropped first); each holds its
     static inputs and output on the device, so this bounds what the graphs hold besides the
     shared memory pool of their intermediates."""
@@ -70,6 +78,8 @@ class VocoderConfig:
             raise ValueError("need 0 <= crossfade_frames <= hift_context_frames")
         if self.noise_block_frames < 1 or self.voice_cache_size < 1:
             raise ValueError("noise_block_frames and voice_cache_size must be positive")
+        if self.max_graph_rows < 1 or self.capture_after < 1:
+            raise ValueError("max_graph_rows and capture_after must be >= 1")
         if self.max_solver_graphs < 1:
             raise ValueError(f"max_solver_graphs must be >= 1, got {self.max_solver_graphs}")
         if self.batching not in ("fifo", "length"):

@@ -145,12 +145,20 @@ class GraphedSolver:
     """
 
     def __init__(self, cfm: ConditionalFlowMatching, *, enabled: bool = True, max_graphs: int = 64,
-                 stats: VocoderStats | None = None):
+                 max_rows: int | None = None, capture_after: int = 1, stats: VocoderStats | None = None):
+        """``max_rows``: solves of more items run eagerly (None: no limit). ``capture_after``: a
+        key is captured on its ``capture_after``-th call (earlier calls solve eagerly);
+        :meth:`prepare` captures at once."""
         if max_graphs < 1:
             raise ValueError(f"max_graphs must be >= 1, got {max_graphs}")
+        if capture_after < 1:
+            raise ValueError(f"capture_after must be >= 1, got {capture_after}")
         self.cfm = cfm
         self.enabled = enabled
         self.max_graphs = max_graphs
+        self.max_rows = max_rows
+        self.capture_after = capture_after
+        self._calls: dict[SolverKey, int] = {}  # calls of keys not captured yet
         self.stats = stats if stats is not None else VocoderStats()
         self._graphs: OrderedDict[SolverKey, _Graph] = OrderedDict()
         self._failed: set[SolverKey] = set()  # keys whose capture raised: solved eagerly
@@ -185,9 +193,9 @@ class GraphedSolver:
             raise ValueError(f"n_steps must be >= 1, got {n_steps}")
         batch, _, frames = noise.shape
         entry = None
-        if self.active:
+        if self.active and (self.max_rows is None or batch <= self.max_rows):
             key = self.key(batch, frames, n_steps, cfg_rate)
-            if key not in self._failed:
+            if key not in self._failed and self.wants(key):
                 entry = self._lookup(key)
         if entry is None:
             self.stats.eager_solves += 1
@@ -197,6 +205,17 @@ class GraphedSolver:
             entry.graph.replay()
             self.stats.graph_replays += 1
             return entry.output[:batch, :, :frames].clone()
+
+    def wants(self, key: SolverKey) -> bool:
+        """Count a call of ``key``: True when its graph is held or this call should capture it."""
+        if key in self._graphs:
+            return True
+        calls = self._calls.get(key, 0) + 1
+        if calls >= self.capture_after:
+            self._calls.pop(key, None)
+            return True
+        self._calls[key] = calls
+        return False
 
     def prepare(self, key: SolverKey) -> bool:
         """Capture the graph of ``key`` now unless it is held (or failed before); True when it

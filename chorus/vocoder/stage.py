@@ -43,7 +43,8 @@ class VocoderStage:
         self._order = 0
         self._stats = VocoderStats()
         self._solver = GraphedSolver(s3gen.flow.decoder, enabled=self.config.cuda_graphs,
-                                     max_graphs=self.config.max_solver_graphs, stats=self._stats)
+                                     max_graphs=self.config.max_solver_graphs, max_rows=self.config.max_graph_rows,
+                                     capture_after=self.config.capture_after, stats=self._stats)
 
     # ------------------------------------------------------------------------------- interface
     def add(self, job_id: str, voice: Voice, *, seed: int, streaming: bool,
@@ -139,7 +140,8 @@ class VocoderStage:
         prompt length, 10 s = 250 tokens) plus at most ``chunk_tokens`` new tokens. The frame
         bucket of the first window goes first, then those of the later window ends, then every
         other bucket up to the last window end (final passes land anywhere in between); each at
-        row buckets 1, 2, 4, ... up to ``max_items`` (default ``max_batch_items``); with the
+        row buckets 1, 2, 4, ... up to ``max_items`` (default ``max_batch_items``, at most
+        ``max_graph_rows``); with the
         variant's solver settings unless ``n_steps``/``cfg_rate`` are given. It stops once
         ``time_budget_s`` seconds have passed (a capture already started finishes) or
         ``max_solver_graphs`` graphs are held, so it never evicts its own graphs.
@@ -164,7 +166,8 @@ class VocoderStage:
             between.append(frame_bucket(between[-1] + 1))
         frames = list(dict.fromkeys(buckets + between))
         rows = [1]
-        while rows[-1] < row_bucket(cfg.max_batch_items if max_items is None else max_items):
+        most = min(cfg.max_batch_items if max_items is None else max_items, cfg.max_graph_rows)
+        while rows[-1] < row_bucket(most):
             rows.append(2 * rows[-1])
         started, captured = time.perf_counter(), 0
         for f in frames:

@@ -256,7 +256,7 @@ def _stream_audio(s3gen, config: VocoderConfig, on_side_stream: bool):
 def test_a_stage_with_graphs_equals_one_without(name):
     # as the pipeline runs it: on a side stream, streaming and non-streaming jobs in one pass
     s3gen = random_s3gen(name, seed=3, device="cuda")
-    config = VocoderConfig(max_batch_items=4)
+    config = VocoderConfig(max_batch_items=4, capture_after=1)  # every shape graphed from its first pass
     with _exact_fp32():
         graphed, got = _stream_audio(s3gen, config, on_side_stream=True)
         eager, expected = _stream_audio(s3gen, dataclasses.replace(config, cuda_graphs=False), on_side_stream=True)
@@ -283,3 +283,16 @@ def test_warmup_captures_the_first_window_shapes():
     assert stage.stats.graph_captures == 4 and stage.stats.graph_replays == 1  # no capture on first audio
     limited = VocoderStage(s3gen, VocoderConfig(max_solver_graphs=3))
     assert limited.warmup(prompt_tokens=30, chunk_tokens=60) == 3  # never past the cap
+
+
+def test_a_shape_is_captured_only_on_its_nth_call(tiny_models):
+    solver = GraphedSolver(tiny_models["turbo"].flow.decoder, capture_after=3)
+    key = solver.key(2, 100, 2, 0.0)
+    assert [solver.wants(key) for _ in range(4)] == [False, False, True, False]  # counting restarts
+
+
+def test_capture_policy_settings_are_validated():
+    with pytest.raises(ValueError, match="capture_after"):
+        VocoderConfig(capture_after=0)
+    with pytest.raises(ValueError, match="max_graph_rows"):
+        VocoderConfig(max_graph_rows=0)
