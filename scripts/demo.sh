@@ -5,12 +5,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=${VENV:-.venv}
-PY=${PYTHON:-python3}
-export PIP_DISABLE_PIP_VERSION_CHECK=1
-[[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
-# CPU wheel unless asked otherwise (PyPI's default Linux torch is the much larger CUDA build).
-bash scripts/install-torch.sh "$VENV"
-"$VENV/bin/python" -m pip install -q -e .
+bash scripts/install-product-env.sh "$VENV"
 
 CKPT=${CHORUS_DEMO_CHECKPOINT:-.ckpt/turbo-random}
 if [[ ! -f "$CKPT/CHORUS_RANDOM_WEIGHTS.txt" ]]; then

@@ -7,12 +7,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=${VENV:-.venv}
-PY=${PYTHON:-python3}
-export PIP_DISABLE_PIP_VERSION_CHECK=1
-[[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
-# CPU wheel unless asked otherwise (PyPI's default Linux torch is the much larger CUDA build).
-bash scripts/install-torch.sh "$VENV"
-"$VENV/bin/python" -m pip install -q -e .
+bash scripts/install-product-env.sh "$VENV"
 
 VARIANT=${CHORUS_VARIANT:-turbo}
 CKPT=${CHORUS_CHECKPOINT:-}

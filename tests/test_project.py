@@ -18,9 +18,10 @@ def _default_venv(script: str) -> str:
     return match.group(1)
 
 
-def test_tests_do_not_install_into_the_demo_environment():
-    demo = _default_venv("demo.sh")
-    assert _default_venv("install-test-env.sh") != demo
+def test_tests_do_not_install_into_the_product_environment():
+    product = _default_venv("install-product-env.sh")
+    assert _default_venv("demo.sh") == _default_venv("serve.sh") == product
+    assert _default_venv("install-test-env.sh") != product
     assert _default_venv("test.sh") == _default_venv("install-test-env.sh")
     ignored = (ROOT / ".gitignore").read_text().split()
     assert f"{_default_venv('test.sh')}/" in ignored
