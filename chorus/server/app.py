@@ -1,10 +1,10 @@
 """The HTTP layer: routes, authentication, limits and response streaming. No model logic lives
-here; :class:`SpeechService` answers every question about the model. docs/server.md documents
-each endpoint, field, header, limit, metric and error."""
+here; the backend (``backend.py``: a local ``SpeechService``, or one that forwards to replicas)
+answers every question about the model. docs/server.md documents each endpoint, field, header,
+limit, metric and error."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import hmac
 import json
@@ -12,19 +12,16 @@ import logging
 import re
 import time
 import uuid
-from typing import AsyncIterator
 
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from chorus.models.s3gen.s3gen import SAMPLE_RATE
-from chorus.pipeline.errors import PipelineError
 from chorus.server.errors import APIError, install_error_handlers
 from chorus.server.logs import request_id_var
 from chorus.server.schemas import (ErrorBody, Health, ModelCard, ModelList, Readiness, SpeechBody, VoiceCard,
                                    VoiceDeleted, VoiceList)
-from chorus.server.service import SpeechService, pipeline_error
+from chorus.server.backend import Backend
 
 logger = logging.getLogger("chorus.server")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
@@ -34,7 +31,9 @@ UPLOAD_ERRORS = {**ERRORS, 415: {"model": ErrorBody}}  # POST /v1/voices: a body
 DELETE_ERRORS = {**ERRORS, 409: {"model": ErrorBody}}  # the built-in voice cannot be deleted
 
 
-def create_app(service: SpeechService) -> FastAPI:
+def create_app(service: Backend) -> FastAPI:
+    """The HTTP API over ``service``: a :class:`SpeechService` (one process) or another
+    :class:`Backend` (e.g. one that forwards to engine replicas)."""
     config = service.config
 
     @contextlib.asynccontextmanager
@@ -60,7 +59,7 @@ def create_app(service: SpeechService) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["*"],
                            allow_headers=["*"], expose_headers=["X-Request-Id", "X-Chorus-Degradation"])
 
-    app.add_middleware(_RequestContext, metrics=service.metrics)
+    app.add_middleware(_RequestContext, record_error=service.record_error)
     generate_openapi = app.openapi
 
     def openapi() -> dict:
@@ -88,7 +87,7 @@ def create_app(service: SpeechService) -> FastAPI:
     async def ready():
         """The model is loaded, the engine is not stalled and a canary synthesis passed recently."""
         ok, reason = service.readiness()
-        body = Readiness(ready=ok, state=service.state, reason=reason, degradation_level=service.degradation.level)
+        body = Readiness(ready=ok, state=service.state, reason=reason, degradation_level=service.degradation_level)
         return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
 
     @app.get("/metrics", tags=["operations"], response_class=Response)
@@ -96,7 +95,7 @@ def create_app(service: SpeechService) -> FastAPI:
         """Prometheus text format."""
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(await service.metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
     # -- models ------------------------------------------------------------------------------------
     @app.get("/v1/models", response_model=ModelList, responses=ERRORS, dependencies=[Depends(authorize)],
@@ -123,28 +122,25 @@ def create_app(service: SpeechService) -> FastAPI:
         uploaded twice is one voice."""
         service.require_serving()
         data, name = await _read_upload(request, config.max_upload_bytes)
-        info = await asyncio.to_thread(_voice_call, service.voices.add, data, name=name, param="upload")
-        return _voice_card(info)
+        return _voice_card(await service.add_voice(data, name))
 
     @app.get("/v1/voices", response_model=VoiceList, responses=ERRORS, dependencies=[Depends(authorize)],
              tags=["voices"])
     async def list_voices():
         service.require_serving()
-        infos = await asyncio.to_thread(service.voices.list)
-        return VoiceList(data=[_voice_card(i) for i in infos])
+        return VoiceList(data=[_voice_card(i) for i in await service.list_voices()])
 
     @app.get("/v1/voices/{voice_id}", response_model=VoiceCard, responses=ERRORS,
              dependencies=[Depends(authorize)], tags=["voices"])
     async def get_voice(voice_id: str):
         service.require_serving()
-        return _voice_card(await asyncio.to_thread(_voice_call, service.voices.info, voice_id))
+        return _voice_card(await service.voice_info(voice_id))
 
     @app.delete("/v1/voices/{voice_id}", response_model=VoiceDeleted, responses=DELETE_ERRORS,
                 dependencies=[Depends(authorize)], tags=["voices"])
     async def delete_voice(voice_id: str):
         service.require_serving()
-        deleted = await asyncio.to_thread(_voice_call, service.voices.delete, voice_id)
-        if not deleted:
+        if not await service.delete_voice(voice_id):
             raise APIError(404, f"voice {voice_id!r} does not exist", code="voice_not_found", param="voice_id")
         return VoiceDeleted(id=voice_id, deleted=True)
 
@@ -156,50 +152,13 @@ def create_app(service: SpeechService) -> FastAPI:
     async def speech(body: SpeechBody, request: Request,
                      x_chorus_priority: str | None = Header(None, description="high, normal or low")):
         """Speak ``input``: OpenAI-compatible, plus Chatterbox's and Chorus's fields."""
-        arrived = time.perf_counter()
-        service.require_serving()
-        service.check_model(body.model)
-        priority = service.priority(body.priority, x_chorus_priority)
-        voice = await asyncio.to_thread(_voice_call, service.voices.get, body.voice, param="voice")
-        from chorus.audio.streaming import StreamEncoder, media_type  # PyAV: imported when first needed
-
-        try:
-            encoder = StreamEncoder(body.response_format, SAMPLE_RATE, speed=body.speed)
-        except ValueError as exc:
-            raise APIError(400, str(exc), code="invalid_parameter", param="speed") from None
-        ticket = service.admit(priority)
-        try:
-            pipeline_request, applied = service.speech_request(body, voice, priority, request.state.request_id)
-            stream = await asyncio.to_thread(service.submit, pipeline_request)
-        except BaseException:
-            service.admission.release(ticket)
-            encoder.abort()
-            raise
-        try:  # wait for the first audio, so that a failure before it is still a JSON error
-            first = await stream._anext()
-        except PipelineError as exc:
-            service.admission.release(ticket)
-            encoder.abort()
-            error = pipeline_error(exc)
-            service.metrics.requests.labels(error.code).inc()
-            raise error from None
-        except BaseException:  # the client went away while waiting
-            stream.cancel()
-            service.admission.release(ticket)
-            encoder.abort()
-            raise
-        headers = {"X-Chorus-Degradation": str(applied.level), "X-Chorus-Degraded": applied.header(),
-                   "X-Chorus-Seed": str(stream.plan.seed), "Cache-Control": "no-store"}
-        cheap = body.response_format in ("wav", "pcm") and body.speed == 1.0  # no codec: encode inline
-        audio = _Session(service, stream, encoder, ticket, first, arrived, cheap)
-        if body.stream_format == "sse":
-            return StreamingResponse(audio.sse(), media_type="text/event-stream", headers=headers)
-        return StreamingResponse(audio.bytes(), media_type=media_type(body.response_format), headers=headers)
+        response = await service.speech(body, x_chorus_priority, request.state.request_id, arrived=time.perf_counter())
+        return StreamingResponse(response.chunks, media_type=response.media_type, headers=response.headers)
 
     return app
 
 
-def _refine_openapi(schema: dict, service: SpeechService) -> dict:
+def _refine_openapi(schema: dict, service: Backend) -> dict:
     """What FastAPI cannot know: validation errors are 400s (never FastAPI's 422), and this
     server's limits on the speech body (the models it serves, its input and token caps, its
     longest deadline)."""
@@ -225,102 +184,6 @@ def _cap(prop: dict, maximum: float) -> None:
     for branch in prop.get("anyOf", [prop]):
         if branch.get("type") != "null":
             branch["maximum"] = min(branch.get("maximum", maximum), maximum)
-
-
-class _Session:
-    """One speech response being streamed: pieces -> encoder -> bytes, and the bookkeeping at
-    the end (metrics, the admission ticket, cancel when the client leaves)."""
-
-    def __init__(self, service: SpeechService, stream, encoder, ticket, first, arrived: float, cheap: bool):
-        self.service, self.stream, self.encoder, self.ticket = service, stream, encoder, ticket
-        self.first, self.arrived, self.cheap = first, arrived, cheap
-        self.audio_samples = 0
-        self.closed = False
-
-    async def _encode(self, fn, *args) -> bytes:
-        """Run an encoder call: a codec on a worker thread (the event loop must not spend its
-        time in one), PCM and WAV inline."""
-        return fn(*args) if self.cheap else await asyncio.to_thread(fn, *args)
-
-    async def _encoded(self) -> AsyncIterator[bytes]:
-        service, metrics = self.service, self.service.metrics
-        status, sent_any = "ok", False
-        try:
-            piece = self.first
-            while piece is not None:
-                self.audio_samples += piece.samples.size
-                data = await self._encode(self.encoder.write, piece.samples)
-                if data:
-                    if not sent_any:
-                        sent_any = True
-                        metrics.ttfa.observe(time.perf_counter() - self.arrived)
-                    yield data
-                piece = await self.stream._anext()
-            tail = await self._encode(self.encoder.close)
-            self.closed = True
-            if tail:
-                if not sent_any:
-                    metrics.ttfa.observe(time.perf_counter() - self.arrived)
-                yield tail
-            result = self.stream._result
-            if result is not None and "first_token_s" in result.timings:
-                metrics.queue_time.observe(result.timings["first_token_s"])
-            metrics.e2e.observe(time.perf_counter() - self.arrived)
-        except PipelineError as exc:  # after the first byte: cut the stream, log and count
-            status = pipeline_error(exc).code
-            metrics.stream_cuts.labels(exc.reason).inc()
-            logger.error("stream cut after audio was sent: %s", exc, extra={"reason": exc.reason})
-            raise
-        except (asyncio.CancelledError, GeneratorExit):
-            status = "client_disconnected"
-            raise
-        except Exception as exc:
-            status = "internal_error"
-            metrics.stream_cuts.labels("internal_error").inc()
-            logger.exception("stream failed: %s", exc)
-            raise
-        finally:
-            if not self.stream.finished:
-                self.stream.cancel()
-            if not self.closed:
-                self.encoder.abort()
-            service.admission.release(self.ticket)
-            metrics.requests.labels(status).inc()
-            metrics.audio_seconds.inc(self.audio_samples / SAMPLE_RATE)
-
-    async def bytes(self) -> AsyncIterator[bytes]:
-        async for data in self._encoded():
-            yield data
-
-    async def sse(self) -> AsyncIterator[bytes]:
-        async for data in self._encoded():
-            event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")}
-            yield f"data: {json.dumps(event)}\n\n".encode()
-        plan = self.stream.plan
-        result = self.stream._result
-        text_tokens = sum(len(c.text_ids) for c in plan.chunks)
-        speech_tokens = sum(c.speech_tokens for c in result.chunks) if result is not None else 0
-        done = {"type": "speech.audio.done",
-                "usage": {"input_tokens": text_tokens, "output_tokens": speech_tokens,
-                          "total_tokens": text_tokens + speech_tokens}}
-        yield f"data: {json.dumps(done)}\n\n".encode()
-
-
-_VOICE_STATUS = {"too_large": 413, "reserved_voice": 409, "damaged_voice": 500, "id_collision": 500}
-
-
-def _voice_call(fn, *args, param: str = "voice_id", **kwargs):
-    """Call the voice store, mapping its errors to API errors (a request's unknown ``voice`` is
-    a 400 like any bad parameter; an unknown voice in the path is a 404)."""
-    from chorus.voices.store import UnknownVoiceError, VoiceStoreError
-
-    try:
-        return fn(*args, **kwargs)
-    except UnknownVoiceError as exc:
-        raise APIError(400 if param == "voice" else 404, str(exc), code="voice_not_found", param=param) from None
-    except VoiceStoreError as exc:
-        status = _VOICE_STATUS.get(exc.code, 400)
-        raise APIError(status, str(exc), code=exc.code, param="file" if param == "upload" else param) from None
 
 
 def _voice_card(info) -> VoiceCard:
@@ -358,8 +221,8 @@ class _RequestContext:
     counter. Pure ASGI, so streamed responses pass through untouched and a client disconnect
     reaches the route at once."""
 
-    def __init__(self, app, metrics):
-        self.app, self.metrics = app, metrics
+    def __init__(self, app, record_error):
+        self.app, self.record_error = app, record_error
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -388,7 +251,7 @@ class _RequestContext:
                        status[0], extra={"request_id": request_id, "status": status[0], "error_code": code,
                                          "ms": round(1000 * (time.perf_counter() - started), 1)})
             if status[0] >= 400 and not probe:  # a 503 from /ready is an answer, not an error
-                self.metrics.errors.labels(code or str(status[0])).inc()
+                self.record_error(code or str(status[0]))
 
 
 class _BodyLimit:

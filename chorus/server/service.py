@@ -188,6 +188,40 @@ class SpeechService:
             t3_tokens=tokens, t3_tokens_per_s=rate, vocoder_passes=vocoder.passes, vocoder_items=vocoder.items,
             vocoder_items_per_pass=items / passes if passes else 0.0, pipeline_active=pipe.active_requests)
 
+    # ------------------------------------------------------- the Backend seam (chorus/server/backend.py)
+    @property
+    def degradation_level(self) -> int:
+        return self.degradation.level
+
+    async def speech(self, body: SpeechBody, priority_header: str | None, request_id: str, *, arrived: float):
+        from chorus.server.speech import open_speech
+
+        return await open_speech(self, body, priority_header, request_id, arrived)
+
+    async def add_voice(self, data: bytes, name: str | None):
+        from chorus.server.speech import voice_call
+
+        return await asyncio.to_thread(voice_call, self.voices.add, data, name=name, param="upload")
+
+    async def list_voices(self) -> list:
+        return await asyncio.to_thread(self.voices.list)
+
+    async def voice_info(self, voice_id: str):
+        from chorus.server.speech import voice_call
+
+        return await asyncio.to_thread(voice_call, self.voices.info, voice_id)
+
+    async def delete_voice(self, voice_id: str) -> bool:
+        from chorus.server.speech import voice_call
+
+        return await asyncio.to_thread(voice_call, self.voices.delete, voice_id)
+
+    async def metrics_text(self) -> bytes:
+        return self.metrics.render()
+
+    def record_error(self, code: str) -> None:
+        self.metrics.errors.labels(code).inc()
+
     # ------------------------------------------------------------------------------- requests
     def model_ids(self) -> list[str]:
         return [self.config.model_id, self.config.variant]

@@ -1,0 +1,46 @@
+"""What the HTTP layer needs from the process behind it: the seam between ``app.py`` and the
+model. :class:`chorus.server.service.SpeechService` implements it over a local pipeline; a
+deployment that forwards to engine replicas implements it too, so every deployment serves the
+same API from the same routes."""
+from __future__ import annotations
+
+from typing import Protocol
+
+from chorus.server.config import ServerConfig
+from chorus.server.schemas import SpeechBody
+from chorus.server.speech import SpeechResponse
+
+
+class Backend(Protocol):
+    config: ServerConfig
+    state: str  # starting, loading, warming, ready or failed
+    started_at: float  # wall clock (seconds since the epoch)
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+    def readiness(self) -> tuple[bool, str | None]:
+        """(ready, why not)."""
+
+    @property
+    def degradation_level(self) -> int: ...
+
+    def require_serving(self) -> None:
+        """Raise a 503 ``APIError`` unless requests can be served."""
+
+    def model_ids(self) -> list[str]: ...
+
+    async def speech(self, body: SpeechBody, priority_header: str | None, request_id: str, *,
+                     arrived: float) -> SpeechResponse:
+        """Start a request; errors before its first audio raise ``APIError``."""
+
+    async def add_voice(self, data: bytes, name: str | None): ...
+    async def list_voices(self) -> list: ...
+    async def voice_info(self, voice_id: str): ...
+    async def delete_voice(self, voice_id: str) -> bool: ...
+
+    async def metrics_text(self) -> bytes:
+        """Prometheus text of everything this backend serves."""
+
+    def record_error(self, code: str) -> None:
+        """Count an error answer the HTTP layer sent."""

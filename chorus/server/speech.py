@@ -1,0 +1,177 @@
+"""One speech request from an API body to encoded bytes, on the process that holds the pipeline.
+
+:func:`open_speech` validates, admits and submits the request and waits for its first audio, so
+that everything that can fail early raises an :class:`APIError` (a JSON answer); it then returns
+a :class:`SpeechResponse` whose ``chunks`` stream the encoded audio. The bookkeeping at the end
+(metrics, the admission ticket, cancelling when the client leaves) lives in ``_Session``.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, AsyncIterator
+
+from chorus.models.s3gen.s3gen import SAMPLE_RATE
+from chorus.pipeline.errors import PipelineError
+from chorus.server.errors import APIError
+from chorus.server.schemas import SpeechBody
+
+if TYPE_CHECKING:
+    from chorus.server.service import SpeechService
+
+logger = logging.getLogger("chorus.server")
+
+
+@dataclass
+class SpeechResponse:
+    """What the HTTP layer sends: a media type, headers, and the body as it is produced."""
+
+    media_type: str
+    headers: dict[str, str]
+    chunks: AsyncIterator[bytes]
+
+
+async def open_speech(service: "SpeechService", body: SpeechBody, priority_header: str | None, request_id: str,
+                      arrived: float) -> SpeechResponse:
+    """Start ``body`` on ``service`` and wait for its first audio (see the module docstring)."""
+    from chorus.audio.streaming import StreamEncoder, media_type  # PyAV: imported when first needed
+    from chorus.server.service import pipeline_error
+
+    service.require_serving()
+    service.check_model(body.model)
+    priority = service.priority(body.priority, priority_header)
+    voice = await asyncio.to_thread(voice_call, service.voices.get, body.voice, param="voice")
+    try:
+        encoder = StreamEncoder(body.response_format, SAMPLE_RATE, speed=body.speed)
+    except ValueError as exc:
+        raise APIError(400, str(exc), code="invalid_parameter", param="speed") from None
+    ticket = service.admit(priority)
+    try:
+        pipeline_request, applied = service.speech_request(body, voice, priority, request_id)
+        stream = await asyncio.to_thread(service.submit, pipeline_request)
+    except BaseException:
+        service.admission.release(ticket)
+        encoder.abort()
+        raise
+    try:  # wait for the first audio, so that a failure before it is still a JSON error
+        first = await stream._anext()
+    except PipelineError as exc:
+        service.admission.release(ticket)
+        encoder.abort()
+        error = pipeline_error(exc)
+        service.metrics.requests.labels(error.code).inc()
+        raise error from None
+    except BaseException:  # the client went away while waiting
+        stream.cancel()
+        service.admission.release(ticket)
+        encoder.abort()
+        raise
+    headers = {"X-Chorus-Degradation": str(applied.level), "X-Chorus-Degraded": applied.header(),
+               "X-Chorus-Seed": str(stream.plan.seed), "Cache-Control": "no-store"}
+    cheap = body.response_format in ("wav", "pcm") and body.speed == 1.0  # no codec: encode inline
+    session = _Session(service, stream, encoder, ticket, first, arrived, cheap)
+    if body.stream_format == "sse":
+        return SpeechResponse("text/event-stream", headers, session.sse())
+    return SpeechResponse(media_type(body.response_format), headers, session.bytes())
+
+
+class _Session:
+    """One speech response being streamed: pieces -> encoder -> bytes, and the bookkeeping at
+    the end (metrics, the admission ticket, cancel when the client leaves)."""
+
+    def __init__(self, service: SpeechService, stream, encoder, ticket, first, arrived: float, cheap: bool):
+        self.service, self.stream, self.encoder, self.ticket = service, stream, encoder, ticket
+        self.first, self.arrived, self.cheap = first, arrived, cheap
+        self.audio_samples = 0
+        self.closed = False
+
+    async def _encode(self, fn, *args) -> bytes:
+        """Run an encoder call: a codec on a worker thread (the event loop must not spend its
+        time in one), PCM and WAV inline."""
+        return fn(*args) if self.cheap else await asyncio.to_thread(fn, *args)
+
+    async def _encoded(self) -> AsyncIterator[bytes]:
+        service, metrics = self.service, self.service.metrics
+        status, sent_any = "ok", False
+        try:
+            piece = self.first
+            while piece is not None:
+                self.audio_samples += piece.samples.size
+                data = await self._encode(self.encoder.write, piece.samples)
+                if data:
+                    if not sent_any:
+                        sent_any = True
+                        metrics.ttfa.observe(time.perf_counter() - self.arrived)
+                    yield data
+                piece = await self.stream._anext()
+            tail = await self._encode(self.encoder.close)
+            self.closed = True
+            if tail:
+                if not sent_any:
+                    metrics.ttfa.observe(time.perf_counter() - self.arrived)
+                yield tail
+            result = self.stream._result
+            if result is not None and "first_token_s" in result.timings:
+                metrics.queue_time.observe(result.timings["first_token_s"])
+            metrics.e2e.observe(time.perf_counter() - self.arrived)
+        except PipelineError as exc:  # after the first byte: cut the stream, log and count
+            from chorus.server.service import pipeline_error
+
+            status = pipeline_error(exc).code
+            metrics.stream_cuts.labels(exc.reason).inc()
+            logger.error("stream cut after audio was sent: %s", exc, extra={"reason": exc.reason})
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            status = "client_disconnected"
+            raise
+        except Exception as exc:
+            status = "internal_error"
+            metrics.stream_cuts.labels("internal_error").inc()
+            logger.exception("stream failed: %s", exc)
+            raise
+        finally:
+            if not self.stream.finished:
+                self.stream.cancel()
+            if not self.closed:
+                self.encoder.abort()
+            service.admission.release(self.ticket)
+            metrics.requests.labels(status).inc()
+            metrics.audio_seconds.inc(self.audio_samples / SAMPLE_RATE)
+
+    async def bytes(self) -> AsyncIterator[bytes]:
+        async for data in self._encoded():
+            yield data
+
+    async def sse(self) -> AsyncIterator[bytes]:
+        async for data in self._encoded():
+            event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")}
+            yield f"data: {json.dumps(event)}\n\n".encode()
+        plan = self.stream.plan
+        result = self.stream._result
+        text_tokens = sum(len(c.text_ids) for c in plan.chunks)
+        speech_tokens = sum(c.speech_tokens for c in result.chunks) if result is not None else 0
+        done = {"type": "speech.audio.done",
+                "usage": {"input_tokens": text_tokens, "output_tokens": speech_tokens,
+                          "total_tokens": text_tokens + speech_tokens}}
+        yield f"data: {json.dumps(done)}\n\n".encode()
+
+
+_VOICE_STATUS = {"too_large": 413, "reserved_voice": 409, "damaged_voice": 500, "id_collision": 500}
+
+
+def voice_call(fn, *args, param: str = "voice_id", **kwargs):
+    """Call the voice store, mapping its errors to API errors (a request's unknown ``voice`` is
+    a 400 like any bad parameter; an unknown voice in the path is a 404)."""
+    from chorus.voices.store import UnknownVoiceError, VoiceStoreError
+
+    try:
+        return fn(*args, **kwargs)
+    except UnknownVoiceError as exc:
+        raise APIError(400 if param == "voice" else 404, str(exc), code="voice_not_found", param=param) from None
+    except VoiceStoreError as exc:
+        status = _VOICE_STATUS.get(exc.code, 400)
+        raise APIError(status, str(exc), code=exc.code, param="file" if param == "upload" else param) from None
