@@ -147,7 +147,8 @@ def test_settings_from_the_environment_reach_the_server(failed_server):
 
 
 def test_log_format_json_writes_json_lines_to_stderr(failed_server):
-    httpx.get(f"{failed_server.url}/health", headers={"X-Request-Id": "cli-test-1"}, timeout=5)
+    # an API call (probes are logged at debug level): 503 not_ready, since the model failed to load
+    httpx.get(f"{failed_server.url}/v1/models", headers={"X-Request-Id": "cli-test-1"}, timeout=5)
     deadline = time.monotonic() + 10
     while "cli-test-1" not in failed_server.log():
         assert time.monotonic() < deadline
@@ -157,7 +158,7 @@ def test_log_format_json_writes_json_lines_to_stderr(failed_server):
     failure = next(line for line in lines if line["message"] == "start-up failed")
     assert failure["level"] == "error" and "Traceback" in failure["exc"]
     access = next(line for line in lines if line.get("request_id") == "cli-test-1")
-    assert access["message"] == "GET /health 200" and access["status"] == 200
+    assert access["message"] == "GET /v1/models 200" and access["status"] == 200
 
 
 @pytest.mark.parametrize("sig, codes", [(signal.SIGTERM, {0, -signal.SIGTERM}), (signal.SIGINT, {0, 130})])
