@@ -42,7 +42,8 @@ def _check_level(level: dict, concurrency: int, requests: int | None, chunks: in
     assert server["audio_seconds"] == pytest.approx(level["audio_s"], abs=1e-3)  # the server sent what we got
     assert 0 < server["t3_tokens"] <= level["requests"] * chunks * TOKENS + 25  # + a canary that may have run
     assert server["preemptions"] >= 0 and server["degradation_level_max"] == 0
-    assert 1 <= server["in_flight_max"] <= concurrency and server["scrapes"] >= 2
+    # polled every 0.5 s: a fast level may finish between two polls, so only the bound is certain
+    assert 0 <= server["in_flight_max"] <= concurrency and server["scrapes"] >= 2
 
 
 def test_the_bench_reports_every_level(live):
