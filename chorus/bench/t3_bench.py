@@ -25,7 +25,7 @@ from chorus.engine.engine import T3Engine, T3Request
 from chorus.atomic import atomic_write_text
 from chorus.models.loading import Checkpoint, dtype_name, load_t3, parse_device, resolve_dtype
 from chorus.models.random_checkpoint import write_random_checkpoint
-from chorus.models.variants import get_variant
+from chorus.models.variants import Variant, get_variant
 from chorus.sampling import SamplingParams
 from chorus.text import load_text_encoder, split_into_chunks
 from chorus.pipeline.conditioning import ConditioningCache
@@ -34,7 +34,7 @@ from chorus.voices import Voice
 
 @dataclass
 class T3BenchConfig:
-    variant: str = "original"
+    variant: str | Variant = "original"  # a name, or a Variant (tests pass tiny ones)
     checkpoint: str | None = None  # None: a random-weight checkpoint in a temporary directory
     dtype: str = "auto"  # bf16 on CUDA, fp32 on the CPU (chorus.models.loading.resolve_dtype)
     device: str = "auto"
@@ -180,7 +180,7 @@ def bench_workload(model, variant, conditioning, encoder, chunks: list[str], cfg
 
 
 def run(cfg: T3BenchConfig) -> dict:
-    variant = get_variant(cfg.variant)
+    variant = cfg.variant if isinstance(cfg.variant, Variant) else get_variant(cfg.variant)
     device = parse_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     with tempfile.TemporaryDirectory() as tmp:
