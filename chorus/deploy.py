@@ -153,7 +153,7 @@ class EngineReplica:
             try:
                 ready, reason = self.service.readiness()
                 status = {"ready": ready, "reason": reason, "state": self.service.state,
-                          "degradation_level": self.service.degradation_level}
+                          "degradation_level": self.service.degradation_level, "pid": os.getpid()}
                 await self._board.publish.remote(self.replica_id, status, await self.service.metrics_text())
             except Exception:  # noqa: BLE001 - publishing must not die
                 logger.exception("publishing to the replica board failed")
