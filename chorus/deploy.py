@@ -434,6 +434,10 @@ class Ingress:
 
 # --------------------------------------------------------------------------------- building
 def visible_gpus() -> int:
+    """GPUs of the Ray cluster when connected to one (``serve run``, a Serve config, or
+    ``chorus serve`` after ``ray.init``), else the CUDA devices this process sees."""
+    if ray.is_initialized():
+        return int(ray.cluster_resources().get("GPU", 0))
     try:
         import torch
 

@@ -170,3 +170,37 @@ def test_a_replica_killed_under_load_loses_no_request_that_had_not_started(clust
     assert survivor[0] in replicas()
     metrics = cluster.get("/metrics").text
     assert 'chorus_front_stream_cuts_total{reason="replica_lost"}' in metrics  # the cut is counted
+
+
+def test_the_application_builder_takes_serve_run_arguments():
+    from chorus.deploy import app
+
+    built = app({"variant": "turbo", "max_queue": "64", "replicas": "2", "min_replicas": "1", "max_replicas": "3",
+                 "target_ongoing_requests": "16", "gpus_per_replica": "0"})
+    ingress = built._bound_deployment
+    engine = ingress.init_args[1]._bound_deployment
+    assert ingress.init_args[0].max_queue == 64
+    scaling = engine._deployment_config.autoscaling_config
+    assert (scaling.min_replicas, scaling.initial_replicas, scaling.max_replicas) == (1, 2, 3)
+    assert scaling.target_ongoing_requests == 16.0
+    fixed = app({"replicas": "2", "gpus_per_replica": "1"})._bound_deployment.init_args[1]._bound_deployment
+    assert fixed._deployment_config.num_replicas == 2 and fixed._deployment_config.autoscaling_config is None
+    assert fixed.ray_actor_options["num_gpus"] == 1.0
+
+
+def test_merged_metrics_label_each_replica_and_sum_the_series():
+    from chorus.deploy import merge_metrics
+
+    def text(ok: int, le_1: int) -> bytes:
+        return (f"# HELP chorus_requests Speech requests\n# TYPE chorus_requests counter\n"
+                f'chorus_requests_total{{status="ok"}} {ok}.0\nchorus_requests_created{{status="ok"}} 17.0\n'
+                f"# HELP chorus_ttfa TTFA\n# TYPE chorus_ttfa histogram\n"
+                f'chorus_ttfa_bucket{{le="1.0"}} {le_1}.0\nchorus_ttfa_count {le_1}.0\n').encode()
+
+    merged = merge_metrics({"a": text(2, 1), "b": text(3, 4)}).decode().splitlines()
+    assert merged.count("# TYPE chorus_requests counter") == 1
+    assert 'chorus_requests_total{replica="a",status="ok"} 2.0' in merged
+    assert 'chorus_requests_total{replica="total",status="ok"} 5.0' in merged
+    assert 'chorus_ttfa_bucket{replica="total",le="1.0"} 5.0' in merged
+    assert 'chorus_ttfa_count{replica="total"} 5.0' in merged
+    assert not any(line.startswith('chorus_requests_created{replica="total"') for line in merged)
