@@ -200,6 +200,15 @@ class EngineReplica:
         return {"in_flight": s.admission.in_flight, "max_queue": s.config.max_queue,
                 "kv_usage": s.snapshot.kv_usage, "queue_depth": s.snapshot.t3_waiting}
 
+    async def __del__(self):
+        """Serve's graceful shutdown: stop publishing and close the pipeline (its threads)."""
+        publisher = getattr(self, "_publisher", None)
+        if publisher is not None:
+            publisher.cancel()
+        service = getattr(self, "service", None)
+        if service is not None:
+            await service.stop()
+
     def check_health(self) -> None:
         """Raise (Serve replaces the replica) only when the engine is stalled or dead."""
         s = self.service
@@ -457,6 +466,9 @@ def build(config: ServerConfig, *, replicas: str | int = 1, min_replicas: int | 
           max_replicas: int | None = None, target_ongoing_requests: float = 32.0,
           gpus_per_replica: float | None = None, loader: str = DEFAULT_LOADER):
     """The Serve application: ``Ingress`` over ``EngineReplica`` (see the module docstring)."""
+    from chorus.server.main import effective_config
+
+    config = effective_config(config)
     if gpus_per_replica is None:
         gpus_per_replica = 1.0 if config.device != "cpu" and visible_gpus() > 0 else 0.0
     options: dict[str, Any] = dict(
@@ -497,17 +509,30 @@ def run_local(config: ServerConfig) -> None:
     """``chorus serve --replicas N|auto``: a local Ray cluster, the application on
     ``config.host:config.port``, until Ctrl-C or SIGTERM."""
     import signal
-    import threading
 
+    from chorus.server.config import describe
+    from chorus.server.logs import setup_logging
+
+    setup_logging(config.log_format, config.log_level)
+    logger.info("starting %s engine replicas on Ray Serve", config.replicas, extra={"config": describe(config)})
     ray.init(ignore_reinit_error=True, log_to_driver=True)
-    serve.start(http_options={"host": config.host, "port": config.port})
-    serve.run(build(config, replicas=config.replicas), name="chorus", route_prefix="/", blocking=False)
-    logger.info("serving %s engine replica(s) on http://%s:%d", replica_count(config.replicas), config.host,
-                config.port)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
-    logger.info("shutting down")
-    serve.shutdown()
-    ray.shutdown()
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM):  # also while starting: Ray's own handler would just exit
+        signal.signal(sig, interrupt)
+    try:
+        serve.start(http_options={"host": config.host, "port": config.port})
+        serve.run(build(config, replicas=config.replicas), name="chorus", route_prefix="/", blocking=False)
+        logger.info("serving %s engine replica(s) on http://%s:%d", replica_count(config.replicas), config.host,
+                    config.port)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        logger.info("shutting down")
+    except RuntimeError as exc:  # the replicas failed to start (Serve retried them): the log says why
+        raise SystemExit(f"chorus serve: {exc}; the replicas' errors are in the log above") from None
+    finally:
+        serve.shutdown()
+        ray.shutdown()
