@@ -161,6 +161,9 @@ class EngineReplica:
 
     async def speech_stream(self, body, priority_header: str | None, request_id: str):
         """``("start", media_type, headers)`` or ``("error", fields)``, then the audio bytes."""
+        from chorus.server.logs import request_id_var
+
+        request_id_var.set(request_id)  # this replica's log lines carry the front's request id
         try:
             response = await self.service.speech(body, priority_header, request_id, arrived=time.perf_counter())
         except APIError as exc:
