@@ -62,7 +62,8 @@ def wait_for(predicate, timeout: float, what: str):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     voices = tmp_path_factory.mktemp("voices")
-    ray.init(num_cpus=3, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    ray.init(num_cpus=3, object_store_memory=128 << 20, include_dashboard=False, configure_logging=False,
+             log_to_driver=False)
     port = _free_port()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
