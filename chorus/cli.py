@@ -392,6 +392,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     config = build_config(file_values, flags=flags)
     if config.checkpoint is not None and not Path(config.checkpoint).exists() and "/" not in config.checkpoint:
         raise CliError(f"--checkpoint {config.checkpoint!r} is neither a directory nor a hub id (owner/name)")
+    if config.replicas != "1":
+        try:
+            from chorus.deploy import run_local
+        except ImportError as exc:
+            raise CliError(f"--replicas {config.replicas} needs Ray Serve: pip install 'chorus-tts[ray]' ({exc})")
+        run_local(config)
+        return 0
     serve(config)
     return 0
 

@@ -63,6 +63,7 @@ class ServerConfig:
     device: str = "auto"
     dtype: str = "auto"
     voice_models: bool = True  # load the models that build voices from uploads
+    replicas: str = "1"  # engine replicas: a number or "auto" (one per GPU); above 1: Ray Serve
     # the network
     host: str = "127.0.0.1"
     port: int = 8000
@@ -118,6 +119,10 @@ class ServerConfig:
         _require(0 < self.memory_pressure <= 1, f"memory_pressure must be in (0, 1], got {self.memory_pressure!r}")
         _require(0 < self.gpu_memory_utilization <= 1,
                  f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        replicas = str(self.replicas).strip().lower()
+        object.__setattr__(self, "replicas", replicas)
+        _require(replicas == "auto" or (replicas.isdigit() and int(replicas) > 0),
+                 f"replicas must be a positive integer or 'auto', got {self.replicas!r}")
         _require(self.log_format in ("json", "text"), f"log_format must be 'json' or 'text', got {self.log_format!r}")
         _require(self.log_level.lower() in ("debug", "info", "warning", "error"),
                  f"log_level must be debug, info, warning or error, got {self.log_level!r}")
@@ -137,6 +142,8 @@ FIELD_HELP = {
     "device": "auto (CUDA when present), cpu, cuda or cuda:N",
     "dtype": "auto (bf16 on CUDA, fp32 on the CPU), fp32, bf16 or fp16",
     "voice_models": "load the models that build voices from uploaded clips (off: built-in voice only)",
+    "replicas": "engine replicas: a number, or auto for one per visible GPU; above 1 runs on a local Ray "
+                "Serve cluster (needs chorus-tts[ray]; docs/scaling.md)",
     "host": "address to listen on",
     "port": "port to listen on",
     "api_keys": "comma-separated bearer tokens clients must send (default: none, no authentication)",

@@ -110,6 +110,8 @@ def test_a_file_value_of_the_wrong_type_is_not_coerced(key, value):
 
 @pytest.mark.parametrize("sources, field", [
     ({"flags": {"port": "0"}}, "port"),
+    ({"flags": {"replicas": "0"}}, "replicas"),
+    ({"env": {"CHORUS_REPLICAS": "two"}}, "replicas"),
     ({"flags": {"port": "65536"}}, "port"),
     ({"env": {"CHORUS_MAX_QUEUE": "0"}}, "max_queue"),
     ({"env": {"CHORUS_MAX_INPUT_CHARS": "-1"}}, "max_input_chars"),
@@ -171,3 +173,8 @@ def test_describe_hides_api_keys():
     assert description["api_keys"] == "2 key(s)"
     assert "secret-key" not in json.dumps(description)
     assert description["port"] == 8000 and description["degradation"]["enabled"] is True
+
+
+@pytest.mark.parametrize("given, kept", [("2", "2"), (" AUTO ", "auto"), (3, "3")])
+def test_replicas_is_a_count_or_auto(given, kept):
+    assert _build(file_values={"replicas": given}).replicas == kept

@@ -1,0 +1,541 @@
+"""Scale-out on Ray Serve: one engine replica per GPU behind the same HTTP API.
+
+Two deployments make one Serve application (docs/scaling.md):
+
+* :class:`EngineReplica`: one :class:`~chorus.server.service.SpeechService` (model, engine,
+  admission, canary) per replica, usually one per GPU. It streams speech as ``("start",
+  media_type, headers)`` (or ``("error", fields)``) followed by the encoded audio chunks.
+* :class:`Ingress`: the HTTP layer of ``chorus/server/app.py`` over a :class:`RemoteBackend`,
+  which forwards each call to a replica through a Serve handle chosen by
+  :class:`LeastLoadedRouter` (queue fill plus KV use, not round robin).
+
+Replicas publish their readiness and Prometheus text every second to a detached
+:class:`ReplicaBoard` actor; the front reads it for ``/ready`` and ``/metrics``. Voices live in a
+shared directory (content-hashed files), so every replica sees every voice.
+
+``serve run chorus.deploy:app variant=turbo checkpoint=... replicas=2`` or ``serve run
+config.yaml`` (an application whose ``import_path`` is ``chorus.deploy:app``) builds the
+application with :func:`app`; ``chorus serve --replicas N`` calls :func:`run_local`.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+import re
+import time
+from typing import Any, AsyncIterator
+
+import ray
+from ray import serve
+from ray.serve.config import AutoscalingConfig, RequestRouterConfig
+from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+from chorus.server.config import ServerConfig, build_config
+from chorus.server.errors import APIError
+from chorus.server.speech import SpeechResponse
+
+logger = logging.getLogger("chorus.server")
+
+PUBLISH_INTERVAL_S = 1.0  # replicas -> board
+BOARD_STALE_S = 10.0  # a replica silent this long is gone (dead, or replaced)
+DEFAULT_LOADER = "chorus.server.main:load_models"
+SCALE_FIELDS = ("replicas", "min_replicas", "max_replicas", "target_ongoing_requests", "gpus_per_replica",
+                "loader")
+_LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+
+
+# ------------------------------------------------------------------------------------- routing
+class LeastLoadedRouter(FIFOMixin, RequestRouter):
+    """Send each request to the replica with the least load, where
+
+        load = max(in_flight_seen_here, in_flight_reported) / max_queue + kv_usage
+
+    ``in_flight_reported`` and ``kv_usage`` come from the replica's ``record_routing_stats``
+    (refreshed every ``request_routing_stats_period_s``); ``in_flight_seen_here`` counts the
+    requests this router sent that have not finished, so a burst between two refreshes spreads
+    out instead of piling onto the replica that looked idlest. Ties go in random order."""
+
+    def initialize_state(self, **kwargs):
+        self._outstanding: dict[ReplicaID, int] = {}
+        self._request_replica: dict[str, ReplicaID] = {}
+
+    def load(self, replica: RunningReplica) -> float:
+        stats = replica.routing_stats or {}
+        in_flight = max(self._outstanding.get(replica.replica_id, 0), int(stats.get("in_flight", 0)))
+        return in_flight / max(1, int(stats.get("max_queue", replica.max_ongoing_requests))) + float(
+            stats.get("kv_usage", 0.0))
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        import random
+
+        shuffled = random.sample(candidate_replicas, len(candidate_replicas))
+        return [[r] for r in sorted(shuffled, key=self.load)]  # ranks: the least loaded first
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result) -> None:
+        self._outstanding[replica_id] = self._outstanding.get(replica_id, 0) + 1
+        request_id = getattr(pending_request.metadata, "internal_request_id", None)
+        if request_id is not None:
+            self._request_replica[request_id] = replica_id
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        if self._request_replica.pop(internal_request_id, None) is not None:
+            self._outstanding[replica_id] = max(0, self._outstanding.get(replica_id, 0) - 1)
+
+    def on_replica_actor_died(self, replica_id: ReplicaID):
+        self._outstanding.pop(replica_id, None)
+        super().on_replica_actor_died(replica_id)
+
+
+# ----------------------------------------------------------------------------- the replica board
+@ray.remote(num_cpus=0)
+class ReplicaBoard:
+    """What each replica last published: {replica: (monotonic time, status dict, metrics text)}."""
+
+    def __init__(self):
+        self.entries: dict[str, tuple[float, dict, bytes]] = {}
+
+    def publish(self, replica: str, status: dict, metrics: bytes) -> None:
+        self.entries[replica] = (time.monotonic(), status, metrics)
+
+    def read(self, stale_s: float = BOARD_STALE_S) -> dict[str, tuple[dict, bytes]]:
+        now = time.monotonic()
+        for replica in [r for r, (t, _, _) in self.entries.items() if now - t > stale_s]:
+            del self.entries[replica]
+        return {r: (status, metrics) for r, (_, status, metrics) in self.entries.items()}
+
+
+def board(app_name: str):
+    """The application's board (created on first use; detached, so it outlives any replica)."""
+    return ReplicaBoard.options(name=f"chorus-board-{app_name}", namespace="chorus", get_if_exists=True,
+                                lifetime="detached").remote()
+
+
+# ------------------------------------------------------------------------------------ replicas
+def resolve_loader(spec: str, config: ServerConfig):
+    """``"module:function"`` -> a zero-argument loader. ``function(config)`` returns a
+    ``Loaded`` or a zero-argument function that does (e.g. the tests' ``tiny_loader``)."""
+    module, _, name = spec.partition(":")
+    fn = getattr(importlib.import_module(module), name)
+
+    def load():
+        loaded = fn(config)
+        return loaded() if callable(loaded) else loaded
+
+    return load
+
+
+@serve.deployment(name="EngineReplica", max_ongoing_requests=1024, health_check_period_s=5,
+                  health_check_timeout_s=30, graceful_shutdown_timeout_s=20)
+class EngineReplica:
+    """One engine: a ``SpeechService`` started (loaded, warmed, canary passed) before the replica
+    takes traffic. A replica whose start failed raises, so Serve retries it and reports why."""
+
+    async def __init__(self, config: ServerConfig, loader: str = DEFAULT_LOADER):
+        from chorus.server.main import effective_config
+        from chorus.server.service import SpeechService
+
+        config = effective_config(config)
+        context = serve.get_replica_context()
+        self.replica_id = context.replica_id.unique_id
+        self.service = SpeechService(config, resolve_loader(loader, config))
+        await self.service.start()
+        if self.service.state != "ready":
+            await self.service.stop()
+            raise RuntimeError(f"the engine replica failed to start: {self.service.failure}")
+        self._board = board(context.app_name)
+        self._publisher = asyncio.create_task(self._publish_loop())
+
+    async def _publish_loop(self) -> None:
+        while True:
+            try:
+                ready, reason = self.service.readiness()
+                status = {"ready": ready, "reason": reason, "state": self.service.state,
+                          "degradation_level": self.service.degradation_level, "pid": os.getpid()}
+                await self._board.publish.remote(self.replica_id, status, await self.service.metrics_text())
+            except Exception:  # noqa: BLE001 - publishing must not die
+                logger.exception("publishing to the replica board failed")
+            await asyncio.sleep(PUBLISH_INTERVAL_S)
+
+    async def speech_stream(self, body, priority_header: str | None, request_id: str):
+        """``("start", media_type, headers)`` or ``("error", fields)``, then the audio bytes."""
+        from chorus.server.logs import request_id_var
+
+        request_id_var.set(request_id)  # this replica's log lines carry the front's request id
+        try:
+            response = await self.service.speech(body, priority_header, request_id, arrived=time.perf_counter())
+        except APIError as exc:
+            yield ("error", _error_fields(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - a JSON 500, like the single-process server
+            logger.exception("speech failed before audio: %s", exc)
+            yield ("error", _error_fields(APIError(500, "internal server error; the request id in the "
+                                                        "X-Request-Id header finds it in the log",
+                                                   code="internal_error")))
+            return
+        yield ("start", response.media_type, {**response.headers, "X-Chorus-Replica": self.replica_id})
+        async for chunk in response.chunks:
+            yield chunk
+
+    async def voice(self, method: str, *args):
+        """A voice-store call: ("ok", result) or ("error", fields)."""
+        try:
+            return ("ok", await getattr(self.service, method)(*args))
+        except APIError as exc:
+            return ("error", _error_fields(exc))
+
+    def readiness(self) -> tuple[bool, str | None]:
+        return self.service.readiness()
+
+    async def metrics_text(self) -> bytes:
+        return await self.service.metrics_text()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def replica(self) -> str:
+        return self.replica_id
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        s = self.service
+        return {"in_flight": s.admission.in_flight, "max_queue": s.config.max_queue,
+                "kv_usage": s.snapshot.kv_usage, "queue_depth": s.snapshot.t3_waiting}
+
+    async def __del__(self):
+        """Serve's graceful shutdown: stop publishing and close the pipeline (its threads)."""
+        publisher = getattr(self, "_publisher", None)
+        if publisher is not None:
+            publisher.cancel()
+        service = getattr(self, "service", None)
+        if service is not None:
+            await service.stop()
+
+    def check_health(self) -> None:
+        """Raise (Serve replaces the replica) only when the engine is stalled or dead."""
+        s = self.service
+        if s.state == "failed":
+            raise RuntimeError(f"the engine failed: {s.failure}")
+        stall = s.pipeline.stall(s.config.stall_timeout_s) if s.pipeline is not None else None
+        if stall is not None:
+            raise RuntimeError(f"the engine is stalled: {stall}")
+
+
+def _error_fields(exc: APIError) -> dict:
+    return {"status": exc.status, "message": exc.message, "code": exc.code, "param": exc.param,
+            "headers": exc.headers, "type": exc.type}
+
+
+def _api_error(fields: dict) -> APIError:
+    return APIError(fields["status"], fields["message"], code=fields["code"], param=fields["param"],
+                    headers=fields["headers"], type=fields["type"])
+
+
+# --------------------------------------------------------------------------------- the front
+class FrontMetrics:
+    def __init__(self):
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        self.registry = registry = CollectorRegistry(auto_describe=True)
+        self.errors = Counter("chorus_front_errors", "Error answers the HTTP front sent, by type", ["type"],
+                              registry=registry)
+        self.retries = Counter("chorus_front_retries",
+                               "Speech requests retried on another replica (theirs died before audio)",
+                               registry=registry)
+        self.stream_cuts = Counter("chorus_front_stream_cuts",
+                                   "Responses cut after their first audio byte, by reason", ["reason"],
+                                   registry=registry)
+        self.replicas = Gauge("chorus_front_replicas", "Engine replicas that published recently, by readiness",
+                              ["ready"], registry=registry)
+
+
+class RemoteBackend:
+    """The ``Backend`` of ``chorus/server/backend.py`` over a handle to the engine replicas."""
+
+    def __init__(self, config: ServerConfig, handle, app_name: str):
+        self.config = config
+        self.handle = handle
+        self.app_name = app_name
+        self.started_at = time.time()
+        self.metrics = FrontMetrics()
+        self.replicas: dict[str, tuple[dict, bytes]] = {}
+        self._board = None
+        self._refresher: asyncio.Task | None = None
+
+    # -- life
+    async def start(self) -> None:
+        self._board = board(self.app_name)
+        await self.refresh()
+        self._refresher = asyncio.create_task(self._refresh_loop())
+
+    async def stop(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PUBLISH_INTERVAL_S / 2)
+            try:
+                await self.refresh()
+            except Exception:  # noqa: BLE001 - keep the last view
+                logger.exception("reading the replica board failed")
+
+    async def refresh(self) -> None:
+        self.replicas = await self._board.read.remote()
+        ready = sum(1 for status, _ in self.replicas.values() if status["ready"])
+        self.metrics.replicas.labels("true").set(ready)
+        self.metrics.replicas.labels("false").set(len(self.replicas) - ready)
+
+    # -- state
+    @property
+    def state(self) -> str:
+        states = [status["state"] for status, _ in self.replicas.values()]
+        if "ready" in states:
+            return "ready"
+        return states[0] if states else "starting"
+
+    def readiness(self) -> tuple[bool, str | None]:
+        if any(status["ready"] for status, _ in self.replicas.values()):
+            return True, None
+        if not self.replicas:
+            return False, "no engine replica is up yet"
+        reasons = sorted({status["reason"] or status["state"] for status, _ in self.replicas.values()})
+        return False, "no engine replica is ready: " + "; ".join(reasons)
+
+    @property
+    def degradation_level(self) -> int:
+        levels = [status["degradation_level"] for status, _ in self.replicas.values() if status["ready"]]
+        return min(levels) if levels else 0
+
+    def require_serving(self) -> None:
+        if self.state != "ready":
+            raise APIError(503, f"not ready: {self.readiness()[1]}", code="not_ready",
+                           headers={"Retry-After": str(max(self.config.retry_after_s, 5))})
+
+    def model_ids(self) -> list[str]:
+        return [self.config.model_id, self.config.variant]
+
+    # -- speech
+    async def speech(self, body, priority_header: str | None, request_id: str, *, arrived: float) -> SpeechResponse:
+        self.require_serving()
+        for attempt in (1, 2):
+            stream = self.handle.options(stream=True).speech_stream.remote(body, priority_header, request_id)
+            try:
+                first = await stream.__anext__()
+            except _LOST as exc:
+                if attempt == 1:
+                    self.metrics.retries.inc()
+                    logger.warning("engine replica lost before audio; retrying on another: %s", type(exc).__name__)
+                    continue
+                raise APIError(503, "the engine replica serving this request was lost before sending audio, "
+                                    "twice; retry", code="replica_lost", headers={"Retry-After": "1"}) from None
+            except BaseException:
+                stream.cancel()
+                raise
+            if first[0] == "error":
+                raise _api_error(first[1])
+            _, media_type, headers = first
+            return SpeechResponse(media_type, headers, self._pass_through(stream))
+        raise AssertionError("unreachable")
+
+    async def _pass_through(self, stream) -> AsyncIterator[bytes]:
+        """The replica's chunks as they come (no buffering); a replica lost mid-stream cuts it."""
+        finished = False
+        try:
+            async for chunk in stream:
+                yield chunk
+            finished = True
+        except _LOST as exc:
+            self.metrics.stream_cuts.labels("replica_lost").inc()
+            logger.error("stream cut after audio was sent: the engine replica was lost (%s)", type(exc).__name__)
+            raise
+        finally:
+            if not finished:
+                stream.cancel()
+
+    # -- voices (the store is shared: any replica answers)
+    async def _voice(self, method: str, *args):
+        for attempt in (1, 2):
+            try:
+                kind, value = await self.handle.voice.remote(method, *args)
+            except _LOST:
+                if attempt == 2:
+                    raise APIError(503, "the engine replica was lost; retry", code="replica_lost",
+                                   headers={"Retry-After": "1"}) from None
+                continue
+            if kind == "error":
+                raise _api_error(value)
+            return value
+
+    async def add_voice(self, data: bytes, name: str | None):
+        return await self._voice("add_voice", data, name)
+
+    async def list_voices(self) -> list:
+        return await self._voice("list_voices")
+
+    async def voice_info(self, voice_id: str):
+        return await self._voice("voice_info", voice_id)
+
+    async def delete_voice(self, voice_id: str) -> bool:
+        return await self._voice("delete_voice", voice_id)
+
+    # -- metrics
+    async def metrics_text(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        per_replica = {replica: text for replica, (_, text) in sorted(self.replicas.items())}
+        return generate_latest(self.metrics.registry) + merge_metrics(per_replica)
+
+    def record_error(self, code: str) -> None:
+        self.metrics.errors.labels(code).inc()
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+
+
+def merge_metrics(per_replica: dict[str, bytes]) -> bytes:
+    """Every replica's samples labelled ``replica="<id>"``, and per series the sum over replicas
+    labelled ``replica="total"``. Counters and gauges add up; a histogram's buckets, ``_sum`` and
+    ``_count`` are counters, so their sums are the histogram of all requests (every replica
+    uses the same buckets). ``_created`` timestamps are not summed."""
+    meta: dict[str, list[str]] = {}  # family -> its HELP and TYPE lines
+    samples: dict[str, list[str]] = {}  # family -> labelled samples (in first-seen order)
+    totals: dict[str, dict[tuple[str, str], float]] = {}  # family -> (name, labels) -> sum
+    for replica, text in per_replica.items():
+        family = None
+        for line in text.decode().splitlines():
+            if line.startswith(("# HELP ", "# TYPE ")):
+                family = line.split()[2]
+                if line not in meta.setdefault(family, []):
+                    meta[family].append(line)
+                samples.setdefault(family, [])
+                totals.setdefault(family, {})
+                continue
+            match = _SAMPLE.match(line)
+            if match is None or family is None:
+                continue
+            name, labels, value = match.groups()
+            inner = labels[1:-1] if labels else ""
+            samples[family].append(f'{name}{{replica="{replica}"{"," + inner if inner else ""}}} {value}')
+            if not name.endswith("_created"):
+                key = (name, inner)
+                totals[family][key] = totals[family].get(key, 0.0) + float(value)
+    out: list[str] = []
+    for family, lines in samples.items():
+        out += meta[family] + lines
+        out += [f'{name}{{replica="total"{"," + inner if inner else ""}}} {value!r}'
+                for (name, inner), value in totals[family].items()]
+    return ("\n".join(out) + "\n").encode() if out else b""
+
+
+@serve.deployment(name="Ingress", max_ongoing_requests=4096, num_replicas=1)
+@serve.ingress()
+class Ingress:
+    """The HTTP API of ``chorus/server/app.py`` over the engine replicas."""
+
+    def __init__(self, config: ServerConfig, engine):
+        context = serve.get_replica_context()
+        self.backend = RemoteBackend(config, engine, context.app_name)
+
+    def __serve_build_asgi_app__(self):
+        from chorus.server.app import create_app
+
+        return create_app(self.backend)
+
+
+# --------------------------------------------------------------------------------- building
+def visible_gpus() -> int:
+    """GPUs of the Ray cluster when connected to one (``serve run``, a Serve config, or
+    ``chorus serve`` after ``ray.init``), else the CUDA devices this process sees."""
+    if ray.is_initialized():
+        return int(ray.cluster_resources().get("GPU", 0))
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - no torch, no CUDA: no GPUs
+        return 0
+
+
+def replica_count(replicas: str | int) -> int:
+    """``auto``: one per visible GPU (1 without a GPU); otherwise the number."""
+    if str(replicas).strip().lower() == "auto":
+        return max(1, visible_gpus())
+    return int(replicas)
+
+
+def build(config: ServerConfig, *, replicas: str | int = 1, min_replicas: int | None = None,
+          max_replicas: int | None = None, target_ongoing_requests: float = 32.0,
+          gpus_per_replica: float | None = None, loader: str = DEFAULT_LOADER):
+    """The Serve application: ``Ingress`` over ``EngineReplica`` (see the module docstring)."""
+    from chorus.server.main import effective_config
+
+    config = effective_config(config)
+    if gpus_per_replica is None:
+        gpus_per_replica = 1.0 if config.device != "cpu" and visible_gpus() > 0 else 0.0
+    options: dict[str, Any] = dict(
+        ray_actor_options={"num_gpus": gpus_per_replica, "num_cpus": 1},
+        max_ongoing_requests=config.max_queue + 8,  # admission (429) is the engine's own, above it
+        request_router_config=RequestRouterConfig(request_router_class=LeastLoadedRouter,
+                                                  request_routing_stats_period_s=0.5,
+                                                  request_routing_stats_timeout_s=5.0))
+    if min_replicas is not None or max_replicas is not None:
+        low = int(min_replicas if min_replicas is not None else 1)
+        high = int(max_replicas if max_replicas is not None else max(low, replica_count(replicas)))
+        options["autoscaling_config"] = AutoscalingConfig(
+            min_replicas=low, max_replicas=high, initial_replicas=min(max(low, replica_count(replicas)), high),
+            target_ongoing_requests=float(target_ongoing_requests))
+    else:
+        options["num_replicas"] = replica_count(replicas)
+    engine = EngineReplica.options(**options).bind(config, loader)
+    return Ingress.options(ray_actor_options={"num_cpus": 0}).bind(config, engine)
+
+
+def app(args: dict[str, Any]):
+    """The application builder of ``serve run chorus.deploy:app key=value ...`` and of a Serve
+    config file's ``import_path: chorus.deploy:app`` (``args``: ServerConfig fields, plus
+    ``replicas``, ``min_replicas``, ``max_replicas``, ``target_ongoing_requests``,
+    ``gpus_per_replica``). ``CHORUS_*`` environment variables apply as in ``chorus serve``."""
+    args = dict(args or {})
+    scale = {k: args.pop(k) for k in SCALE_FIELDS if k in args}
+    replicas = scale.pop("replicas", None) or "1"
+    config = build_config(args)
+    numbers = {k: (float(v) if k in ("target_ongoing_requests", "gpus_per_replica") else int(v))
+               for k, v in scale.items() if k != "loader" and v is not None}
+    if "loader" in scale:
+        numbers["loader"] = scale["loader"]
+    return build(config, replicas=replicas, **numbers)
+
+
+def run_local(config: ServerConfig) -> None:
+    """``chorus serve --replicas N|auto``: a local Ray cluster, the application on
+    ``config.host:config.port``, until Ctrl-C or SIGTERM."""
+    import signal
+
+    from chorus.server.config import describe
+    from chorus.server.logs import setup_logging
+
+    setup_logging(config.log_format, config.log_level)
+    logger.info("starting %s engine replicas on Ray Serve", config.replicas, extra={"config": describe(config)})
+    ray.init(ignore_reinit_error=True, log_to_driver=True)
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM):  # also while starting: Ray's own handler would just exit
+        signal.signal(sig, interrupt)
+    try:
+        serve.start(http_options={"host": config.host, "port": config.port})
+        serve.run(build(config, replicas=config.replicas), name="chorus", route_prefix="/", blocking=False)
+        logger.info("serving %s engine replica(s) on http://%s:%d", replica_count(config.replicas), config.host,
+                    config.port)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        logger.info("shutting down")
+    except RuntimeError as exc:  # the replicas failed to start (Serve retried them): the log says why
+        raise SystemExit(f"chorus serve: {exc}; the replicas' errors are in the log above") from None
+    finally:
+        serve.shutdown()
+        ray.shutdown()
