@@ -23,6 +23,7 @@ import asyncio
 import importlib
 import logging
 import os
+import random
 import re
 import time
 from typing import Any, AsyncIterator
@@ -69,8 +70,6 @@ class LeastLoadedRouter(FIFOMixin, RequestRouter):
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
-        import random
-
         shuffled = random.sample(candidate_replicas, len(candidate_replicas))
         return [[r] for r in sorted(shuffled, key=self.load)]  # ranks: the least loaded first
 

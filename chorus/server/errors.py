@@ -11,6 +11,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from chorus.pipeline.errors import PipelineError
 from starlette.routing import Match
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -60,6 +62,16 @@ def _allowed_methods(request: Request) -> str:
         if match != Match.NONE:
             methods |= set(getattr(route, "methods", None) or ())
     return ", ".join(sorted(methods))
+
+
+def pipeline_error(error: PipelineError) -> APIError:
+    """The API error of a request that failed inside the pipeline before sending audio."""
+    if error.reason == "deadline":
+        return APIError(504, f"the request did not finish within its deadline: {error.message}",
+                        code="deadline_exceeded")
+    if error.reason == "stopped":
+        return APIError(503, "the server is shutting down", code="shutting_down", headers={"Retry-After": "5"})
+    return APIError(500, f"synthesis failed: {error.message}", code="synthesis_failed")
 
 
 def install_error_handlers(app: FastAPI) -> None:

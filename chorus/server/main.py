@@ -39,14 +39,15 @@ def load_models(config: ServerConfig) -> Loaded:
 def effective_config(config: ServerConfig) -> ServerConfig:
     """Settings that depend on the checkpoint: random weights cap speech at 100 tokens per chunk
     unless a cap was given (such models rarely stop by themselves)."""
-    if config.max_new_tokens is not None or config.checkpoint is None:
+    if config.checkpoint is None or not Path(config.checkpoint).is_dir():
         return config
-    from chorus.cli_checks import RANDOM_WEIGHTS_TOKEN_CAP
+    from chorus.cli_checks import random_weights_token_cap
     from chorus.models.random_checkpoint import is_random_checkpoint
 
-    if Path(config.checkpoint).is_dir() and is_random_checkpoint(config.checkpoint):
-        return dataclasses.replace(config, max_new_tokens=RANDOM_WEIGHTS_TOKEN_CAP)
-    return config
+    cap, note = random_weights_token_cap(is_random_checkpoint(config.checkpoint), config.max_new_tokens, None)
+    if note is not None:
+        logger.warning(note)
+    return dataclasses.replace(config, max_new_tokens=cap)
 
 
 def serve(config: ServerConfig) -> None:

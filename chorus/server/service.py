@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 from chorus.engine.request import Priority
-from chorus.pipeline.errors import PipelineError
 from chorus.pipeline.request import SpeechRequest
 from chorus.server.admission import Admission, Ticket
 from chorus.server.config import ServerConfig
@@ -25,6 +24,8 @@ from chorus.server.degradation import Applied, DegradationPolicy
 from chorus.server.errors import APIError
 from chorus.server.metrics import EngineSnapshot, ServerMetrics
 from chorus.server.schemas import SpeechBody
+from chorus.sampling.params import InvalidSamplingParams
+from chorus.text.errors import MissingLanguagePackageError, TextError, UnsupportedLanguageError
 
 logger = logging.getLogger("chorus.server")
 
@@ -279,9 +280,6 @@ class SpeechService:
     def submit(self, request: SpeechRequest):
         """Plan and start a request (on a worker thread: planning tokenizes the text). Bad input
         becomes a 400 naming the parameter."""
-        from chorus.sampling.params import InvalidSamplingParams
-        from chorus.text.errors import MissingLanguagePackageError, TextError, UnsupportedLanguageError
-
         try:
             return self.pipeline.submit(request)
         except InvalidSamplingParams as exc:
@@ -294,13 +292,3 @@ class SpeechService:
             raise APIError(400, str(exc), code="invalid_input", param="input") from None
         except ValueError as exc:
             raise APIError(400, str(exc), code="invalid_parameter") from None
-
-
-def pipeline_error(error: PipelineError) -> APIError:
-    """The API error of a request that failed inside the pipeline before sending audio."""
-    if error.reason == "deadline":
-        return APIError(504, f"the request did not finish within its deadline: {error.message}",
-                        code="deadline_exceeded")
-    if error.reason == "stopped":
-        return APIError(503, "the server is shutting down", code="shutting_down", headers={"Retry-After": "5"})
-    return APIError(500, f"synthesis failed: {error.message}", code="synthesis_failed")

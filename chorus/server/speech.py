@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 
 from chorus.models.s3gen.s3gen import SAMPLE_RATE
 from chorus.pipeline.errors import PipelineError
-from chorus.server.errors import APIError
+from chorus.server.errors import APIError, pipeline_error
 from chorus.server.schemas import SpeechBody
 
 if TYPE_CHECKING:
@@ -39,8 +39,6 @@ async def open_speech(service: "SpeechService", body: SpeechBody, priority_heade
                       arrived: float) -> SpeechResponse:
     """Start ``body`` on ``service`` and wait for its first audio (see the module docstring)."""
     from chorus.audio.streaming import StreamEncoder, media_type  # PyAV: imported when first needed
-    from chorus.server.service import pipeline_error
-
     service.require_serving()
     service.check_model(body.model)
     priority = service.priority(body.priority, priority_header)
@@ -119,8 +117,6 @@ class _Session:
                 metrics.queue_time.observe(result.timings["first_token_s"])
             metrics.e2e.observe(time.perf_counter() - self.arrived)
         except PipelineError as exc:  # after the first byte: cut the stream, log and count
-            from chorus.server.service import pipeline_error
-
             status = pipeline_error(exc).code
             metrics.stream_cuts.labels(exc.reason).inc()
             logger.error("stream cut after audio was sent: %s", exc, extra={"reason": exc.reason})
