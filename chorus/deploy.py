@@ -41,6 +41,10 @@ logger = logging.getLogger("chorus.server")
 
 PUBLISH_INTERVAL_S = 1.0  # replicas -> board
 BOARD_STALE_S = 10.0  # a replica silent this long is gone (dead, or replaced)
+# A replica answers (audio, or an error such as its own 504) within the request's deadline; the
+# front waits this much longer before it concludes that no replica can take the request (all
+# dead and not yet replaced, or all at their max_ongoing_requests) and answers 503 itself.
+FIRST_ANSWER_GRACE_S = 5.0
 DEFAULT_LOADER = "chorus.server.main:load_models"
 SCALE_FIELDS = ("replicas", "min_replicas", "max_replicas", "target_ongoing_requests", "gpus_per_replica",
                 "loader")
@@ -318,10 +322,17 @@ class RemoteBackend:
     # -- speech
     async def speech(self, body, priority_header: str | None, request_id: str, *, arrived: float) -> SpeechResponse:
         self.require_serving()
+        deadline = body.deadline_s if body.deadline_s is not None else self.config.default_deadline_s
+        wait_s = min(deadline, self.config.max_deadline_s) + FIRST_ANSWER_GRACE_S
         for attempt in (1, 2):
             stream = self.handle.options(stream=True).speech_stream.remote(body, priority_header, request_id)
             try:
-                first = await stream.__anext__()
+                first = await asyncio.wait_for(stream.__anext__(), wait_s)
+            except asyncio.TimeoutError:
+                stream.cancel()
+                raise APIError(503, f"no engine replica answered within {wait_s:g} s (all are down, being "
+                                    "replaced or full); retry", code="replica_unavailable",
+                               headers={"Retry-After": str(max(self.config.retry_after_s, 5))}) from None
             except _LOST as exc:
                 if attempt == 1:
                     self.metrics.retries.inc()
