@@ -217,11 +217,13 @@ _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> the sum of every metric's samples over their labels."""
+    """Prometheus text -> the sum of every metric's samples over their labels. A scaled-out
+    server also sends per-series sums labelled ``replica="total"``; they are skipped, so the
+    replicas are not counted twice."""
     totals: dict[str, float] = {}
     for line in text.splitlines():
         match = _SAMPLE.match(line)
-        if match is None:
+        if match is None or 'replica="total"' in (match.group(2) or ""):
             continue
         try:
             value = float(match.group(3))

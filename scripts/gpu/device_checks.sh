@@ -2,15 +2,18 @@
 # GPU checks and benchmarks, run from the repository root on a CUDA machine.
 #   bash scripts/gpu/device_checks.sh CHECK OUT_DIR
 # CHECK: tests | bench-original | bench-turbo | offline-original | offline-turbo |
-#        stream-original | stream-turbo | attention | vocoder-graphs | online-original | online-turbo
+#        stream-original | stream-turbo | attention | vocoder-graphs | online-original | online-turbo |
+#        scale-out-turbo | scale-out-original
 # The reference chatterbox-tts (for the benchmark ratio) must be importable; WHEELS=DIR installs
-# it offline from wheels first (see scripts/gpu/README.md).
+# it offline from wheels first (see scripts/gpu/README.md); a DIR/*.tar.xz is a pre-unpacked
+# site-packages bundle (Ray without its Java and ML-library parts), unpacked beside the wheels.
 set -uo pipefail
 what=${1:?usage: device_checks.sh CHECK OUT_DIR (see the header)}
 out=${2:?OUT_DIR}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TQDM_DISABLE=1
 if [[ -n "${WHEELS:-}" ]]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/chorus-site "$WHEELS"/*.whl || exit 1
+  for bundle in "$WHEELS"/*.tar.xz; do [[ -f $bundle ]] && { tar -xJf "$bundle" -C /tmp/chorus-site || exit 1; }; done
   export PYTHONPATH=/tmp/chorus-site:$PWD
 else
   export PYTHONPATH=$PWD
@@ -32,6 +35,8 @@ case $what in
     python3 scripts/gpu/vocoder_graphs.py --out "$out/vocoder_graphs.json" 2>&1 | tail -40 ;;
   online-original|online-turbo)
     bash scripts/gpu/online.sh "${what#online-}" "$out" --duration-s "${ONLINE_SECONDS:-20}" --quiet ;;
+  scale-out-original|scale-out-turbo)
+    bash scripts/gpu/scale_out.sh "${what#scale-out-}" "$out" ;;
   attention)
     python3 scripts/gpu/bench_attention.py --quick --out "$out/attention.json" 2>&1 | tail -40 ;;
   *) echo "unknown check $what" >&2; exit 2 ;;

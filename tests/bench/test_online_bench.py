@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from chorus.bench.online_bench import STATUSES, OnlineBenchConfig, Playback, run_online
+from chorus.bench.online_bench import STATUSES, OnlineBenchConfig, Playback, parse_metrics, run_online
 from chorus.cli import main
 from tests.server.live import TOKENS, LiveServer, server_config, tiny_loader
 
@@ -120,3 +120,14 @@ def test_faster_than_real_time_means_the_player_never_runs_dry():
         late.receive(now, audio)
     # dry at 10.5 until 10.8 (0.3 s); then playback ends at 10.8 + 0.5 + 1.0 = 12.3, dry until 12.6
     assert late.stall_s == pytest.approx(0.6)
+
+
+def test_server_figures_of_a_scaled_out_server_count_each_replica_once():
+    text = "\n".join([
+        "# TYPE chorus_requests_in_flight gauge",
+        'chorus_requests_in_flight{replica="a",priority="normal"} 3.0',
+        'chorus_requests_in_flight{replica="b",priority="normal"} 4.0',
+        'chorus_requests_in_flight{replica="total",priority="normal"} 7.0',
+        "chorus_front_retries_total 1.0",
+    ])
+    assert parse_metrics(text) == {"chorus_requests_in_flight": 7.0, "chorus_front_retries_total": 1.0}
