@@ -113,10 +113,10 @@ class ContiguousDecodeCache:
         keys, values = self.keys[layer], self.values[layer]
         keys[:, :, -1] = k
         values[:, :, -1] = v
-        # one query per row and causal by construction: every cached key is at or before it
-        out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values,
-                                             enable_gqa=q.shape[1] != k.shape[1])
-        return out.squeeze(2)
+        # one query per row and causal by construction: every cached key is at or before it;
+        # enable_gqa only when needed (no variant groups its heads, and torch < 2.5 lacks it)
+        grouped = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+        return F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, **grouped).squeeze(2)
 
 
 class PlainDecodeStep:
