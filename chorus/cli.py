@@ -114,7 +114,7 @@ def _cmd_bench_t3(args: argparse.Namespace) -> int:
         workload=not args.no_workload, text_file=args.text_file, tokens_per_char=args.tokens_per_char,
         cfg_weight=args.cfg_weight, reference=args.reference, reference_chunks=args.reference_chunks,
         cuda_graphs=not args.no_cuda_graphs, speed_of_light=not args.no_speed_of_light,
-        chunk_chars=_chunk_bounds(args.chunk_chars),
+        chunk_chars=_chunk_bounds(args.chunk_chars), max_num_seqs=args.max_num_seqs,
     )
     main_json(cfg, args.out)
     return 0
@@ -562,6 +562,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run the workload once per chunk length bound, e.g. 150,200,300,400, reporting "
                         "the chunk count, the longest chunk (characters and steps) and T3 seconds per bound "
                         "(default: no sweep)")
+    p.add_argument("--max-num-seqs", type=int, default=512,
+                   help="rows per engine step in the workload runs (a CFG request takes two; default 512); "
+                        "a sweep bound whose chunks need more rows runs in several waves")
     p.add_argument("--out", "-o", default=None, help="also write the JSON report to this file")
     p.set_defaults(handler=_cmd_bench_t3)
     p = _add_command(

@@ -213,21 +213,24 @@ def bench_workload(model, variant, conditioning, encoder, chunks: list[str], cfg
 
 
 def bench_chunk_sweep(model, variant, conditioning, encoder, cfg: T3BenchConfig) -> list[dict]:
-    """The workload once per bound in ``cfg.chunk_chars``. All chunks run at once, so the time
+    """The workload once per bound in ``cfg.chunk_chars``. When all chunks run at once the time
     is about the longest chunk's steps times the step time at that batch: per bound, the chunk
-    count, the longest chunk in characters and in steps (its fixed output length) and T3's time."""
+    count, the longest chunk in characters and in steps (its fixed output length) and T3's time.
+    ``rows`` above ``max_num_seqs`` means the chunks ran in more than one wave."""
+    rows_per_request = 2 if variant.t3.supports_cfg and cfg.cfg_weight > 0 else 1
     sweep = []
     for bound in cfg.chunk_chars:
         chunks = workload_chunks(cfg, bound)
         lengths = _fixed_lengths(chunks, cfg)
-        run = bench_workload(model, variant, conditioning, encoder, chunks, cfg)
+        result = bench_workload(model, variant, conditioning, encoder, chunks, cfg)
         sweep.append({
             "max_chars": bound, "chunks": len(chunks), "longest_chunk_chars": max(len(c) for c in chunks),
             "longest_chunk_steps": max(lengths), "mean_chunk_chars": round(sum(map(len, chunks)) / len(chunks), 1),
-            "t3_seconds": run["t3_seconds"], "engine_steps": run["engine_steps"],
-            "step_ms": round(1000 * run["t3_seconds"] / run["engine_steps"], 3),
-            "speech_tokens": run["speech_tokens"], "realtime_factor": run["realtime_factor"],
-            "preemptions": run["preemptions"],
+            "rows": len(chunks) * rows_per_request, "max_num_seqs": cfg.max_num_seqs,
+            "t3_seconds": result["t3_seconds"], "engine_steps": result["engine_steps"],
+            "step_ms": round(1000 * result["t3_seconds"] / result["engine_steps"], 3),
+            "speech_tokens": result["speech_tokens"], "realtime_factor": result["realtime_factor"],
+            "preemptions": result["preemptions"],
         })
     return sweep
 
@@ -296,9 +299,10 @@ def format_tables(report: dict) -> str:
                      f"{d['speech_tokens_per_s']:>9.1f}")
     if report.get("chunk_sweep"):
         lines.append("")
-        lines.append(f"{'max_chars':>9} {'chunks':>6} {'longest':>7} {'steps':>6} {'T3 s':>8} {'step ms':>8}")
+        lines.append(f"{'max_chars':>9} {'chunks':>6} {'rows':>5} {'longest':>7} {'steps':>6} {'T3 s':>8} "
+                     f"{'step ms':>8}")
         for c in report["chunk_sweep"]:
-            lines.append(f"{c['max_chars']:>9} {c['chunks']:>6} {c['longest_chunk_chars']:>7} "
+            lines.append(f"{c['max_chars']:>9} {c['chunks']:>6} {c['rows']:>5} {c['longest_chunk_chars']:>7} "
                          f"{c['longest_chunk_steps']:>6} {c['t3_seconds']:>8.3f} {c['step_ms']:>8.3f}")
     return "\n".join(lines)
 

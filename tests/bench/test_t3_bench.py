@@ -65,6 +65,7 @@ def test_the_t3_bench_sweeps_chunk_bounds_and_calibrates_cfg_rows(tmp_path, caps
         assert entry["chunks"] == len(chunks) and entry["longest_chunk_chars"] == longest
         assert entry["longest_chunk_steps"] == round(0.2 * longest)
         assert entry["t3_seconds"] > 0 and entry["engine_steps"] >= entry["longest_chunk_steps"]
+        assert entry["rows"] == 2 * len(chunks) and entry["max_num_seqs"] == 16
     assert sweep[0]["chunks"] > sweep[1]["chunks"] and sweep[0]["longest_chunk_chars"] <= 40
     err = capsys.readouterr().err
     assert "SOL/step" in err and "max_chars" in err
