@@ -113,10 +113,25 @@ def _cmd_bench_t3(args: argparse.Namespace) -> int:
         batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")), decode_steps=args.decode_steps,
         workload=not args.no_workload, text_file=args.text_file, tokens_per_char=args.tokens_per_char,
         cfg_weight=args.cfg_weight, reference=args.reference, reference_chunks=args.reference_chunks,
-        cuda_graphs=not args.no_cuda_graphs,
+        cuda_graphs=not args.no_cuda_graphs, speed_of_light=not args.no_speed_of_light,
+        chunk_chars=_chunk_bounds(args.chunk_chars), max_num_seqs=args.max_num_seqs,
     )
     main_json(cfg, args.out)
     return 0
+
+
+def _chunk_bounds(value: str | None) -> tuple[int, ...]:
+    from chorus.text.chunking import MIN_MAX_CHARS
+
+    if value is None:
+        return ()
+    try:
+        bounds = tuple(int(b) for b in value.split(","))
+    except ValueError:
+        raise CliError(f"--chunk-chars must be comma-separated integers, got {value!r}") from None
+    if any(b < MIN_MAX_CHARS for b in bounds):
+        raise CliError(f"--chunk-chars bounds must be at least {MIN_MAX_CHARS}, got {value!r}")
+    return bounds
 
 
 def _pipeline_bench_config(args: argparse.Namespace):
@@ -540,6 +555,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also time the reference chatterbox-tts T3 loop (needs chatterbox-tts installed)")
     p.add_argument("--reference-chunks", type=int, default=3, help="workload chunks the reference runs")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly")
+    p.add_argument("--no-speed-of-light", action="store_true",
+                   help="skip the speed-of-light calibration (the same model shape stepped in plain PyTorch, "
+                        "one CUDA graph per batch size; reported as sol_step_ms and sol_fraction)")
+    p.add_argument("--chunk-chars", default=None, metavar="N,N,...",
+                   help="also run the workload once per chunk length bound, e.g. 150,200,300,400, reporting "
+                        "the chunk count, the longest chunk (characters and steps) and T3 seconds per bound "
+                        "(default: no sweep)")
+    p.add_argument("--max-num-seqs", type=int, default=512,
+                   help="rows per engine step in the workload runs (a CFG request takes two; default 512); "
+                        "a sweep bound whose chunks need more rows runs in several waves")
     p.add_argument("--out", "-o", default=None, help="also write the JSON report to this file")
     p.set_defaults(handler=_cmd_bench_t3)
     p = _add_command(

@@ -262,6 +262,27 @@ def test_random_weights_cap_yields_to_explicit_limits():
     assert random_weights_token_cap(False, None, None) == (None, None)
 
 
+@pytest.mark.parametrize("value, expected", [("150,abc", "comma-separated integers"), ("10,200", "at least 20")])
+def test_bench_refuses_bad_chunk_bounds_before_any_model_loads(value, expected, light_nano, capsys):
+    line = _error(capsys, ["bench", "t3", "--variant", "nano", "--checkpoint", light_nano, "--device", "cpu",
+                           "--chunk-chars", value])
+    assert expected in line and "could not read checkpoint file" not in line
+
+
+def test_bench_chunk_sweep_and_speed_of_light_options_reach_the_config(monkeypatch):
+    import chorus.bench.t3_bench as t3_bench
+
+    configs = []
+    monkeypatch.setattr(t3_bench, "main_json", lambda cfg, out: configs.append(cfg))
+    assert main(["bench", "t3", "--chunk-chars", "150,200,300,400", "--no-speed-of-light",
+                 "--max-num-seqs", "1024"]) == 0
+    assert main(["bench", "t3"]) == 0
+    assert configs[0].chunk_chars == (150, 200, 300, 400) and not configs[0].speed_of_light
+    assert configs[0].max_num_seqs == 1024
+    assert configs[1].chunk_chars == () and configs[1].speed_of_light
+    assert configs[1].max_num_seqs == t3_bench.T3BenchConfig().max_num_seqs
+
+
 def test_bench_reports_random_weights_for_a_random_checkpoint(tmp_path, capsys):
     ckpt = tmp_path / "nano"
     variant = get_variant("nano")

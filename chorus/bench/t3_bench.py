@@ -6,12 +6,17 @@ model: EOS is banned until the length is reached, then generation stops. Measure
 
 - decode: per-step latency and speech tokens/s with B concurrent requests all decoding;
 - workload: the benchmark text chunked at sentences, all chunks submitted at once, one voice;
+- speed of light: per batch size, the same model shape stepped in plain PyTorch at the same
+  context (:mod:`chorus.bench.speed_of_light`), and the engine step's ratio to it;
+- chunk sweep (optional): the workload again for each chunk length bound, with the chunk count
+  and the longest chunk, since the longest chunk's steps set an all-at-once workload's time;
 - reference (optional): the reference package's own T3 loop (one chunk at a time, as it runs)
   on a few chunks of the same workload, on the same device, extrapolated to the whole workload.
 """
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -20,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from chorus.bench.speed_of_light import DecodeShape, PlainDecodeModel, describe, time_decode_step
 from chorus.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chorus.engine.engine import T3Engine, T3Request
 from chorus.atomic import atomic_write_text
@@ -44,6 +50,8 @@ class T3BenchConfig:
     workload: bool = True
     text_file: str | None = None  # default: the shipped benchmark-text-1.txt
     max_chars: int = 400
+    chunk_chars: tuple[int, ...] = ()  # chunk length bounds to sweep the workload over; () skips it
+    speed_of_light: bool = True
     tokens_per_char: float = 1.6
     cfg_weight: float = 0.5
     reference: bool = False
@@ -73,10 +81,14 @@ def _engine(model, variant, cfg: T3BenchConfig, rows: int) -> T3Engine:
 
 def _release(engine: T3Engine) -> None:
     """Free an engine's KV pool and graphs before the next one is built."""
-    import gc
-
     engine.runner.graphs = None
     del engine
+    _free_device_memory()
+
+
+def _free_device_memory() -> None:
+    import gc
+
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -101,6 +113,10 @@ def bench_decode(model, variant, conditioning, text_ids, cfg: T3BenchConfig, bat
                 produced[e.request_id] += 1
     for _ in range(cfg.warmup_steps):
         engine.step()
+    requests = [engine.scheduler.get_request(rid) for rid in ids]
+    prompt_tokens = requests[0].prompt.num_tokens
+    # a decode step of a row with n positions attends over all n of them, its new one included
+    first_context = sum(r.num_tokens for r in requests) / len(requests)
     _sync(device)
     start = time.perf_counter()
     for _ in range(cfg.decode_steps):
@@ -115,7 +131,17 @@ def bench_decode(model, variant, conditioning, text_ids, cfg: T3BenchConfig, bat
     step_ms = 1000 * elapsed / cfg.decode_steps
     return {"batch": batch, "rows": batch * rows_per_request, "step_ms": round(step_ms, 3),
             "speech_tokens_per_s": round(batch / (step_ms / 1000), 1),
-            "cuda_graphs": graphs, "breakdown_ms": breakdown}
+            "cuda_graphs": graphs, "breakdown_ms": breakdown, "prompt_tokens": prompt_tokens,
+            "context_tokens": int(first_context + (cfg.decode_steps - 1) / 2 + 0.5)}
+
+
+def bench_speed_of_light(plain: PlainDecodeModel, decode: dict, cfg: T3BenchConfig) -> tuple[dict, str]:
+    """The plain step at the decode entry's rows and context: ``{"sol_step_ms", "sol_fraction"}``
+    to merge into the entry, and the mode it ran in."""
+    shape = DecodeShape(rows=decode["rows"], context_tokens=decode["context_tokens"],
+                        speech_position=decode["context_tokens"] - decode["prompt_tokens"])
+    sol_ms, mode = time_decode_step(plain, shape, steps=cfg.decode_steps, warmup_steps=cfg.warmup_steps)
+    return {"sol_step_ms": round(sol_ms, 3), "sol_fraction": round(sol_ms / decode["step_ms"], 3)}, mode
 
 
 def _step_breakdown(engine: T3Engine, device: torch.device, steps: int) -> dict:
@@ -150,16 +176,23 @@ def _step_breakdown(engine: T3Engine, device: torch.device, steps: int) -> dict:
     return {k: round(1000 * v / steps, 3) for k, v in totals.items()}
 
 
-def workload_chunks(cfg: T3BenchConfig) -> list[str]:
+def workload_text(cfg: T3BenchConfig) -> str:
     if cfg.text_file:
-        text = Path(cfg.text_file).read_text(encoding="utf-8")
-    else:
-        text = resources.files("chorus.assets").joinpath("benchmark-text-1.txt").read_text(encoding="utf-8")
-    return split_into_chunks(text, max_chars=cfg.max_chars)
+        return Path(cfg.text_file).read_text(encoding="utf-8")
+    return resources.files("chorus.assets").joinpath("benchmark-text-1.txt").read_text(encoding="utf-8")
+
+
+def workload_chunks(cfg: T3BenchConfig, max_chars: int | None = None) -> list[str]:
+    """The workload text split at ``max_chars`` (default: ``cfg.max_chars``)."""
+    return split_into_chunks(workload_text(cfg), max_chars=cfg.max_chars if max_chars is None else max_chars)
+
+
+def _fixed_lengths(chunks: list[str], cfg: T3BenchConfig) -> list[int]:
+    return [max(1, round(cfg.tokens_per_char * len(c))) for c in chunks]
 
 
 def bench_workload(model, variant, conditioning, encoder, chunks: list[str], cfg: T3BenchConfig) -> dict:
-    lengths = [max(1, round(cfg.tokens_per_char * len(c))) for c in chunks]
+    lengths = _fixed_lengths(chunks, cfg)
     requests = [T3Request(encoder.encode(c), conditioning, _params(variant, cfg, n, i))
                 for i, (c, n) in enumerate(zip(chunks, lengths))]
     engine = _engine(model, variant, cfg, cfg.max_num_seqs)
@@ -177,6 +210,29 @@ def bench_workload(model, variant, conditioning, encoder, chunks: list[str], cfg
             "t3_seconds": round(elapsed, 3), "speech_tokens_per_s": round(tokens / elapsed, 1),
             "realtime_factor": round(audio_s / elapsed, 1), "engine_steps": steps,
             "preemptions": preemptions}
+
+
+def bench_chunk_sweep(model, variant, conditioning, encoder, cfg: T3BenchConfig) -> list[dict]:
+    """The workload once per bound in ``cfg.chunk_chars``. When all chunks run at once the time
+    is about the longest chunk's steps times the step time at that batch: per bound, the chunk
+    count, the longest chunk in characters and in steps (its fixed output length) and T3's time.
+    ``rows`` above ``max_num_seqs`` means the chunks ran in more than one wave."""
+    rows_per_request = 2 if variant.t3.supports_cfg and cfg.cfg_weight > 0 else 1
+    sweep = []
+    for bound in cfg.chunk_chars:
+        chunks = workload_chunks(cfg, bound)
+        lengths = _fixed_lengths(chunks, cfg)
+        result = bench_workload(model, variant, conditioning, encoder, chunks, cfg)
+        sweep.append({
+            "max_chars": bound, "chunks": len(chunks), "longest_chunk_chars": max(len(c) for c in chunks),
+            "longest_chunk_steps": max(lengths), "mean_chunk_chars": round(sum(map(len, chunks)) / len(chunks), 1),
+            "rows": len(chunks) * rows_per_request, "max_num_seqs": cfg.max_num_seqs,
+            "t3_seconds": result["t3_seconds"], "engine_steps": result["engine_steps"],
+            "step_ms": round(1000 * result["t3_seconds"] / result["engine_steps"], 3),
+            "speech_tokens": result["speech_tokens"], "realtime_factor": result["realtime_factor"],
+            "preemptions": result["preemptions"],
+        })
+    return sweep
 
 
 def run(cfg: T3BenchConfig) -> dict:
@@ -200,8 +256,20 @@ def run(cfg: T3BenchConfig) -> dict:
     text_ids = encoder.encode(chunks[0])
     conditioning = ConditioningCache(model, variant).get(voice, variant.sampling.exaggeration)
     report["decode"] = [bench_decode(model, variant, conditioning, text_ids, cfg, b) for b in cfg.batch_sizes]
+    if cfg.speed_of_light:
+        plain = PlainDecodeModel.build(variant.t3, dtype=dtype, device=device)
+        modes = set()
+        for decode in report["decode"]:
+            figures, mode = bench_speed_of_light(plain, decode, cfg)
+            decode.update(figures)
+            modes.add(mode)
+        report["speed_of_light"] = describe(plain, "/".join(sorted(modes)))
+        del plain
+        _free_device_memory()
     if cfg.workload:
         report["workload"] = bench_workload(model, variant, conditioning, encoder, chunks, cfg)
+    if cfg.chunk_chars:
+        report["chunk_sweep"] = bench_chunk_sweep(model, variant, conditioning, encoder, cfg)
     if cfg.reference:
         from chorus.bench.reference_t3 import run_reference_t3
 
@@ -213,7 +281,7 @@ def run(cfg: T3BenchConfig) -> dict:
         except Exception as exc:  # noqa: BLE001 - the engine figures stay valid without the ratio
             report["reference"] = {"error": f"{type(exc).__name__}: {exc}"}
             return report
-        total_tokens = sum(max(1, round(cfg.tokens_per_char * len(c))) for c in chunks)
+        total_tokens = sum(_fixed_lengths(chunks, cfg))
         ref["extrapolated_workload_t3_seconds"] = round(total_tokens / ref["speech_tokens_per_s"], 1)
         report["reference"] = ref
         if cfg.workload:
@@ -222,8 +290,27 @@ def run(cfg: T3BenchConfig) -> dict:
     return report
 
 
+def format_tables(report: dict) -> str:
+    """The report's decode figures next to the speed of light, and the chunk sweep, as text."""
+    lines = [f"{'batch':>6} {'rows':>5} {'context':>7} {'step ms':>8} {'SOL ms':>8} {'SOL/step':>8} {'tokens/s':>9}"]
+    for d in report["decode"]:
+        sol = (f"{d['sol_step_ms']:>8.3f} {d['sol_fraction']:>8.3f}" if "sol_step_ms" in d else f"{'-':>8} {'-':>8}")
+        lines.append(f"{d['batch']:>6} {d['rows']:>5} {d['context_tokens']:>7} {d['step_ms']:>8.3f} {sol} "
+                     f"{d['speech_tokens_per_s']:>9.1f}")
+    if report.get("chunk_sweep"):
+        lines.append("")
+        lines.append(f"{'max_chars':>9} {'chunks':>6} {'rows':>5} {'longest':>7} {'steps':>6} {'T3 s':>8} "
+                     f"{'step ms':>8}")
+        for c in report["chunk_sweep"]:
+            lines.append(f"{c['max_chars']:>9} {c['chunks']:>6} {c['rows']:>5} {c['longest_chunk_chars']:>7} "
+                         f"{c['longest_chunk_steps']:>6} {c['t3_seconds']:>8.3f} {c['step_ms']:>8.3f}")
+    return "\n".join(lines)
+
+
 def main_json(cfg: T3BenchConfig, out: str | None) -> dict:
+    """Run, print the tables to stderr and the JSON report to stdout (and to ``out``)."""
     report = run(cfg)
+    print(format_tables(report), file=sys.stderr)
     text = json.dumps(report, indent=2)
     if out:
         atomic_write_text(out, text)

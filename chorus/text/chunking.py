@@ -8,7 +8,8 @@ get their own synthesis. Rules, in order:
 3. sentences come from :func:`chorus.text.sentences.split_sentences` (``sentencex``, per language);
 4. a sentence longer than ``max_chars`` is cut into the fewest pieces that fit, each cut placed
    near an equal share of the length (balanced, so no tiny tail): at a clause mark
-   (``, ; : — –``, Arabic ``، ؛``, CJK ``，、；：``) when one lies close enough, else at the space
+   (``, ; : — –``, a hyphen standing alone between spaces or a run of two or more hyphens as
+   typed dashes, Arabic ``، ؛``, CJK ``，、；：``) when one lies close enough, else at the space
    nearest the share, else (a single "word" longer than the bound, e.g. CJK text without spaces)
    between two characters, never inside a Latin-script word, a combining sequence or an emoji
    sequence when that can be avoided;
@@ -30,7 +31,10 @@ MIN_MAX_CHARS = 20
 
 # A mark ending a clause; the cut goes right after it. ASCII-style marks need a following space
 # (so "3:30", "1,000" and "10–20" stay whole); the em dash and CJK/Arabic marks need none.
-_CLAUSE_MARK = re.compile(r"[,;:\u2013](?=\s)|\u2014|[\u060c\u061b\uff0c\u3001\uff1b\uff1a]")
+# Plain-text dashes count too (" - ", "--"): the original and multilingual punctuation clean-up
+# turns " - " into a comma, so T3 reads a clause break there anyway; "well-known" stays whole.
+_CLAUSE_MARK = re.compile(
+    r"[,;:\u2013](?=\s)|\u2014|(?<=\s)-(?=\s)|-{2,}|[\u060c\u061b\uff0c\u3001\uff1b\uff1a]")
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t\r\f\v]*\n\s*")
 # A clause cut may leave the first piece this much shorter than an equal share.
 _CLAUSE_SLACK = 0.5

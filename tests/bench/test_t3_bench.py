@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from chorus.bench.t3_bench import T3BenchConfig, main_json
 from chorus.models.variants import tiny_variant
+from chorus.text import split_into_chunks
 
 
 def test_the_t3_bench_reports_decode_steps_and_the_workload(tmp_path):
@@ -20,8 +23,14 @@ def test_the_t3_bench_reports_decode_steps_and_the_workload(tmp_path):
     assert json.loads(out.read_text()) == report
     assert report["random_weights"] is True and report["device"] == "cpu" and report["dtype"] == "fp32"
     assert [(d["batch"], d["rows"]) for d in report["decode"]] == [(1, 1), (3, 3)]  # turbo: no CFG rows
+    assert report["decode"][0]["context_tokens"] == report["decode"][0]["prompt_tokens"] + 3
     for decode in report["decode"]:
         assert decode["step_ms"] > 0 and decode["speech_tokens_per_s"] > 0
+        assert decode["sol_step_ms"] > 0 and decode["sol_fraction"] > 0
+        assert decode["sol_fraction"] == pytest.approx(decode["sol_step_ms"] / decode["step_ms"], rel=0.01, abs=1e-3)
+        # prefill gives the first token, one warm-up step, then the middle of 3 timed steps; a
+        # request whose prefill was split over two steps lags its batch by a token
+        assert 0 <= decode["context_tokens"] - (decode["prompt_tokens"] + 1 + 1 + 1) <= 1
         phases = decode["breakdown_ms"]
         assert set(phases) == {"schedule", "prepare", "forward", "sample", "update"}
         assert 0 < sum(phases.values()) <= decode["step_ms"] * 1.5
@@ -31,3 +40,32 @@ def test_the_t3_bench_reports_decode_steps_and_the_workload(tmp_path):
                                             ("A first short sentence.", "And a second one follows it here."))
     longest = max(round(0.5 * len("And a second one follows it here.")), round(0.5 * len("A first short sentence.")))
     assert workload["t3_seconds"] > 0 and workload["engine_steps"] >= longest
+    sol = report["speed_of_light"]
+    assert sol["mode"] == "eager" and sol["backbone"] == "gpt2" and sol["num_layers"] == 2 and sol["parameters"] > 0
+    assert "chunk_sweep" not in report
+
+
+def test_the_t3_bench_sweeps_chunk_bounds_and_calibrates_cfg_rows(tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text("A first short sentence here. A second one, somewhat longer, follows it closely. "
+                    "And then a third sentence, the longest of them all, ends this little text.")
+    cfg = T3BenchConfig(variant=tiny_variant("original", layers=2, hidden=64, heads=4), device="cpu",
+                        batch_sizes=(2,), decode_steps=2, warmup_steps=1, text_file=str(text), max_chars=80,
+                        chunk_chars=(40, 120), tokens_per_char=0.2, cuda_graphs=False, max_num_seqs=16,
+                        max_num_batched_tokens=1024, max_model_len=512)
+    report = main_json(cfg, None)
+    decode = report["decode"][0]
+    assert decode["rows"] == 4 and decode["sol_step_ms"] > 0 and decode["sol_fraction"] > 0  # CFG: 2 rows each
+    assert report["speed_of_light"]["backbone"] == "llama"
+    sweep = report["chunk_sweep"]
+    assert [s["max_chars"] for s in sweep] == [40, 120]
+    for entry in sweep:
+        chunks = split_into_chunks(text.read_text(), max_chars=entry["max_chars"])
+        longest = max(len(c) for c in chunks)
+        assert entry["chunks"] == len(chunks) and entry["longest_chunk_chars"] == longest
+        assert entry["longest_chunk_steps"] == round(0.2 * longest)
+        assert entry["t3_seconds"] > 0 and entry["engine_steps"] >= entry["longest_chunk_steps"]
+        assert entry["rows"] == 2 * len(chunks) and entry["max_num_seqs"] == 16
+    assert sweep[0]["chunks"] > sweep[1]["chunks"] and sweep[0]["longest_chunk_chars"] <= 40
+    err = capsys.readouterr().err
+    assert "SOL/step" in err and "max_chars" in err

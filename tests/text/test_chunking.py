@@ -209,3 +209,32 @@ def test_language_is_accepted_in_any_case():
 def test_unknown_language_is_rejected():
     with pytest.raises(UnsupportedLanguageError, match="xx"):
         split_into_chunks("Hello.", language="xx")
+
+
+def test_a_hyphen_between_spaces_is_a_clause_boundary():
+    text = ("The committee met for several hours on the first day of the session - they argued about "
+            "budgets and schedules and staffing and the long list of complaints piled up since spring.")
+    chunks = split_into_chunks(text, max_chars=120)
+    assert chunks[0].endswith("session -") and len(chunks) == 2
+
+
+def test_a_double_hyphen_is_a_clause_boundary_with_or_without_spaces():
+    for dash in (" -- ", "--"):
+        text = ("The committee met for several hours on the first day of the session" + dash + "they argued "
+                "about budgets and schedules and staffing and the long list of complaints piled up since spring.")
+        chunks = split_into_chunks(text, max_chars=120)
+        assert chunks[0].endswith("session" + dash.rstrip()) and len(chunks) == 2
+
+
+def test_hyphenated_words_are_never_cut():
+    text = " ".join(["a well-known long-standing state-of-the-art word"] * 6) + "."
+    chunks = split_into_chunks(text, max_chars=60)
+    flat = " ".join(chunks)
+    assert flat == text and all(not c.startswith("-") and not c.endswith("-") for c in chunks)
+
+
+def test_a_long_sentence_is_cut_into_near_equal_pieces_not_filled_then_left_over():
+    # greedy filling would give 100 + 100 + 30 characters; the longest chunk sets the T3 time
+    text = " ".join(["word"] * 46) + "."
+    lengths = [len(c) for c in split_into_chunks(text, max_chars=100)]
+    assert len(lengths) == 3 and max(lengths) <= 80
