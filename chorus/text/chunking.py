@@ -13,7 +13,10 @@ get their own synthesis. Rules, in order:
    nearest the share, else (a single "word" longer than the bound, e.g. CJK text without spaces)
    between two characters, never inside a Latin-script word, a combining sequence or an emoji
    sequence when that can be avoided;
-5. consecutive sentences and pieces are packed greedily into chunks of at most ``max_chars``.
+5. consecutive sentences and pieces are packed into the fewest chunks of at most ``max_chars``
+   that the paragraph allows, with the longest of them as short as it can be (balanced: a
+   paragraph of 900 characters at a bound of 400 gives three chunks of about 300, not
+   400 + 400 + 100). Chunks of one request run side by side, so the longest sets its time.
 
 No character other than whitespace is ever dropped or repeated, and the order is kept.
 """
@@ -131,13 +134,37 @@ def split_into_chunks(text: str, max_chars: int = DEFAULT_MAX_CHARS, language: s
     chunks: list[str] = []
     for paragraph in _PARAGRAPH_BREAK.split(text):
         paragraph = " ".join(paragraph.split())
-        current = ""
-        for sentence in split_sentences(paragraph, language):
-            for piece in split_long_sentence(sentence, max_chars):
-                if current and len((current + piece).rstrip()) > max_chars:
-                    chunks.append(current.strip())
-                    current = ""
-                current += piece
-        if current.strip():
-            chunks.append(current.strip())
+        pieces = [piece for sentence in split_sentences(paragraph, language)
+                  for piece in split_long_sentence(sentence, max_chars)]
+        chunks += _pack(pieces, _balanced_bound(pieces, max_chars))
     return chunks
+
+
+def _pack(pieces: list[str], bound: int) -> list[str]:
+    """Consecutive pieces, greedily, into chunks of at most ``bound`` characters (stripped)."""
+    chunks: list[str] = []
+    current = ""
+    for piece in pieces:
+        if current and len((current + piece).rstrip()) > bound:
+            chunks.append(current.strip())
+            current = ""
+        current += piece
+    if current.strip():
+        chunks.append(current.strip())
+    return chunks
+
+
+def _balanced_bound(pieces: list[str], max_chars: int) -> int:
+    """The smallest bound that packs ``pieces`` into as few chunks as ``max_chars`` does. Greedy
+    packing gives the fewest chunks for any bound, and that count only falls as the bound
+    grows, so a binary search finds it."""
+    fewest = len(_pack(pieces, max_chars))
+    low = max((len(p.strip()) for p in pieces), default=1)
+    high = max_chars
+    while low < high:
+        middle = (low + high) // 2
+        if len(_pack(pieces, middle)) <= fewest:
+            high = middle
+        else:
+            low = middle + 1
+    return high

@@ -33,11 +33,22 @@ def test_short_sentences_are_packed_together():
     assert split_into_chunks("One. Two. Three.", max_chars=100) == ["One. Two. Three."]
 
 
-def test_sentences_split_when_the_limit_is_reached():
+def test_sentences_split_when_the_limit_is_reached_into_balanced_chunks():
+    # greedy filling would give 54 + 15 characters; the same two chunks can be 27 + 42
     text = "The first sentence is here. The second one follows it. A third closes."
     assert split_into_chunks(text, max_chars=60) == [
-        "The first sentence is here. The second one follows it.", "A third closes.",
+        "The first sentence is here.", "The second one follows it. A third closes.",
     ]
+
+
+def test_packing_keeps_the_fewest_chunks_and_shortens_the_longest():
+    sentences = [f"Sentence number {i} says a few more words here." for i in range(18)]  # 47-48 chars
+    text = " ".join(sentences)
+    chunks = split_into_chunks(text, max_chars=400)
+    greedy_count = -(-len(text) // 400)
+    assert len(chunks) == greedy_count == 3
+    assert max(map(len, chunks)) - min(map(len, chunks)) <= 50  # 6 sentences each, not 8 + 8 + 2
+    assert " ".join(chunks) == text
 
 
 def test_closing_quotes_stay_with_their_sentence():
