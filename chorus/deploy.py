@@ -46,8 +46,10 @@ BOARD_STALE_S = 10.0  # a replica silent this long is gone (dead, or replaced)
 # dead and not yet replaced, or all at their max_ongoing_requests) and answers 503 itself.
 FIRST_ANSWER_GRACE_S = 5.0
 DEFAULT_LOADER = "chorus.server.main:load_models"
-SCALE_FIELDS = ("replicas", "min_replicas", "max_replicas", "target_ongoing_requests", "gpus_per_replica",
-                "loader")
+SCALE_FIELDS = ("replicas", "min_replicas", "max_replicas", "target_ongoing_requests", "upscale_delay_s",
+                "downscale_delay_s", "look_back_period_s", "gpus_per_replica", "loader")
+_FLOAT_SCALE_FIELDS = ("target_ongoing_requests", "upscale_delay_s", "downscale_delay_s", "look_back_period_s",
+                       "gpus_per_replica")
 _LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
 
 
@@ -477,8 +479,15 @@ def replica_count(replicas: str | int) -> int:
 
 def build(config: ServerConfig, *, replicas: str | int = 1, min_replicas: int | None = None,
           max_replicas: int | None = None, target_ongoing_requests: float = 32.0,
+          upscale_delay_s: float = 30.0, downscale_delay_s: float = 600.0, look_back_period_s: float = 30.0,
           gpus_per_replica: float | None = None, loader: str = DEFAULT_LOADER):
-    """The Serve application: ``Ingress`` over ``EngineReplica`` (see the module docstring)."""
+    """The Serve application: ``Ingress`` over ``EngineReplica`` (see the module docstring).
+
+    With ``min_replicas`` or ``max_replicas`` Serve autoscales the engine replicas on their
+    ongoing requests (queued and running, averaged over ``look_back_period_s``): it adds replicas
+    when the average per replica stays above ``target_ongoing_requests`` for ``upscale_delay_s``
+    and removes them when it stays below for ``downscale_delay_s`` (Serve's defaults; the long
+    one suits us: a replica costs a model load and a warm-up to bring back)."""
     from chorus.server.main import effective_config
 
     config = effective_config(config)
@@ -495,7 +504,8 @@ def build(config: ServerConfig, *, replicas: str | int = 1, min_replicas: int | 
         high = int(max_replicas if max_replicas is not None else max(low, replica_count(replicas)))
         options["autoscaling_config"] = AutoscalingConfig(
             min_replicas=low, max_replicas=high, initial_replicas=min(max(low, replica_count(replicas)), high),
-            target_ongoing_requests=float(target_ongoing_requests))
+            target_ongoing_requests=float(target_ongoing_requests), upscale_delay_s=float(upscale_delay_s),
+            downscale_delay_s=float(downscale_delay_s), look_back_period_s=float(look_back_period_s))
     else:
         options["num_replicas"] = replica_count(replicas)
     engine = EngineReplica.options(**options).bind(config, loader)
@@ -506,12 +516,13 @@ def app(args: dict[str, Any]):
     """The application builder of ``serve run chorus.deploy:app key=value ...`` and of a Serve
     config file's ``import_path: chorus.deploy:app`` (``args``: ServerConfig fields, plus
     ``replicas``, ``min_replicas``, ``max_replicas``, ``target_ongoing_requests``,
-    ``gpus_per_replica``). ``CHORUS_*`` environment variables apply as in ``chorus serve``."""
+    ``upscale_delay_s``, ``downscale_delay_s``, ``look_back_period_s``, ``gpus_per_replica``,
+    ``loader``). ``CHORUS_*`` environment variables apply as in ``chorus serve``."""
     args = dict(args or {})
     scale = {k: args.pop(k) for k in SCALE_FIELDS if k in args}
     replicas = scale.pop("replicas", None) or "1"
     config = build_config(args)
-    numbers = {k: (float(v) if k in ("target_ongoing_requests", "gpus_per_replica") else int(v))
+    numbers = {k: (float(v) if k in _FLOAT_SCALE_FIELDS else int(v))
                for k, v in scale.items() if k != "loader" and v is not None}
     if "loader" in scale:
         numbers["loader"] = scale["loader"]

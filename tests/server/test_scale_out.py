@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,66 +17,19 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from ray import serve  # noqa: E402
-
-from chorus.deploy import board, build  # noqa: E402
 from tests.conftest import DATA_DIR  # noqa: E402
-from tests.server.live import server_config, tiny_loader  # noqa: E402
+from tests.server.live import server_config  # noqa: E402
+from tests.server.ray_cluster import replicas, serve_cluster, wait_for  # noqa: E402
 
-APP = "chorus"
 CLIP = Path(DATA_DIR) / "sample-01.mp3"
 pytestmark = [pytest.mark.timeout(240), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
-def load_tiny(config):
-    """The replicas' loader (imported by name on each replica): tiny models with a tiny voice
-    front end, so uploads work."""
-    from tests.engine.tiny_models import tiny
-    from tests.voices.front_ends import tiny_front_end
-
-    return tiny_loader(config, front_end=tiny_front_end(tiny("turbo")[0]))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def replicas() -> dict[str, dict]:
-    """Replica id -> its last published status (ready, state, pid, ...)."""
-    return {r: status for r, (status, _) in ray.get(board(APP).read.remote()).items()}
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    voices = tmp_path_factory.mktemp("voices")
-    ray.init(num_cpus=3, object_store_memory=128 << 20, include_dashboard=False, configure_logging=False,
-             log_to_driver=False)
-    port = _free_port()
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        config = server_config(voices, max_upload_bytes=2 << 20, stall_timeout_s=30.0)
-        serve.run(build(config, replicas=2, gpus_per_replica=0, loader="tests.server.test_scale_out:load_tiny"),
-                  name=APP, route_prefix="/", blocking=False)
-        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60.0)
-        wait_for(lambda: len([s for s in replicas().values() if s["ready"]]) == 2, 150, "two ready replicas")
-        wait_for(lambda: client.get("/ready").status_code == 200, 30, "/ready")
+    config = server_config(tmp_path_factory.mktemp("voices"), max_upload_bytes=2 << 20, stall_timeout_s=30.0)
+    with serve_cluster(config, ready=2, replicas=2) as client:
         yield client
-        client.close()
-    finally:
-        serve.shutdown()
-        ray.shutdown()
 
 
 def speech(client: httpx.Client, **body) -> httpx.Response:

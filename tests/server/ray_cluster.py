@@ -1,0 +1,72 @@
+"""Helpers of the Ray Serve tests (test_scale_out.py, test_autoscaling.py): the replicas' loader,
+a local cluster with the application deployed, and reading the replica board."""
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+
+import httpx
+import ray
+from ray import serve
+
+from chorus.deploy import board, build
+
+APP = "chorus"
+LOADER = "tests.server.ray_cluster:load_tiny"
+
+
+def load_tiny(config):
+    """The replicas' loader (imported by name on each replica): tiny models with a tiny voice
+    front end, so uploads work."""
+    from tests.engine.tiny_models import tiny
+    from tests.server.live import tiny_loader
+    from tests.voices.front_ends import tiny_front_end
+
+    return tiny_loader(config, front_end=tiny_front_end(tiny("turbo")[0]))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def replicas() -> dict[str, dict]:
+    """Replica id -> its last published status (ready, state, pid, ...)."""
+    return {r: status for r, (status, _) in ray.get(board(APP).read.remote()).items()}
+
+
+def ready_replicas() -> int:
+    return sum(1 for status in replicas().values() if status["ready"])
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def serve_cluster(config, *, ready: int, **scale):
+    """A local Ray cluster running the application built from ``config`` and ``scale``
+    (``build``'s keyword arguments); yields an httpx client once ``ready`` replicas are."""
+    ray.init(num_cpus=3, object_store_memory=128 << 20, include_dashboard=False, configure_logging=False,
+             log_to_driver=False)
+    port = free_port()
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build(config, gpus_per_replica=0, loader=LOADER, **scale), name=APP, route_prefix="/",
+                  blocking=False)
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60.0)
+        wait_for(lambda: ready_replicas() == ready, 150, f"{ready} ready replica(s)")
+        wait_for(lambda: client.get("/ready").status_code == 200, 30, "/ready")
+        yield client
+        client.close()
+    finally:
+        serve.shutdown()
+        ray.shutdown()
