@@ -4,7 +4,6 @@ answered, and the application goes back to one replica once the burst is over.""
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 import pytest
