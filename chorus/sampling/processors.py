@@ -71,7 +71,7 @@ def apply_top_p(logits: Tensor, cutoff: Tensor) -> Tensor:
     return logits.masked_fill(drop, FILTERED)
 
 
-def _descending_keys(logits: Tensor) -> Tensor:
+def _sort_keys(logits: Tensor) -> Tensor:
     """int64 keys, one per id, ordered like the logits and then by id: the float's bits mapped
     to an order-preserving int32 (-0.0 counted as +0.0, as float comparison does), times 2**32,
     plus the id. All keys of a row differ, so ``topk`` on them has no ties to order."""
@@ -100,10 +100,11 @@ def apply_top_k_top_p(logits: Tensor, top_k: Tensor, max_top_k: int, cutoff: Ten
     exactly equal logits survives a cut that falls inside their tie group; the number of
     survivors, hence the distribution over logit values, is the same.
     """
+    assert logits.dtype == torch.float32, logits.dtype  # the keys read the float's bits
     rows, vocab = logits.shape
     widest = min(max_top_k, vocab)
     # candidates by value descending, equal values by id descending (so reversed: id ascending)
-    index = _descending_keys(logits).topk(widest, dim=-1).indices
+    index = _sort_keys(logits).topk(widest, dim=-1).indices
     values = logits.gather(1, index)
     kth = values.gather(1, (top_k.clamp(1, widest) - 1)[:, None])
     kth = torch.where(top_k[:, None] > 0, kth, FILTERED)
