@@ -1,4 +1,4 @@
-"""CUDA graphs of one decode step's sampling, for a batch composition held in static buffers.
+"""CUDA graphs of one engine step's sampling, for a batch composition held in static buffers.
 
 Eager sampling is bound by kernel launches (the counter hash alone is dozens of small integer
 kernels), so :class:`SamplerGraphs` captures the whole step as one graph: gathering the
@@ -24,7 +24,9 @@ advancing the step counters.
   so other threads' CUDA work stays legal. A key whose capture fails runs eagerly.
 
 Exactness: a replay runs the eager functions on the padded buffers, and every op works row by
-row, so each real row gets the eager path's values. With ``capture=False`` (the default off
+row (the float reductions, softmax and cumsum, pick their kernels by row length; topk, sort and
+argmax results do not depend on how the work is split), so each real row gets the eager path's
+values. With ``capture=False`` (the default off
 CUDA) :meth:`sample` runs that same step eagerly over the static buffers, which is how the CPU
 tests check the bookkeeping.
 """
