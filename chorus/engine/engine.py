@@ -18,6 +18,7 @@ from chorus.engine.config import EngineConfig
 from chorus.engine.kv_cache_manager import KVCacheManager
 from chorus.engine.model_runner import ModelRunner
 from chorus.engine.paged_cache import PagedKVCache, kv_bytes_per_block
+from chorus.engine.sampler_graphs import SamplerGraphs
 from chorus.engine.request import FinishReason, Priority, Request, T3Prompt
 from chorus.engine.scheduler import AdmissionError, RequestOutput, Scheduler, SchedulerStats
 from chorus.models.t3.model import T3Model
@@ -76,7 +77,10 @@ class T3Engine:
     """Owns the scheduler, the KV cache and the model runner of one T3 model."""
 
     def __init__(self, model: T3Model, variant: Variant, config: EngineConfig | None = None,
-                 *, attention_backend: str = "auto", cuda_graphs: bool = True):
+                 *, attention_backend: str = "auto", cuda_graphs: bool = True, sampler_graphs: bool | None = None):
+        """On CUDA, ``cuda_graphs`` captures the decode forward per batch-size bucket and
+        ``sampler_graphs`` (None: as ``cuda_graphs``) each step's sampling, which then gives
+        the eager sampler's tokens with a fraction of its kernel launches."""
         self.model = model
         self.variant = variant
         self.config = config or EngineConfig(variant=variant.name)
@@ -97,6 +101,9 @@ class T3Engine:
             self.runner.graphs = CudaGraphDecoder(
                 model, self.kv_cache, max_rows=min(sched.max_num_seqs, 512),
                 max_blocks_per_row=-(-sched.max_model_len // cache_cfg.block_size), max_seq_len=sched.max_model_len)
+        if (cuda_graphs if sampler_graphs is None else sampler_graphs) and model.device.type == "cuda":
+            self.runner.sampler_graphs = SamplerGraphs(
+                variant, model.device, max_rows=min(self.config.scheduler.max_num_seqs, 512))
         self.num_steps = 0
 
     # -- sizing ----------------------------------------------------------------------------------

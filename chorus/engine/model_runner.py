@@ -5,7 +5,7 @@ from the request's precomputed prompt embeddings: conditioning, text, BOS copies
 unconditional CFG row has its own) or a generated speech token (``speech_emb(token)`` plus, for
 variants with learned positions, ``speech_pos_emb(i + 1)`` for the i-th generated token). RoPE /
 ``wpe`` positions are simply the position in the row. Decode-only steps can replay a captured
-CUDA graph (``CudaGraphDecoder``).
+CUDA graph (``CudaGraphDecoder``); on CUDA the sampling step replays one too (``SamplerGraphs``).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import torch
 
 from chorus.engine.paged_cache import AttentionMetadata, PagedKVCache
 from chorus.engine.request import Branch, Request
+from chorus.engine.sampler_graphs import SamplerGraphs
 from chorus.engine.scheduler import SchedulerOutput
 from chorus.models.t3.model import T3Model
 from chorus.models.variants import Variant
@@ -40,8 +41,11 @@ class _SamplingState:
     batch: SamplingBatch
     seen: torch.Tensor  # [R, V] penalty masks of the requests in ``key``, updated in place
     steps: torch.Tensor  # [R] tokens generated so far
-    cond_index: torch.Tensor
-    uncond_index: torch.Tensor
+    cond_index: torch.Tensor | None
+    uncond_index: torch.Tensor | None
+    # the state lives in ``SamplerGraphs``' static buffers: ``seen`` and ``steps`` are views
+    # there (the graph advances the steps), the indices are None, and ``batch`` is a host copy
+    graphed: bool = False
 
 
 @dataclass
@@ -65,6 +69,7 @@ class ModelRunner:
         self.block_size = cache.block_size
         self.requests: dict[str, RequestTensors] = {}
         self.graphs = None  # a CudaGraphDecoder, set by the engine on CUDA
+        self.sampler_graphs: SamplerGraphs | None = None  # set by the engine on CUDA
         # pinned host buffers (with the event of their last copy) for metadata transfers
         self._staging: list[tuple[torch.Tensor | None, torch.cuda.Event | None]] = [(None, None)] * 4
         self._staging_turn = 0
@@ -87,9 +92,15 @@ class ModelRunner:
 
     def _flush_sampling(self) -> None:
         cached, self._sampling = self._sampling, None
+        self._hand_back(cached)
+
+    def _hand_back(self, cached: _SamplingState) -> None:
+        """Give the penalty masks of a cached composition back to their requests (a copy when
+        they live in the sampler graphs' static buffers, which the next load overwrites)."""
+        seen = cached.seen.clone() if cached.graphed else cached.seen
         for i, rid in enumerate(cached.key[0]):
             if rid in self.requests:
-                self.requests[rid].seen_mask = cached.seen[i:i + 1]
+                self.requests[rid].seen_mask = seen[i:i + 1]
 
     # -- one step --------------------------------------------------------------------------------
     def prepare(self, out: SchedulerOutput) -> StepInputs:
@@ -211,11 +222,14 @@ class ModelRunner:
             return {}
         has_uncond = len(rows) > len(request_ids)
         state = self._sampling_state(out, request_ids, cond_idx, uncond_idx, has_uncond)
-        cond = logits[state.cond_index]
-        uncond = logits[state.uncond_index] if has_uncond else None
-        processed = process_logits(cond, state.batch, state.seen, state.steps, uncond_logits=uncond)
-        tokens = sample_next_tokens(processed, state.batch, state.steps)
-        record_sampled_tokens(self.variant, state.seen, tokens, state.steps)
+        if state.graphed:
+            tokens = self.sampler_graphs.sample(logits)
+        else:
+            cond = logits[state.cond_index]
+            uncond = logits[state.uncond_index] if has_uncond else None
+            processed = process_logits(cond, state.batch, state.seen, state.steps, uncond_logits=uncond)
+            tokens = sample_next_tokens(processed, state.batch, state.steps)
+            record_sampled_tokens(self.variant, state.seen, tokens, state.steps)
         values = tokens.tolist()  # the step's one host sync
         return {rid: (NO_TOKEN if v == NO_TOKEN else int(v)) for rid, v in zip(request_ids, values)}
 
@@ -223,17 +237,26 @@ class ModelRunner:
                         uncond_idx: list[int], has_uncond: bool) -> "_SamplingState":
         """Per-step sampling inputs. In steady decoding the same requests sample every step, so
         the parameter batch, the penalty masks and the index tensors are reused and the step
-        counters advance on the device; they are rebuilt only when the composition changes."""
+        counters advance on the device; they are rebuilt only when the composition changes.
+        With ``sampler_graphs`` a new composition is loaded into the graphs' static buffers."""
         key = (tuple(request_ids), tuple(cond_idx), tuple(uncond_idx) if has_uncond else None)
         cached = self._sampling
         if cached is not None and cached.key == key:
-            cached.steps = cached.steps + 1
+            if not cached.graphed:  # a graph advances its own counters
+                cached.steps = cached.steps + 1
             return cached
-        if cached is not None:  # hand the penalty masks back to their requests
-            for i, rid in enumerate(cached.key[0]):
-                if rid in self.requests:
-                    self.requests[rid].seen_mask = cached.seen[i:i + 1]
+        if cached is not None:
+            self._hand_back(cached)
         states = [self.requests[r] for r in request_ids]
+        graphs = self.sampler_graphs
+        if graphs is not None and graphs.fits(len(request_ids)):
+            batch = SamplingBatch.build([s.params for s in states], self.variant)  # packed on the host
+            graphs.load(batch, [s.seen_mask for s in states],
+                        [len(out.requests[r].output_tokens) for r in request_ids], cond_idx,
+                        uncond_idx if has_uncond else None)
+            self._sampling = _SamplingState(key=key, batch=batch, seen=graphs.seen, steps=graphs.steps,
+                                            cond_index=None, uncond_index=None, graphed=True)
+            return self._sampling
         dev = self.device
         index = self._to_device([np.asarray(cond_idx, dtype=np.int64), np.asarray(uncond_idx, dtype=np.int64),
                                  np.asarray([len(out.requests[r].output_tokens) for r in request_ids], dtype=np.int64)])

@@ -46,6 +46,9 @@ class SamplingBatch:
     bans_eos: bool
     any_greedy: bool
     all_greedy: bool
+    # top-p directly follows top-k and every row with top-p on has k > 0: the nucleus is taken
+    # over the top-k candidates, without sorting the vocabulary (``apply_top_k_top_p``)
+    top_p_in_top_k: bool
 
     @property
     def num_rows(self) -> int:
@@ -94,6 +97,11 @@ class SamplingBatch:
             if step in order and any(v != off for v in values):
                 active.add(step)  # type: ignore[arg-type]
 
+        ran = [s for s in order if s in active]
+        top_p_in_top_k = ("top_k" in active and "top_p" in active
+                          and ran.index("top_p") == ran.index("top_k") + 1
+                          and all(k > 0 for k, p in zip(top_k, top_p) if p < 1.0))
+
         seed_words = torch.tensor([split_seed(p.seed) for p in params], dtype=torch.int64)
         return cls(
             order=order,
@@ -112,4 +120,5 @@ class SamplingBatch:
             bans_eos=any(s > 0 for s in shortest),
             any_greedy=not all(sampled),
             all_greedy=not any(sampled),
+            top_p_in_top_k=top_p_in_top_k,
         )

@@ -71,6 +71,64 @@ def apply_top_p(logits: Tensor, cutoff: Tensor) -> Tensor:
     return logits.masked_fill(drop, FILTERED)
 
 
+def _sort_keys(logits: Tensor) -> Tensor:
+    """int64 keys, one per id, ordered like the logits and then by id: the float's bits mapped
+    to an order-preserving int32 (-0.0 counted as +0.0, as float comparison does), times 2**32,
+    plus the id. All keys of a row differ, so ``topk`` on them has no ties to order."""
+    bits = (logits + 0.0).view(torch.int32)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    ids = torch.arange(logits.shape[1], device=logits.device, dtype=torch.int64)
+    return ordered.to(torch.int64) * 2**32 + ids
+
+
+def apply_top_k_top_p(logits: Tensor, top_k: Tensor, max_top_k: int, cutoff: Tensor) -> Tensor:
+    """``apply_top_p(apply_top_k(logits, top_k, max_top_k), cutoff)`` without sorting the
+    vocabulary: top-p only looks at the ``min(max_top_k, V)`` largest ids.
+
+    Precondition (``SamplingBatch.top_p_in_top_k``): every row with top-p on (cutoff >= 0)
+    has ``top_k > 0``. Rows with top-p off pass through top-k only.
+
+    Exactness. After top-k, the finite logits of a row are its top-k candidates plus, when ties
+    straddle the k-th value, more ids equal to that value ("extras"). The ascending row that
+    ``apply_top_p`` sorts is therefore rebuilt exactly, value for value, from -inf, the extras
+    and the candidates reversed; softmax and cumsum then run on an identical [R, V] tensor with
+    the same calls, so the probabilities, the cumulative sums and the drop decision of every
+    sorted position are bit-identical to the full-sort path on the same device. Only the map
+    from sorted positions back to ids is chosen here: equal logits are placed in increasing id
+    order, which is what a stable sort does (CUDA's radix sort for these vocabularies). A sort
+    that orders ties otherwise (the CPU's) can differ from this path only by which of several
+    exactly equal logits survives a cut that falls inside their tie group; the number of
+    survivors, hence the distribution over logit values, is the same.
+    """
+    assert logits.dtype == torch.float32, logits.dtype  # the keys read the float's bits
+    rows, vocab = logits.shape
+    widest = min(max_top_k, vocab)
+    # candidates by value descending, equal values by id descending (so reversed: id ascending)
+    index = _sort_keys(logits).topk(widest, dim=-1).indices
+    values = logits.gather(1, index)
+    kth = values.gather(1, (top_k.clamp(1, widest) - 1)[:, None])
+    kth = torch.where(top_k[:, None] > 0, kth, FILTERED)
+    kept = logits.masked_fill(logits < kth, FILTERED)  # exactly apply_top_k
+    candidates = values.masked_fill(values < kth, FILTERED)
+
+    in_top = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, index, True)
+    extras = (kept != FILTERED) & ~in_top  # all equal to kth; the smallest ids of its tie group
+    first = vocab - widest  # sorted position of the smallest candidate
+    position = torch.arange(vocab, device=logits.device)
+    in_extras = (position >= first - extras.sum(dim=-1, keepdim=True)) & (position < first)
+    ascending = torch.cat([logits.new_full((rows, first), FILTERED), candidates.flip(1)], dim=1)
+    ascending = torch.where(in_extras, kth, ascending)
+
+    cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
+    drop_sorted = cumulative <= cutoff
+    drop_sorted[:, -1] = False
+    drop = torch.zeros_like(in_top).scatter_(1, index, drop_sorted[:, first:].flip(1))
+    # dropped sorted positions come first, so the extras dropped are those of smallest id
+    dropped_extras = (drop_sorted & in_extras).sum(dim=-1, keepdim=True)
+    drop |= extras & (extras.cumsum(dim=-1) <= dropped_extras)
+    return kept.masked_fill(drop, FILTERED)
+
+
 def process_logits(logits: Tensor, batch: SamplingBatch, seen_mask: Tensor | None, steps: Tensor,
                    *, uncond_logits: Tensor | None = None) -> Tensor:
     """Apply the batch's variant order to ``logits`` ([R, V] fp32, the conditional rows).
@@ -106,10 +164,13 @@ def process_logits(logits: Tensor, batch: SamplingBatch, seen_mask: Tensor | Non
             x = apply_temperature(x, batch.temperature)
         elif step == "min_p":
             x = apply_min_p(x, batch.min_p)
+        elif step == "top_k" and batch.top_p_in_top_k:
+            x = apply_top_k_top_p(x, batch.top_k, batch.max_top_k, batch.top_p_cutoff)
         elif step == "top_k":
             x = apply_top_k(x, batch.top_k, batch.max_top_k)
         elif step == "top_p":
-            x = apply_top_p(x, batch.top_p_cutoff)
+            if not batch.top_p_in_top_k:  # else already applied with top-k
+                x = apply_top_p(x, batch.top_p_cutoff)
         else:
             raise AssertionError(f"unknown sampling step {step!r}")
     return x

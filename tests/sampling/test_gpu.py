@@ -83,3 +83,21 @@ def test_processing_matches_transformers_processors_on_cuda():
     pytest.importorskip("transformers")
     check_en_order_parity("cuda")
     check_turbo_order_parity("turbo", "cuda")
+
+
+def test_top_p_in_top_k_equals_the_full_sort_on_cuda():
+    from chorus.sampling.processors import apply_top_k, apply_top_k_top_p, apply_top_p
+    from tests.sampling.test_top_p_in_top_k import random_case, top_p_stable_sort
+
+    g = torch.Generator().manual_seed(5)
+    for _ in range(100):
+        logits, top_k, max_top_k, cutoff = random_case(g, "cuda")
+        expected = top_p_stable_sort(apply_top_k(logits, top_k, max_top_k), cutoff)
+        assert torch.equal(apply_top_k_top_p(logits, top_k, max_top_k, cutoff), expected)
+    # at the real vocabulary sizes torch.sort on CUDA is a stable radix sort: the same masks
+    for vocab in (6563, 8194):
+        logits = (torch.randn(16, vocab, generator=g) * 3).to(torch.bfloat16).float().cuda()
+        top_k = torch.randint(1, 1500, (16,), generator=g).cuda()
+        cutoff = (1 - torch.rand(16, 1, generator=g)).cuda()
+        expected = apply_top_p(apply_top_k(logits, top_k, 1500), cutoff)
+        assert torch.equal(apply_top_k_top_p(logits, top_k, 1500, cutoff), expected)
