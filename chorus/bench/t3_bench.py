@@ -81,7 +81,7 @@ def _engine(model, variant, cfg: T3BenchConfig, rows: int) -> T3Engine:
 
 def _release(engine: T3Engine) -> None:
     """Free an engine's KV pool and graphs before the next one is built."""
-    engine.runner.graphs = None
+    engine.runner.graphs = engine.runner.sampler_graphs = None
     del engine
     _free_device_memory()
 
