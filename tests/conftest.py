@@ -13,6 +13,10 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
+# Without a GPU, Triton kernels that a test forces run under the Triton interpreter. This must be
+# set before a kernel module is first imported: ``triton.jit`` reads it when it decorates.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 torch.set_num_threads(int(os.environ.get("CHORUS_TEST_THREADS", "2")))
 
 DATA_DIR = os.path.join(os.path.dirname(__file__), "data")

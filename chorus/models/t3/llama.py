@@ -11,6 +11,7 @@ from torch import nn
 
 from chorus.models.t3.attention import AttentionCache
 from chorus.models.t3.backbone import Shapes
+from chorus.models.t3.fused_ops import add_rms_norm, rms_norm_reference, rope_qk, silu_mul
 from chorus.models.t3.rope import RotaryEmbedding
 from chorus.models.variants import BackboneConfig
 
@@ -24,10 +25,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # statistics in fp32 even for bf16 weights, as the reference does; the fused op keeps
-        # the kernel count of a decode step low
-        normed = F.rms_norm(x.to(torch.float32), (x.shape[-1],), eps=self.eps)
-        return self.weight * normed.to(x.dtype)
+        # statistics in fp32 even for bf16 weights, as the reference does
+        return rms_norm_reference(x, self.weight, self.eps)
 
 
 class LlamaAttention(nn.Module):
@@ -40,17 +39,32 @@ class LlamaAttention(nn.Module):
         self.k_proj = nn.Linear(d, kv, bias=False)
         self.v_proj = nn.Linear(d, kv, bias=False)
         self.o_proj = nn.Linear(heads * head_dim, d, bias=False)
+        self._qkv: torch.Tensor | None = None
+        self.ops_backend = "auto"  # chorus.models.t3.fused_ops
+
+    def fuse_projections(self) -> None:
+        """Store q, k and v as one [q + 2 kv, d] matrix (one GEMM per step instead of three);
+        the three parameters become views of it, so the state dict is unchanged."""
+        fused = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        q_out, kv_out = self.q_proj.weight.shape[0], self.k_proj.weight.shape[0]
+        self.q_proj.weight = nn.Parameter(fused[:q_out], requires_grad=False)
+        self.k_proj.weight = nn.Parameter(fused[q_out:q_out + kv_out], requires_grad=False)
+        self.v_proj.weight = nn.Parameter(fused[q_out + kv_out:], requires_grad=False)
+        self._qkv = fused
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int,
         cache: AttentionCache,
     ) -> torch.Tensor:
         n = x.shape[0]
-        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
-        out = cache.attend(layer, q, k, v)
+        q_shape, kv_shape = (n, self.num_heads, self.head_dim), (n, self.num_kv_heads, self.head_dim)
+        if self._qkv is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:
+            q_out, kv_out = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            q, k, v = F.linear(x, self._qkv).split((q_out, kv_out, kv_out), dim=-1)
+        q, k = rope_qk(q.view(q_shape), k.view(kv_shape), cos, sin, self.ops_backend)
+        out = cache.attend(layer, q, k, v.view(kv_shape))
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
 
@@ -63,6 +77,7 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(inner, d, bias=False)
 
         self._gate_up: torch.Tensor | None = None
+        self.ops_backend = "auto"  # chorus.models.t3.fused_ops
 
     def fuse_projections(self) -> None:
         """Store gate and up as one [2 * inner, d] matrix (one GEMM per step instead of two);
@@ -76,8 +91,7 @@ class SwiGLU(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._gate_up is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = F.linear(x, self._gate_up).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_mul(F.linear(x, self._gate_up), self.ops_backend))
 
 
 class LlamaLayer(nn.Module):
@@ -109,20 +123,42 @@ class LlamaBackbone(nn.Module):
         self.layers = nn.ModuleList(LlamaLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.ops_backend = "auto"
 
     def forward(
         self, embeds: torch.Tensor, positions: torch.Tensor, cache: AttentionCache
     ) -> torch.Tensor:
+        """The layers' sums, regrouped: each residual add is done together with the norm that
+        reads its result (``add_rms_norm``), the same values as ``LlamaLayer.forward`` in turn."""
         cos, sin = self.rotary.cos_sin(positions)
         cos, sin = cos.to(embeds.dtype), sin.to(embeds.dtype)  # once per forward, not per layer
         x = embeds
+        h = self.layers[0].input_layernorm(x)
+        last = len(self.layers) - 1
         for index, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, index, cache)
-        return self.norm(x)
+            after_attn = layer.post_attention_layernorm
+            after_mlp = self.layers[index + 1].input_layernorm if index < last else self.norm
+            x, h = add_rms_norm(x, layer.self_attn(h, cos, sin, index, cache), after_attn.weight, after_attn.eps,
+                                self.ops_backend)
+            x, h = add_rms_norm(x, layer.mlp(h), after_mlp.weight, after_mlp.eps, self.ops_backend)
+        return h
+
+    @property
+    def ops_backend(self) -> str:
+        return self._ops_backend
+
+    @ops_backend.setter
+    def ops_backend(self, backend: str) -> None:
+        """``auto``, ``triton`` or ``torch``: where the fused elementwise steps run
+        (:mod:`chorus.models.t3.fused_ops`)."""
+        self._ops_backend = backend
+        for layer in self.layers:
+            layer.self_attn.ops_backend = layer.mlp.ops_backend = backend
 
     def materialize(self, device: torch.device | str) -> None:
         self.rotary.materialize(device)
         for layer in self.layers:
+            layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
 
     @staticmethod

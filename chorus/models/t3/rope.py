@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from chorus.models.t3.fused_ops import rope_reference
 from torch import nn
 
 from chorus.models.variants import Llama3RopeScaling
@@ -37,12 +39,6 @@ def llama3_inverse_frequencies(
     return torch.where(in_band, blended, scaled)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """[a, b] -> [-b, a] over the last axis (pairs dim i with dim i + head_dim/2)."""
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat((-second, first), dim=-1)
-
-
 class RotaryEmbedding(nn.Module):
     """cos/sin tables for given token positions; applied to q and k of shape [N, heads, head_dim]."""
 
@@ -72,5 +68,4 @@ class RotaryEmbedding(nn.Module):
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotate x [N, heads, head_dim]; tables are cast to x's dtype first."""
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        return x * cos + rotate_half(x) * sin
+        return rope_reference(x, cos.to(x.dtype), sin.to(x.dtype))

@@ -19,7 +19,7 @@ from tests.engine.attention.paged_batch import SCENARIOS, dense_attention, make_
 pytestmark = [
     pytest.mark.skipif(
         os.environ.get("TRITON_INTERPRET") != "1" or not triton_available(),
-        reason="needs Triton and TRITON_INTERPRET=1 (set by conftest when there is no GPU)",
+        reason="needs Triton and TRITON_INTERPRET=1 (set by tests/conftest.py when there is no GPU)",
     ),
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),  # numpy, inside the interpreter
 ]

@@ -1,0 +1,100 @@
+"""The elementwise steps of a Llama decoder layer, each one kernel on CUDA.
+
+A decode step at small batch is bound by kernel launches, not arithmetic: written as plain
+tensor ops, an RMSNorm with its residual add, the rotary embedding of q and k, and SwiGLU's
+gate are some twenty launches per layer. Each function here is one Triton kernel for CUDA
+tensors (``chorus/models/t3/triton_ops.py``) and the same arithmetic in PyTorch elsewhere,
+which is the reference the kernels are tested against. Both round where the plain ops round
+(every bf16 product and sum), so they agree bit for bit except where a float sum is reduced in
+another order (the RMS statistic) or ``exp`` differs in its last bit (SiLU).
+
+``backend``: ``"auto"`` (Triton for CUDA tensors when Triton imports, else PyTorch),
+``"triton"`` or ``"torch"``. Forcing Triton on CPU tensors needs the Triton interpreter
+(``TRITON_INTERPRET=1`` before the first use), which the tests use.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+BACKENDS = ("auto", "triton", "torch")
+
+
+@functools.cache
+def triton_available() -> bool:
+    try:
+        import chorus.models.t3.triton_ops  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _use_triton(backend: str, tensor: torch.Tensor) -> bool:
+    if backend not in BACKENDS:
+        raise ValueError(f"fused ops backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "torch":
+        return False
+    if backend == "triton":
+        if not triton_available():
+            raise RuntimeError("the Triton fused ops need Triton (pip install triton)")
+        return True
+    return tensor.is_cuda and triton_available()
+
+
+# ------------------------------------------------------------------------------ references
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``weight * rms_norm(x)`` with the statistics in fp32 (as the reference Llama does)."""
+    normed = F.rms_norm(x.to(torch.float32), (x.shape[-1],), eps=eps)
+    return weight * normed.to(x.dtype)
+
+
+def add_rms_norm_reference(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    residual = x + delta
+    return residual, rms_norm_reference(residual, weight, eps)
+
+
+def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [N, heads, head_dim] by the tables [N, 1, head_dim] (in x's dtype): dim i of a
+    head pairs with dim i + head_dim / 2 (``x * cos + rotate_half(x) * sin``)."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-second, first), dim=-1) * sin
+
+
+def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+# ------------------------------------------------------------------------------ dispatch
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
+                 backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, weight * rms_norm(x + delta)) for [N, D] tensors: the residual stream and
+    the next sublayer's input."""
+    if _use_triton(backend, x):
+        from chorus.models.t3.triton_ops import add_rms_norm_triton
+
+        return add_rms_norm_triton(x, delta, weight, eps)
+    return add_rms_norm_reference(x, delta, weight, eps)
+
+
+def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary embedding of q [N, Hq, Dh] and k [N, Hk, Dh] (views of one projection output are
+    fine) with tables [N, 1, Dh] in their dtype; returns new tensors."""
+    if _use_triton(backend, q):
+        from chorus.models.t3.triton_ops import rope_qk_triton
+
+        return rope_qk_triton(q, k, cos, sin)
+    return rope_reference(q, cos, sin), rope_reference(k, cos, sin)
+
+
+def silu_mul(gate_up: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+    """``silu(gate) * up`` of a [N, 2I] gate|up projection -> [N, I]."""
+    if _use_triton(backend, gate_up):
+        from chorus.models.t3.triton_ops import silu_mul_triton
+
+        return silu_mul_triton(gate_up)
+    return silu_mul_reference(gate_up)

@@ -1,0 +1,122 @@
+"""The fused elementwise ops of the Llama layer: Triton kernels (under the interpreter on the
+CPU) against their PyTorch references, and the regrouped backbone against its layers."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from chorus.models.t3 import T3Model
+from chorus.models.t3.fused_ops import (
+    add_rms_norm, add_rms_norm_reference, rope_qk, rope_reference, silu_mul, silu_mul_reference, triton_available,
+)
+from chorus.models.variants import tiny_variant
+from tests.models.t3.weights import random_t3_state
+
+needs_triton = pytest.mark.skipif(
+    not triton_available() or (not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"),
+    reason="needs Triton (and TRITON_INTERPRET=1 without a GPU, set by tests/conftest.py)")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _randn(*shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(DEVICE, dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("rows", [1, 5])
+def test_add_rms_norm_kernel_matches_the_reference(rows):
+    x, delta, weight = _randn(rows, 96), _randn(rows, 96, seed=1), _randn(96, seed=2)
+    residual, normed = add_rms_norm(x, delta, weight, 1e-5, backend="triton")
+    ref_residual, ref_normed = add_rms_norm_reference(x, delta, weight, 1e-5)
+    assert torch.equal(residual, ref_residual)
+    torch.testing.assert_close(normed, ref_normed, rtol=1e-6, atol=1e-6)
+
+
+@needs_triton
+def test_add_rms_norm_kernel_reads_strided_rows():
+    wide = _randn(4, 200)
+    x, delta = wide[:, :64], wide[:, 100:164]  # row stride 200
+    weight = _randn(64, seed=3)
+    residual, normed = add_rms_norm(x, delta, weight, 1e-6, backend="triton")
+    ref_residual, ref_normed = add_rms_norm_reference(x, delta, weight, 1e-6)
+    assert torch.equal(residual, ref_residual)
+    torch.testing.assert_close(normed, ref_normed, rtol=1e-6, atol=1e-6)
+
+
+def _tables(rows: int, head_dim: int, dtype=torch.float32):
+    angles = _randn(rows, 1, head_dim // 2, seed=7)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_rope_kernel_on_one_projection_output_matches_the_reference(kv_heads):
+    rows, heads, head_dim = 3, 4, 16
+    qkv = _randn(rows, (heads + 2 * kv_heads) * head_dim)
+    q, k, _ = qkv.split((heads * head_dim, kv_heads * head_dim, kv_heads * head_dim), dim=-1)
+    q, k = q.view(rows, heads, head_dim), k.view(rows, kv_heads, head_dim)
+    cos, sin = _tables(rows, head_dim)
+    got_q, got_k = rope_qk(q, k, cos, sin, backend="triton")
+    assert torch.equal(got_q, rope_reference(q, cos, sin))
+    assert torch.equal(got_k, rope_reference(k, cos, sin))
+
+
+@needs_triton
+def test_rope_kernel_on_separate_tensors_matches_the_reference():
+    q, k = _randn(2, 3, 8), _randn(2, 3, 8, seed=1)  # 3 heads: padded to 4 in the kernel
+    cos, sin = _tables(2, 8)
+    got_q, got_k = rope_qk(q, k, cos, sin, backend="triton")
+    assert torch.equal(got_q, rope_reference(q, cos, sin)) and torch.equal(got_k, rope_reference(k, cos, sin))
+
+
+@needs_triton
+@pytest.mark.parametrize("inner", [48, 1500])  # one block, and several with a ragged tail
+def test_silu_mul_kernel_matches_the_reference(inner):
+    gate_up = _randn(3, 2 * inner)
+    torch.testing.assert_close(silu_mul(gate_up, backend="triton"), silu_mul_reference(gate_up),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_an_unknown_backend_is_refused():
+    with pytest.raises(ValueError, match="backend"):
+        silu_mul(torch.zeros(1, 4), backend="cuda")
+
+
+def _tiny_llama():
+    config = tiny_variant("original").t3
+    return config, T3Model.from_state_dict(config, random_t3_state(config, 0))
+
+
+def test_fused_projections_keep_the_state_dict():
+    config, model = _tiny_llama()
+    state = random_t3_state(config, 0)
+    for key, value in model.state_dict().items():
+        if key in state:
+            assert torch.equal(value, state[key].to(value.dtype)), key
+    attn = model.tfmr.layers[0].self_attn
+    assert attn.q_proj.weight.untyped_storage().data_ptr() == attn.v_proj.weight.untyped_storage().data_ptr()
+
+
+class _DenseCache:
+    """A full-sequence causal attention over the current call's tokens (one sequence)."""
+
+    def attend(self, layer, q, k, v):
+        scores = torch.einsum("nhd,mhd->hnm", q, k) / q.shape[-1] ** 0.5
+        causal = torch.ones(q.shape[0], q.shape[0], dtype=torch.bool).tril()
+        return torch.einsum("hnm,mhd->nhd", scores.masked_fill(~causal, float("-inf")).softmax(-1), v)
+
+
+def test_the_regrouped_backbone_equals_its_layers_in_turn():
+    _, model = _tiny_llama()
+    backbone = model.tfmr
+    embeds, positions = _randn(7, backbone.config.hidden_size).cpu(), torch.arange(7)
+    got = backbone(embeds, positions, _DenseCache())
+    cos, sin = backbone.rotary.cos_sin(positions)
+    x = embeds
+    for index, layer in enumerate(backbone.layers):
+        x = layer(x, cos, sin, index, _DenseCache())
+    assert torch.equal(got, backbone.norm(x))

@@ -1,0 +1,79 @@
+"""The fused ops compiled for the GPU: bf16 kernels against their references, and a whole T3
+forward with the kernels against the same model with the plain ops."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from chorus.models.t3 import T3Model, T3SingleSequence
+from chorus.models.t3.fused_ops import (
+    add_rms_norm, add_rms_norm_reference, rope_qk, rope_reference, silu_mul, silu_mul_reference,
+)
+from chorus.models.variants import get_variant, tiny_variant
+from tests.models.t3.weights import random_t3_state
+
+pytestmark = pytest.mark.gpu
+BF16 = torch.bfloat16
+
+
+def _randn(*shape, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(*shape, generator=g, device="cuda").to(BF16)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 512])
+def test_bf16_add_rms_norm(rows):
+    x, delta, weight = _randn(rows, 1024), _randn(rows, 1024, seed=1), _randn(1024, seed=2)
+    residual, normed = add_rms_norm(x, delta, weight, 1e-5, backend="triton")
+    ref_residual, ref_normed = add_rms_norm_reference(x, delta, weight, 1e-5)
+    assert torch.equal(residual, ref_residual)
+    # the fp32 sum may round differently, which can move a value by one bf16 step
+    torch.testing.assert_close(normed, ref_normed, rtol=1e-2, atol=1e-2)
+    assert (normed != ref_normed).float().mean() < 0.01
+
+
+@pytest.mark.parametrize("rows", [1, 512])
+def test_bf16_rope_on_a_fused_projection(rows):
+    qkv = _randn(rows, 3 * 1024)
+    q, k, _ = qkv.split(1024, dim=-1)
+    q, k = q.view(rows, 16, 64), k.view(rows, 16, 64)
+    angles = torch.rand(rows, 1, 32, device="cuda") * 100
+    angles = torch.cat((angles, angles), dim=-1)
+    cos, sin = angles.cos().to(BF16), angles.sin().to(BF16)
+    got_q, got_k = rope_qk(q, k, cos, sin, backend="triton")
+    assert torch.equal(got_q, rope_reference(q, cos, sin)) and torch.equal(got_k, rope_reference(k, cos, sin))
+
+
+@pytest.mark.parametrize("rows", [1, 512])
+def test_bf16_silu_mul(rows):
+    gate_up = _randn(rows, 2 * 4096)
+    got, ref = silu_mul(gate_up, backend="triton"), silu_mul_reference(gate_up)
+    torch.testing.assert_close(got, ref, rtol=1e-2, atol=1e-2)
+    assert (got != ref).float().mean() < 0.01
+
+
+def _decode_logits(model: T3Model, config) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    speaker, prompt = torch.randn(1, 256, generator=g), torch.randint(0, 6561, (1, 30), generator=g)
+    text = torch.randint(1, 255, (9,), generator=g)
+    cond = model.encode_conditioning(speaker, prompt, 0.5)
+    runner = T3SingleSequence(model, cond, text, cfg=config.supports_cfg, max_new_tokens=6)
+    return torch.stack([runner.prefill()] + [runner.decode(t) for t in (1, 200, 3000, 7, 8)]).float()
+
+
+@pytest.mark.parametrize("variant", [tiny_variant("original"), get_variant("original")], ids=["tiny", "full"])
+def test_a_bf16_forward_with_the_kernels_tracks_the_plain_ops_and_fp32(variant):
+    config = variant.t3
+    state = random_t3_state(config, 0)
+    fp32 = T3Model.from_state_dict(config, state, device="cuda")
+    fp32.tfmr.ops_backend = "torch"
+    reference = _decode_logits(fp32, config)
+    del fp32
+    model = T3Model.from_state_dict(config, state, dtype=BF16, device="cuda")
+    model.tfmr.ops_backend = "torch"
+    plain = _decode_logits(model, config)
+    model.tfmr.ops_backend = "triton"
+    fused = _decode_logits(model, config)
+    cosine = torch.nn.functional.cosine_similarity
+    assert float(cosine(fused, plain, dim=-1).min()) > 0.9999
+    assert float(cosine(fused, reference, dim=-1).min()) > 0.999
