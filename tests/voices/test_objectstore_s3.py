@@ -116,3 +116,4 @@ def test_a_missing_bucket_is_a_clear_error(s3_server, tmp_path, front_end):
     with pytest.raises(StoreUnavailableError, match="bucket or container does not exist") as err:
         store.add(clip())
     assert err.value.code == "voice_store_unavailable"
+    assert files(tmp_path / "a") == []  # no cached copy of what the object store does not hold
