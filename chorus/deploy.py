@@ -11,7 +11,7 @@ Two deployments make one Serve application (docs/scaling.md):
 
 Replicas publish their readiness and Prometheus text every second to a detached
 :class:`ReplicaBoard` actor; the front reads it for ``/ready`` and ``/metrics``. Voices live in a
-shared directory (content-hashed files), so every replica sees every voice.
+shared directory or object store (content-hashed files), so every replica sees every voice.
 
 ``serve run chorus.deploy:app variant=turbo checkpoint=... replicas=2`` or ``serve run
 config.yaml`` (an application whose ``import_path`` is ``chorus.deploy:app``) builds the

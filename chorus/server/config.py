@@ -70,7 +70,8 @@ class ServerConfig:
     api_keys: tuple[str, ...] = ()  # bearer tokens; empty: no authentication
     cors_origins: tuple[str, ...] = ()
     # voices
-    voices_dir: str = "voices"
+    voices_dir: str = "voices"  # the voices; with voices_url, this server's cache of them
+    voices_url: str | None = None  # an object store shared by replicas (s3://bucket/prefix, ...)
     voice_cache_size: int = 64
     max_upload_bytes: int = 10 << 20
     # limits and admission
@@ -128,6 +129,13 @@ class ServerConfig:
                  f"log_level must be debug, info, warning or error, got {self.log_level!r}")
         _require(all(isinstance(k, str) and len(k) >= 8 for k in self.api_keys),
                  "api_keys: every API key must be a string of at least 8 characters")
+        if self.voices_url is not None:
+            from chorus.voices.objectstore import check_voices_url
+
+            url = str(self.voices_url).strip() or None  # an empty CHORUS_VOICES_URL means none
+            object.__setattr__(self, "voices_url", url)
+            if url is not None:
+                check_voices_url(url)
 
     @property
     def model_id(self) -> str:
@@ -148,7 +156,10 @@ FIELD_HELP = {
     "port": "port to listen on",
     "api_keys": "comma-separated bearer tokens clients must send (default: none, no authentication)",
     "cors_origins": "comma-separated origins allowed by CORS (default: none)",
-    "voices_dir": "directory where uploaded voices are kept (created if missing)",
+    "voices_dir": "directory where uploaded voices are kept (created if missing); with voices_url, the local "
+                  "cache of the voices this server uses",
+    "voices_url": "object-store URL where uploaded voices are kept, shared by every replica: s3://bucket/prefix, "
+                  "gs://..., az://..., any fsspec URL (needs the backend's package, e.g. pip install s3fs)",
     "voice_cache_size": "voices kept in memory (LRU)",
     "max_upload_bytes": "largest voice upload in bytes",
     "max_queue": "requests in flight (queued or running) before new ones get 429",
@@ -284,4 +295,15 @@ def describe(config: ServerConfig) -> dict[str, Any]:
     """The config as plain data, API keys hidden (for the start-up log)."""
     data = dataclasses.asdict(config)
     data["api_keys"] = f"{len(config.api_keys)} key(s)"
+    if config.voices_url is not None:
+        data["voices_url"] = _without_userinfo(config.voices_url)
     return data
+
+
+def _without_userinfo(url: str) -> str:
+    """``url`` with any ``user:password@`` hidden."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        authority = "***@" + authority.rsplit("@", 1)[1]
+    return scheme + sep + authority + slash + path

@@ -16,6 +16,7 @@ def load_models(config: ServerConfig) -> Loaded:
     """The real loader: checkpoint -> models -> running pipeline, plus the voice store."""
     from chorus.engine.config import EngineConfig
     from chorus.pipeline import Pipeline, PipelineConfig, SpeechModels
+    from chorus.voices.objectstore import open_blob_store
     from chorus.voices.store import VoiceStore
 
     models = SpeechModels.load(config.variant, config.checkpoint, dtype=config.dtype, device=config.device,
@@ -31,7 +32,8 @@ def load_models(config: ServerConfig) -> Loaded:
                                                default_deadline_s=config.default_deadline_s,
                                                cuda_graphs=config.cuda_graphs))
     builtin = models.builtin_voice() if models.checkpoint.has_builtin_voice() else None
-    voices = VoiceStore(Path(config.voices_dir), models.front_end, models.variant, builtin=builtin,
+    files = open_blob_store(config.voices_dir, config.voices_url)
+    voices = VoiceStore(files, models.front_end, models.variant, builtin=builtin,
                         cache_size=config.voice_cache_size, max_upload_bytes=config.max_upload_bytes)
     return Loaded(pipeline.start(), voices)
 

@@ -205,7 +205,9 @@ class SpeechService:
         return await asyncio.to_thread(voice_call, self.voices.add, data, name=name, param="upload")
 
     async def list_voices(self) -> list:
-        return await asyncio.to_thread(self.voices.list)
+        from chorus.server.speech import voice_call
+
+        return await asyncio.to_thread(voice_call, self.voices.list)
 
     async def voice_info(self, voice_id: str):
         from chorus.server.speech import voice_call

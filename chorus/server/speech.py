@@ -156,7 +156,8 @@ class _Session:
         yield f"data: {json.dumps(done)}\n\n".encode()
 
 
-_VOICE_STATUS = {"too_large": 413, "reserved_voice": 409, "damaged_voice": 500, "id_collision": 500}
+_VOICE_STATUS = {"too_large": 413, "reserved_voice": 409, "damaged_voice": 500, "id_collision": 500,
+                 "voice_store_unavailable": 503}
 
 
 def voice_call(fn, *args, param: str = "voice_id", **kwargs):

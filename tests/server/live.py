@@ -17,6 +17,7 @@ from chorus.pipeline.pipeline import Pipeline, PipelineConfig
 from chorus.server.app import create_app
 from chorus.server.config import DegradationConfig, ServerConfig
 from chorus.server.service import Loaded, SpeechService
+from chorus.voices.objectstore import open_blob_store
 from chorus.voices.store import VoiceStore
 from tests.pipeline.tiny_pipeline import tiny_models
 
@@ -45,7 +46,8 @@ def tiny_loader(config: ServerConfig, *, front_end=None, max_num_seqs: int = 16,
                                                         max_model_len=1024))
         pipeline = Pipeline(models, PipelineConfig(engine=engine, max_chars=max_chars,
                                                    default_deadline_s=config.default_deadline_s))
-        voices = VoiceStore(Path(config.voices_dir), models.front_end, models.variant,
+        files = open_blob_store(config.voices_dir, config.voices_url)
+        voices = VoiceStore(files, models.front_end, models.variant,
                             builtin=models.builtin_voice(), cache_size=config.voice_cache_size,
                             max_upload_bytes=config.max_upload_bytes)
         return Loaded(pipeline.start(), voices)

@@ -178,3 +178,31 @@ def test_describe_hides_api_keys():
 @pytest.mark.parametrize("given, kept", [("2", "2"), (" AUTO ", "auto"), (3, "3")])
 def test_replicas_is_a_count_or_auto(given, kept):
     assert _build(file_values={"replicas": given}).replicas == kept
+
+
+def test_voices_url_is_unset_by_default_and_comes_from_env():
+    assert _build().voices_url is None
+    assert _build(env={"CHORUS_VOICES_URL": "memory://voices"}).voices_url == "memory://voices"
+    assert _build(env={"CHORUS_VOICES_URL": " "}).voices_url is None
+
+
+@pytest.mark.parametrize("url, message", [
+    ("/shared/voices", "must be a URL such as s3://bucket/prefix"),
+    ("nope://bucket/voices", "fsspec knows no 'nope' protocol"),
+])
+def test_a_bad_voices_url_fails_at_start_up(url, message):
+    _error(message, flags={"voices_url": url})
+
+
+def test_a_voices_url_whose_package_is_missing_names_the_package():
+    try:
+        import gcsfs  # noqa: F401
+        pytest.skip("gcsfs is installed")
+    except ImportError:
+        pass
+    _error("needs the gcsfs package: pip install gcsfs", env={"CHORUS_VOICES_URL": "gs://bucket/voices"})
+
+
+def test_describe_hides_credentials_in_the_voices_url():
+    description = describe(_build(flags={"voices_url": "memory://user:secret-word@host/voices"}))
+    assert description["voices_url"] == "memory://***@host/voices"

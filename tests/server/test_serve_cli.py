@@ -189,6 +189,7 @@ def test_help_lists_a_flag_for_every_setting():
     (["--port", "0"], "port must be in 1..65535"),
     (["--max-queue", "abc"], "max_queue must be an integer"),
     (["--log-format", "xml"], "log_format must be"),
+    (["--voices-url", "nope://bucket/voices"], "fsspec knows no 'nope' protocol"),
 ])
 def test_a_bad_flag_value_exits_2_with_one_line(tmp_path, flags, message):
     result = subprocess.run(_chorus("serve", "--voices-dir", str(tmp_path), *flags), capture_output=True, text=True,

@@ -3,6 +3,7 @@ and bad uploads."""
 from __future__ import annotations
 
 import io
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +74,18 @@ def test_voices_survive_a_restart(tmp_path):
     with _server(tmp_path) as live:
         assert voice_id in [v["id"] for v in live.client.get("/v1/voices").json()["data"]]
         assert live.speech(input="Hello.", voice=voice_id, response_format="pcm").status_code == 200
+
+
+def test_servers_sharing_a_voices_url_share_voices(tmp_path):
+    url = f"memory://chorus-test-{uuid.uuid4().hex}/voices"  # one object store for both servers
+    with _server(tmp_path / "a", voices_url=url) as first, _server(tmp_path / "b", voices_url=url) as second:
+        voice_id = _upload(first, CLIP.read_bytes()).json()["id"]
+        assert voice_id in [v["id"] for v in second.client.get("/v1/voices").json()["data"]]
+        speech = second.speech(input="Hello.", voice=voice_id, response_format="pcm")
+        assert speech.status_code == 200, speech.text
+        assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [f"{voice_id}.safetensors"]  # its cache
+        assert second.client.delete(f"/v1/voices/{voice_id}").json()["deleted"] is True
+        assert first.client.get(f"/v1/voices/{voice_id}").status_code == 404
 
 
 def _wav(seconds: float) -> bytes:
