@@ -19,7 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from chorus.engine.block_pool import Block, BlockPool, PoolMetrics, hash_block, root_hash
+from chorus.engine.block_tables import BlockTables
 from chorus.engine.config import cdiv
 from chorus.engine.request import Request, Sequence
 
@@ -48,7 +51,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self._tables: dict[str, list[Block]] = {}
-        self._table_ids: dict[str, list[int]] = {}  # block ids of each table, kept in step
+        self.table_ids = BlockTables()  # block ids of each table, kept in step
         # leading blocks of each table already registered (or tried: a duplicate stays unregistered)
         self._num_cached: dict[str, int] = {}
 
@@ -63,7 +66,12 @@ class KVCacheManager:
     def block_table(self, seq_id: str) -> list[int]:
         """Block ids of a sequence, in position order (position p lives in block
         ``table[p // block_size]`` at offset ``p % block_size``)."""
-        return self._table_ids.get(seq_id, [])
+        return self.table_ids.get(seq_id)
+
+    def block_tables(self, seqs: list[Sequence]) -> tuple[np.ndarray, np.ndarray]:
+        """The block tables of ``seqs`` (each holding blocks) as one zero-padded
+        ``[len(seqs), longest]`` int32 array (a copy), and their lengths."""
+        return self.table_ids.gather(s.seq_id for s in seqs)
 
     def metrics(self) -> PoolMetrics:
         return self.pool.metrics()
@@ -115,10 +123,9 @@ class KVCacheManager:
         new_ids = []
         for seq, hit in zip(request.sequences, hits):
             table = self._tables.setdefault(seq.seq_id, [])
-            ids = self._table_ids.setdefault(seq.seq_id, [])
             if hit:
                 table.extend(hit)
-                ids.extend(b.block_id for b in hit)
+                self.table_ids.extend(seq.seq_id, [b.block_id for b in hit])
                 self._num_cached[seq.seq_id] = len(hit)
                 seq.num_computed_tokens += len(hit) * self.block_size
             end = seq.num_computed_tokens + num_new_tokens
@@ -126,7 +133,7 @@ class KVCacheManager:
             assert new is not None
             table.extend(new)
             new_ids.append([b.block_id for b in new])
-            ids.extend(new_ids[-1])
+            self.table_ids.extend(seq.seq_id, new_ids[-1])
         if computed is not None:
             self.pool.record_prefix_lookup(
                 sum(s.num_tokens for s in request.sequences), computed.num_tokens * request.num_rows,
@@ -157,7 +164,7 @@ class KVCacheManager:
         last) and reset its rows to zero computed positions."""
         for seq in reversed(request.sequences):
             table = self._tables.pop(seq.seq_id, [])
-            self._table_ids.pop(seq.seq_id, None)
+            self.table_ids.remove(seq.seq_id)
             self._num_cached.pop(seq.seq_id, None)
             self.pool.free(reversed(table))
             seq.num_computed_tokens = 0
@@ -174,7 +181,8 @@ class KVCacheManager:
         for block in self.pool.blocks:
             assert block.ref_count == refs.get(block.block_id, 0), block
         for seq_id, table in self._tables.items():
-            assert self._table_ids[seq_id] == [b.block_id for b in table], seq_id
+            assert self.table_ids.get(seq_id) == [b.block_id for b in table], seq_id
+        assert int(self.table_ids.lengths.sum()) == sum(len(t) for t in self._tables.values())
 
     def check_sequence(self, seq: Sequence) -> None:
         table = self._tables.get(seq.seq_id, [])
@@ -182,7 +190,7 @@ class KVCacheManager:
 
     # -- hashing -------------------------------------------------------------------------------
     def _keys(self, seq: Sequence, i: int) -> list[int]:
-        return seq.keys[i * self.block_size:(i + 1) * self.block_size]
+        return seq.keys_between(i * self.block_size, (i + 1) * self.block_size)
 
     def _parent(self, seq: Sequence, i: int) -> bytes:
         return seq.block_hashes[i - 1] if i > 0 else root_hash(seq.cond_key)
