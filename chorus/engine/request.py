@@ -42,6 +42,9 @@ def position_key(kind: PositionKind, value: int) -> int:
     return (int(kind) << 32) | value
 
 
+_SPEECH_KEY = position_key(PositionKind.SPEECH, 0)
+
+
 def split_key(key: int) -> tuple[PositionKind, int]:
     return PositionKind(key >> 32), key & 0xFFFFFFFF
 
@@ -185,10 +188,11 @@ class Sequence:
     def keys_between(self, start: int, end: int) -> list[int]:
         """Position keys of positions ``[start, end)``."""
         p = self.num_prompt_tokens
+        if start >= p:  # generated tokens only (every block past the prompt)
+            return [_SPEECH_KEY | t for t in self.output_tokens[start - p:end - p]]
         keys = self.prompt_keys[start:min(end, p)]
         if end > p:
-            speech = int(PositionKind.SPEECH) << 32
-            keys += [speech | t for t in self.output_tokens[max(start - p, 0):end - p]]
+            keys += [_SPEECH_KEY | t for t in self.output_tokens[:end - p]]
         return keys
 
     def __repr__(self) -> str:
