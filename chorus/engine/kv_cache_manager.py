@@ -8,7 +8,8 @@ The scheduler drives it in this order for a request:
    hit (their conditioning blocks are the same blocks, their text blocks are not).
 2. ``allocate_slots(request, n, computed)`` makes room for ``n`` more positions per row
    (taking references on the hit blocks first). All rows or none: it returns None and changes
-   nothing when the pool is short.
+   nothing when the pool is short. ``allocate_next_blocks(seqs)`` is the decode step's short
+   cut: one block for each row whose next position starts a block.
 3. After the model ran, ``cache_computed_blocks(seq)`` registers every block that is now full
    of computed positions, so later requests can hit it. A block becomes findable only after
    the step that filled it has run, so no request ever reads KV still being written.
@@ -140,6 +141,20 @@ class KVCacheManager:
             )
         return new_ids
 
+    def allocate_next_blocks(self, seqs: list[Sequence]) -> bool:
+        """Append one new block to each of ``seqs``' tables, in order: the decode fast path,
+        for rows whose table covers exactly their computed positions and whose next position
+        starts a block. All or nothing: False, and nothing changed, when the pool is short."""
+        blocks = self.pool.allocate(len(seqs))
+        if blocks is None:
+            return False
+        for seq, block in zip(seqs, blocks):
+            table = self._tables[seq.seq_id]
+            assert len(table) * self.block_size == seq.num_computed_tokens, seq
+            table.append(block)
+            self.table_ids.extend(seq.seq_id, [block.block_id])
+        return True
+
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Register the sequence's blocks that are full of computed positions (call after the
         step that computed them)."""
@@ -151,13 +166,18 @@ class KVCacheManager:
             return  # no block became full this step (the common decode case)
         table = self._tables[seq.seq_id]
         assert num_full <= len(table)
-        for i, block_hash in enumerate(self._hashes(seq, num_full)[start:], start):
+        self._extend_chain(seq, start)
+        hashes = seq.block_hashes
+        for i in range(start, num_full):
+            keys, parent = self._keys(seq, i), self._parent(seq, i)
+            if i == len(hashes):  # extend the chain here, so the keys are built once per block
+                hashes.append(hash_block(parent, keys))
             block = table[i]
             if block.block_hash is None:
-                self.pool.cache_block(block, block_hash, self._parent(seq, i), self._keys(seq, i))
+                self.pool.cache_block(block, hashes[i], parent, keys)
             else:
-                assert block.block_hash == block_hash, f"{seq}: block {i} changed content"
-        self._num_cached[seq.seq_id] = max(start, num_full)
+                assert block.block_hash == hashes[i], f"{seq}: block {i} changed content"
+        self._num_cached[seq.seq_id] = num_full
 
     def free(self, request: Request) -> None:
         """Drop all of the request's blocks (tail blocks first, so shared prefixes are evicted
@@ -197,8 +217,12 @@ class KVCacheManager:
 
     def _hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
         """The first ``num_blocks`` block hashes of ``seq`` (memoised on the sequence)."""
+        self._extend_chain(seq, num_blocks)
+        return seq.block_hashes[:num_blocks]
+
+    def _extend_chain(self, seq: Sequence, num_blocks: int) -> None:
+        """Memoise the hashes of the first ``num_blocks`` blocks on the sequence."""
         assert num_blocks * self.block_size <= seq.num_tokens
         while len(seq.block_hashes) < num_blocks:
             i = len(seq.block_hashes)
             seq.block_hashes.append(hash_block(self._parent(seq, i), self._keys(seq, i)))
-        return seq.block_hashes[:num_blocks]
