@@ -7,7 +7,8 @@ pure host work whatever the device): all requests prefilled, then every step is 
 of every request (CFG on where the variant has it: two rows per request). Reports per step, in
 ms: ``schedule`` (Scheduler.schedule), ``prepare`` (ModelRunner.prepare), ``update``
 (Scheduler.update_from_output) and ``step`` (a whole T3Engine.step, forward and sampling
-included). Prepare is timed on its own and then runs again inside ``execute``, as in
+included); mean and median over the steps (the mean includes garbage-collection pauses and
+other processes' noise). Prepare is timed on its own and then runs again inside ``execute``, as in
 ``chorus bench t3``. ``--steps`` should span a few block boundaries (block_size 16).
 """
 from __future__ import annotations
@@ -68,9 +69,12 @@ def measure(variant_name: str, num_requests: int, steps: int, warmup: int = 4) -
         t0 = time.perf_counter()
         engine.step()
         phases["step"].append(time.perf_counter() - t0)
-    result = {k: round(1000 * statistics.fmean(v), 3) for k, v in phases.items()}
-    result["host"] = round(result["schedule"] + result["prepare"] + result["update"], 3)
-    return {"requests": num_requests, "rows": rows * num_requests, **result}
+    result = {"requests": num_requests, "rows": rows * num_requests}
+    for stat, f in (("mean", statistics.fmean), ("median", statistics.median)):
+        ms = {k: round(1000 * f(v), 3) for k, v in phases.items()}
+        ms["host"] = round(ms["schedule"] + ms["prepare"] + ms["update"], 3)
+        result[stat] = ms
+    return result
 
 
 def main() -> None:
