@@ -1,6 +1,6 @@
 """Host (Python) cost of a steady decode step of the T3 engine, phase by phase; print JSON.
 
-    python scripts/measure_host_step.py [--requests 1,64,256] [--steps 64] [--variant original]
+    python scripts/measure_host_step.py [--requests 1,64,256] [--steps 64] [--variant original] [--host-only]
 
 Runs a tiny random-weight model on the CPU (its forward is fast, and the measured phases are
 pure host work whatever the device): all requests prefilled, then every step is a decode step
@@ -10,10 +10,13 @@ ms: ``schedule`` (Scheduler.schedule), ``prepare`` (ModelRunner.prepare), ``upda
 included); mean and median over the steps (the mean includes garbage-collection pauses and
 other processes' noise). Prepare is timed on its own and then runs again inside ``execute``, as in
 ``chorus bench t3``. ``--steps`` should span a few block boundaries (block_size 16).
+``--host-only`` skips the forward and sampling (every request "samples" one fixed token) and
+turns the garbage collector off while timing: the host phases alone, with less noise.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -30,7 +33,7 @@ from chorus.sampling import SamplingParams  # noqa: E402
 from tests.engine.tiny_models import conditioning, tiny, voice  # noqa: E402
 
 
-def measure(variant_name: str, num_requests: int, steps: int, warmup: int = 4) -> dict:
+def measure(variant_name: str, num_requests: int, steps: int, warmup: int = 4, host_only: bool = False) -> dict:
     variant, model = tiny(variant_name)
     rows = 2 if variant.t3.supports_cfg else 1
     config = EngineConfig(
@@ -51,13 +54,16 @@ def measure(variant_name: str, num_requests: int, steps: int, warmup: int = 4) -
 
     phases = {k: [] for k in ("schedule", "prepare", "update", "step")}
     scheduler, runner = engine.scheduler, engine.runner
+    if host_only:
+        gc.collect()
+        gc.disable()
     for _ in range(steps):
         t0 = time.perf_counter()
         out = scheduler.schedule()
         t1 = time.perf_counter()
         runner.prepare(out)
         t2 = time.perf_counter()
-        sampled = runner.execute(out)
+        sampled = dict.fromkeys(out.requests, 100) if host_only else runner.execute(out)
         t3 = time.perf_counter()
         scheduler.update_from_output(out, sampled)
         t4 = time.perf_counter()
@@ -65,10 +71,13 @@ def measure(variant_name: str, num_requests: int, steps: int, warmup: int = 4) -
         phases["schedule"].append(t1 - t0)
         phases["prepare"].append(t2 - t1)
         phases["update"].append(t4 - t3)
-    for _ in range(steps):
+    gc.enable()
+    for _ in range(0 if host_only else steps):
         t0 = time.perf_counter()
         engine.step()
         phases["step"].append(time.perf_counter() - t0)
+    if host_only:
+        del phases["step"]
     result = {"requests": num_requests, "rows": rows * num_requests}
     for stat, f in (("mean", statistics.fmean), ("median", statistics.median)):
         ms = {k: round(1000 * f(v), 3) for k, v in phases.items()}
@@ -83,10 +92,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--variant", default="original")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--host-only", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     for n in (int(x) for x in args.requests.split(",")):
-        print(json.dumps(measure(args.variant, n, args.steps)), flush=True)
+        print(json.dumps(measure(args.variant, n, args.steps, host_only=args.host_only)), flush=True)
 
 
 if __name__ == "__main__":
