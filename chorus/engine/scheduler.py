@@ -140,7 +140,7 @@ class Scheduler:
         decode_starts = self._allocate_decode_slots(decoding)
         if decode_starts is not None:
             scheduled = dict.fromkeys([r.request_id for r in decoding], 1)
-            budget -= sum(r.num_rows for r in decoding) if self._prefilling else self.num_running_rows
+            budget -= self.num_running_rows - sum(r.num_rows for r in prefilling)
             assert budget >= 0, "max_num_batched_tokens >= max_num_seqs leaves every decode row its position"
             rest = prefilling
         else:  # the pool is short: schedule request by request, preempting as needed
