@@ -55,7 +55,7 @@ class ScheduledSequence:
                 f"needs_logits={self.needs_logits})")
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the arrays have no single truth value
 class SchedulerOutput:
     """One step's work. Rows are in batch order: single-position spans (decode) first, both
     rows of a CFG pair adjacent (conditional, then unconditional).
