@@ -8,7 +8,8 @@ The scheduler drives it in this order for a request:
    hit (their conditioning blocks are the same blocks, their text blocks are not).
 2. ``allocate_slots(request, n, computed)`` makes room for ``n`` more positions per row
    (taking references on the hit blocks first). All rows or none: it returns None and changes
-   nothing when the pool is short.
+   nothing when the pool is short. ``allocate_next_blocks(seqs)`` is the decode step's short
+   cut: one block for each row whose next position starts a block.
 3. After the model ran, ``cache_computed_blocks(seq)`` registers every block that is now full
    of computed positions, so later requests can hit it. A block becomes findable only after
    the step that filled it has run, so no request ever reads KV still being written.
@@ -19,7 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from chorus.engine.block_pool import Block, BlockPool, PoolMetrics, hash_block, root_hash
+from chorus.engine.block_tables import BlockTables
 from chorus.engine.config import cdiv
 from chorus.engine.request import Request, Sequence
 
@@ -48,7 +52,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self._tables: dict[str, list[Block]] = {}
-        self._table_ids: dict[str, list[int]] = {}  # block ids of each table, kept in step
+        self.table_ids = BlockTables()  # block ids of each table, kept in step
         # leading blocks of each table already registered (or tried: a duplicate stays unregistered)
         self._num_cached: dict[str, int] = {}
 
@@ -63,7 +67,12 @@ class KVCacheManager:
     def block_table(self, seq_id: str) -> list[int]:
         """Block ids of a sequence, in position order (position p lives in block
         ``table[p // block_size]`` at offset ``p % block_size``)."""
-        return self._table_ids.get(seq_id, [])
+        return self.table_ids.get(seq_id)
+
+    def block_tables(self, seqs: list[Sequence]) -> tuple[np.ndarray, np.ndarray]:
+        """The block tables of ``seqs`` (each holding blocks) as one zero-padded
+        ``[len(seqs), longest]`` int32 array (a copy), and their lengths."""
+        return self.table_ids.gather(s.seq_id for s in seqs)
 
     def metrics(self) -> PoolMetrics:
         return self.pool.metrics()
@@ -115,10 +124,9 @@ class KVCacheManager:
         new_ids = []
         for seq, hit in zip(request.sequences, hits):
             table = self._tables.setdefault(seq.seq_id, [])
-            ids = self._table_ids.setdefault(seq.seq_id, [])
             if hit:
                 table.extend(hit)
-                ids.extend(b.block_id for b in hit)
+                self.table_ids.extend(seq.seq_id, [b.block_id for b in hit])
                 self._num_cached[seq.seq_id] = len(hit)
                 seq.num_computed_tokens += len(hit) * self.block_size
             end = seq.num_computed_tokens + num_new_tokens
@@ -126,12 +134,26 @@ class KVCacheManager:
             assert new is not None
             table.extend(new)
             new_ids.append([b.block_id for b in new])
-            ids.extend(new_ids[-1])
+            self.table_ids.extend(seq.seq_id, new_ids[-1])
         if computed is not None:
             self.pool.record_prefix_lookup(
                 sum(s.num_tokens for s in request.sequences), computed.num_tokens * request.num_rows,
             )
         return new_ids
+
+    def allocate_next_blocks(self, seqs: list[Sequence]) -> bool:
+        """Append one new block to each of ``seqs``' tables, in order: the decode fast path,
+        for rows whose table covers exactly their computed positions and whose next position
+        starts a block. All or nothing: False, and nothing changed, when the pool is short."""
+        blocks = self.pool.allocate(len(seqs))
+        if blocks is None:
+            return False
+        for seq, block in zip(seqs, blocks):
+            table = self._tables[seq.seq_id]
+            assert len(table) * self.block_size == seq.num_computed_tokens, seq
+            table.append(block)
+            self.table_ids.extend(seq.seq_id, [block.block_id])
+        return True
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Register the sequence's blocks that are full of computed positions (call after the
@@ -144,20 +166,25 @@ class KVCacheManager:
             return  # no block became full this step (the common decode case)
         table = self._tables[seq.seq_id]
         assert num_full <= len(table)
-        for i, block_hash in enumerate(self._hashes(seq, num_full)[start:], start):
+        self._extend_chain(seq, start)
+        hashes = seq.block_hashes
+        for i in range(start, num_full):
+            keys, parent = self._keys(seq, i), self._parent(seq, i)
+            if i == len(hashes):  # extend the chain here, so the keys are built once per block
+                hashes.append(hash_block(parent, keys))
             block = table[i]
             if block.block_hash is None:
-                self.pool.cache_block(block, block_hash, self._parent(seq, i), self._keys(seq, i))
+                self.pool.cache_block(block, hashes[i], parent, keys)
             else:
-                assert block.block_hash == block_hash, f"{seq}: block {i} changed content"
-        self._num_cached[seq.seq_id] = max(start, num_full)
+                assert block.block_hash == hashes[i], f"{seq}: block {i} changed content"
+        self._num_cached[seq.seq_id] = num_full
 
     def free(self, request: Request) -> None:
         """Drop all of the request's blocks (tail blocks first, so shared prefixes are evicted
         last) and reset its rows to zero computed positions."""
         for seq in reversed(request.sequences):
             table = self._tables.pop(seq.seq_id, [])
-            self._table_ids.pop(seq.seq_id, None)
+            self.table_ids.remove(seq.seq_id)
             self._num_cached.pop(seq.seq_id, None)
             self.pool.free(reversed(table))
             seq.num_computed_tokens = 0
@@ -174,7 +201,8 @@ class KVCacheManager:
         for block in self.pool.blocks:
             assert block.ref_count == refs.get(block.block_id, 0), block
         for seq_id, table in self._tables.items():
-            assert self._table_ids[seq_id] == [b.block_id for b in table], seq_id
+            assert self.table_ids.get(seq_id) == [b.block_id for b in table], seq_id
+        assert int(self.table_ids.lengths.sum()) == sum(len(t) for t in self._tables.values())
 
     def check_sequence(self, seq: Sequence) -> None:
         table = self._tables.get(seq.seq_id, [])
@@ -182,15 +210,19 @@ class KVCacheManager:
 
     # -- hashing -------------------------------------------------------------------------------
     def _keys(self, seq: Sequence, i: int) -> list[int]:
-        return seq.keys[i * self.block_size:(i + 1) * self.block_size]
+        return seq.keys_between(i * self.block_size, (i + 1) * self.block_size)
 
     def _parent(self, seq: Sequence, i: int) -> bytes:
         return seq.block_hashes[i - 1] if i > 0 else root_hash(seq.cond_key)
 
     def _hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
         """The first ``num_blocks`` block hashes of ``seq`` (memoised on the sequence)."""
+        self._extend_chain(seq, num_blocks)
+        return seq.block_hashes[:num_blocks]
+
+    def _extend_chain(self, seq: Sequence, num_blocks: int) -> None:
+        """Memoise the hashes of the first ``num_blocks`` blocks on the sequence."""
         assert num_blocks * self.block_size <= seq.num_tokens
         while len(seq.block_hashes) < num_blocks:
             i = len(seq.block_hashes)
             seq.block_hashes.append(hash_block(self._parent(seq, i), self._keys(seq, i)))
-        return seq.block_hashes[:num_blocks]

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from chorus.engine.paged_cache import AttentionMetadata, PagedKVCache
-from chorus.engine.request import Branch, Request
+from chorus.engine.request import Branch
 from chorus.engine.sampler_graphs import SamplerGraphs
 from chorus.engine.scheduler import SchedulerOutput
 from chorus.models.t3.model import T3Model
@@ -104,68 +104,62 @@ class ModelRunner:
 
     # -- one step --------------------------------------------------------------------------------
     def prepare(self, out: SchedulerOutput) -> StepInputs:
-        """Host-side assembly of embeddings, positions and attention metadata."""
-        model, bs = self.model, self.block_size
-        pieces: list[tuple[str, object]] = []
-        speech_tokens: list[int] = []
-        speech_positions: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        seq_lens, q_lens, tables = [], [], []
-        for row in out.rows:
-            request: Request = out.requests[row.request_id]
-            state = self.requests[row.request_id]
-            prompt_len = state.prompt_embeds.shape[1]
-            start, end = row.start, row.end
-            if start < prompt_len:
-                branch = 0 if row.branch is Branch.COND else 1
-                pieces.append(("prompt", state.prompt_embeds[branch, start:min(end, prompt_len)]))
-            if end > prompt_len:
-                first = max(start, prompt_len)
-                count = end - first
-                pieces.append(("speech", (len(speech_tokens), count)))
-                for pos in range(first, end):
-                    generated = pos - prompt_len
-                    speech_tokens.append(request.output_tokens[generated])
-                    speech_positions.append(generated + 1)
-            if end - start == 1:  # decode rows: plain ints, no per-row numpy calls
-                positions.append(start)
-                slots.append(row.block_table[start // bs] * bs + start % bs)
-            else:
-                pos = np.arange(start, end, dtype=np.int64)
-                table = np.asarray(row.block_table, dtype=np.int64)
-                positions.extend(pos.tolist())
-                slots.extend((table[pos // bs] * bs + pos % bs).tolist())
-            seq_lens.append(end)
-            q_lens.append(end - start)
-            tables.append(row.block_table)
+        """Host-side assembly of embeddings, positions and attention metadata, by numpy over
+        the step's row arrays; only rows with prompt positions (prefill chunks) are visited
+        one by one."""
+        bs, seqs = self.block_size, out.seqs
+        starts, counts = out.row_starts, out.row_num_tokens
+        num_rows = len(seqs)
+        q_start = np.zeros(num_rows + 1, dtype=np.int64)
+        np.cumsum(counts, out=q_start[1:])
+        num_tokens = int(q_start[-1])
+        if num_tokens == num_rows:  # one position per row
+            row_of, positions = np.arange(num_rows), starts
+        else:
+            row_of = np.repeat(np.arange(num_rows), counts)
+            positions = np.arange(num_tokens) - q_start[row_of] + starts[row_of]
+        slots = out.block_tables[row_of, positions // bs].astype(np.int64) * bs + positions % bs
+        prompt_lens = np.fromiter((s.num_prompt_tokens for s in seqs), np.int64, num_rows)
+        generated = positions - prompt_lens[row_of]  # which generated token each position feeds (< 0: prompt)
+        speech_at = np.flatnonzero(generated >= 0)
+        speech_rows, speech_generated = row_of[speech_at], generated[speech_at]
+        speech_tokens = [seqs[r].output_tokens[g] for r, g in zip(speech_rows.tolist(), speech_generated.tolist())]
+        all_speech = len(speech_at) == num_tokens
+        ends = starts + counts
+        num_decodes = int(np.argmax(counts != 1)) if (counts != 1).any() else num_rows
+        host = [positions, slots, out.block_tables.reshape(-1), ends, q_start,
+                q_start[1:][out.row_needs_logits] - 1, np.asarray(speech_tokens, dtype=np.int64),
+                speech_generated + 1, speech_at[:0] if all_speech else speech_at]
+        pos_d, slot_d, table_d, seq_d, qs_d, logit_d, tok_d, spos_d, speech_at_d = self._to_device(host)
 
-        max_blocks = max(len(t) for t in tables)
-        table_array = np.zeros((len(tables), max_blocks), dtype=np.int64)
-        for i, t in enumerate(tables):
-            table_array[i, :len(t)] = t
-        q_start = np.zeros(len(q_lens) + 1, dtype=np.int64)
-        np.cumsum(q_lens, out=q_start[1:])
-        num_decodes = 0
-        while num_decodes < len(q_lens) and q_lens[num_decodes] == 1:
-            num_decodes += 1
-        logits_rows = out.logits_rows()
-        host = [np.asarray(positions, dtype=np.int64), np.asarray(slots, dtype=np.int64), table_array.reshape(-1),
-                np.asarray(seq_lens, dtype=np.int64), q_start, q_start[1:][logits_rows] - 1,
-                np.asarray(speech_tokens, dtype=np.int64), np.asarray(speech_positions, dtype=np.int64)]
-        pos_d, slot_d, table_d, seq_d, qs_d, logit_d, tok_d, spos_d = self._to_device(host)
-
-        speech = model.speech_embeds(tok_d, spos_d) if speech_tokens else None
-        parts = [p if kind == "prompt" else speech[p[0]:p[0] + p[1]] for kind, p in pieces]
-        embeds = parts[0] if len(parts) == 1 else torch.cat(parts)
+        speech = self.model.speech_embeds(tok_d, spos_d) if speech_tokens else None
+        if all_speech:
+            embeds = speech
+        else:
+            embeds = self._prompt_embeds(out, prompt_lens, q_start, num_tokens)
+            if speech is not None:
+                embeds[speech_at_d] = speech
         metadata = AttentionMetadata(
             slot_mapping=slot_d,
-            block_tables=table_d.view(len(tables), max_blocks).to(torch.int32),
+            block_tables=table_d.view(out.block_tables.shape).to(torch.int32),
             seq_lens=seq_d.to(torch.int32), query_start_loc=qs_d.to(torch.int32),
-            max_query_len=max(q_lens), max_seq_len=max(seq_lens), num_decodes=num_decodes,
+            max_query_len=int(counts.max()), max_seq_len=int(ends.max()), num_decodes=num_decodes,
         )
         return StepInputs(embeds=embeds, positions=pos_d, metadata=metadata, logits_index=logit_d,
-                          num_tokens=int(q_start[-1]))
+                          num_tokens=num_tokens)
+
+    def _prompt_embeds(self, out: SchedulerOutput, prompt_lens: np.ndarray, q_start: np.ndarray,
+                       num_tokens: int) -> torch.Tensor:
+        """[num_tokens, D] with the prompt positions of the step filled in (from each request's
+        precomputed prompt embeddings); speech positions are left for the caller."""
+        embeds = torch.empty(num_tokens, self.model.config.hidden_size, dtype=self.model.dtype, device=self.device)
+        for i in np.flatnonzero(out.row_starts < prompt_lens).tolist():
+            seq, start, at = out.seqs[i], int(out.row_starts[i]), int(q_start[i])
+            end = min(start + int(out.row_num_tokens[i]), int(prompt_lens[i]))
+            prompt = self.requests[seq.request_id].prompt_embeds
+            assert prompt.shape[1] == prompt_lens[i], "prompt embeddings and prompt keys disagree"
+            embeds[at:at + end - start] = prompt[0 if seq.branch is Branch.COND else 1, start:end]
+        return embeds
 
     def _to_device(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
         """Move int64 host arrays to the device in ONE copy (through a pinned staging buffer on

@@ -42,6 +42,9 @@ def position_key(kind: PositionKind, value: int) -> int:
     return (int(kind) << 32) | value
 
 
+_SPEECH_KEY = position_key(PositionKind.SPEECH, 0)
+
+
 def split_key(key: int) -> tuple[PositionKind, int]:
     return PositionKind(key >> 32), key & 0xFFFFFFFF
 
@@ -158,27 +161,39 @@ class T3Prompt:
 class Sequence:
     """One row: its position keys (prompt, then generated tokens), how many positions have KV
     in the cache, and the memoised hash chain of its full blocks (keys only ever grow, so the
-    chain stays valid across preemptions)."""
+    chain stays valid across preemptions).
 
-    def __init__(self, request_id: str, branch: Branch, prompt: T3Prompt):
+    The generated tokens are the request's ``output_tokens`` list, shared by both rows of a CFG
+    pair; a row's keys past the prompt are derived from it, not stored again."""
+
+    def __init__(self, request_id: str, branch: Branch, prompt: T3Prompt, output_tokens: list[int]):
         self.request_id = request_id
         self.branch = branch
+        self.seq_id = f"{request_id}/{branch.value}"
         self.cond_key = prompt.cond_key
-        self.keys: list[int] = prompt.position_keys(branch)
-        self.num_prompt_tokens = len(self.keys)
+        self.prompt_keys: list[int] = prompt.position_keys(branch)
+        self.num_prompt_tokens = len(self.prompt_keys)
+        self.output_tokens = output_tokens
         self.num_computed_tokens = 0
         self.block_hashes: list[bytes] = []
 
     @property
-    def seq_id(self) -> str:
-        return f"{self.request_id}/{self.branch.value}"
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + len(self.output_tokens)
 
     @property
-    def num_tokens(self) -> int:
-        return len(self.keys)
+    def keys(self) -> list[int]:
+        return self.keys_between(0, self.num_tokens)
 
-    def append_token(self, token: int) -> None:
-        self.keys.append(position_key(PositionKind.SPEECH, token))
+    def keys_between(self, start: int, end: int) -> list[int]:
+        """Position keys of positions ``[start, end)``."""
+        p = self.num_prompt_tokens
+        if start >= p:  # generated tokens only (every block past the prompt)
+            return [_SPEECH_KEY | t for t in self.output_tokens[start - p:end - p]]
+        keys = self.prompt_keys[start:min(end, p)]
+        if end > p:
+            keys += [_SPEECH_KEY | t for t in self.output_tokens[:end - p]]
+        return keys
 
     def __repr__(self) -> str:
         return f"Sequence({self.seq_id}, tokens={self.num_tokens}, computed={self.num_computed_tokens})"
@@ -218,9 +233,9 @@ class Request:
         self.max_tokens = max_tokens
         self.min_tokens = min_tokens
         self.ignore_eos = ignore_eos
-        branches = (Branch.COND, Branch.UNCOND) if prompt.cfg else (Branch.COND,)
-        self.sequences = tuple(Sequence(request_id, b, prompt) for b in branches)
         self.output_tokens: list[int] = []
+        branches = (Branch.COND, Branch.UNCOND) if prompt.cfg else (Branch.COND,)
+        self.sequences = tuple(Sequence(request_id, b, prompt, self.output_tokens) for b in branches)
         self.status = RequestStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.error: str | None = None
@@ -253,9 +268,9 @@ class Request:
         return self.prompt.num_tokens + self.max_tokens
 
     def append_output(self, token: int) -> None:
+        """Append a generated token (to every row: they share ``output_tokens``)."""
+        assert 0 <= token < 1 << 32, token
         self.output_tokens.append(token)
-        for seq in self.sequences:
-            seq.append_token(token)
 
     def set_status(self, status: RequestStatus) -> None:
         assert status in _TRANSITIONS[self.status], f"{self.request_id}: {self.status} -> {status}"

@@ -19,76 +19,25 @@ sit next to each other in the batch (conditional first).
 """
 from __future__ import annotations
 
+import bisect
+import heapq
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import numpy as np
 
 from chorus.engine.block_pool import PoolMetrics
-from chorus.engine.config import SchedulerConfig
+from chorus.engine.config import cdiv, SchedulerConfig
 from chorus.engine.kv_cache_manager import KVCacheManager
-from chorus.engine.request import Branch, FinishReason, Request, RequestQueue, RequestStatus
+from chorus.engine.request import FinishReason, Request, RequestQueue, RequestStatus
+from chorus.engine.scheduler_output import RequestOutput, ScheduledSequence, SchedulerOutput
+
+__all__ = ["AdmissionError", "RequestOutput", "ScheduledSequence", "Scheduler", "SchedulerOutput", "SchedulerStats"]
 
 
 class AdmissionError(ValueError):
     """The request can never run under this configuration; it was not queued."""
-
-
-@dataclass(frozen=True)
-class ScheduledSequence:
-    """One row of the batch: compute positions ``[start, start + num_tokens)`` of ``seq_id``,
-    whose KV lives in ``block_table``; ``needs_logits`` when the span ends the sequence (last
-    prompt chunk or a decode), i.e. a token is sampled from its last position."""
-
-    seq_id: str
-    request_id: str
-    branch: Branch
-    start: int
-    num_tokens: int
-    block_table: tuple[int, ...]
-    needs_logits: bool
-
-    @property
-    def end(self) -> int:
-        return self.start + self.num_tokens
-
-
-@dataclass(frozen=True)
-class RequestOutput:
-    """What one request got from a step: a new token (None when it stopped on EOS or ended
-    without sampling) and, if it finished, why."""
-
-    request_id: str
-    new_token: int | None
-    finish_reason: FinishReason | None = None
-    error: str | None = None
-
-
-@dataclass
-class SchedulerOutput:
-    """One step's work. ``rows`` is the batch order: single-position spans (decode) first,
-    both rows of a CFG pair adjacent (conditional, then unconditional)."""
-
-    rows: list[ScheduledSequence]
-    requests: dict[str, Request]  # scheduled requests, in batch order
-    num_scheduled_tokens: dict[str, int]  # per request, per row
-    preempted: list[str] = field(default_factory=list)
-    finished: list[RequestOutput] = field(default_factory=list)  # ended while scheduling
-
-    @property
-    def total_num_tokens(self) -> int:
-        return sum(r.num_tokens for r in self.rows)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.rows
-
-    def cfg_pairs(self) -> list[tuple[int, int]]:
-        """Row indices (conditional, unconditional) of each CFG pair in the batch."""
-        return [(i - 1, i) for i, row in enumerate(self.rows) if row.branch is Branch.UNCOND]
-
-    def logits_rows(self) -> list[int]:
-        """Indices of the rows whose last position's logits are needed."""
-        return [i for i, row in enumerate(self.rows) if row.needs_logits]
 
 
 @dataclass(frozen=True)
@@ -101,7 +50,14 @@ class SchedulerStats:
 
 
 class Scheduler:
-    """Owns the waiting queue and the running set; the only writer of request state."""
+    """Owns the waiting queue and the running set; the only writer of request state.
+
+    ``running`` is kept in scheduling order (``Request.sort_key``). A running request with one
+    position left is *decoding*; the others (a prompt, or a recompute after preemption, still
+    being prefilled) are tracked in ``_prefilling``. In a step without prefills and with enough
+    free blocks, the decode rows are scheduled by numpy over the running set: a row needs a new
+    block only when its next position starts one.
+    """
 
     def __init__(
         self, config: SchedulerConfig, kv_cache: KVCacheManager,
@@ -112,7 +68,10 @@ class Scheduler:
         self.clock = clock
         self.waiting = RequestQueue()
         self.running: list[Request] = []
+        self.num_running_rows = 0
+        self._prefilling: set[Request] = set()
         self._requests: dict[str, Request] = {}
+        self._deadlines: list[tuple[float, int, Request]] = []  # heap; finished entries skipped
         self._in_flight: SchedulerOutput | None = None
         self.num_preemptions = 0
 
@@ -127,6 +86,8 @@ class Scheduler:
         self._check_admissible(request)
         self._requests[request.request_id] = request
         self.waiting.push(request)
+        if request.deadline is not None:
+            heapq.heappush(self._deadlines, (request.deadline, request.arrival_order, request))
 
     def abort(
         self, request_id: str, reason: FinishReason = FinishReason.ABORTED, error: str | None = None
@@ -152,7 +113,7 @@ class Scheduler:
     def stats(self) -> SchedulerStats:
         return SchedulerStats(
             num_waiting=len(self.waiting), num_running=len(self.running),
-            num_running_rows=self._running_rows(), num_preemptions=self.num_preemptions,
+            num_running_rows=self.num_running_rows, num_preemptions=self.num_preemptions,
             kv=self.kv.metrics(),
         )
 
@@ -171,8 +132,20 @@ class Scheduler:
             self._preempt(victim)
             preempted.append(victim.request_id)
 
-        decode_first = sorted(self.running, key=lambda r: (self._remaining(r) > 1, r.sort_key()))
-        for request in decode_first:
+        if self._prefilling:
+            decoding = [r for r in self.running if r not in self._prefilling]
+            prefilling = [r for r in self.running if r in self._prefilling]
+        else:
+            decoding, prefilling = list(self.running), []  # a copy: admission inserts into running
+        decode_starts = self._allocate_decode_slots(decoding)
+        if decode_starts is not None:
+            scheduled = dict.fromkeys([r.request_id for r in decoding], 1)
+            budget -= self.num_running_rows - sum(r.num_rows for r in prefilling)
+            assert budget >= 0, "max_num_batched_tokens >= max_num_seqs leaves every decode row its position"
+            rest = prefilling
+        else:  # the pool is short: schedule request by request, preempting as needed
+            rest = decoding + prefilling
+        for request in rest:
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             n = min(self._remaining(request), budget // request.num_rows)
@@ -183,14 +156,14 @@ class Scheduler:
                     scheduled[request.request_id] = n
                     budget -= n * request.num_rows
                     break
-                preempt(max(self.running, key=Request.sort_key))
+                preempt(self.running[-1])
 
         out_of_blocks = bool(preempted)
         while not out_of_blocks and self.waiting:
             request = self.waiting.peek()
             if request.request_id in preempted:
                 break  # preempted for a higher priority this very step: not back before the next
-            if self._running_rows() + request.num_rows > self.config.max_num_seqs:
+            if self.num_running_rows + request.num_rows > self.config.max_num_seqs:
                 break
             computed = self.kv.get_computed_blocks(request)
             remaining = request.num_tokens - computed.num_tokens
@@ -205,11 +178,14 @@ class Scheduler:
                 continue
             self.waiting.pop()
             request.set_status(RequestStatus.RUNNING)
-            self.running.append(request)
+            self._add_running(request)
             scheduled[request.request_id] = n
             budget -= n * request.num_rows
 
-        out = self._build_output(scheduled, preempted, finished)
+        if decode_starts is not None and not preempted and len(scheduled) == len(decoding):
+            out = self._decode_output(decoding, decode_starts, finished)  # the steady state
+        else:
+            out = self._build_output(scheduled, preempted, finished)
         self._in_flight = out
         return out
 
@@ -219,16 +195,21 @@ class Scheduler:
         logits were needed), stop on EOS / ``max_tokens`` and free finished requests."""
         assert output is self._in_flight, "update_from_output() must get the last schedule() output"
         self._in_flight = None
-        results = []
-        for request_id, n in output.num_scheduled_tokens.items():
-            request = output.requests[request_id]
-            if request.status is not RequestStatus.RUNNING:
-                continue  # aborted while the step ran; its blocks are already free
+        running = RequestStatus.RUNNING
+        live = [r for r in output.requests.values() if r.status is running]  # others aborted in flight
+        for request in live:
+            n = output.num_scheduled_tokens[request.request_id]
             for seq in request.sequences:
                 seq.num_computed_tokens += n
-                self.kv.cache_computed_blocks(seq)
-            if request.num_computed_tokens < request.num_tokens:
-                continue  # a prefill chunk: nothing sampled yet
+        self._cache_full_blocks(output)
+        results, prefilling = [], self._prefilling
+        for request in live:
+            request_id = request.request_id
+            if request in prefilling:  # (a decoding request has computed its last position)
+                if self._remaining(request) <= 1:
+                    prefilling.discard(request)  # it decodes from now on
+                if request.num_computed_tokens < request.num_tokens:
+                    continue  # a prefill chunk: nothing sampled yet
             if request_id not in sampled:
                 raise KeyError(f"no sampled token for request {request_id!r}, whose logits were computed")
             token = int(sampled[request_id])
@@ -267,16 +248,46 @@ class Scheduler:
     def _remaining(self, request: Request) -> int:
         return request.num_tokens - request.num_computed_tokens
 
-    def _running_rows(self) -> int:
-        return sum(r.num_rows for r in self.running)
+    def _cache_full_blocks(self, output: SchedulerOutput) -> None:
+        """Register in the prefix cache the blocks that this step filled (rows whose span
+        crossed a block end), before any request of the step is finished and freed."""
+        bs = self.kv.block_size
+        starts = output.row_starts
+        ends = starts + output.row_num_tokens
+        for i in np.flatnonzero(ends // bs > starts // bs).tolist():
+            seq = output.seqs[i]
+            if output.requests[seq.request_id].status is RequestStatus.RUNNING:
+                self.kv.cache_computed_blocks(seq)
+
+    def _allocate_decode_slots(self, decoding: list[Request]) -> np.ndarray | None:
+        """Give every decoding request its next position, all or nothing; returns their
+        computed positions, or None (and nothing allocated) when the pool is short. A row's
+        table covers exactly its computed positions between steps (``check_invariants``), so it
+        needs a block iff its next position starts one; those are taken in scheduling order,
+        as request by request would."""
+        computed = np.fromiter((r.sequences[0].num_computed_tokens for r in decoding), np.int64, len(decoding))
+        at_boundary = np.flatnonzero(computed % self.kv.block_size == 0).tolist()
+        seqs = [seq for i in at_boundary for seq in decoding[i].sequences]
+        return computed if self.kv.allocate_next_blocks(seqs) else None
+
+    def _add_running(self, request: Request) -> None:
+        bisect.insort(self.running, request, key=Request.sort_key)
+        self.num_running_rows += request.num_rows
+        if self._remaining(request) > 1:
+            self._prefilling.add(request)
+
+    def _remove_running(self, request: Request) -> None:
+        self.running.remove(request)
+        self.num_running_rows -= request.num_rows
+        self._prefilling.discard(request)
 
     def _lower_priority_victim(self, request: Request) -> Request | None:
         """The lowest-priority, newest running request of strictly lower priority, if any."""
-        lower = [r for r in self.running if r.priority > request.priority]
-        return max(lower, key=Request.sort_key) if lower else None
+        victim = self.running[-1] if self.running else None  # running is in scheduling order
+        return victim if victim is not None and victim.priority > request.priority else None
 
     def _preempt(self, victim: Request) -> None:
-        self.running.remove(victim)
+        self._remove_running(victim)
         self.kv.free(victim)  # every block of both rows; generated tokens stay on the request
         victim.set_status(RequestStatus.PREEMPTED)
         victim.num_preemptions += 1
@@ -285,7 +296,7 @@ class Scheduler:
 
     def _finish(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
         if request.status is RequestStatus.RUNNING:
-            self.running.remove(request)
+            self._remove_running(request)
         else:
             self.waiting.remove(request)
         self.kv.free(request)
@@ -293,8 +304,13 @@ class Scheduler:
         del self._requests[request.request_id]
 
     def _expire_deadlines(self) -> list[RequestOutput]:
-        now = self.clock()
-        expired = [r for r in self._requests.values() if r.deadline is not None and r.deadline <= now]
+        now, heap = self.clock(), self._deadlines
+        expired = []
+        while heap and heap[0][0] <= now:
+            request = heapq.heappop(heap)[2]
+            if not request.is_finished:
+                expired.append(request)
+        expired.sort(key=lambda r: r.arrival_order)  # the order they were added in
         for request in expired:
             self._finish(request, FinishReason.DEADLINE, "deadline exceeded")
         return [RequestOutput(r.request_id, None, FinishReason.DEADLINE, r.error) for r in expired]
@@ -311,27 +327,43 @@ class Scheduler:
     def _build_output(
         self, scheduled: dict[str, int], preempted: list[str], finished: list[RequestOutput]
     ) -> SchedulerOutput:
-        order = sorted(scheduled, key=lambda rid: scheduled[rid] > 1)  # stable: decode first
-        rows = []
-        for request_id in order:
-            request, n = self._requests[request_id], scheduled[request_id]
-            start = request.num_computed_tokens
-            for seq in request.sequences:
-                rows.append(ScheduledSequence(
-                    seq_id=seq.seq_id, request_id=request_id, branch=seq.branch, start=start,
-                    num_tokens=n, block_table=tuple(self.kv.block_table(seq.seq_id)),
-                    needs_logits=start + n == request.num_tokens,
-                ))
+        # decode first, each group in the order scheduled
+        order = [rid for rid, n in scheduled.items() if n == 1] + [rid for rid, n in scheduled.items() if n > 1]
+        requests = [self._requests[rid] for rid in order]
+        counts = np.fromiter((scheduled[rid] for rid in order), np.int64, len(order))
+        firsts = [r.sequences[0] for r in requests]
+        starts = np.fromiter((s.num_computed_tokens for s in firsts), np.int64, len(order))
+        ends = np.fromiter((s.num_tokens for s in firsts), np.int64, len(order))
+        rows = np.fromiter((len(r.sequences) for r in requests), np.int64, len(order))
+        seqs = [seq for r in requests for seq in r.sequences]
+        tables, lengths = self.kv.block_tables(seqs)
         return SchedulerOutput(
-            rows=rows, requests={rid: self._requests[rid] for rid in order},
-            num_scheduled_tokens={rid: scheduled[rid] for rid in order},
-            preempted=preempted, finished=finished,
+            requests=dict(zip(order, requests)), num_scheduled_tokens=dict(zip(order, counts.tolist())),
+            seqs=seqs, row_starts=np.repeat(starts, rows), row_num_tokens=np.repeat(counts, rows),
+            row_needs_logits=np.repeat(starts + counts == ends, rows), block_tables=tables,
+            table_lengths=lengths, preempted=preempted, finished=finished,
+        )
+
+    def _decode_output(self, decoding: list[Request], starts: np.ndarray,
+                       finished: list[RequestOutput]) -> SchedulerOutput:
+        """``_build_output`` for a step of exactly the decoding requests, one position each."""
+        ids = [r.request_id for r in decoding]
+        rows = np.fromiter((len(r.sequences) for r in decoding), np.int64, len(decoding))
+        seqs = [seq for r in decoding for seq in r.sequences]
+        tables, lengths = self.kv.block_tables(seqs)
+        return SchedulerOutput(
+            requests=dict(zip(ids, decoding)), num_scheduled_tokens=dict.fromkeys(ids, 1), seqs=seqs,
+            row_starts=np.repeat(starts, rows), row_num_tokens=np.ones(len(seqs), np.int64),
+            row_needs_logits=np.ones(len(seqs), bool), block_tables=tables, table_lengths=lengths,
+            finished=finished,
         )
 
     def check_invariants(self) -> None:
         """Assert the scheduler's and the cache's consistency (for tests)."""
         self.kv.check_invariants()
-        assert self._running_rows() <= self.config.max_num_seqs
+        assert self.num_running_rows == sum(r.num_rows for r in self.running) <= self.config.max_num_seqs
+        assert self.running == sorted(self.running, key=Request.sort_key)
+        assert self._prefilling == {r for r in self.running if self._remaining(r) > 1}
         waiting = list(self.waiting)
         assert {r.request_id for r in self.running} | {r.request_id for r in waiting} == set(self._requests)
         assert len(self.running) + len(waiting) == len(self._requests)
@@ -340,6 +372,8 @@ class Scheduler:
             assert len({s.num_computed_tokens for s in request.sequences}) == 1, request
             for seq in request.sequences:
                 self.kv.check_sequence(seq)
+                # what _allocate_decode_slots relies on
+                assert len(self.kv.block_table(seq.seq_id)) == cdiv(seq.num_computed_tokens, self.kv.block_size), seq
         for request in waiting:
             assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), request
             assert request.num_computed_tokens == 0, request

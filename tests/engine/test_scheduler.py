@@ -252,6 +252,31 @@ def test_deadline_expiry_finishes_waiting_and_running_requests():
     assert s.kv.num_free_blocks == 64
 
 
+def test_a_finished_request_does_not_expire_later():
+    clock = Clock()
+    s = make_scheduler(clock=clock)
+    s.add_request(make_request("a", max_tokens=1, deadline=5.0))
+    step(s)
+    clock.now = 6.0
+    out, _ = step(s)
+    assert out.finished == [] and out.is_empty
+
+
+def test_decode_rows_get_a_block_only_at_a_block_boundary_in_scheduling_order():
+    s = make_scheduler()
+    s.add_request(make_request("a", max_tokens=8))  # 4 positions: one full block
+    s.add_request(make_request("b", max_tokens=8, text_len=2, priority=Priority.HIGH))  # 5 positions
+    first, _ = step(s)  # b admitted first (priority): b takes blocks 0-1, a takes block 2
+    assert spans(first) == [("b/cond", 0, 5, True), ("a/cond", 0, 4, True)]
+    out, _ = step(s)  # a's next position (4) starts a block, b's (5) does not
+    assert spans(out) == [("b/cond", 5, 1, True), ("a/cond", 4, 1, True)]
+    assert s.kv.block_table("b/cond") == [0, 1] and s.kv.block_table("a/cond") == [2, 3]
+    for _ in range(3):
+        step(s)  # b reaches position 8, a block boundary
+    assert s.kv.block_table("b/cond") == [0, 1, 4]
+    assert [r.block_table for r in out.rows] == [(0, 1), (2, 3)]  # the tables as scheduled
+
+
 def test_eos_finishes_without_appending_the_eos_token():
     s = make_scheduler()
     s.add_request(request := make_request("a"))

@@ -1,0 +1,99 @@
+"""What the scheduler hands the model runner for one step, and what a request gets back.
+
+A step's rows are kept as numpy arrays (one entry per row), so the model runner assembles its
+inputs without a Python loop over rows; ``SchedulerOutput.rows`` gives the same rows as objects
+for callers that want them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from itertools import repeat
+from typing import NamedTuple
+
+import numpy as np
+
+from chorus.engine.request import Branch, FinishReason, Request, Sequence
+
+
+class RequestOutput(NamedTuple):
+    """What one request got from a step: a new token (None when it stopped on EOS or ended
+    without sampling) and, if it finished, why. (A named tuple: one is made per request per
+    step.)"""
+
+    request_id: str
+    new_token: int | None
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+
+
+class ScheduledSequence:
+    """One row of the batch: compute positions ``[start, start + num_tokens)`` of ``seq_id``,
+    whose KV lives in ``block_table``; ``needs_logits`` when the span ends the sequence (last
+    prompt chunk or a decode), i.e. a token is sampled from its last position. Built on demand
+    by ``SchedulerOutput.rows``; read-only."""
+
+    __slots__ = ("_output", "_index", "seq_id", "request_id", "branch", "start", "num_tokens", "needs_logits")
+
+    def __init__(self, output: SchedulerOutput, index: int, seq: Sequence, start: int, num_tokens: int,
+                 needs_logits: bool):
+        self._output, self._index = output, index
+        self.seq_id, self.request_id, self.branch = seq.seq_id, seq.request_id, seq.branch
+        self.start, self.num_tokens, self.needs_logits = start, num_tokens, needs_logits
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+    @property
+    def block_table(self) -> tuple[int, ...]:
+        out, i = self._output, self._index
+        return tuple(out.block_tables[i, :out.table_lengths[i]].tolist())
+
+    def __repr__(self) -> str:
+        return (f"ScheduledSequence({self.seq_id}, start={self.start}, num_tokens={self.num_tokens}, "
+                f"needs_logits={self.needs_logits})")
+
+
+@dataclass(eq=False)  # identity: the arrays have no single truth value
+class SchedulerOutput:
+    """One step's work. Rows are in batch order: single-position spans (decode) first, both
+    rows of a CFG pair adjacent (conditional, then unconditional).
+
+    Row i computes positions ``[row_starts[i], row_starts[i] + row_num_tokens[i])`` of
+    ``seqs[i]``, whose KV lives in blocks ``block_tables[i, :table_lengths[i]]`` (the table as
+    it was when scheduled; zero-padded to the longest); ``row_needs_logits[i]`` when the span
+    ends the sequence. The arrays are this step's own copies.
+    """
+
+    requests: dict[str, Request]  # scheduled requests, in batch order
+    num_scheduled_tokens: dict[str, int]  # per request, per row
+    seqs: list[Sequence]
+    row_starts: np.ndarray  # [rows] int64
+    row_num_tokens: np.ndarray  # [rows] int64
+    row_needs_logits: np.ndarray  # [rows] bool
+    block_tables: np.ndarray  # [rows, longest table] int32
+    table_lengths: np.ndarray  # [rows] int64
+    preempted: list[str] = field(default_factory=list)
+    finished: list[RequestOutput] = field(default_factory=list)  # ended while scheduling
+
+    @cached_property
+    def rows(self) -> list[ScheduledSequence]:
+        return list(map(ScheduledSequence, repeat(self), range(len(self.seqs)), self.seqs,
+                        self.row_starts.tolist(), self.row_num_tokens.tolist(), self.row_needs_logits.tolist()))
+
+    @property
+    def total_num_tokens(self) -> int:
+        return int(self.row_num_tokens.sum())
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+    def cfg_pairs(self) -> list[tuple[int, int]]:
+        """Row indices (conditional, unconditional) of each CFG pair in the batch."""
+        return [(i - 1, i) for i, seq in enumerate(self.seqs) if seq.branch is Branch.UNCOND]
+
+    def logits_rows(self) -> list[int]:
+        """Indices of the rows whose last position's logits are needed."""
+        return np.flatnonzero(self.row_needs_logits).tolist()
