@@ -34,6 +34,7 @@ from chorus.pipeline.models import SpeechModels
 from chorus.pipeline.pipeline import Pipeline, PipelineConfig
 from chorus.pipeline.request import SpeechRequest
 from chorus.vocoder import VocoderConfig
+from chorus.text import DEFAULT_MAX_CHARS
 
 STREAM_TEXT = ("The quick brown fox jumps over the lazy dog, and then it runs back into the forest "
                "to find its friends before the sun goes down.")
@@ -46,7 +47,7 @@ class PipelineBenchConfig:
     dtype: str = "auto"
     device: str = "auto"
     text_file: str | None = None
-    max_chars: int = 400
+    max_chars: int = DEFAULT_MAX_CHARS
     tokens_per_char: float = 1.6
     cfg_weight: float = 0.5
     flow_steps: int | None = None  # None: the variant's (10, meanflow 2)

@@ -33,7 +33,7 @@ from chorus.models.loading import Checkpoint, dtype_name, load_t3, parse_device,
 from chorus.models.random_checkpoint import write_random_checkpoint
 from chorus.models.variants import Variant, get_variant
 from chorus.sampling import SamplingParams
-from chorus.text import load_text_encoder, split_into_chunks
+from chorus.text import DEFAULT_MAX_CHARS, load_text_encoder, split_into_chunks
 from chorus.pipeline.conditioning import ConditioningCache
 from chorus.voices import Voice
 
@@ -49,7 +49,7 @@ class T3BenchConfig:
     warmup_steps: int = 5
     workload: bool = True
     text_file: str | None = None  # default: the shipped benchmark-text-1.txt
-    max_chars: int = 400
+    max_chars: int = DEFAULT_MAX_CHARS
     chunk_chars: tuple[int, ...] = ()  # chunk length bounds to sweep the workload over; () skips it
     speed_of_light: bool = True
     tokens_per_char: float = 1.6

@@ -28,8 +28,10 @@ import unicodedata
 
 from chorus.text.sentences import sentence_language, split_sentences
 
-# About 25 s of English speech (~650 speech tokens), well inside T3's 1000-token budget.
-DEFAULT_MAX_CHARS = 400
+# About 16 s of English speech (~400 speech tokens). A request's chunks run side by side, so its
+# longest chunk sets its T3 time: on the benchmark text 250 took ~20% less T3 time than 400 on an
+# H200 (docs/benchmarks.md, "Chunk length"), at the cost of cutting more long sentences at clauses.
+DEFAULT_MAX_CHARS = 250
 MIN_MAX_CHARS = 20
 
 # A mark ending a clause; the cut goes right after it. ASCII-style marks need a following space

@@ -17,8 +17,8 @@ def benchmark_text() -> str:
     return resources.files("chorus.assets").joinpath("benchmark-text-1.txt").read_text(encoding="utf-8")
 
 
-def test_benchmark_text_gives_about_150_chunks(benchmark_text):
-    assert 120 <= len(split_into_chunks(benchmark_text)) <= 180
+def test_benchmark_text_gives_about_150_chunks_at_400_characters(benchmark_text):
+    assert 120 <= len(split_into_chunks(benchmark_text, max_chars=400)) <= 180
 
 
 def test_benchmark_text_loses_nothing_but_whitespace(benchmark_text):
