@@ -202,19 +202,22 @@ class ModelRunner:
             return {}
         inputs = self.prepare(out)
         logits = self.forward_logits(inputs)
-        rows = [out.rows[i] for i in out.logits_rows()]
-        # rows needing logits: one per plain request, two adjacent ones per CFG pair
+        # rows needing logits: one per plain request, two adjacent ones per CFG pair (read from
+        # the sequences directly: building the step's row objects costs more than the loop)
+        seqs = out.seqs
+        needed = out.logits_rows()
         cond_idx, uncond_idx, request_ids = [], [], []
-        for i, row in enumerate(rows):
-            if row.branch is Branch.COND:
+        for i, row in enumerate(needed):
+            seq = seqs[row]
+            if seq.branch is Branch.COND:
                 cond_idx.append(i)
                 uncond_idx.append(i)  # replaced below for CFG pairs
-                request_ids.append(row.request_id)
+                request_ids.append(seq.request_id)
             else:
                 uncond_idx[-1] = i
         if not request_ids:
             return {}
-        has_uncond = len(rows) > len(request_ids)
+        has_uncond = len(needed) > len(request_ids)
         state = self._sampling_state(out, request_ids, cond_idx, uncond_idx, has_uncond)
         if state.graphed:
             tokens = self.sampler_graphs.sample(logits)
