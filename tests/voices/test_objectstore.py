@@ -4,7 +4,6 @@ directories) sharing one URL. ``file://`` URLs go through the directory code beh
 object store)."""
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 
@@ -15,7 +14,7 @@ from chorus.voices.objectstore import (
     CachedObjectStore, FsspecBlobs, check_voices_url, open_blob_store, open_object_store,
 )
 from chorus.voices.store import UnknownVoiceError, VoiceStore, VoiceStoreError
-from tests.voices.test_store import ORIGINAL, builtin, clip, files, front_end  # noqa: F401 (fixtures)
+from tests.voices.test_store import ORIGINAL, builtin, clip, files, front_end, upload_at_once  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(params=["file", "memory"])
@@ -169,17 +168,7 @@ def test_without_a_recheck_bound_a_delete_reaches_another_replica_at_once(replic
 
 def test_concurrent_uploads_of_one_clip_through_two_replicas_give_one_voice(replica, url):
     stores = [replica("a"), replica("b")]
-    barrier, results = threading.Barrier(2), [None, None]
-
-    def upload(i):
-        barrier.wait()
-        results[i] = stores[i].add(clip(), name=f"n{i}")
-
-    threads = [threading.Thread(target=upload, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = upload_at_once(stores)
     assert results[0] == results[1] == stores[0].info(results[0].id) == stores[1].info(results[0].id)
     assert remote_names(url) == [f"{results[0].id}.json", f"{results[0].id}.safetensors"]
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 
@@ -19,7 +18,7 @@ import fsspec  # noqa: E402
 
 from chorus.voices.objectstore import StoreUnavailableError, open_blob_store, open_object_store  # noqa: E402
 from chorus.voices.store import UnknownVoiceError, VoiceStore  # noqa: E402
-from tests.voices.test_store import ORIGINAL, builtin, clip, files, front_end  # noqa: E402,F401 (fixtures)
+from tests.voices.test_store import ORIGINAL, builtin, clip, files, front_end, upload_at_once  # noqa: E402,F401 (fixtures)
 
 
 def _free_port() -> int:
@@ -95,17 +94,7 @@ def test_s3_refuses_a_second_record_of_one_id(url):
 
 def test_concurrent_uploads_through_two_replicas_give_one_record(replica, url):
     stores = [replica("a"), replica("b")]
-    barrier, results = threading.Barrier(2), [None, None]
-
-    def upload(i):
-        barrier.wait()
-        results[i] = stores[i].add(clip(), name=f"n{i}")
-
-    threads = [threading.Thread(target=upload, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = upload_at_once(stores)
     assert results[0] == results[1] == stores[1].info(results[0].id)
 
 

@@ -133,19 +133,25 @@ def test_voices_of_another_family_in_the_same_directory_are_invisible(tmp_path, 
     assert turbo.add(clip(6.0)).id != info.id
 
 
-def test_concurrent_uploads_of_one_clip_by_two_stores_agree_on_one_voice(tmp_path, make_store):
-    stores = [make_store(), make_store()]
-    barrier, results = threading.Barrier(2), [None, None]
+def upload_at_once(stores) -> list:
+    """The same clip uploaded through every store at the same moment (one thread each)."""
+    barrier, results = threading.Barrier(len(stores)), [None] * len(stores)
 
     def upload(i):
         barrier.wait()
         results[i] = stores[i].add(clip(), name=f"n{i}")
 
-    threads = [threading.Thread(target=upload, args=(i,)) for i in range(2)]
+    threads = [threading.Thread(target=upload, args=(i,)) for i in range(len(stores))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    return results
+
+
+def test_concurrent_uploads_of_one_clip_by_two_stores_agree_on_one_voice(tmp_path, make_store):
+    stores = [make_store(), make_store()]
+    results = upload_at_once(stores)
     assert results[0] == results[1] == stores[0].info(results[0].id)
     assert files(tmp_path / "voices") == [f"{results[0].id}.json", f"{results[0].id}.safetensors"]
 

@@ -1,18 +1,15 @@
 """Paged attention for the engine: a Triton kernel on CUDA, a plain PyTorch path elsewhere.
 
 Layouts and semantics are documented in ``reference.py``. Both entry points take
-``backend``: ``"auto"`` (Triton for CUDA tensors when Triton imports, else PyTorch),
-``"triton"`` or ``"torch"`` to force one. Forcing Triton on CPU tensors only works under
-the Triton interpreter (``TRITON_INTERPRET=1`` set before the first use), which tests do.
-Triton is imported lazily, so this package imports on machines without it.
+``backend``: ``"auto"``, ``"triton"`` or ``"torch"``, chosen as for every kernel package
+(:mod:`chorus.triton_backend`); Triton is imported lazily.
 """
 from __future__ import annotations
-
-import functools
 
 import torch
 
 from chorus.engine.attention.reference import paged_attention_reference, write_kv_reference
+from chorus.triton_backend import kernels_import, use_triton
 
 __all__ = [
     "paged_attention",
@@ -22,27 +19,16 @@ __all__ = [
     "write_kv_reference",
 ]
 
-_BACKENDS = ("auto", "triton", "torch")
+_KERNELS = "chorus.engine.attention.triton_paged"
 
 
-@functools.cache
 def triton_available() -> bool:
     """Whether the Triton kernels import (Triton installed and the module compiles)."""
-    try:
-        import chorus.engine.attention.triton_paged  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return kernels_import(_KERNELS)
 
 
 def _use_triton(backend: str, tensor: torch.Tensor) -> bool:
-    if backend not in _BACKENDS:
-        raise ValueError(f"attention backend must be one of {_BACKENDS}, got {backend!r}")
-    if backend == "auto":
-        return tensor.is_cuda and triton_available()
-    if backend == "triton" and not triton_available():
-        raise RuntimeError("attention backend 'triton' was requested but Triton is not installed")
-    return backend == "triton"
+    return use_triton(backend, tensor, _KERNELS, "attention")
 
 
 def write_kv(

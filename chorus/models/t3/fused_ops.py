@@ -4,43 +4,29 @@ A decode step at small batch is bound by kernel launches, not arithmetic: writte
 tensor ops, an RMSNorm with its residual add, the rotary embedding of q and k, and SwiGLU's
 gate are some twenty launches per layer. Each function here is one Triton kernel for CUDA
 tensors (``chorus/models/t3/triton_ops.py``) and the same arithmetic in PyTorch elsewhere,
-which is the reference the kernels are tested against. Both round where the plain ops round
-(every bf16 product and sum), so they agree bit for bit except where a float sum is reduced in
-another order (the RMS statistic) or ``exp`` differs in its last bit (SiLU).
+which is the reference the kernels are tested against. The kernels round where the plain ops
+round (every bf16 product and sum), so they agree bit for bit in fp32; compiled in bf16 a value
+can move by one bf16 step (docs/t3.md, "Fewer kernels per Llama layer").
 
-``backend``: ``"auto"`` (Triton for CUDA tensors when Triton imports, else PyTorch),
-``"triton"`` or ``"torch"``. Forcing Triton on CPU tensors needs the Triton interpreter
-(``TRITON_INTERPRET=1`` before the first use), which the tests use.
+``backend``: ``"auto"``, ``"triton"`` or ``"torch"``, chosen as for every kernel package
+(:mod:`chorus.triton_backend`).
 """
 from __future__ import annotations
-
-import functools
 
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("auto", "triton", "torch")
+from chorus.triton_backend import kernels_import, use_triton
+
+_KERNELS = "chorus.models.t3.triton_ops"
 
 
-@functools.cache
 def triton_available() -> bool:
-    try:
-        import chorus.models.t3.triton_ops  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return kernels_import(_KERNELS)
 
 
 def _use_triton(backend: str, tensor: torch.Tensor) -> bool:
-    if backend not in BACKENDS:
-        raise ValueError(f"fused ops backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "torch":
-        return False
-    if backend == "triton":
-        if not triton_available():
-            raise RuntimeError("the Triton fused ops need Triton (pip install triton)")
-        return True
-    return tensor.is_cuda and triton_available()
+    return use_triton(backend, tensor, _KERNELS, "fused ops")
 
 
 # ------------------------------------------------------------------------------ references
