@@ -114,7 +114,7 @@ def _cmd_bench_t3(args: argparse.Namespace) -> int:
         workload=not args.no_workload, text_file=args.text_file, tokens_per_char=args.tokens_per_char,
         cfg_weight=args.cfg_weight, reference=args.reference, reference_chunks=args.reference_chunks,
         cuda_graphs=not args.no_cuda_graphs, speed_of_light=not args.no_speed_of_light,
-        chunk_chars=_chunk_bounds(args.chunk_chars), max_num_seqs=args.max_num_seqs,
+        async_scheduling=not args.no_async_scheduling, chunk_chars=_chunk_bounds(args.chunk_chars), max_num_seqs=args.max_num_seqs,
     )
     main_json(cfg, args.out)
     return 0
@@ -555,6 +555,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also time the reference chatterbox-tts T3 loop (needs chatterbox-tts installed)")
     p.add_argument("--reference-chunks", type=int, default=3, help="workload chunks the reference runs")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly")
+    p.add_argument("--no-async-scheduling", action="store_true",
+                   help="read each step's tokens before scheduling the next (default: the next steady "
+                        "decode step is queued first, overlapping host work with the forward)")
     p.add_argument("--no-speed-of-light", action="store_true",
                    help="skip the speed-of-light calibration (the same model shape stepped in plain PyTorch, "
                         "one CUDA graph per batch size; reported as sol_step_ms and sol_fraction)")

@@ -57,6 +57,7 @@ class T3BenchConfig:
     reference: bool = False
     reference_chunks: int = 3
     cuda_graphs: bool = True
+    async_scheduling: bool = True  # SchedulerConfig.async_scheduling: the one-step lookahead
     max_num_seqs: int = 512
     max_num_batched_tokens: int = 16384
     max_model_len: int = 2048
@@ -74,7 +75,7 @@ def _engine(model, variant, cfg: T3BenchConfig, rows: int) -> T3Engine:
         variant=variant.name, default_deadline_s=None,
         cache=CacheConfig(kv_cache_bytes=int((cfg.kv_cache_gib if model.device.type == "cuda" else 1.0) * 2**30)),
         scheduler=SchedulerConfig(max_num_seqs=rows, max_num_batched_tokens=max(cfg.max_num_batched_tokens, rows),
-                                  max_model_len=cfg.max_model_len),
+                                  max_model_len=cfg.max_model_len, async_scheduling=cfg.async_scheduling),
     )
     return T3Engine(model, variant, config, cuda_graphs=cfg.cuda_graphs)
 
@@ -123,6 +124,7 @@ def bench_decode(model, variant, conditioning, text_ids, cfg: T3BenchConfig, bat
         engine.step()
     _sync(device)
     elapsed = time.perf_counter() - start
+    engine.finish_in_flight()  # the breakdown drives the scheduler and the runner itself
     breakdown = _step_breakdown(engine, device, steps=min(10, cfg.decode_steps))
     for rid in ids:
         engine.abort(rid)
@@ -252,6 +254,7 @@ def run(cfg: T3BenchConfig) -> dict:
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "random_weights": random_weights, "cfg_weight": cfg.cfg_weight if variant.t3.supports_cfg else 0.0,
         "tokens_per_char": cfg.tokens_per_char, "torch": torch.__version__,
+        "async_scheduling": cfg.async_scheduling,
     }
     text_ids = encoder.encode(chunks[0])
     conditioning = ConditioningCache(model, variant).get(voice, variant.sampling.exaggeration)

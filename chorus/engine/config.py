@@ -57,12 +57,17 @@ class SchedulerConfig:
         are rejected at admission.
     enable_chunked_prefill: split prompts across steps to fit the token budget; when off a
         prompt is prefilled in one step, so the budget must cover ``max_model_len``.
+    async_scheduling: in steady decoding, schedule and queue the next step on the device
+        before reading the tokens of the one in flight (``Scheduler.schedule_ahead``), so host
+        work overlaps the forward. Tokens are unchanged; a request that stops on EOS costs one
+        wasted row in the step after.
     """
 
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 4096
     max_model_len: int = 4096
     enable_chunked_prefill: bool = True
+    async_scheduling: bool = True
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):

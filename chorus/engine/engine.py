@@ -16,11 +16,11 @@ import torch
 
 from chorus.engine.config import EngineConfig
 from chorus.engine.kv_cache_manager import KVCacheManager
-from chorus.engine.model_runner import ModelRunner
+from chorus.engine.model_runner import LaunchedStep, ModelRunner
 from chorus.engine.paged_cache import PagedKVCache, kv_bytes_per_block
 from chorus.engine.sampler_graphs import SamplerGraphs
 from chorus.engine.request import FinishReason, Priority, Request, T3Prompt
-from chorus.engine.scheduler import AdmissionError, RequestOutput, Scheduler, SchedulerStats
+from chorus.engine.scheduler import AdmissionError, RequestOutput, Scheduler, SchedulerOutput, SchedulerStats
 from chorus.models.t3.model import T3Model
 from chorus.models.variants import Variant
 from chorus.sampling import NO_TOKEN, SamplingParams
@@ -73,6 +73,14 @@ class T3Result:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class _FailedStep:
+    """A step whose launch raised: committing it fails its requests."""
+
+    output: SchedulerOutput
+    error: Exception
+
+
 class T3Engine:
     """Owns the scheduler, the KV cache and the model runner of one T3 model."""
 
@@ -105,6 +113,8 @@ class T3Engine:
             self.runner.sampler_graphs = SamplerGraphs(
                 variant, model.device, max_rows=min(self.config.scheduler.max_num_seqs, 512))
         self.num_steps = 0
+        self.num_steps_ahead = 0  # steps scheduled ahead of the previous one's commit
+        self._ahead: LaunchedStep | _FailedStep | None = None  # the step scheduled ahead and queued on the device (async scheduling)
 
     # -- sizing ----------------------------------------------------------------------------------
     def _size_pool(self, model: T3Model) -> int:
@@ -221,20 +231,68 @@ class T3Engine:
 
     # -- the loop --------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the model once, sample, and return what each request got this step."""
-        out = self.scheduler.schedule()
-        results = list(out.finished)
+        """Run one step and return what each request got from it.
+
+        With ``SchedulerConfig.async_scheduling`` (see docs/engine.md, "One-step lookahead") a steady decode
+        step is scheduled and queued on the device before the tokens of the one in flight are
+        read, so the host's work overlaps the GPU's: each call then commits the step in flight
+        and leaves the next one queued. What each request gets, and in which order, is the
+        same as without it."""
+        if self._ahead is None:
+            out = self.scheduler.schedule()
+            results = list(out.finished)
+            launched = self._launch(out, None)
+        else:
+            launched, self._ahead = self._ahead, None
+            results = []
+        if self.config.scheduler.async_scheduling and isinstance(launched, LaunchedStep):
+            ahead = self.scheduler.schedule_ahead()
+            if ahead is not None:
+                self._ahead = self._launch(ahead, launched)
+                self.num_steps_ahead += 1
+        results.extend(self._commit(launched))
+        if self._ahead is not None and all(r.is_finished for r in self._ahead.output.requests.values()):
+            self.finish_in_flight()  # every request of it has ended: nothing to wait for
+        self.num_steps += 1
+        return results
+
+    def finish_in_flight(self) -> list[RequestOutput]:
+        """Commit the step queued ahead, if any, so nothing is in flight (for callers that then
+        drive the scheduler or the runner directly)."""
+        if self._ahead is None:
+            return []
+        launched, self._ahead = self._ahead, None
+        return self._commit(launched)
+
+    def _launch(self, out: SchedulerOutput, pending: LaunchedStep | None) -> LaunchedStep | _FailedStep:
+        """Queue ``out`` on the device; a failure is kept and fails the step's requests at its
+        commit (one failed step must not take the engine down)."""
         try:
-            sampled = self.runner.execute(out)
-        except Exception as exc:  # noqa: BLE001 - one failed step must not take the engine down
+            return self.runner.launch(out, pending)
+        except Exception as exc:  # noqa: BLE001
+            return _FailedStep(out, exc)
+
+    def _commit(self, launched: LaunchedStep | _FailedStep) -> list[RequestOutput]:
+        """Read a launched step's tokens and commit it: stops, outputs, freed requests."""
+        out, error, sampled = launched.output, None, {}
+        if isinstance(launched, _FailedStep):
+            error = launched.error
+        else:
+            try:
+                sampled = self.runner.collect(launched)
+            except Exception as exc:  # noqa: BLE001
+                error = exc
+        results = []
+        if error is not None:
             # fail the step's requests (their blocks are freed), keep serving the others
-            message = f"{type(exc).__name__}: {exc}"
-            for request_id in out.requests:
-                if self.scheduler.abort(request_id, FinishReason.ERROR, message) is not None:
+            message = f"{type(error).__name__}: {error}"
+            for request_id, request in out.requests.items():
+                if not request.is_finished and self.scheduler.abort(request_id, FinishReason.ERROR, message):
                     results.append(RequestOutput(request_id, None, FinishReason.ERROR, message))
             sampled = {}
         for request_id, token in list(sampled.items()):
-            if token == NO_TOKEN:  # every logit was -inf: nothing can be sampled, stop here
+            if token == NO_TOKEN and not out.requests[request_id].is_finished:
+                # every logit was -inf: nothing can be sampled, stop here
                 del sampled[request_id]
                 self.scheduler.abort(request_id, FinishReason.EOS)
                 results.append(RequestOutput(request_id, None, FinishReason.EOS))
@@ -242,7 +300,6 @@ class T3Engine:
         for result in results:
             if result.finish_reason is not None:
                 self.runner.remove_request(result.request_id)
-        self.num_steps += 1
         return results
 
     def generate(self, requests: Sequence[T3Request]) -> list[T3Result]:

@@ -141,16 +141,21 @@ class KVCacheManager:
             )
         return new_ids
 
-    def allocate_next_blocks(self, seqs: list[Sequence]) -> bool:
+    def allocate_next_blocks(self, seqs: list[Sequence], next_positions: list[int] | None = None) -> bool:
         """Append one new block to each of ``seqs``' tables, in order: the decode fast path,
-        for rows whose table covers exactly their computed positions and whose next position
-        starts a block. All or nothing: False, and nothing changed, when the pool is short."""
+        for rows whose table covers exactly the positions before their next one and whose
+        next position starts a block. ``next_positions``: per row, default its computed
+        positions (a step scheduled ahead passes computed plus the positions in flight).
+        All or nothing: False, and nothing changed, when the pool is short."""
+        if next_positions is None:
+            next_positions = [seq.num_computed_tokens for seq in seqs]
+        assert len(next_positions) == len(seqs)
         blocks = self.pool.allocate(len(seqs))
         if blocks is None:
             return False
-        for seq, block in zip(seqs, blocks):
+        for seq, block, position in zip(seqs, blocks, next_positions):
             table = self._tables[seq.seq_id]
-            assert len(table) * self.block_size == seq.num_computed_tokens, seq
+            assert len(table) * self.block_size == position >= seq.num_computed_tokens, seq
             table.append(block)
             self.table_ids.extend(seq.seq_id, [block.block_id])
         return True

@@ -48,6 +48,21 @@ class _SamplingState:
     graphed: bool = False
 
 
+@dataclass(eq=False)
+class LaunchedStep:
+    """A step queued on the device whose tokens have not been read: ``ModelRunner.launch``
+    makes it, ``ModelRunner.collect`` reads it. ``row_of``: request id -> its row in
+    ``tokens`` (sampling order); ``tokens``: [R] int64 on the device (a buffer a later step may
+    rewrite, read in stream order); ``host``: their copy on the host, complete once ``ready``
+    (None off CUDA) has passed."""
+
+    output: SchedulerOutput
+    row_of: dict[str, int]
+    tokens: torch.Tensor | None
+    host: torch.Tensor | None = None
+    ready: torch.cuda.Event | None = None
+
+
 @dataclass
 class StepInputs:
     embeds: torch.Tensor  # [N, D]
@@ -103,10 +118,14 @@ class ModelRunner:
                 self.requests[rid].seen_mask = seen[i:i + 1]
 
     # -- one step --------------------------------------------------------------------------------
-    def prepare(self, out: SchedulerOutput) -> StepInputs:
+    def prepare(self, out: SchedulerOutput, pending: LaunchedStep | None = None) -> StepInputs:
         """Host-side assembly of embeddings, positions and attention metadata, by numpy over
         the step's row arrays; only rows with prompt positions (prefill chunks) are visited
-        one by one."""
+        one by one.
+
+        ``pending``: the step in flight when ``out`` was scheduled ahead of its commit; every
+        generated token ``out`` feeds is then the one its request samples in ``pending``,
+        read on the device (never through the host)."""
         bs, seqs = self.block_size, out.seqs
         starts, counts = out.row_starts, out.row_num_tokens
         num_rows = len(seqs)
@@ -123,7 +142,12 @@ class ModelRunner:
         generated = positions - prompt_lens[row_of]  # which generated token each position feeds (< 0: prompt)
         speech_at = np.flatnonzero(generated >= 0)
         speech_rows, speech_generated = row_of[speech_at], generated[speech_at]
-        speech_tokens = [seqs[r].output_tokens[g] for r, g in zip(speech_rows.tolist(), speech_generated.tolist())]
+        if pending is None:
+            speech_tokens = [seqs[r].output_tokens[g] for r, g in zip(speech_rows.tolist(), speech_generated.tolist())]
+        else:  # indices of the tokens in ``pending``'s sampled rows
+            speech_tokens = [pending.row_of[seqs[r].request_id] for r in speech_rows.tolist()]
+            assert all(len(seqs[r].output_tokens) == g for r, g in zip(speech_rows.tolist(), speech_generated.tolist())), \
+                "a step scheduled ahead feeds exactly the tokens in flight"
         all_speech = len(speech_at) == num_tokens
         ends = starts + counts
         num_decodes = int(np.argmax(counts != 1)) if (counts != 1).any() else num_rows
@@ -132,6 +156,10 @@ class ModelRunner:
                 speech_generated + 1, speech_at[:0] if all_speech else speech_at]
         pos_d, slot_d, table_d, seq_d, qs_d, logit_d, tok_d, spos_d, speech_at_d = self._to_device(host)
 
+        if pending is not None and speech_tokens:
+            # a row whose request drew NO_TOKEN in flight is wasted (it stops at that commit);
+            # clamping keeps its embedding lookup in range
+            tok_d = pending.tokens.index_select(0, tok_d).clamp_(min=0)
         speech = self.model.speech_embeds(tok_d, spos_d) if speech_tokens else None
         if all_speech:
             embeds = speech
@@ -198,27 +226,35 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> dict[str, int]:
         """Compute ``out`` and sample one token for every request whose logits were needed.
         Returns ``{request_id: token}``; ``NO_TOKEN`` marks a request with no finite logit."""
+        return self.collect(self.launch(out))
+
+    @torch.inference_mode()
+    def launch(self, out: SchedulerOutput, pending: LaunchedStep | None = None) -> LaunchedStep:
+        """Queue ``out``'s forward and sampling on the device and start copying its tokens to
+        the host; ``collect`` waits for them. ``pending``: the step in flight that ``out`` was
+        scheduled ahead of (see ``prepare``)."""
         if out.is_empty:
-            return {}
-        inputs = self.prepare(out)
+            return LaunchedStep(out, {}, None)
+        inputs = self.prepare(out, pending)
         logits = self.forward_logits(inputs)
         # rows needing logits: one per plain request, two adjacent ones per CFG pair (read from
         # the sequences directly: building the step's row objects costs more than the loop)
         seqs = out.seqs
         needed = out.logits_rows()
-        cond_idx, uncond_idx, request_ids = [], [], []
+        cond_idx, uncond_idx, cond_rows, request_ids = [], [], [], []
         for i, row in enumerate(needed):
             seq = seqs[row]
             if seq.branch is Branch.COND:
                 cond_idx.append(i)
                 uncond_idx.append(i)  # replaced below for CFG pairs
+                cond_rows.append(row)
                 request_ids.append(seq.request_id)
             else:
                 uncond_idx[-1] = i
         if not request_ids:
-            return {}
+            return LaunchedStep(out, {}, None)
         has_uncond = len(needed) > len(request_ids)
-        state = self._sampling_state(out, request_ids, cond_idx, uncond_idx, has_uncond)
+        state = self._sampling_state(out, request_ids, cond_rows, cond_idx, uncond_idx, has_uncond)
         if state.graphed:
             tokens = self.sampler_graphs.sample(logits)
         else:
@@ -227,15 +263,33 @@ class ModelRunner:
             processed = process_logits(cond, state.batch, state.seen, state.steps, uncond_logits=uncond)
             tokens = sample_next_tokens(processed, state.batch, state.steps)
             record_sampled_tokens(self.variant, state.seen, tokens, state.steps)
-        values = tokens.tolist()  # the step's one host sync
-        return {rid: (NO_TOKEN if v == NO_TOKEN else int(v)) for rid, v in zip(request_ids, values)}
+        step = LaunchedStep(out, {rid: i for i, rid in enumerate(request_ids)}, tokens)
+        if self.device.type == "cuda":  # the copy to the host runs behind the step, on its stream
+            step.host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            step.host.copy_(tokens, non_blocking=True)
+            step.ready = torch.cuda.Event()
+            step.ready.record()
+        else:
+            step.host = tokens.clone()  # ``tokens`` may be a buffer the next step rewrites
+        return step
 
-    def _sampling_state(self, out: SchedulerOutput, request_ids: list[str], cond_idx: list[int],
-                        uncond_idx: list[int], has_uncond: bool) -> "_SamplingState":
+    def collect(self, step: LaunchedStep) -> dict[str, int]:
+        """Wait for ``step``'s tokens: ``{request_id: token}`` (the step's one host sync)."""
+        if step.host is None:
+            return {}
+        if step.ready is not None:
+            step.ready.synchronize()
+        values = step.host.tolist()
+        return {rid: (NO_TOKEN if v == NO_TOKEN else int(v)) for rid, v in zip(step.row_of, values)}
+
+    def _sampling_state(self, out: SchedulerOutput, request_ids: list[str], cond_rows: list[int],
+                        cond_idx: list[int], uncond_idx: list[int], has_uncond: bool) -> "_SamplingState":
         """Per-step sampling inputs. In steady decoding the same requests sample every step, so
         the parameter batch, the penalty masks and the index tensors are reused and the step
         counters advance on the device; they are rebuilt only when the composition changes.
-        With ``sampler_graphs`` a new composition is loaded into the graphs' static buffers."""
+        With ``sampler_graphs`` a new composition is loaded into the graphs' static buffers.
+        A request's step counter is its tokens before this draw, read from its row's span (the
+        span ends where the sampled token goes), so it is right while tokens are in flight."""
         key = (tuple(request_ids), tuple(cond_idx), tuple(uncond_idx) if has_uncond else None)
         cached = self._sampling
         if cached is not None and cached.key == key:
@@ -245,18 +299,20 @@ class ModelRunner:
         if cached is not None:
             self._hand_back(cached)
         states = [self.requests[r] for r in request_ids]
+        rows = np.asarray(cond_rows, dtype=np.int64)
+        prompt_lens = np.fromiter((out.seqs[r].num_prompt_tokens for r in cond_rows), np.int64, len(cond_rows))
+        steps = out.row_starts[rows] + out.row_num_tokens[rows] - prompt_lens
         graphs = self.sampler_graphs
         if graphs is not None and graphs.fits(len(request_ids)):
             batch = SamplingBatch.build([s.params for s in states], self.variant)  # packed on the host
-            graphs.load(batch, [s.seen_mask for s in states],
-                        [len(out.requests[r].output_tokens) for r in request_ids], cond_idx,
+            graphs.load(batch, [s.seen_mask for s in states], steps.tolist(), cond_idx,
                         uncond_idx if has_uncond else None)
             self._sampling = _SamplingState(key=key, batch=batch, seen=graphs.seen, steps=graphs.steps,
                                             cond_index=None, uncond_index=None, graphed=True)
             return self._sampling
         dev = self.device
         index = self._to_device([np.asarray(cond_idx, dtype=np.int64), np.asarray(uncond_idx, dtype=np.int64),
-                                 np.asarray([len(out.requests[r].output_tokens) for r in request_ids], dtype=np.int64)])
+                                 steps])
         self._sampling = _SamplingState(
             key=key, batch=SamplingBatch.build([s.params for s in states], self.variant, device=dev),
             seen=torch.cat([s.seen_mask for s in states]), steps=index[2],

@@ -72,7 +72,7 @@ class Scheduler:
         self._prefilling: set[Request] = set()
         self._requests: dict[str, Request] = {}
         self._deadlines: list[tuple[float, int, Request]] = []  # heap; finished entries skipped
-        self._in_flight: SchedulerOutput | None = None
+        self._in_flight: list[SchedulerOutput] = []  # scheduled, not yet committed; oldest first
         self.num_preemptions = 0
 
     # -- user edge -----------------------------------------------------------------------------
@@ -120,7 +120,7 @@ class Scheduler:
     # -- one step ------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         """Choose this step's rows and spans and allocate their slots (see module docstring)."""
-        assert self._in_flight is None, "schedule() called again before update_from_output()"
+        assert not self._in_flight, "schedule() called again before update_from_output()"
         finished = self._expire_deadlines()
         budget = self.config.max_num_batched_tokens
         scheduled: dict[str, int] = {}
@@ -186,15 +186,50 @@ class Scheduler:
             out = self._decode_output(decoding, decode_starts, finished)  # the steady state
         else:
             out = self._build_output(scheduled, preempted, finished)
-        self._in_flight = out
+        self._in_flight.append(out)
+        return out
+
+    def schedule_ahead(self) -> SchedulerOutput | None:
+        """The next step, scheduled while the one in flight has not been committed: its
+        tokens are still on the device (a one-step lookahead, see docs/engine.md).
+
+        Only the steady state is scheduled ahead: every running request was in the step in
+        flight and samples from it, so each one decodes its next position, and the step is
+        exactly the decoding requests, minus those that the step in flight ends by
+        ``max_tokens``. Returns None, and changes nothing, whenever the regular ``schedule``
+        could decide otherwise: a deadline has passed, a waiting request could be admitted,
+        the pool is short of blocks (preemption), or a request is still prefilling. A request
+        that the step in flight ends on EOS (learned at its commit) keeps a wasted row in the
+        step ahead; ``update_from_output`` ignores it.
+        """
+        assert len(self._in_flight) == 1, "schedule_ahead() needs exactly one step in flight"
+        prev = self._in_flight[0]
+        if len(prev.requests) != len(self.running) or not prev.row_needs_logits.all():
+            return None  # a request not in the step, or one still prefilling
+        if self._deadlines and self._deadlines[0][0] <= self.clock():
+            return None
+        # the step in flight appends one token to each request: those reaching max_tokens end
+        going = [r for r in self.running if len(r.output_tokens) + 1 < r.max_tokens]
+        if not going:
+            return None
+        rows = sum(r.num_rows for r in going)
+        if self.waiting and rows + self.waiting.peek().num_rows <= self.config.max_num_seqs:
+            return None  # the regular schedule would admit it
+        n_prev = prev.num_scheduled_tokens
+        starts = np.fromiter((r.num_computed_tokens + n_prev[r.request_id] for r in going), np.int64, len(going))
+        if not self._allocate_next_blocks(going, starts):
+            return None
+        out = self._decode_output(going, starts, [])
+        self._in_flight.append(out)
         return out
 
     def update_from_output(self, output: SchedulerOutput, sampled: Mapping[str, int]) -> list[RequestOutput]:
         """Commit the step: advance computed positions, register newly full blocks in the prefix
         cache, append each sampled token (``sampled[request_id]`` for every request whose
         logits were needed), stop on EOS / ``max_tokens`` and free finished requests."""
-        assert output is self._in_flight, "update_from_output() must get the last schedule() output"
-        self._in_flight = None
+        assert self._in_flight and output is self._in_flight[0], \
+            "update_from_output() must get the oldest step scheduled and not yet committed"
+        self._in_flight.pop(0)
         running = RequestStatus.RUNNING
         live = [r for r in output.requests.values() if r.status is running]  # others aborted in flight
         for request in live:
@@ -266,9 +301,14 @@ class Scheduler:
         needs a block iff its next position starts one; those are taken in scheduling order,
         as request by request would."""
         computed = np.fromiter((r.sequences[0].num_computed_tokens for r in decoding), np.int64, len(decoding))
-        at_boundary = np.flatnonzero(computed % self.kv.block_size == 0).tolist()
-        seqs = [seq for i in at_boundary for seq in decoding[i].sequences]
-        return computed if self.kv.allocate_next_blocks(seqs) else None
+        return computed if self._allocate_next_blocks(decoding, computed) else None
+
+    def _allocate_next_blocks(self, requests: list[Request], positions: np.ndarray) -> bool:
+        """A block for every row of ``requests`` whose next position (``positions``, per
+        request) starts one; all or nothing."""
+        at_boundary = np.flatnonzero(positions % self.kv.block_size == 0).tolist()
+        seqs = [seq for i in at_boundary for seq in requests[i].sequences]
+        return self.kv.allocate_next_blocks(seqs, [int(positions[i]) for i in at_boundary for _ in requests[i].sequences])
 
     def _add_running(self, request: Request) -> None:
         bisect.insort(self.running, request, key=Request.sort_key)
@@ -367,13 +407,18 @@ class Scheduler:
         waiting = list(self.waiting)
         assert {r.request_id for r in self.running} | {r.request_id for r in waiting} == set(self._requests)
         assert len(self.running) + len(waiting) == len(self._requests)
+        in_flight: dict[str, int] = {}  # positions scheduled but not committed, per request
+        for out in self._in_flight:
+            for rid, n in out.num_scheduled_tokens.items():
+                in_flight[rid] = in_flight.get(rid, 0) + n
         for request in self.running:
             assert request.status is RequestStatus.RUNNING, request
             assert len({s.num_computed_tokens for s in request.sequences}) == 1, request
             for seq in request.sequences:
                 self.kv.check_sequence(seq)
                 # what _allocate_decode_slots relies on
-                assert len(self.kv.block_table(seq.seq_id)) == cdiv(seq.num_computed_tokens, self.kv.block_size), seq
+                covered = seq.num_computed_tokens + in_flight.get(request.request_id, 0)
+                assert len(self.kv.block_table(seq.seq_id)) == cdiv(covered, self.kv.block_size), seq
         for request in waiting:
             assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), request
             assert request.num_computed_tokens == 0, request

@@ -182,10 +182,10 @@ def test_a_failed_step_fails_its_requests_and_frees_their_blocks(monkeypatch):
     engine = _engine(variant, model)
     ids = [engine.add_request(r) for r in _requests(variant, 2, max_tokens=5)]
 
-    def broken(out):
+    def broken(out, pending=None):
         raise RuntimeError("device lost")
 
-    monkeypatch.setattr(engine.runner, "execute", broken)
+    monkeypatch.setattr(engine.runner, "launch", broken)
     results = engine.step()
     assert {r.request_id for r in results} == set(ids)
     assert all(r.finish_reason is FinishReason.ERROR and "device lost" in r.error for r in results)
