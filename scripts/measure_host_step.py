@@ -52,6 +52,7 @@ def measure(variant_name: str, num_requests: int, steps: int, warmup: int = 4, h
     for _ in range(warmup):
         engine.step()
 
+    engine.finish_in_flight()  # the phases below drive the scheduler and the runner directly
     phases = {k: [] for k in ("schedule", "prepare", "update", "step")}
     scheduler, runner = engine.scheduler, engine.runner
     if host_only:
