@@ -57,6 +57,26 @@ def test_cuda_graph_decode_equals_eager(name):
 
 
 @pytest.mark.parametrize("name", ["original", "turbo"])
+def test_lookahead_on_gpu_gives_the_tokens_of_synchronous_steps(name):
+    """bf16, CUDA graphs and sampler graphs: the step ahead reads its input tokens on the
+    device; with the same batch compositions (no early stops) every token is the same."""
+    import dataclasses
+
+    variant, model = _model(name, torch.bfloat16)
+    reqs = _requests(variant, model, 6, tokens=40)
+    for r in reqs:
+        r.params = dataclasses.replace(r.params, ignore_eos=True)
+    runs = []
+    for lookahead in (False, True):
+        engine = _engine(model, variant, True)
+        engine.config = dataclasses.replace(
+            engine.config, scheduler=dataclasses.replace(engine.config.scheduler, async_scheduling=lookahead))
+        runs.append([r.tokens for r in engine.generate(reqs)])
+        assert (engine.num_steps_ahead > 0) == lookahead
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("name", ["original", "turbo"])
 def test_engine_on_gpu_equals_sequential_path(name):
     """Triton paged attention + CUDA graphs vs the contiguous-cache SDPA path, fp32."""
     variant, model = _model(name, torch.float32)
