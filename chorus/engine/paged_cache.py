@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from chorus.engine.attention import paged_attention, write_kv
+from chorus.engine.attention import SharedPrefixTensors, paged_attention, write_kv
 
 
 @dataclass
@@ -24,6 +24,8 @@ class AttentionMetadata:
     tokens; query_start_loc [S + 1] int32: cumulative new tokens per row.
     max_query_len / max_seq_len: host-side bounds (no device sync needed).
     num_decodes: leading rows with exactly one new token (the decode kernel takes them).
+    shared_prefix: optional plan (``plan_shared_prefixes`` over these block tables and
+    ``num_decodes``) letting decode rows that share prefix blocks read them once per group.
     """
 
     slot_mapping: torch.Tensor
@@ -33,6 +35,7 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     num_decodes: int
+    shared_prefix: SharedPrefixTensors | None = None
 
 
 def kv_bytes_per_block(num_layers: int, block_size: int, num_heads: int, head_dim: int,
@@ -66,5 +69,5 @@ class PagedKVCache:
         return paged_attention(
             q, key_cache, value_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
             self.scale, max_query_len=meta.max_query_len, num_decodes=meta.num_decodes,
-            max_seq_len=meta.max_seq_len, backend=self.backend,
+            max_seq_len=meta.max_seq_len, backend=self.backend, shared_prefix=meta.shared_prefix,
         )

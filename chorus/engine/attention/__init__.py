@@ -9,11 +9,17 @@ from __future__ import annotations
 import torch
 
 from chorus.engine.attention.reference import paged_attention_reference, write_kv_reference
+from chorus.engine.attention.shared_prefix import (
+    SharedPrefixPlan, SharedPrefixTensors, plan_shared_prefixes, shared_prefix_attention_reference,
+)
 from chorus.triton_backend import kernels_import, use_triton
 
 __all__ = [
+    "SharedPrefixPlan",
+    "SharedPrefixTensors",
     "paged_attention",
     "paged_attention_reference",
+    "plan_shared_prefixes",
     "triton_available",
     "write_kv",
     "write_kv_reference",
@@ -67,6 +73,7 @@ def paged_attention(
     max_seq_len: int | None = None,
     out: torch.Tensor | None = None,
     backend: str = "auto",
+    shared_prefix: SharedPrefixTensors | None = None,
 ) -> torch.Tensor:
     """Causal attention of this step's new tokens over their sequences' paged KV.
 
@@ -84,6 +91,11 @@ def paged_attention(
     (the first that many sequences have exactly one new token each and run on the decode
     kernel), ``max_seq_len`` (upper bound of seq_lens, sizes the KV split). The PyTorch path
     ignores them.
+
+    ``shared_prefix`` (from ``plan_shared_prefixes``, planned with the same ``num_decodes``):
+    decode rows of a group read their shared prefix once per group (see ``shared_prefix.py``);
+    same result up to float summation order. Both paths take the decomposition; with it, give
+    ``num_decodes`` (the Triton path otherwise treats every row of a decode-only batch as one).
     """
     if _use_triton(backend, q):
         from chorus.engine.attention.triton_paged import paged_attention_triton
@@ -91,8 +103,26 @@ def paged_attention(
         return paged_attention_triton(
             q, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
             max_query_len=max_query_len, num_decodes=num_decodes, max_seq_len=max_seq_len,
-            out=out,
+            out=out, shared_prefix=shared_prefix,
         )
-    return paged_attention_reference(
-        q, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, out=out
-    )
+    if shared_prefix is None or num_decodes == 0:
+        return paged_attention_reference(
+            q, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, out=out
+        )
+    return _shared_prefix_reference(q, key_cache, value_cache, block_tables, seq_lens,
+                                    query_start_loc, scale, shared_prefix, num_decodes, out)
+
+
+def _shared_prefix_reference(q, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
+                             scale, shared, num_decodes, out) -> torch.Tensor:
+    """PyTorch path with a plan: decode rows by the decomposition, the rest as usual."""
+    if out is None:
+        out = torch.zeros_like(q)
+    shared_prefix_attention_reference(q, key_cache, value_cache, block_tables, seq_lens,
+                                      query_start_loc, scale, shared, num_decodes, out)
+    if num_decodes < seq_lens.shape[0]:
+        base = int(query_start_loc[num_decodes])
+        paged_attention_reference(
+            q[base:], key_cache, value_cache, block_tables[num_decodes:], seq_lens[num_decodes:],
+            query_start_loc[num_decodes:] - base, scale, out=out[base:])
+    return out

@@ -55,12 +55,14 @@ def _paged_attention_kernel(
     out_ptr, part_acc_ptr, part_ml_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr,
     scale_log2, num_seqs, num_rows,
+    kv_start_ptr,
     stride_qn, stride_qh, stride_on, stride_oh,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     DECODE: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     LOOP_STAGES: tl.constexpr,
+    KV_START: tl.constexpr = False,
 ):
     pid_q = tl.program_id(0)
     head = tl.program_id(1)
@@ -80,6 +82,13 @@ def _paged_attention_kernel(
     prefix = seq_len - q_len
     # keys seen by the last row of this block; tiles past it hold nothing for anyone here
     kv_len = tl.maximum(prefix + tl.minimum((q_block + 1) * BLOCK_Q, q_len), 0)
+    table_skip = 0
+    if KV_START:
+        # decode only: another kernel attends the first kv_start[seq] keys (a shared prefix,
+        # whole blocks, see triton_shared_prefix.py); walk the rest from the next table entry
+        kv_skip = tl.load(kv_start_ptr + seq)
+        table_skip = kv_skip // BLOCK_SIZE
+        kv_len -= kv_skip
     num_tiles = tl.cdiv(kv_len, TILE)
     tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
     tile_lo = split * tiles_per_split
@@ -87,7 +96,7 @@ def _paged_attention_kernel(
 
     offs_d = tl.arange(0, HEAD_DIM)
     offs_t = tl.arange(0, TILE)
-    table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt + table_skip
     k_head = k_cache_ptr + head * stride_kh
     v_head = v_cache_ptr + head * stride_vh
 
@@ -149,7 +158,7 @@ def _paged_attention_kernel(
             l_i = l_i * alpha + tl.sum(p, axis=1)
             m_i = m_new
 
-    if NUM_SPLITS == 1:
+    if NUM_SPLITS == 1 and not KV_START:
         res = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_on + head * stride_oh
                  + offs_d[None, :], res.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -290,6 +299,7 @@ def paged_attention_triton(
     prefill_tile: int = 64,
     num_splits: int | None = None,
     prefill_stages: int | None = None,
+    shared_prefix=None,
 ) -> torch.Tensor:
     """Triton version of ``reference.paged_attention_reference`` (same arguments and result).
 
@@ -301,6 +311,8 @@ def paged_attention_triton(
       kernel. The caller guarantees this; it is not checked.
     - ``max_seq_len``: an upper bound on seq_lens used to size the KV split; defaults to the
       block table's capacity.
+    - ``shared_prefix`` (a ``SharedPrefixTensors``): the decode rows read their groups' shared
+      prefixes once per group (``triton_shared_prefix.py``); prefill rows are untouched.
     The remaining keywords tune the launch (benchmarks); defaults are the chosen ones.
     Rows of ``out`` past ``query_start_loc[-1]`` are not written.
     """
@@ -327,7 +339,15 @@ def paged_attention_triton(
     common = dict(q=q, key_cache=key_cache, value_cache=value_cache, out=out, scale=scale,
                   max_seq_len=max_seq_len, num_splits=num_splits)
 
-    if num_decodes > 0:
+    if num_decodes > 0 and shared_prefix is not None:
+        from chorus.engine.attention.triton_shared_prefix import shared_prefix_decode_triton
+
+        shared_prefix_decode_triton(
+            q, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
+            shared_prefix, num_decodes=num_decodes, max_seq_len=max_seq_len, out=out,
+            decode_tile=decode_tile, decode_warps=decode_warps, decode_stages=decode_stages,
+            num_splits=num_splits)
+    elif num_decodes > 0:
         _launch(**common, block_tables=block_tables[:num_decodes], seq_lens=seq_lens[:num_decodes],
                 query_start_loc=query_start_loc[:num_decodes + 1], row_base=0,
                 row_count=num_decodes, block_q=1, tile=decode_tile, num_warps=decode_warps,
@@ -343,20 +363,26 @@ def paged_attention_triton(
 
 def _launch(*, q, key_cache, value_cache, out, scale, max_seq_len, num_splits,
             block_tables, seq_lens, query_start_loc, row_base, row_count, block_q, tile,
-            num_warps, loop_stages, num_stages) -> None:
-    """One kernel launch over a contiguous run of sequences (and their rows)."""
+            num_warps, loop_stages, num_stages, kv_start=None):
+    """One kernel launch over a contiguous run of sequences (and their rows).
+
+    With ``kv_start`` (decode only: int32 per sequence, whole blocks) each sequence skips its
+    first ``kv_start[seq]`` keys and the launch returns the unnormalised partials
+    ``(part_acc, part_ml)`` instead of writing ``out``; the caller merges in the rest.
+    """
     n_tokens, heads, head_dim = q.shape
     block_size = key_cache.shape[1]
     num_seqs = seq_lens.shape[0]
     decode = block_q == 1
     q_blocks = num_seqs if decode else row_count // block_q + num_seqs
+    assert kv_start is None or block_q == 1, "kv_start is for decode launches"
     if q_blocks == 0:
-        return
+        return None
     if num_splits is None:
         num_splits = choose_num_splits(q_blocks * heads, triton.cdiv(max_seq_len, tile),
                                        _num_sms(q.device))
     assert num_splits == triton.next_power_of_2(num_splits), num_splits
-    if num_splits > 1:
+    if num_splits > 1 or kv_start is not None:
         part_acc = torch.empty((n_tokens, heads, num_splits, head_dim), dtype=torch.float32,
                                device=q.device)
         part_ml = torch.empty((2, n_tokens, heads, num_splits), dtype=torch.float32,
@@ -368,6 +394,7 @@ def _launch(*, q, key_cache, value_cache, out, scale, max_seq_len, num_splits,
         out, part_acc, part_ml,
         q, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
         scale * _LOG2E, num_seqs, n_tokens,
+        seq_lens if kv_start is None else kv_start,  # kv_start_ptr, read only with KV_START
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
@@ -376,11 +403,14 @@ def _launch(*, q, key_cache, value_cache, out, scale, max_seq_len, num_splits,
         NUM_SPLITS=num_splits, DECODE=decode,
         DOT_DTYPE=_dot_dtype(q.dtype), LOOP_STAGES=loop_stages,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=num_warps, **extra,
+        KV_START=kv_start is not None, num_warps=num_warps, **extra,
     )
+    if kv_start is not None:
+        return part_acc, part_ml
     if num_splits > 1:
         _reduce_splits_kernel[(row_count, heads)](
             out, part_acc, part_ml, query_start_loc, num_seqs, row_base, n_tokens,
             out.stride(0), out.stride(1),
             NUM_HEADS=heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits, num_warps=1,
         )
+    return None
