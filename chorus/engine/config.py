@@ -25,6 +25,8 @@ class CacheConfig:
     num_blocks: pool size; None means "from ``gpu_memory_utilization`` after profiling".
     gpu_memory_utilization: fraction of GPU memory the process may use, KV pool included.
     enable_prefix_caching: reuse blocks across requests with the same prefix.
+    shared_prefix_attention: decode rows that share prefix blocks (a voice prompt) read them
+        once per group and step, when that pays (many rows, most of their KV shared).
     kv_cache_bytes: explicit byte budget of the pool (used when num_blocks is None; the
         default on CPU is 1 GiB, on GPU the budget comes from profiling).
     """
@@ -33,6 +35,7 @@ class CacheConfig:
     num_blocks: int | None = None
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
+    shared_prefix_attention: bool = True
     kv_cache_bytes: int | None = None
 
     def __post_init__(self):

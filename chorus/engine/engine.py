@@ -16,7 +16,7 @@ import torch
 
 from chorus.engine.config import EngineConfig
 from chorus.engine.kv_cache_manager import KVCacheManager
-from chorus.engine.model_runner import LaunchedStep, ModelRunner
+from chorus.engine.model_runner import SHARED_PREFIX_MAX_GROUPS, SHARED_PREFIX_MIN_ROWS, LaunchedStep, ModelRunner
 from chorus.engine.paged_cache import PagedKVCache, kv_bytes_per_block
 from chorus.engine.sampler_graphs import SamplerGraphs
 from chorus.engine.request import FinishReason, Priority, Request, T3Prompt
@@ -101,14 +101,16 @@ class T3Engine:
         )
         self.kv_manager = KVCacheManager(num_blocks, cache_cfg.block_size, cache_cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.config.scheduler, self.kv_manager)
-        self.runner = ModelRunner(model, variant, self.kv_cache)
+        self.runner = ModelRunner(model, variant, self.kv_cache, shared_prefix=cache_cfg.shared_prefix_attention)
         if cuda_graphs and model.device.type == "cuda":
             from chorus.engine.cuda_graphs import CudaGraphDecoder
 
             sched = self.config.scheduler
             self.runner.graphs = CudaGraphDecoder(
                 model, self.kv_cache, max_rows=min(sched.max_num_seqs, 512),
-                max_blocks_per_row=-(-sched.max_model_len // cache_cfg.block_size), max_seq_len=sched.max_model_len)
+                max_blocks_per_row=-(-sched.max_model_len // cache_cfg.block_size), max_seq_len=sched.max_model_len,
+                shared_prefix_rows=SHARED_PREFIX_MIN_ROWS if cache_cfg.shared_prefix_attention else None,
+                shared_prefix_max_groups=SHARED_PREFIX_MAX_GROUPS)
         if (cuda_graphs if sampler_graphs is None else sampler_graphs) and model.device.type == "cuda":
             self.runner.sampler_graphs = SamplerGraphs(
                 variant, model.device, max_rows=min(self.config.scheduler.max_num_seqs, 512))

@@ -1,0 +1,64 @@
+"""The engine's use of shared-prefix attention: planned for many decode rows that share a long
+prefix, and the tokens are those of plain attention."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from chorus.engine.engine import T3Request
+from chorus.engine.model_runner import SHARED_PREFIX_MIN_ROWS
+from chorus.sampling import SamplingParams
+from tests.engine.test_engine_parity import _engine
+from tests.engine.tiny_models import conditioning, tiny, voice
+
+
+def _same_prompt(variant, model, n, max_tokens=12):
+    """``n`` requests with one voice and one text (their whole prompt is a shared prefix)."""
+    cond = conditioning(variant, model, voice(variant, 0))
+    text = torch.randint(1, 600, (70,), generator=torch.Generator().manual_seed(0)).tolist()
+    return [T3Request(text, cond, SamplingParams.for_variant(variant, seed=i, max_new_tokens=max_tokens,
+                                                             ignore_eos=True)) for i in range(n)]
+
+
+def _generate(variant, model, reqs, shared: bool):
+    engine = _engine(variant, model, max_num_seqs=64, budget=8192)
+    engine.runner.shared_prefix = shared
+    planned = []
+    prepare = engine.runner.prepare
+
+    def spy(out, pending=None):
+        inputs = prepare(out, pending)
+        planned.append(inputs.metadata.shared_prefix is not None)
+        return inputs
+
+    engine.runner.prepare = spy
+    # the first request's prompt blocks are cached by the time the others arrive
+    ids = [engine.add_request(reqs[0])]
+    tokens = {ids[0]: []}
+    while not tokens[ids[0]]:
+        for e in engine.step():
+            tokens[e.request_id].append(e.new_token)
+    ids += [engine.add_request(r) for r in reqs[1:]]
+    tokens.update({rid: [] for rid in ids[1:]})
+    while engine.has_unfinished_requests():
+        for e in engine.step():
+            if e.new_token is not None:
+                tokens[e.request_id].append(e.new_token)
+    return [tokens[rid] for rid in ids], planned
+
+
+def test_many_rows_sharing_a_long_prompt_read_it_once_per_group_and_keep_their_tokens():
+    variant, model = tiny("turbo")
+    reqs = _same_prompt(variant, model, SHARED_PREFIX_MIN_ROWS + 4)
+    plain, planned_plain = _generate(variant, model, reqs, shared=False)
+    shared, planned = _generate(variant, model, reqs, shared=True)
+    assert not any(planned_plain) and sum(planned) >= len(planned) // 2
+    assert shared == plain
+
+
+def test_too_few_rows_are_not_planned():
+    variant, model = tiny("turbo")
+    reqs = _same_prompt(variant, model, SHARED_PREFIX_MIN_ROWS - 1)
+    _, planned = _generate(variant, model, reqs, shared=True)
+    assert not any(planned)
