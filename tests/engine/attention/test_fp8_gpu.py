@@ -91,7 +91,8 @@ def test_fp8_attention_error_against_exact_attention():
     fp8 = _to_fp8(bf16, k_scale, v_scale)
     fp8_error = rel_error(paged_attention(*fp8.args(), k_scale=k_scale, v_scale=v_scale), exact)
     print(f"attention rel. error vs exact: bf16 cache {bf16_error:.2e}, fp8 cache {fp8_error:.2e}")
-    assert fp8_error < 0.05
+    # the PyTorch reference on these inputs: bf16 3.4e-3, fp8 3.9e-2 (e4m3's 3 mantissa bits)
+    assert bf16_error < BF16_BOUND and fp8_error < 0.06
 
 
 def test_fp8_decode_step_has_no_host_sync_and_replays_in_a_cuda_graph():
