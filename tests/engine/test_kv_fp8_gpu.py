@@ -84,5 +84,7 @@ def test_a_byte_budget_buys_twice_the_bf16_blocks():
     model = _model(variant)
     bf16 = _engine(model, variant, "auto", graphs=False)
     fp8 = _engine(model, variant, "fp8_e4m3", graphs=False)
-    assert fp8.kv_cache.num_blocks == 2 * bf16.kv_cache.num_blocks
-    assert fp8.kv_cache.kv.nbytes == bf16.kv_cache.kv.nbytes
+    # budget // bytes_per_block: half the bytes per block, twice the blocks (one more where
+    # the bf16 division left at least half a block over)
+    assert fp8.kv_cache.num_blocks in (2 * bf16.kv_cache.num_blocks, 2 * bf16.kv_cache.num_blocks + 1)
+    assert fp8.kv_cache.kv.element_size() == 1
