@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from chorus import __version__
+from chorus.engine.config import KV_CACHE_DTYPES as KV_CACHE_DTYPE_CHOICES
 from chorus.text.chunking import DEFAULT_MAX_CHARS
 from chorus.pipeline.errors import PipelineError
 from chorus.text.errors import TextError
@@ -114,7 +115,8 @@ def _cmd_bench_t3(args: argparse.Namespace) -> int:
         workload=not args.no_workload, text_file=args.text_file, tokens_per_char=args.tokens_per_char,
         cfg_weight=args.cfg_weight, reference=args.reference, reference_chunks=args.reference_chunks,
         cuda_graphs=not args.no_cuda_graphs, speed_of_light=not args.no_speed_of_light,
-        async_scheduling=not args.no_async_scheduling, chunk_chars=_chunk_bounds(args.chunk_chars), max_num_seqs=args.max_num_seqs,
+        async_scheduling=not args.no_async_scheduling, chunk_chars=_chunk_bounds(args.chunk_chars),
+        max_num_seqs=args.max_num_seqs, kv_cache_dtype=args.kv_cache_dtype,
     )
     main_json(cfg, args.out)
     return 0
@@ -568,6 +570,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=512,
                    help="rows per engine step in the workload runs (a CFG request takes two; default 512); "
                         "a sweep bound whose chunks need more rows runs in several waves")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPE_CHOICES,
+                   help="KV cache storage: auto (the model's dtype, default) or fp8_e4m3; with fp8 the report's "
+                        "kv_cache section adds the logits cosine against the model-dtype cache")
     p.add_argument("--out", "-o", default=None, help="also write the JSON report to this file")
     p.set_defaults(handler=_cmd_bench_t3)
     p = _add_command(

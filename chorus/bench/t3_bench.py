@@ -10,6 +10,10 @@ model: EOS is banned until the length is reached, then generation stops. Measure
   context (:mod:`chorus.bench.speed_of_light`), and the engine step's ratio to it;
 - chunk sweep (optional): the workload again for each chunk length bound, with the chunk count
   and the longest chunk, since the longest chunk's steps set an all-at-once workload's time;
+- KV cache: the pool's dtype; with ``kv_cache_dtype="fp8_e4m3"`` every figure above runs on
+  the FP8 cache and the report's ``kv_cache`` section adds the accuracy cost, the cosine of the
+  logits (prefill and ``kv_accuracy_steps`` greedy decode steps of the first workload chunk)
+  against a cache in the model's dtype (:mod:`chorus.engine.kv_accuracy`);
 - reference (optional): the reference package's own T3 loop (one chunk at a time, as it runs)
   on a few chunks of the same workload, on the same device, extrapolated to the whole workload.
 """
@@ -62,6 +66,8 @@ class T3BenchConfig:
     max_num_batched_tokens: int = 16384
     max_model_len: int = 2048
     kv_cache_gib: float = 64.0  # on CUDA; the CPU runs with 1 GiB
+    kv_cache_dtype: str = "auto"  # or "fp8_e4m3" (CacheConfig.kv_cache_dtype)
+    kv_accuracy_steps: int = 16  # decode steps of the FP8 accuracy check
     extra: dict = field(default_factory=dict)
 
 
@@ -73,7 +79,8 @@ def _sync(device: torch.device) -> None:
 def _engine(model, variant, cfg: T3BenchConfig, rows: int) -> T3Engine:
     config = EngineConfig(
         variant=variant.name, default_deadline_s=None,
-        cache=CacheConfig(kv_cache_bytes=int((cfg.kv_cache_gib if model.device.type == "cuda" else 1.0) * 2**30)),
+        cache=CacheConfig(kv_cache_bytes=int((cfg.kv_cache_gib if model.device.type == "cuda" else 1.0) * 2**30),
+                          kv_cache_dtype=cfg.kv_cache_dtype),
         scheduler=SchedulerConfig(max_num_seqs=rows, max_num_batched_tokens=max(cfg.max_num_batched_tokens, rows),
                                   max_model_len=cfg.max_model_len, async_scheduling=cfg.async_scheduling),
     )
@@ -178,6 +185,27 @@ def _step_breakdown(engine: T3Engine, device: torch.device, steps: int) -> dict:
     return {k: round(1000 * v / steps, 3) for k, v in totals.items()}
 
 
+def bench_kv_cache(model, variant, conditioning, text_ids, cfg: T3BenchConfig) -> dict:
+    """The pool's dtype and bytes per block; for an FP8 pool also its logits against the
+    model-dtype cache on the bench's own prompt (conditional row)."""
+    from chorus.engine.kv_accuracy import measure_kv_accuracy
+    from chorus.engine.paged_cache import kv_bytes_per_block, resolve_kv_cache_dtype
+
+    bb = variant.t3.backbone
+    dtype = resolve_kv_cache_dtype(cfg.kv_cache_dtype, model.dtype)
+    section = {"dtype": cfg.kv_cache_dtype if cfg.kv_cache_dtype != "auto" else dtype_name(dtype),
+               "bytes_per_block": kv_bytes_per_block(bb.num_layers, CacheConfig().block_size, bb.num_kv_heads,
+                                                     bb.head_dim, dtype),
+               "block_size": CacheConfig().block_size}
+    if dtype != model.dtype:
+        prompt = model.prefill_embeds(conditioning.embeds, torch.as_tensor(list(text_ids)), cfg=False)[0]
+        accuracy = measure_kv_accuracy(model, prompt, kv_cache_dtype=cfg.kv_cache_dtype,
+                                       decode_steps=cfg.kv_accuracy_steps)
+        section.update({k: v for k, v in accuracy.as_dict().items() if k != "kv_cache_dtype"})
+        section["versus"] = dtype_name(model.dtype)
+    return section
+
+
 def workload_text(cfg: T3BenchConfig) -> str:
     if cfg.text_file:
         return Path(cfg.text_file).read_text(encoding="utf-8")
@@ -258,6 +286,7 @@ def run(cfg: T3BenchConfig) -> dict:
     }
     text_ids = encoder.encode(chunks[0])
     conditioning = ConditioningCache(model, variant).get(voice, variant.sampling.exaggeration)
+    report["kv_cache"] = bench_kv_cache(model, variant, conditioning, text_ids, cfg)
     report["decode"] = [bench_decode(model, variant, conditioning, text_ids, cfg, b) for b in cfg.batch_sizes]
     if cfg.speed_of_light:
         plain = PlainDecodeModel.build(variant.t3, dtype=dtype, device=device)
@@ -295,7 +324,10 @@ def run(cfg: T3BenchConfig) -> dict:
 
 def format_tables(report: dict) -> str:
     """The report's decode figures next to the speed of light, and the chunk sweep, as text."""
-    lines = [f"{'batch':>6} {'rows':>5} {'context':>7} {'step ms':>8} {'SOL ms':>8} {'SOL/step':>8} {'tokens/s':>9}"]
+    kv = report.get("kv_cache", {})
+    lines = [f"KV cache {kv['dtype']}" + (f": logits cosine vs {kv['versus']} min {kv['logits_cosine_min']:.5f}, "
+                                           f"top-1 agreement {kv['top1_agreement']:.2f}" if "versus" in kv else "")]
+    lines += [f"{'batch':>6} {'rows':>5} {'context':>7} {'step ms':>8} {'SOL ms':>8} {'SOL/step':>8} {'tokens/s':>9}"]
     for d in report["decode"]:
         sol = (f"{d['sol_step_ms']:>8.3f} {d['sol_fraction']:>8.3f}" if "sol_step_ms" in d else f"{'-':>8} {'-':>8}")
         lines.append(f"{d['batch']:>6} {d['rows']:>5} {d['context_tokens']:>7} {d['step_ms']:>8.3f} {sol} "

@@ -8,6 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -29,6 +32,9 @@ class CacheConfig:
         once per group and step, when that pays (many rows, most of their KV shared).
     kv_cache_bytes: explicit byte budget of the pool (used when num_blocks is None; the
         default on CPU is 1 GiB, on GPU the budget comes from profiling).
+    kv_cache_dtype: "auto" stores K/V in the model's dtype; "fp8_e4m3" stores them as FP8 e4m3
+        with a static scale per layer (half the bytes of bf16, so twice the blocks per byte
+        budget, at a measured accuracy cost: docs/engine.md, "FP8 KV cache").
     """
 
     block_size: int = 16
@@ -37,6 +43,7 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     shared_prefix_attention: bool = True
     kv_cache_bytes: int | None = None
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self):
         b = self.block_size
@@ -48,6 +55,9 @@ class CacheConfig:
                  f"kv_cache_bytes must be a positive int or None, got {self.kv_cache_bytes!r}")
         _require(0.0 < self.gpu_memory_utilization <= 1.0,
                  f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        _require(self.kv_cache_dtype in KV_CACHE_DTYPES,
+                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)} (auto: the model's dtype), "
+                 f"got {self.kv_cache_dtype!r}")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import torch
 from chorus.engine.config import EngineConfig
 from chorus.engine.kv_cache_manager import KVCacheManager
 from chorus.engine.model_runner import SHARED_PREFIX_MAX_GROUPS, SHARED_PREFIX_MIN_ROWS, LaunchedStep, ModelRunner
-from chorus.engine.paged_cache import PagedKVCache, kv_bytes_per_block
+from chorus.engine.paged_cache import PagedKVCache, kv_bytes_per_block, resolve_kv_cache_dtype
 from chorus.engine.sampler_graphs import SamplerGraphs
 from chorus.engine.request import FinishReason, Priority, Request, T3Prompt
 from chorus.engine.scheduler import AdmissionError, RequestOutput, Scheduler, SchedulerOutput, SchedulerStats
@@ -27,6 +27,15 @@ from chorus.sampling import NO_TOKEN, SamplingParams
 
 _ids = itertools.count()
 DEFAULT_CPU_KV_BYTES = 1 << 30
+
+
+def _check_kv_dtype_supported(dtype: torch.dtype, device: torch.device) -> None:
+    """FP8 K/V need hardware FP8 conversions on CUDA (compute capability 8.9+: Ada, Hopper)."""
+    if dtype == torch.float8_e4m3fn and device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) < (8, 9):
+            raise ValueError(f"kv_cache_dtype fp8_e4m3 needs a GPU of compute capability 8.9 or newer "
+                             f"(Ada, Hopper); this one is {major}.{minor}: use kv_cache_dtype auto")
 
 
 @dataclass(frozen=True)
@@ -85,23 +94,33 @@ class T3Engine:
     """Owns the scheduler, the KV cache and the model runner of one T3 model."""
 
     def __init__(self, model: T3Model, variant: Variant, config: EngineConfig | None = None,
-                 *, attention_backend: str = "auto", cuda_graphs: bool = True, sampler_graphs: bool | None = None):
+                 *, attention_backend: str = "auto", cuda_graphs: bool = True, sampler_graphs: bool | None = None,
+                 kv_scale_rule: str | None = None):
         """On CUDA, ``cuda_graphs`` captures the decode forward per batch-size bucket and
         ``sampler_graphs`` (None: as ``cuda_graphs``) each step's sampling, which then gives
-        the eager sampler's tokens with a fraction of its kernel launches."""
+        the eager sampler's tokens with a fraction of its kernel launches. ``kv_scale_rule``
+        (None: ``kv_quant.DEFAULT_KV_SCALE_RULE``) sets an FP8 cache's static scales."""
         self.model = model
         self.variant = variant
         self.config = config or EngineConfig(variant=variant.name)
         bb = variant.t3.backbone
         cache_cfg = self.config.cache
+        self.kv_cache_dtype = resolve_kv_cache_dtype(cache_cfg.kv_cache_dtype, model.dtype)
+        _check_kv_dtype_supported(self.kv_cache_dtype, model.device)
         num_blocks = cache_cfg.num_blocks or self._size_pool(model)
         self.kv_cache = PagedKVCache(
             bb.num_layers, num_blocks, cache_cfg.block_size, bb.num_kv_heads, bb.head_dim,
-            dtype=model.dtype, device=model.device, backend=attention_backend,
+            dtype=self.kv_cache_dtype, device=model.device, backend=attention_backend,
         )
+        if self.kv_cache.quantized:  # static scales, fixed before any K/V or graph exists
+            from chorus.engine.kv_quant import DEFAULT_KV_SCALE_RULE, kv_scales
+
+            self.kv_cache.set_kv_scales(kv_scales(model, kv_scale_rule or DEFAULT_KV_SCALE_RULE))
         self.kv_manager = KVCacheManager(num_blocks, cache_cfg.block_size, cache_cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.config.scheduler, self.kv_manager)
-        self.runner = ModelRunner(model, variant, self.kv_cache, shared_prefix=cache_cfg.shared_prefix_attention)
+        # the shared-prefix kernels read unscaled K/V: not with an FP8 cache
+        shared_prefix = cache_cfg.shared_prefix_attention and not self.kv_cache.quantized
+        self.runner = ModelRunner(model, variant, self.kv_cache, shared_prefix=shared_prefix)
         if cuda_graphs and model.device.type == "cuda":
             from chorus.engine.cuda_graphs import CudaGraphDecoder
 
@@ -109,7 +128,7 @@ class T3Engine:
             self.runner.graphs = CudaGraphDecoder(
                 model, self.kv_cache, max_rows=min(sched.max_num_seqs, 512),
                 max_blocks_per_row=-(-sched.max_model_len // cache_cfg.block_size), max_seq_len=sched.max_model_len,
-                shared_prefix_rows=SHARED_PREFIX_MIN_ROWS if cache_cfg.shared_prefix_attention else None,
+                shared_prefix_rows=SHARED_PREFIX_MIN_ROWS if shared_prefix else None,
                 shared_prefix_max_groups=SHARED_PREFIX_MAX_GROUPS)
         if (cuda_graphs if sampler_graphs is None else sampler_graphs) and model.device.type == "cuda":
             self.runner.sampler_graphs = SamplerGraphs(
@@ -121,7 +140,8 @@ class T3Engine:
     # -- sizing ----------------------------------------------------------------------------------
     def _size_pool(self, model: T3Model) -> int:
         bb, cache_cfg = self.variant.t3.backbone, self.config.cache
-        per_block = kv_bytes_per_block(bb.num_layers, cache_cfg.block_size, bb.num_kv_heads, bb.head_dim, model.dtype)
+        per_block = kv_bytes_per_block(bb.num_layers, cache_cfg.block_size, bb.num_kv_heads, bb.head_dim,
+                                       self.kv_cache_dtype)
         if cache_cfg.kv_cache_bytes is not None:
             budget = cache_cfg.kv_cache_bytes
         elif model.device.type == "cuda":
@@ -145,7 +165,7 @@ class T3Engine:
         bb = self.variant.t3.backbone
         scratch_blocks = -(-tokens // self.config.cache.block_size)
         scratch = PagedKVCache(bb.num_layers, scratch_blocks, self.config.cache.block_size,
-                               bb.num_kv_heads, bb.head_dim, dtype=model.dtype, device=device)
+                               bb.num_kv_heads, bb.head_dim, dtype=self.kv_cache_dtype, device=device)
         from chorus.engine.paged_cache import AttentionMetadata
 
         slots = torch.arange(tokens, device=device)

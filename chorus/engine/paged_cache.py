@@ -4,6 +4,12 @@ Per layer, keys and values live in ``[num_blocks, block_size, heads, head_dim]``
 (one allocation for all layers). Before each forward the model runner sets an
 ``AttentionMetadata`` describing the flat batch (which slot each new token writes, each row's
 block table, context length and query span); the backbone then calls ``attend`` once per layer.
+
+The pool's dtype is the model's, or FP8 e4m3 (``kv_cache_dtype="fp8_e4m3"``): half the bytes
+per block, values stored as ``fp8(x / scale)`` with one fp32 scale per layer for K and one for
+V (``kv_scales [layers, 2]``, on the device). The scales are set once before serving
+(``set_kv_scales``, from ``calibrate_kv_scales``) and never change afterwards, so captured CUDA
+graphs stay valid and no step reads them on the host.
 """
 from __future__ import annotations
 
@@ -12,7 +18,18 @@ from dataclasses import dataclass
 
 import torch
 
-from chorus.engine.attention import SharedPrefixTensors, paged_attention, write_kv
+from chorus.engine.attention import SharedPrefixTensors, is_fp8, paged_attention, write_kv
+
+KV_CACHE_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn}  # besides "auto" (the model's dtype)
+
+
+def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """``CacheConfig.kv_cache_dtype`` as a torch dtype: "auto" is the model's dtype."""
+    if name == "auto":
+        return model_dtype
+    if name not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be 'auto' or one of {sorted(KV_CACHE_DTYPES)}, got {name!r}")
+    return KV_CACHE_DTYPES[name]
 
 
 @dataclass
@@ -50,24 +67,50 @@ class PagedKVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_heads: int,
                  head_dim: int, *, dtype: torch.dtype, device: torch.device | str,
                  backend: str = "auto"):
+        """``dtype`` is the pool's: the model's, or ``torch.float8_e4m3fn`` (then K/V are
+        scaled by ``kv_scales``, 1.0 until ``set_kv_scales``)."""
         self.kv = torch.zeros(num_layers, 2, num_blocks, block_size, num_heads, head_dim,
                               dtype=dtype, device=device)
         self.block_size = block_size
         self.scale = 1.0 / math.sqrt(head_dim)
         self.backend = backend
         self.metadata: AttentionMetadata | None = None
+        self.quantized = is_fp8(dtype)
+        # [layers, 2] fp32: K and V scale per layer; one-element views per layer, made once
+        self.kv_scales = torch.ones(num_layers, 2, dtype=torch.float32, device=device)
+        self._layer_scales = [(self.kv_scales[i, 0:1], self.kv_scales[i, 1:2]) for i in range(num_layers)]
+        # calibration: when set, attend records max |k| and |v| per layer here ([layers, 2])
+        self.observed_amax: torch.Tensor | None = None
 
     @property
     def num_blocks(self) -> int:
         return self.kv.shape[2]
 
+    def set_kv_scales(self, scales: torch.Tensor) -> None:
+        """Fix the per-layer K/V scales ``[layers, 2]`` (in place: graphs keep reading them).
+        Call before any K/V is stored (stored values are not rescaled) and before graph capture."""
+        assert self.quantized, "only an FP8 pool has scales"
+        assert scales.shape == self.kv_scales.shape, (scales.shape, self.kv_scales.shape)
+        self.kv_scales.copy_(scales)
+
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         meta = self.metadata
         assert meta is not None, "set PagedKVCache.metadata before the forward"
         key_cache, value_cache = self.kv[layer, 0], self.kv[layer, 1]
-        write_kv(key_cache, value_cache, k, v, meta.slot_mapping, backend=self.backend)
+        if self.observed_amax is not None:
+            _observe(self.observed_amax[layer], k, v)
+        k_scale, v_scale = self._layer_scales[layer] if self.quantized else (None, None)
+        write_kv(key_cache, value_cache, k, v, meta.slot_mapping, k_scale=k_scale, v_scale=v_scale,
+                 backend=self.backend)
         return paged_attention(
             q, key_cache, value_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
             self.scale, max_query_len=meta.max_query_len, num_decodes=meta.num_decodes,
-            max_seq_len=meta.max_seq_len, backend=self.backend, shared_prefix=meta.shared_prefix,
+            max_seq_len=meta.max_seq_len, k_scale=k_scale, v_scale=v_scale, backend=self.backend,
+            shared_prefix=meta.shared_prefix,
         )
+
+
+def _observe(amax: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """``amax [2] = max(amax, (max |k|, max |v|))`` on the device (no host sync)."""
+    step = torch.stack([k.detach().abs().amax(), v.detach().abs().amax()]).float()
+    torch.maximum(amax, step, out=amax)

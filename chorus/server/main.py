@@ -26,7 +26,7 @@ def load_models(config: ServerConfig) -> Loaded:
                        "every voice speaks noise; point --checkpoint at real weights to hear speech",
                        models.checkpoint.directory)
     engine = EngineConfig.from_flat(variant=config.variant, max_num_seqs=config.max_num_seqs,
-                                    kv_cache_bytes=config.kv_cache_bytes,
+                                    kv_cache_bytes=config.kv_cache_bytes, kv_cache_dtype=config.kv_cache_dtype,
                                     gpu_memory_utilization=config.gpu_memory_utilization)
     pipeline = Pipeline(models, PipelineConfig(engine=engine, max_chars=config.max_chars,
                                                default_deadline_s=config.default_deadline_s,

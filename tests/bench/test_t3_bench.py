@@ -69,3 +69,41 @@ def test_the_t3_bench_sweeps_chunk_bounds_and_calibrates_cfg_rows(tmp_path, caps
     assert sweep[0]["chunks"] > sweep[1]["chunks"] and sweep[0]["longest_chunk_chars"] <= 40
     err = capsys.readouterr().err
     assert "SOL/step" in err and "max_chars" in err
+
+
+def test_the_t3_bench_runs_on_an_fp8_kv_cache_and_reports_its_accuracy(tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("A first short sentence. And a second one follows it here.")
+    cfg = T3BenchConfig(variant=tiny_variant("turbo", layers=2, hidden=64, heads=4), device="cpu",
+                        batch_sizes=(2,), decode_steps=2, warmup_steps=1, text_file=str(text), max_chars=40,
+                        tokens_per_char=0.3, cuda_graphs=False, speed_of_light=False, max_num_seqs=8,
+                        max_num_batched_tokens=1024, max_model_len=512, kv_cache_dtype="fp8_e4m3",
+                        kv_accuracy_steps=3)
+    report = main_json(cfg, None)
+    kv = report["kv_cache"]
+    assert kv["dtype"] == "fp8_e4m3" and kv["versus"] == "fp32" and kv["scale_rule"] == "calibrated"
+    assert kv["steps"] == 4 and 0.99 < kv["logits_cosine_min"] <= kv["logits_cosine_mean"] <= 1.0
+    assert 0 <= kv["top1_agreement"] <= 1
+    # 2 layers x K and V x 16 positions x 4 heads x 16 dims, one byte each
+    assert kv["bytes_per_block"] == 2 * 2 * 16 * 4 * 16
+    assert report["decode"][0]["step_ms"] > 0 and report["workload"]["speech_tokens"] > 0
+
+
+def test_the_t3_bench_names_the_model_dtype_cache_by_default(tmp_path):
+    from chorus.bench.t3_bench import bench_kv_cache
+    from tests.engine.tiny_models import tiny
+
+    variant, model = tiny("turbo")
+    kv = bench_kv_cache(model, variant, None, [1, 2], T3BenchConfig(variant=variant))
+    assert kv == {"dtype": "fp32", "bytes_per_block": 4 * 2 * 2 * 16 * 4 * 16, "block_size": 16}
+
+
+def test_the_kv_cache_dtype_flag_reaches_the_bench_config(monkeypatch):
+    import chorus.bench.t3_bench as t3_bench
+    from chorus.cli import main
+
+    configs = []
+    monkeypatch.setattr(t3_bench, "main_json", lambda cfg, out: configs.append(cfg))
+    assert main(["bench", "t3", "--kv-cache-dtype", "fp8_e4m3"]) == 0
+    assert main(["bench", "t3"]) == 0
+    assert [c.kv_cache_dtype for c in configs] == ["fp8_e4m3", "auto"]

@@ -206,3 +206,12 @@ def test_a_voices_url_whose_package_is_missing_names_the_package():
 def test_describe_hides_credentials_in_the_voices_url():
     description = describe(_build(flags={"voices_url": "memory://user:secret-word@host/voices"}))
     assert description["voices_url"] == "memory://***@host/voices"
+
+
+def test_kv_cache_dtype_is_a_server_option_checked_at_start_up():
+    from chorus.server.config import ServerConfig
+
+    assert ServerConfig().kv_cache_dtype == "auto"
+    assert ServerConfig(kv_cache_dtype="fp8_e4m3").kv_cache_dtype == "fp8_e4m3"
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, fp8_e4m3"):
+        ServerConfig(kv_cache_dtype="int8")

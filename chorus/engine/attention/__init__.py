@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from chorus.engine.attention.reference import paged_attention_reference, write_kv_reference
+from chorus.engine.attention.reference import (
+    dequantize_kv, is_fp8, paged_attention_reference, quantize_kv, write_kv_reference,
+)
 from chorus.engine.attention.shared_prefix import (
     SharedPrefixPlan, SharedPrefixTensors, plan_shared_prefixes, shared_prefix_attention_reference,
 )
@@ -17,9 +19,12 @@ from chorus.triton_backend import kernels_import, use_triton
 __all__ = [
     "SharedPrefixPlan",
     "SharedPrefixTensors",
+    "dequantize_kv",
+    "is_fp8",
     "paged_attention",
     "paged_attention_reference",
     "plan_shared_prefixes",
+    "quantize_kv",
     "triton_available",
     "write_kv",
     "write_kv_reference",
@@ -37,6 +42,17 @@ def _use_triton(backend: str, tensor: torch.Tensor) -> bool:
     return use_triton(backend, tensor, _KERNELS, "attention")
 
 
+def _check_scales(cache: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None) -> None:
+    if (k_scale is None) != (v_scale is None):
+        raise ValueError("give both k_scale and v_scale, or neither")
+    if k_scale is not None:
+        if not is_fp8(cache.dtype):
+            raise ValueError(f"KV scales apply to FP8 caches only; this cache is {cache.dtype}")
+        for s in (k_scale, v_scale):
+            assert s.dtype == torch.float32 and s.numel() == 1 and s.device == cache.device, \
+                "a KV scale is a one-element fp32 tensor on the cache's device"
+
+
 def write_kv(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
@@ -44,19 +60,25 @@ def write_kv(
     v: torch.Tensor,
     slot_mapping: torch.Tensor,
     *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     backend: str = "auto",
 ) -> None:
     """Store the new tokens' ``k``/``v`` ``[N, heads, head_dim]`` into the paged caches.
 
     ``slot_mapping[N]`` (int32 or int64) is ``block_id * block_size + offset`` per token;
     -1 skips the token. The Triton path never syncs with the host (CUDA-graph safe).
+    FP8 caches (``torch.float8_e4m3fn``) store ``x / scale`` saturated to +-448
+    (``reference.quantize_kv``); ``k_scale`` / ``v_scale`` are one-element fp32 device tensors
+    (None: 1.0), and only FP8 caches take them.
     """
+    _check_scales(key_cache, k_scale, v_scale)
     if _use_triton(backend, k):
         from chorus.engine.attention.triton_paged import write_kv_triton
 
-        write_kv_triton(key_cache, value_cache, k, v, slot_mapping)
+        write_kv_triton(key_cache, value_cache, k, v, slot_mapping, k_scale=k_scale, v_scale=v_scale)
     else:
-        write_kv_reference(key_cache, value_cache, k, v, slot_mapping)
+        write_kv_reference(key_cache, value_cache, k, v, slot_mapping, k_scale, v_scale)
 
 
 def paged_attention(
@@ -72,6 +94,8 @@ def paged_attention(
     num_decodes: int = 0,
     max_seq_len: int | None = None,
     out: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     backend: str = "auto",
     shared_prefix: SharedPrefixTensors | None = None,
 ) -> torch.Tensor:
@@ -90,24 +114,28 @@ def paged_attention(
     ``max_query_len`` (1 = decode-only batch; None costs one host sync), ``num_decodes``
     (the first that many sequences have exactly one new token each and run on the decode
     kernel), ``max_seq_len`` (upper bound of seq_lens, sizes the KV split). The PyTorch path
-    ignores them.
+    ignores them. FP8 caches are read as ``stored * k_scale`` / ``v_scale`` (see ``write_kv``).
 
     ``shared_prefix`` (from ``plan_shared_prefixes``, planned with the same ``num_decodes``):
     decode rows of a group read their shared prefix once per group (see ``shared_prefix.py``);
     same result up to float summation order. Both paths take the decomposition; with it, give
     ``num_decodes`` (the Triton path otherwise treats every row of a decode-only batch as one).
+    It is not combined with an FP8 cache (the prefix kernel reads unscaled K/V).
     """
+    _check_scales(key_cache, k_scale, v_scale)
     if _use_triton(backend, q):
         from chorus.engine.attention.triton_paged import paged_attention_triton
 
         return paged_attention_triton(
             q, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
             max_query_len=max_query_len, num_decodes=num_decodes, max_seq_len=max_seq_len,
-            out=out, shared_prefix=shared_prefix,
+            out=out, shared_prefix=shared_prefix, k_scale=k_scale, v_scale=v_scale,
         )
+    assert shared_prefix is None or k_scale is None, "shared-prefix attention reads unscaled K/V"
     if shared_prefix is None or num_decodes == 0:
         return paged_attention_reference(
-            q, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, out=out
+            q, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, out=out,
+            k_scale=k_scale, v_scale=v_scale,
         )
     return _shared_prefix_reference(q, key_cache, value_cache, block_tables, seq_lens,
                                     query_start_loc, scale, shared_prefix, num_decodes, out)

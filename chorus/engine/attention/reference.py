@@ -12,6 +12,11 @@ Layouts (shared with ``triton_paged``):
 - ``seq_lens[S]`` is each sequence's whole context *including* this step's new tokens, whose
   K/V must already be in the pool. New tokens sit at the end of the context: new token ``i``
   of a sequence with ``q_len`` new tokens and context ``L`` sees positions ``<= L - q_len + i``.
+- Quantised (FP8) pools: a cache of dtype ``torch.float8_e4m3fn`` stores ``x / scale``
+  rounded to nearest (saturated at +-448, e4m3's largest finite value) and is read back as
+  ``stored * scale``. ``k_scale`` / ``v_scale`` are one-element fp32 tensors on the cache's
+  device (the layer's scales); they are read on the device, never by the host, so a CUDA
+  graph replays with them. Without scales an FP8 pool uses 1.0.
 """
 from __future__ import annotations
 
@@ -21,6 +26,32 @@ import torch
 # (about 256 MiB for K and V together), so large CPU batches do not gather everything at once.
 _GATHER_BUDGET_ELEMENTS = 32 * 1024 * 1024
 
+FP8_DTYPES = (torch.float8_e4m3fn,)
+FP8_E4M3_MAX = 448.0  # largest finite torch.float8_e4m3fn value
+
+
+def is_fp8(dtype: torch.dtype) -> bool:
+    """Whether a cache of ``dtype`` holds scaled FP8 values (quantised on write)."""
+    return dtype in FP8_DTYPES
+
+
+def quantize_kv(x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` as a cache of ``dtype`` stores it: for FP8, ``x / scale`` in fp32, saturated to
+    +-448 and rounded to nearest even; other dtypes are a plain cast (scale must be None)."""
+    if not is_fp8(dtype):
+        assert scale is None, f"a {dtype} cache takes no scale"
+        return x.to(dtype)
+    x = x.float()
+    if scale is not None:
+        x = x / scale.float()
+    return x.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(dtype)
+
+
+def dequantize_kv(stored: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """Cache contents back as fp32: ``stored * scale`` (scale None: 1.0)."""
+    out = stored.float()
+    return out if scale is None else out * scale.float()
+
 
 def write_kv_reference(
     key_cache: torch.Tensor,
@@ -28,11 +59,14 @@ def write_kv_reference(
     k: torch.Tensor,
     v: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Store ``k``/``v`` ``[N, heads, head_dim]`` at ``slot_mapping[N]`` (in place).
 
     A slot of -1 skips that token (padded rows of CUDA graphs). Uses boolean indexing, which
-    syncs with the host on CUDA: the Triton writer is the GPU path.
+    syncs with the host on CUDA: the Triton writer is the GPU path. FP8 caches store
+    ``quantize_kv(x, scale)``.
     """
     num_blocks, block_size, heads, head_dim = key_cache.shape
     assert value_cache.shape == key_cache.shape
@@ -40,8 +74,8 @@ def write_kv_reference(
     assert slot_mapping.shape == (k.shape[0],)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    key_cache.view(num_blocks * block_size, heads, head_dim)[slots] = k[keep].to(key_cache.dtype)
-    value_cache.view(num_blocks * block_size, heads, head_dim)[slots] = v[keep].to(value_cache.dtype)
+    key_cache.view(num_blocks * block_size, heads, head_dim)[slots] = quantize_kv(k[keep], k_scale, key_cache.dtype)
+    value_cache.view(num_blocks * block_size, heads, head_dim)[slots] = quantize_kv(v[keep], v_scale, value_cache.dtype)
 
 
 def paged_attention_reference(
@@ -53,6 +87,8 @@ def paged_attention_reference(
     query_start_loc: torch.Tensor,
     scale: float,
     out: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens over their sequences' paged context.
 
@@ -61,7 +97,8 @@ def paged_attention_reference(
     value is fine); seq_lens ``[S]``; query_start_loc ``[S + 1]``; scale multiplies q k^T.
     Returns ``[N, heads, head_dim]`` in q's dtype (computed in fp32). A query that sees no
     key (a sequence with ``seq_len == 0``) gets zeros; rows past ``query_start_loc[-1]`` are
-    left as they are in ``out`` (zeros when ``out`` is None).
+    left as they are in ``out`` (zeros when ``out`` is None). An FP8 pool is dequantised
+    (``stored * k_scale`` / ``v_scale``) as it is gathered.
     """
     n_tokens, heads, head_dim = q.shape
     num_blocks, block_size = key_cache.shape[:2]
@@ -91,13 +128,13 @@ def paged_attention_reference(
             max_len = width
             last += 1
         _attend_chunk(q, key_cache, value_cache, block_tables, starts, lens, first, last,
-                      max_len, scale, out)
+                      max_len, scale, out, k_scale, v_scale)
         first = last
     return out
 
 
 def _attend_chunk(q, key_cache, value_cache, block_tables, starts, lens, first, last,
-                  max_len, scale, out) -> None:
+                  max_len, scale, out, k_scale, v_scale) -> None:
     """Sequences ``first:last`` gathered into padded tensors and attended in one batch."""
     device = q.device
     heads, head_dim = q.shape[1:]
@@ -127,8 +164,8 @@ def _attend_chunk(q, key_cache, value_cache, block_tables, starts, lens, first, 
     key_pos = torch.arange(max_len, device=device)
     visible = key_pos[None, None, :] <= last_visible[:, :, None]          # [count, max_q, max_len]
 
-    scores = torch.einsum("bqhd,bkhd->bhqk", queries, keys.float()) * scale
+    scores = torch.einsum("bqhd,bkhd->bhqk", queries, dequantize_kv(keys, k_scale)) * scale
     scores = scores.masked_fill(~visible[:, None], float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)                 # rows seeing no key -> 0
-    result = torch.einsum("bhqk,bkhd->bqhd", probs, values.float())
+    result = torch.einsum("bhqk,bkhd->bqhd", probs, dequantize_kv(values, v_scale))
     out[rows[valid_q]] = result[valid_q].to(out.dtype)

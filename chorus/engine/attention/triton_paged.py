@@ -21,6 +21,11 @@ Design (our own; vLLM's unified Triton attention was read for ideas):
 - The decode loop is software-pipelined with ``tl.range(num_stages=LOOP_STAGES)`` (cp.async
   into shared memory, seen in the sm_90 SASS); Triton pipelines the query-block loop by
   itself because its loads feed ``tl.dot``.
+- FP8 pools (``HAS_SCALE``): K and V are loaded as fp8 and converted exactly to the dot
+  dtype; the K scale is folded into the score scale and the V scale into the accumulator at
+  the end, so dequantising costs two scalar loads per program, not a multiply per element.
+  The writer divides by the scale (IEEE ``div_rn``, as the reference), saturates to +-448 and
+  rounds to nearest even, so both paths store the same bytes.
 - The decode kernel trusts the caller: with ``max_query_len == 1`` or ``num_decodes``, a
   sequence given more than one new token would silently get only its first row attended.
 """
@@ -31,6 +36,8 @@ import os
 import torch
 import triton
 import triton.language as tl
+
+from chorus.engine.attention.reference import FP8_E4M3_MAX, is_fp8
 
 _LOG2E = 1.4426950408889634
 
@@ -54,6 +61,7 @@ def _find_seq(qsl_ptr, base, q_block, num_seqs, BLOCK_Q: tl.constexpr):
 def _paged_attention_kernel(
     out_ptr, part_acc_ptr, part_ml_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr,
+    k_scale_ptr, v_scale_ptr,
     scale_log2, num_seqs, num_rows,
     kv_start_ptr,
     stride_qn, stride_qh, stride_on, stride_oh,
@@ -61,7 +69,7 @@ def _paged_attention_kernel(
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     DECODE: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    LOOP_STAGES: tl.constexpr,
+    LOOP_STAGES: tl.constexpr, HAS_SCALE: tl.constexpr,
     KV_START: tl.constexpr = False,
 ):
     pid_q = tl.program_id(0)
@@ -93,6 +101,10 @@ def _paged_attention_kernel(
     tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
     tile_lo = split * tiles_per_split
     tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
+    if HAS_SCALE:  # FP8 pool: q.(k * ks) = (q.k) * ks
+        qk_scale = scale_log2 * tl.load(k_scale_ptr)
+    else:
+        qk_scale = scale_log2
 
     offs_d = tl.arange(0, HEAD_DIM)
     offs_t = tl.arange(0, TILE)
@@ -104,7 +116,7 @@ def _paged_attention_kernel(
         rows = q_start + tl.arange(0, 1)
         row_ok = tl.full([1], 1, tl.int1)
         qv = tl.load(q_ptr + q_start.to(tl.int64) * stride_qn + head * stride_qh + offs_d)
-        qv = qv.to(tl.float32) * scale_log2
+        qv = qv.to(tl.float32) * qk_scale
         m_i = tl.full([1], float("-inf"), tl.float32)
         l_i = tl.zeros([1], tl.float32)
         acc = tl.zeros([1, HEAD_DIM], tl.float32)
@@ -144,7 +156,7 @@ def _paged_attention_kernel(
             slot_in_block = pos % BLOCK_SIZE
             kt = tl.load(k_head + (block * stride_kb + slot_in_block * stride_kt)[None, :]
                          + offs_d[:, None], mask=valid[None, :], other=0.0)
-            s = tl.dot(qb, kt.to(DOT_DTYPE), input_precision=DOT_PRECISION) * scale_log2
+            s = tl.dot(qb, kt.to(DOT_DTYPE), input_precision=DOT_PRECISION) * qk_scale
             s = tl.where(pos[None, :] <= last_visible[:, None], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             # a row that sees no key yet keeps max -inf; shift by 0 so exp2 gives 0, not NaN
@@ -158,6 +170,8 @@ def _paged_attention_kernel(
             l_i = l_i * alpha + tl.sum(p, axis=1)
             m_i = m_new
 
+    if HAS_SCALE:  # sum p (v * vs) = (sum p v) * vs; partials of every split carry it
+        acc = acc * tl.load(v_scale_ptr)
     if NUM_SPLITS == 1 and not KV_START:
         res = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_on + head * stride_oh
@@ -196,11 +210,11 @@ def _reduce_splits_kernel(
 
 @triton.jit
 def _write_kv_kernel(
-    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
     stride_kn, stride_kh, stride_vn, stride_vh,
     stride_kb, stride_kt, stride_kh_cache, stride_vb, stride_vt, stride_vh_cache,
     NUM_HEADS: tl.constexpr, HEADS_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, QUANTIZE: tl.constexpr, HAS_SCALE: tl.constexpr, FP8_MAX: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + token).to(tl.int64)
@@ -213,6 +227,14 @@ def _write_kv_kernel(
     mask = (offs_h < NUM_HEADS)[:, None]
     k = tl.load(k_ptr + token * stride_kn + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
     v = tl.load(v_ptr + token * stride_vn + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
+    if QUANTIZE:  # FP8 pool: x / scale, saturated (e4m3fn has no inf), rounded to nearest even
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+        if HAS_SCALE:
+            k = tl.div_rn(k, tl.load(k_scale_ptr))
+            v = tl.div_rn(v, tl.load(v_scale_ptr))
+        k = tl.minimum(tl.maximum(k, -FP8_MAX), FP8_MAX)
+        v = tl.minimum(tl.maximum(v, -FP8_MAX), FP8_MAX)
     tl.store(k_cache_ptr + block * stride_kb + offset * stride_kt
              + offs_h[:, None] * stride_kh_cache + offs_d[None, :],
              k.to(k_cache_ptr.dtype.element_ty), mask=mask)
@@ -258,7 +280,8 @@ def choose_num_splits(programs: int, max_tiles: int, num_sms: int) -> int:
 
 def write_kv_triton(
     key_cache: torch.Tensor, value_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    slot_mapping: torch.Tensor,
+    slot_mapping: torch.Tensor, *, k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Triton version of ``reference.write_kv_reference``: no host sync, slot -1 skipped."""
     num_blocks, block_size, heads, head_dim = key_cache.shape
@@ -270,13 +293,16 @@ def write_kv_triton(
     assert head_dim == triton.next_power_of_2(head_dim), head_dim
     if k.shape[0] == 0:
         return
+    has_scale = k_scale is not None
     _write_kv_kernel[(k.shape[0],)](
         k, v, key_cache, value_cache, slot_mapping,
+        k_scale if has_scale else slot_mapping, v_scale if has_scale else slot_mapping,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         NUM_HEADS=heads, HEADS_P2=triton.next_power_of_2(heads), HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, num_warps=4,
+        BLOCK_SIZE=block_size, QUANTIZE=is_fp8(key_cache.dtype), HAS_SCALE=has_scale,
+        FP8_MAX=FP8_E4M3_MAX, num_warps=4,
     )
 
 
@@ -300,6 +326,8 @@ def paged_attention_triton(
     num_splits: int | None = None,
     prefill_stages: int | None = None,
     shared_prefix=None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton version of ``reference.paged_attention_reference`` (same arguments and result).
 
@@ -337,10 +365,12 @@ def paged_attention_triton(
     if max_seq_len is None:
         max_seq_len = block_tables.shape[1] * block_size
     common = dict(q=q, key_cache=key_cache, value_cache=value_cache, out=out, scale=scale,
-                  max_seq_len=max_seq_len, num_splits=num_splits)
+                  max_seq_len=max_seq_len, num_splits=num_splits, k_scale=k_scale, v_scale=v_scale)
 
     if num_decodes > 0 and shared_prefix is not None:
         from chorus.engine.attention.triton_shared_prefix import shared_prefix_decode_triton
+
+        assert k_scale is None, "shared-prefix attention reads unscaled K/V (not an FP8 cache)"
 
         shared_prefix_decode_triton(
             q, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
@@ -361,7 +391,7 @@ def paged_attention_triton(
     return out
 
 
-def _launch(*, q, key_cache, value_cache, out, scale, max_seq_len, num_splits,
+def _launch(*, q, key_cache, value_cache, out, scale, max_seq_len, num_splits, k_scale, v_scale,
             block_tables, seq_lens, query_start_loc, row_base, row_count, block_q, tile,
             num_warps, loop_stages, num_stages, kv_start=None):
     """One kernel launch over a contiguous run of sequences (and their rows).
@@ -393,6 +423,7 @@ def _launch(*, q, key_cache, value_cache, out, scale, max_seq_len, num_splits,
     _paged_attention_kernel[(q_blocks, heads, num_splits)](
         out, part_acc, part_ml,
         q, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
+        k_scale if k_scale is not None else seq_lens, v_scale if v_scale is not None else seq_lens,
         scale * _LOG2E, num_seqs, n_tokens,
         seq_lens if kv_start is None else kv_start,  # kv_start_ptr, read only with KV_START
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
@@ -402,7 +433,7 @@ def _launch(*, q, key_cache, value_cache, out, scale, max_seq_len, num_splits,
         NUM_HEADS=heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_Q=block_q, TILE=tile,
         NUM_SPLITS=num_splits, DECODE=decode,
         DOT_DTYPE=_dot_dtype(q.dtype), LOOP_STAGES=loop_stages,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", HAS_SCALE=k_scale is not None,
         KV_START=kv_start is not None, num_warps=num_warps, **extra,
     )
     if kv_start is not None:

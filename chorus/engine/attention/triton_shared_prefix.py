@@ -182,7 +182,7 @@ def shared_prefix_decode_triton(
         max_seq_len=max_seq_len, num_splits=num_splits, block_tables=block_tables[:num_decodes],
         seq_lens=seq_lens[:num_decodes], query_start_loc=query_start_loc[:num_decodes + 1],
         row_base=0, row_count=num_decodes, block_q=1, tile=decode_tile, num_warps=decode_warps,
-        loop_stages=decode_stages, num_stages=None, kv_start=shared.prefix_len,
+        loop_stages=decode_stages, num_stages=None, kv_start=shared.prefix_len, k_scale=None, v_scale=None,
     )
     suf_acc, suf_ml = suffix
 
