@@ -15,7 +15,9 @@ token, the same function in registers:
 
 The logs: compiled for CUDA the kernel calls libdevice's ``__nv_log`` explicitly, the CUDA math
 library's double-precision ``log``, which is what PyTorch's CUDA ``log`` kernel runs for float64;
-so the noise, and with it every token, equals the PyTorch path's on the same device. Under the
+so the noise, and with it every token, equals the PyTorch path's on the same device (checked bit
+for bit on an H200; with Triton 3.6 ``tl.log`` on fp64 gave the same PTX, but naming the
+function keeps that from depending on how a Triton version lowers the math dialect). Under the
 Triton interpreter (CPU tests) ``tl.log`` is numpy's, which may differ from torch's CPU log in
 the last ulp; a token can then differ only where two noisy scores agree to about 1e-15.
 
@@ -37,9 +39,11 @@ _SALT3 = tl.constexpr(_LANE_SALTS[3])
 _MIX_MUL1 = tl.constexpr(_MIX_MULTIPLIERS[0])
 _MIX_MUL2 = tl.constexpr(_MIX_MULTIPLIERS[1])
 
-# Vocabulary tile per loop iteration: 8 tokens per thread at 8 warps.
-_BLOCK = 2048
-_NUM_WARPS = 8
+# Vocabulary tile per loop iteration and warps per row: the fastest of tiles 512..4096 x 4/8/16
+# warps on an H200 at 1, 64 and 256 rows (scripts/gpu/bench_sampler.py --sweep); 16 warps hide
+# the float64 logs' latency best, tiles of 512 or 1024 were within 1 us of each other.
+_BLOCK = 1024
+_NUM_WARPS = 16
 
 
 @triton.jit

@@ -26,7 +26,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TURBO = get_variant("turbo")
 SEEDS = [0, 1, 2**32 - 1, 2**32, 2**63 + 5, 2**64 - 1]
 STEPS = [0, 1, 2**31, 2**32 - 1, 2**32 + 17, 2**40 + 3]  # the hash takes the step's low 32 bits
-VOCAB = 2500  # more than one 2048-token tile, the last one partial
+VOCAB = 2500  # several vocabulary tiles (1024 tokens), the last one partial
 
 
 def _lanes(seeds) -> torch.Tensor:
@@ -82,7 +82,7 @@ def test_sampled_greedy_and_exhausted_rows_match_the_reference():
     logits[2, :-3] = float("-inf")  # finite only in the last, partial tile
     logits[3] = float("-inf")  # exhausted, sampled
     logits[4] = float("-inf")  # exhausted, greedy
-    logits[7, [5, 2100]] = 40.0  # greedy tie across tiles
+    logits[7, [5, 5 + 2048]] = 40.0  # greedy tie across tiles, in the same lane of a tile
     ref, out = _both(logits, _batch(temperatures), [0, 3, 7, 9, 2**32 + 1, 11, 12, 13])
     assert out == ref
     assert out[3] == out[4] == NO_TOKEN and out[7] == 5
@@ -99,8 +99,8 @@ def test_all_greedy_batches_take_the_first_argmax():
 def test_sampled_rows_break_score_ties_by_the_first_index():
     """+inf logits give equal (+inf) noisy scores: the first of them wins, as in torch.argmax."""
     logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(2))
-    logits[:, [300, 2200]] = float("inf")
-    logits[1, [20, 2050]] = float("inf")
+    logits[:, [300, 300 + 2048]] = float("inf")  # the same lane of two tiles
+    logits[1, [20, 1500]] = float("inf")
     ref, out = _both(logits, _batch([1.0, 1.0]), [4, 4])
     assert out == ref == [300, 20]
 
