@@ -17,6 +17,8 @@ _MASK16 = 0xFFFF
 _MASK32 = 0xFFFFFFFF
 # Odd constants (golden ratio and murmur3 finaliser words) to separate the hash lanes.
 _LANE_SALTS = (0x9E3779B9, 0x85EBCA6B, 0xC2B2AE35, 0x27D4EB2F)
+# mix32's two multipliers ("lowbias32"); the Triton sampler (triton_sampler.py) reads both tuples.
+_MIX_MULTIPLIERS = (0x7FEB352D, 0x846CA68B)
 
 
 def _mul_mod32(x: Tensor, constant: int) -> Tensor:
@@ -29,9 +31,9 @@ def _mul_mod32(x: Tensor, constant: int) -> Tensor:
 def mix32(x: Tensor) -> Tensor:
     """A bijective 32-bit integer hash (xorshift-multiply, "lowbias32" constants)."""
     x = x ^ (x >> 16)
-    x = _mul_mod32(x, 0x7FEB352D)
+    x = _mul_mod32(x, _MIX_MULTIPLIERS[0])
     x = x ^ (x >> 15)
-    x = _mul_mod32(x, 0x846CA68B)
+    x = _mul_mod32(x, _MIX_MULTIPLIERS[1])
     return x ^ (x >> 16)
 
 

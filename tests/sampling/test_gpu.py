@@ -101,3 +101,86 @@ def test_top_p_in_top_k_equals_the_full_sort_on_cuda():
         cutoff = (1 - torch.rand(16, 1, generator=g)).cuda()
         expected = apply_top_p(apply_top_k(logits, top_k, 1500), cutoff)
         assert torch.equal(apply_top_k_top_p(logits, top_k, 1500, cutoff), expected)
+
+
+# ------------------------------------------------------------------------------ the Triton sampler
+def _random_seeds(g, n):
+    edges = [0, 1, 2**32 - 1, 2**32, 2**63, 2**64 - 1]
+    return edges + [x * 4 + 3 for x in torch.randint(0, 2**62, (n - len(edges),), generator=g).tolist()]
+
+
+@pytest.mark.parametrize("vocab", [6563, 8194])
+def test_triton_sampler_hashes_and_noise_are_bit_identical_to_torch_on_cuda(vocab):
+    from chorus.sampling.counter_rng import gumbel_noise
+    from chorus.sampling.triton_sampler import gumbel_noise_triton, uniform_hash_triton
+
+    g = torch.Generator().manual_seed(vocab)
+    lanes = seed_lanes(torch.tensor([split_seed(s) for s in _random_seeds(g, 256)], dtype=torch.int64)).cuda()
+    for steps in (torch.zeros(256, dtype=torch.int64), torch.randint(0, 2**40, (256,), generator=g)):
+        steps = steps.cuda()
+        assert torch.equal(uniform_hash_triton(lanes, steps, vocab), uniform_hash(lanes, steps, vocab))
+        assert torch.equal(gumbel_noise_triton(lanes, steps, vocab), gumbel_noise(lanes, steps, vocab))
+
+
+def _many_rows(variant, rows, g):
+    """``rows`` requests cycling through mixed parameters (a fifth of them greedy), random seeds."""
+    overrides = [dict(), dict(temperature=0.0), dict(temperature=1.3), dict(repetition_penalty=1.0),
+                 dict(temperature=0.5)]
+    if not variant.t3.supports_cfg:
+        overrides += [dict(top_k=20), dict(top_p=0.3)]
+    return [SamplingParams.for_variant(variant, seed=s, **overrides[i % len(overrides)])
+            for i, s in enumerate(_random_seeds(g, rows))]
+
+
+@pytest.mark.parametrize("variant", [EN, TURBO], ids=lambda v: v.name)
+def test_triton_sampler_tokens_equal_the_torch_path_on_cuda(variant):
+    """256 rows x 50 steps of processed logits (filters, greedy rows, exhausted rows): the kernel
+    draws the torch path's token in every row at every step."""
+    rows, vocab = 256, variant.t3.speech_vocab_size
+    g = torch.Generator().manual_seed(1)
+    batch = SamplingBatch.build(_many_rows(variant, rows, g), variant, "cuda")
+    seen = initial_penalty_mask(variant, rows, "cuda")
+    steps = torch.randint(0, 1000, (rows,), generator=g).cuda()
+    for _ in range(50):
+        cond = (torch.randn(rows, vocab, generator=g) * 3).cuda()
+        uncond = (torch.randn(rows, vocab, generator=g) * 3).cuda() if variant.t3.supports_cfg else None
+        processed = process_logits(cond, batch, seen, steps, uncond_logits=uncond)
+        processed[torch.randint(0, rows, (4,), generator=g).cuda()] = float("-inf")  # exhausted rows
+        expected = sample_next_tokens(processed, batch, steps, backend="torch")
+        tokens = sample_next_tokens(processed, batch, steps, backend="triton")
+        assert torch.equal(tokens, expected)
+        record_sampled_tokens(variant, seen, tokens, steps)
+        steps += 1
+
+
+def test_triton_sampler_all_greedy_batch_equals_the_torch_path_on_cuda():
+    params = [SamplingParams.for_variant(TURBO, temperature=0.0) for _ in range(64)]
+    batch = SamplingBatch.build(params, TURBO, "cuda")
+    logits = (torch.randn(64, 6563) * 3).to(torch.bfloat16).float().cuda()  # bf16 values: many ties
+    logits[3] = float("-inf")
+    steps = torch.zeros(64, dtype=torch.int64, device="cuda")
+    tokens = sample_next_tokens(logits, batch, steps, backend="triton")
+    assert torch.equal(tokens, sample_next_tokens(logits, batch, steps, backend="torch"))
+
+
+def test_triton_sampler_replays_in_a_cuda_graph():
+    """Captured once, the launch draws the eager path's tokens for new logits and steps."""
+    rows, vocab = 8, 8194
+    params = [SamplingParams.for_variant(EN, seed=100 + i, temperature=0.0 if i == 2 else 0.8) for i in range(rows)]
+    batch = SamplingBatch.build(params, EN, "cuda")
+    logits = torch.zeros(rows, vocab, device="cuda")
+    steps = torch.zeros(rows, dtype=torch.int64, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        sample_next_tokens(logits, batch, steps)  # warm-up: compiles the kernel outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tokens = sample_next_tokens(logits, batch, steps)
+    g = torch.Generator().manual_seed(3)
+    for step in range(5):
+        logits.copy_(torch.randn(rows, vocab, generator=g) * 2)
+        steps.fill_(step)
+        graph.replay()
+        assert torch.equal(tokens, sample_next_tokens(logits, batch, steps, backend="torch"))

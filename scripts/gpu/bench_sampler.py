@@ -1,0 +1,142 @@
+"""Micro-benchmark of the sampler's Triton kernel on a CUDA GPU; prints JSON (and writes --out).
+
+    python scripts/gpu/bench_sampler.py [--out results/sampler.json] [--rows 1,64,256] [--sweep]
+
+For each variant (original: vocabulary 8194, turbo: 6563) and row count, with the variant's
+default parameters (every row sampled):
+
+* ``draw_torch_us`` / ``draw_triton_us``: ``sample_next_tokens`` alone (noise, add, argmax),
+  the PyTorch path and the kernel, each captured in a CUDA graph; the median replay time;
+* ``step_torch_us`` / ``step_triton_us``: the engine's whole graphed sampling step
+  (``SamplerGraphs.sample``: logits copy, CFG gather, processors, draw, penalty record, step
+  counters), with the draw on either path.
+
+Before timing, the kernel's tokens are checked against the PyTorch path's. ``--sweep`` also times
+the kernel at other vocabulary tiles and warp counts.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import chorus.engine.sampler_graphs as sampler_graphs  # noqa: E402
+import chorus.sampling.triton_sampler as triton_sampler  # noqa: E402
+from chorus.models.variants import get_variant  # noqa: E402
+from chorus.sampling import (  # noqa: E402
+    SamplingBatch, SamplingParams, initial_penalty_mask, process_logits, sample_next_tokens,
+)
+
+
+def graph_us(fn, reps: int = 200) -> float:
+    """Median time of one replay of a CUDA graph that calls ``fn`` once."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(10):
+        graph.replay()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0)
+    return statistics.median(times)
+
+
+def step_us(variant, params, rows: int, backend: str, reps: int = 200) -> float:
+    """Median time of SamplerGraphs.sample (one replay) with the draw on ``backend``."""
+    original = sampler_graphs.sample_next_tokens
+    sampler_graphs.sample_next_tokens = functools.partial(sample_next_tokens, backend=backend)
+    try:
+        graphs = sampler_graphs.SamplerGraphs(variant, "cuda", max_rows=rows)
+        vocab = variant.t3.speech_vocab_size
+        pair = 2 if variant.t3.supports_cfg else 1
+        batch = SamplingBatch.build(params, variant)
+        seen = [initial_penalty_mask(variant, 1, "cuda") for _ in range(rows)]
+        cond = [pair * i for i in range(rows)]
+        uncond = [pair * i + 1 for i in range(rows)] if pair == 2 else None
+        graphs.load(batch, seen, [0] * rows, cond, uncond)
+        logits = torch.randn(pair * rows, vocab, device="cuda") * 3
+        for _ in range(5):
+            graphs.sample(logits)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graphs.sample(logits)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1000.0)
+        return statistics.median(times)
+    finally:
+        sampler_graphs.sample_next_tokens = original
+
+
+def measure(variant_name: str, rows: int, sweep: bool) -> dict:
+    variant = get_variant(variant_name)
+    vocab = variant.t3.speech_vocab_size
+    params = [SamplingParams.for_variant(variant, seed=1000 + i) for i in range(rows)]
+    batch = SamplingBatch.build(params, variant, "cuda")
+    seen = initial_penalty_mask(variant, rows, "cuda")
+    steps = torch.zeros(rows, dtype=torch.int64, device="cuda")
+    cond = torch.randn(rows, vocab, device="cuda") * 3
+    uncond = torch.randn(rows, vocab, device="cuda") * 3 if variant.t3.supports_cfg else None
+    processed = process_logits(cond, batch, seen, steps, uncond_logits=uncond)
+    expected = sample_next_tokens(processed, batch, steps, backend="torch")
+    assert torch.equal(sample_next_tokens(processed, batch, steps, backend="triton"), expected)
+    result = {
+        "variant": variant_name, "rows": rows, "vocab": vocab,
+        "draw_torch_us": graph_us(lambda: sample_next_tokens(processed, batch, steps, backend="torch")),
+        "draw_triton_us": graph_us(lambda: sample_next_tokens(processed, batch, steps, backend="triton")),
+        "step_torch_us": step_us(variant, params, rows, "torch"),
+        "step_triton_us": step_us(variant, params, rows, "triton"),
+    }
+    if sweep:
+        default = (triton_sampler._BLOCK, triton_sampler._NUM_WARPS)
+        result["sweep_us"] = {}
+        try:
+            for block in (512, 1024, 2048, 4096):
+                for warps in (4, 8, 16):
+                    triton_sampler._BLOCK, triton_sampler._NUM_WARPS = block, warps
+                    assert torch.equal(sample_next_tokens(processed, batch, steps, backend="triton"), expected)
+                    result["sweep_us"][f"block{block}_warps{warps}"] = graph_us(
+                        lambda: sample_next_tokens(processed, batch, steps, backend="triton"), reps=100)
+        finally:
+            triton_sampler._BLOCK, triton_sampler._NUM_WARPS = default
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--rows", default="1,64,256")
+    parser.add_argument("--variants", default="original,turbo")
+    parser.add_argument("--sweep", action="store_true")
+    args = parser.parse_args()
+    assert torch.cuda.is_available(), "needs a CUDA device"
+    results = [measure(v, int(r), args.sweep) for v in args.variants.split(",") for r in args.rows.split(",")]
+    text = json.dumps({"device": torch.cuda.get_device_name(), "results": results}, indent=2)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
