@@ -117,6 +117,7 @@ def _cmd_bench_t3(args: argparse.Namespace) -> int:
         cuda_graphs=not args.no_cuda_graphs, speed_of_light=not args.no_speed_of_light,
         async_scheduling=not args.no_async_scheduling, chunk_chars=_chunk_bounds(args.chunk_chars),
         max_num_seqs=args.max_num_seqs, kv_cache_dtype=args.kv_cache_dtype,
+        shared_prefix_attention=not args.no_shared_prefix,
     )
     main_json(cfg, args.out)
     return 0
@@ -560,6 +561,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-async-scheduling", action="store_true",
                    help="read each step's tokens before scheduling the next (default: the next steady "
                         "decode step is queued first, overlapping host work with the forward)")
+    p.add_argument("--no-shared-prefix", action="store_true",
+                   help="decode rows read their whole context alone (default: rows sharing a long "
+                        "voice prompt read it once per group and step where that pays)")
     p.add_argument("--no-speed-of-light", action="store_true",
                    help="skip the speed-of-light calibration (the same model shape stepped in plain PyTorch, "
                         "one CUDA graph per batch size; reported as sol_step_ms and sol_fraction)")

@@ -67,6 +67,7 @@ class T3BenchConfig:
     max_model_len: int = 2048
     kv_cache_gib: float = 64.0  # on CUDA; the CPU runs with 1 GiB
     kv_cache_dtype: str = "auto"  # or "fp8_e4m3" (CacheConfig.kv_cache_dtype)
+    shared_prefix_attention: bool = True  # CacheConfig.shared_prefix_attention
     kv_accuracy_steps: int = 16  # decode steps of the FP8 accuracy check
     extra: dict = field(default_factory=dict)
 
@@ -80,7 +81,7 @@ def _engine(model, variant, cfg: T3BenchConfig, rows: int) -> T3Engine:
     config = EngineConfig(
         variant=variant.name, default_deadline_s=None,
         cache=CacheConfig(kv_cache_bytes=int((cfg.kv_cache_gib if model.device.type == "cuda" else 1.0) * 2**30),
-                          kv_cache_dtype=cfg.kv_cache_dtype),
+                          kv_cache_dtype=cfg.kv_cache_dtype, shared_prefix_attention=cfg.shared_prefix_attention),
         scheduler=SchedulerConfig(max_num_seqs=rows, max_num_batched_tokens=max(cfg.max_num_batched_tokens, rows),
                                   max_model_len=cfg.max_model_len, async_scheduling=cfg.async_scheduling),
     )
@@ -282,7 +283,7 @@ def run(cfg: T3BenchConfig) -> dict:
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "random_weights": random_weights, "cfg_weight": cfg.cfg_weight if variant.t3.supports_cfg else 0.0,
         "tokens_per_char": cfg.tokens_per_char, "torch": torch.__version__,
-        "async_scheduling": cfg.async_scheduling,
+        "async_scheduling": cfg.async_scheduling, "shared_prefix_attention": cfg.shared_prefix_attention,
     }
     text_ids = encoder.encode(chunks[0])
     conditioning = ConditioningCache(model, variant).get(voice, variant.sampling.exaggeration)
