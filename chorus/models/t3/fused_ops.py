@@ -1,4 +1,4 @@
-"""The elementwise steps of a Llama decoder layer, each one kernel on CUDA.
+"""The elementwise steps of the Llama and GPT-2 decoder layers, each one kernel on CUDA.
 
 A decode step at small batch is bound by kernel launches, not arithmetic: written as plain
 tensor ops, an RMSNorm with its residual add, the rotary embedding of q and k, and SwiGLU's
@@ -7,6 +7,11 @@ tensors (``chorus/models/t3/triton_ops.py``) and the same arithmetic in PyTorch 
 which is the reference the kernels are tested against. The kernels round where the plain ops
 round (every bf16 product and sum), so they agree bit for bit in fp32; compiled in bf16 a value
 can move by one bf16 step (docs/t3.md, "Fewer kernels per Llama layer").
+
+GPT-2's ops take a Conv1D projection's operands (``h @ weight + bias``, weight [in, out]) as
+well: their reference is ``torch.addmm`` exactly as ``gpt2.Conv1D`` computes it, while the
+kernel path runs a bias-free GEMM and adds the bias inside the elementwise kernel that follows
+it (docs/t3.md, "Fewer kernels per GPT-2 layer").
 
 ``backend``: ``"auto"``, ``"triton"`` or ``"torch"``, chosen as for every kernel package
 (:mod:`chorus.triton_backend`).
@@ -54,6 +59,22 @@ def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def conv1d_reference(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """A GPT-2 Conv1D projection of h [N, in] by weight [in, out] and bias [out]."""
+    return torch.addmm(bias, h, weight)
+
+
+def add_layer_norm_reference(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    residual = x + delta
+    return residual, F.layer_norm(residual, (residual.shape[-1],), weight, bias, eps)
+
+
+def gelu_tanh_reference(h: torch.Tensor) -> torch.Tensor:
+    """GPT-2's "gelu_new": the tanh approximation of GELU."""
+    return F.gelu(h, approximate="tanh")
+
+
 # ------------------------------------------------------------------------------ dispatch
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
                  backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,3 +105,39 @@ def silu_mul(gate_up: torch.Tensor, backend: str = "auto") -> torch.Tensor:
 
         return silu_mul_triton(gate_up)
     return silu_mul_reference(gate_up)
+
+
+def add_layer_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+                   backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, layer_norm(x + delta)) for [N, D] tensors: the residual stream and the next
+    sublayer's input."""
+    if _use_triton(backend, x):
+        from chorus.models.t3.triton_ops import add_layer_norm_triton
+
+        return add_layer_norm_triton(x, delta, weight, bias, eps)
+    return add_layer_norm_reference(x, delta, weight, bias, eps)
+
+
+def add_conv1d_layer_norm(x: torch.Tensor, h: torch.Tensor, proj_weight: torch.Tensor, proj_bias: torch.Tensor,
+                          weight: torch.Tensor, bias: torch.Tensor, eps: float,
+                          backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """A sublayer's output projection, the residual add and the next LayerNorm:
+    ``x + conv1d(h)`` and its layer norm. On the kernel path the projection's bias is added in
+    the norm's kernel, after a bias-free GEMM (with one row, ``addmm`` would copy the bias into
+    its output first, a launch of its own)."""
+    if _use_triton(backend, x):
+        from chorus.models.t3.triton_ops import add_layer_norm_triton
+
+        return add_layer_norm_triton(x, torch.mm(h, proj_weight), weight, bias, eps, delta_bias=proj_bias)
+    return add_layer_norm_reference(x, conv1d_reference(h, proj_weight, proj_bias), weight, bias, eps)
+
+
+def conv1d_gelu_tanh(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                     backend: str = "auto") -> torch.Tensor:
+    """``gelu_tanh(conv1d(h))``, GPT-2's MLP up-projection and activation: a bias-free GEMM and
+    one kernel for the bias and the GELU (instead of addmm's bias copy, its GEMM and a GELU)."""
+    if _use_triton(backend, h):
+        from chorus.models.t3.triton_ops import bias_gelu_tanh_triton
+
+        return bias_gelu_tanh_triton(torch.mm(h, weight), bias)
+    return gelu_tanh_reference(conv1d_reference(h, weight, bias))
