@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from chorus.models.t3 import T3Model, T3SingleSequence
+from chorus.bench.speed_of_light import DecodeShape, PlainDecodeModel, PlainDecodeStep
 from chorus.models.t3.fused_ops import (
-    add_rms_norm, add_rms_norm_reference, rope_qk, rope_reference, silu_mul, silu_mul_reference,
+    add_conv1d_layer_norm, add_layer_norm, add_layer_norm_reference, add_rms_norm, add_rms_norm_reference,
+    conv1d_gelu_tanh, conv1d_reference, gelu_tanh_reference, rope_qk, rope_reference, silu_mul, silu_mul_reference,
 )
 from chorus.models.variants import get_variant, tiny_variant
 from tests.models.t3.weights import random_t3_state
@@ -67,7 +69,8 @@ def _decode_logits(model: T3Model, config) -> torch.Tensor:
     return torch.stack([runner.prefill()] + [runner.decode(t) for t in (1, 200, 3000, 7, 8)]).float()
 
 
-@pytest.mark.parametrize("variant", [tiny_variant("original"), get_variant("original")], ids=["tiny", "full"])
+@pytest.mark.parametrize("variant", [tiny_variant("original"), get_variant("original"), tiny_variant("turbo"),
+                                     get_variant("turbo")], ids=["tiny", "full", "tiny-turbo", "full-turbo"])
 def test_a_bf16_forward_with_the_kernels_tracks_fp32_as_the_plain_ops_do(variant):
     config = variant.t3
     state = random_t3_state(config, 0)
@@ -85,3 +88,81 @@ def test_a_bf16_forward_with_the_kernels_tracks_fp32_as_the_plain_ops_do(variant
     plain_vs_fp32 = float(cosine(plain, reference, dim=-1).min())
     assert fused_vs_fp32 > 0.999  # the engine's accuracy bar for bf16
     assert fused_vs_fp32 > plain_vs_fp32 - 5e-4  # the kernels cost no accuracy beyond bf16's own
+
+
+# ------------------------------------------------------------------------------ GPT-2
+def _bf16_steps(got: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """|got - ref| in bf16 steps at ref (a value in [2^(e-1), 2^e) has steps of 2^(e-8))."""
+    ref32 = ref.float()
+    exponent = torch.frexp(ref32.abs().clamp_min(2.0 ** -126)).exponent
+    return (got.float() - ref32).abs() / torch.ldexp(torch.ones_like(ref32), exponent - 8)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 512])
+def test_bf16_add_layer_norm(rows):
+    x, delta = _randn(rows, 1024), _randn(rows, 1024, seed=1)
+    weight, bias = _randn(1024, seed=2), _randn(1024, seed=3)
+    residual, normed = add_layer_norm(x, delta, weight, bias, 1e-5, backend="triton")
+    ref_residual, ref_normed = add_layer_norm_reference(x, delta, weight, bias, 1e-5)
+    assert torch.equal(residual, ref_residual)
+    # the fp32 statistics sum in another order: a value may round the other way, one step at most
+    assert float(_bf16_steps(normed, ref_normed).max()) <= 1
+    assert (normed != ref_normed).float().mean() < 0.01
+
+
+def _projection(rows: int, inner: int, out: int):
+    h = _randn(rows, inner)
+    return h, _randn(inner, out, seed=4) / inner ** 0.5, _randn(out, seed=5)
+
+
+@pytest.mark.parametrize("rows", [1, 512])
+def test_bf16_add_conv1d_layer_norm(rows):
+    x = _randn(rows, 1024, seed=1)
+    h, proj_weight, proj_bias = _projection(rows, 4096, 1024)
+    weight, bias = _randn(1024, seed=2), _randn(1024, seed=3)
+    residual, normed = add_conv1d_layer_norm(x, h, proj_weight, proj_bias, weight, bias, 1e-5, backend="triton")
+    # the kernel path rounds the GEMM's output before adding the bias: the same roundings in torch
+    # ops give the same residual, and the norm within one step
+    ref_residual, ref_normed = add_layer_norm_reference(x, torch.mm(h, proj_weight) + proj_bias, weight, bias, 1e-5)
+    assert torch.equal(residual, ref_residual)
+    assert float(_bf16_steps(normed, ref_normed).max()) <= 1
+    # against the plain ops (addmm rounds once), that extra rounding moves few values, by a step
+    plain_residual, plain_normed = add_layer_norm_reference(x, conv1d_reference(h, proj_weight, proj_bias),
+                                                            weight, bias, 1e-5)
+    for got, plain in ((residual, plain_residual), (normed, plain_normed)):
+        torch.testing.assert_close(got, plain, rtol=2e-2, atol=2e-2)
+        assert (got != plain).float().mean() < 0.05
+
+
+@pytest.mark.parametrize("rows", [1, 512])
+def test_bf16_conv1d_gelu_tanh(rows):
+    h, weight, bias = _projection(rows, 1024, 4096)
+    got = conv1d_gelu_tanh(h, weight, bias, backend="triton")
+    same_roundings = gelu_tanh_reference(torch.mm(h, weight) + bias)
+    # exp instead of tanh: one step, or a tiny absolute difference where the reference's 1 + tanh
+    # cancels (inputs below about -4, outputs below 1e-4)
+    steps = _bf16_steps(got, same_roundings)
+    assert bool(((steps <= 1) | ((got.float() - same_roundings.float()).abs() < 1e-5)).all())
+    plain = gelu_tanh_reference(conv1d_reference(h, weight, bias))
+    torch.testing.assert_close(got, plain, rtol=2e-2, atol=2e-2)
+    assert (got != plain).float().mean() < 0.05
+
+
+def _kernels_per_step(model: PlainDecodeModel, backend: str) -> int:
+    model.tfmr.ops_backend = backend
+    step = PlainDecodeStep(model, DecodeShape(rows=1, context_tokens=64), cuda_graph=False)
+    step()  # lazy initialisation and Triton compilation outside the profile
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    return sum(1 for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def test_the_fused_gpt2_layer_launches_fewer_kernels():
+    config = get_variant("turbo").t3
+    model = PlainDecodeModel.build(config, dtype=BF16, device="cuda")
+    plain, fused = _kernels_per_step(model, "torch"), _kernels_per_step(model, "triton")
+    # per layer at one row: the separate LayerNorms, residual adds and GELU are gone, and so are
+    # the bias copies that addmm makes before a one-row GEMM (docs/t3.md)
+    assert plain - fused >= 4 * config.backbone.num_layers, (plain, fused)
