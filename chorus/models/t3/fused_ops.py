@@ -8,10 +8,9 @@ which is the reference the kernels are tested against. The kernels round where t
 round (every bf16 product and sum), so they agree bit for bit in fp32; compiled in bf16 a value
 can move by one bf16 step (docs/t3.md, "Fewer kernels per Llama layer").
 
-GPT-2's ops take a Conv1D projection's operands (``h @ weight + bias``, weight [in, out]) as
-well: their reference is ``torch.addmm`` exactly as ``gpt2.Conv1D`` computes it, while the
-kernel path runs a bias-free GEMM and adds the bias inside the elementwise kernel that follows
-it (docs/t3.md, "Fewer kernels per GPT-2 layer").
+GPT-2's MLP up-projection and GELU (``conv1d_gelu_tanh``) are not a Triton kernel but one
+cuBLASLt GEMM with a bias and GELU epilogue on CUDA (docs/t3.md, "Fewer kernels per GPT-2
+layer"); it follows the same backend rule.
 
 ``backend``: ``"auto"``, ``"triton"`` or ``"torch"``, chosen as for every kernel package
 (:mod:`chorus.triton_backend`).
@@ -118,26 +117,12 @@ def add_layer_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, b
     return add_layer_norm_reference(x, delta, weight, bias, eps)
 
 
-def add_conv1d_layer_norm(x: torch.Tensor, h: torch.Tensor, proj_weight: torch.Tensor, proj_bias: torch.Tensor,
-                          weight: torch.Tensor, bias: torch.Tensor, eps: float,
-                          backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
-    """A sublayer's output projection, the residual add and the next LayerNorm:
-    ``x + conv1d(h)`` and its layer norm. On the kernel path the projection's bias is added in
-    the norm's kernel, after a bias-free GEMM (with one row, ``addmm`` would copy the bias into
-    its output first, a launch of its own)."""
-    if _use_triton(backend, x):
-        from chorus.models.t3.triton_ops import add_layer_norm_triton
-
-        return add_layer_norm_triton(x, torch.mm(h, proj_weight), weight, bias, eps, delta_bias=proj_bias)
-    return add_layer_norm_reference(x, conv1d_reference(h, proj_weight, proj_bias), weight, bias, eps)
-
-
 def conv1d_gelu_tanh(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                      backend: str = "auto") -> torch.Tensor:
-    """``gelu_tanh(conv1d(h))``, GPT-2's MLP up-projection and activation: a bias-free GEMM and
-    one kernel for the bias and the GELU (instead of addmm's bias copy, its GEMM and a GELU)."""
-    if _use_triton(backend, h):
-        from chorus.models.t3.triton_ops import bias_gelu_tanh_triton
-
-        return bias_gelu_tanh_triton(torch.mm(h, weight), bias)
+    """``gelu_tanh(conv1d(h))``, GPT-2's MLP up-projection and activation. On CUDA it is one
+    cuBLASLt GEMM whose epilogue adds the bias and applies GELU to the fp32 sums before their one
+    rounding (``torch._addmm_activation``; on CUDA its GELU is the tanh approximation, see
+    docs/t3.md). Elsewhere the reference runs: on the CPU that op computes the exact erf GELU."""
+    if h.is_cuda and _use_triton(backend, h):
+        return torch._addmm_activation(bias, h, weight, use_gelu=True)
     return gelu_tanh_reference(conv1d_reference(h, weight, bias))

@@ -5,8 +5,8 @@ checkpoint's Conv1D layout [in, out] (transposed relative to ``nn.Linear``), so 
 loads without reshuffling. The inner token table ``wte`` is never used and is not kept.
 
 ``GPT2Layer.forward`` is the plain definition of a layer; ``GPT2Backbone.forward`` computes the
-same sums regrouped so that each residual add runs with the LayerNorm that reads it, and each
-projection's bias with the elementwise step after it (:mod:`chorus.models.t3.fused_ops`).
+same sums regrouped so that each residual add runs with the LayerNorm that reads it, and the
+MLP's GELU with its up-projection (:mod:`chorus.models.t3.fused_ops`).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from torch import nn
 from chorus.models.t3.attention import AttentionCache
 from chorus.models.t3.backbone import Shapes
 from chorus.models.t3.fused_ops import (
-    add_conv1d_layer_norm, add_layer_norm, conv1d_gelu_tanh, conv1d_reference, gelu_tanh_reference,
+    add_layer_norm, conv1d_gelu_tanh, conv1d_reference, gelu_tanh_reference,
 )
 from chorus.models.variants import BackboneConfig
 
@@ -42,15 +42,12 @@ class GPT2Attention(nn.Module):
         self.c_attn = Conv1D(d, 3 * d)  # q | k | v along the output axis
         self.c_proj = Conv1D(d, d)
 
-    def attend(self, x: torch.Tensor, layer: int, cache: AttentionCache) -> torch.Tensor:
-        """The heads' outputs [N, D], before the output projection ``c_proj``."""
+    def forward(self, x: torch.Tensor, layer: int, cache: AttentionCache) -> torch.Tensor:
         n, d = x.shape
         q, k, v = self.c_attn(x).split(d, dim=-1)
         shape = (n, self.num_heads, self.head_dim)
-        return cache.attend(layer, q.reshape(shape), k.reshape(shape), v.reshape(shape)).reshape(n, d)
-
-    def forward(self, x: torch.Tensor, layer: int, cache: AttentionCache) -> torch.Tensor:
-        return self.c_proj(self.attend(x, layer, cache))
+        out = cache.attend(layer, q.reshape(shape), k.reshape(shape), v.reshape(shape))
+        return self.c_proj(out.reshape(n, d))
 
 
 class GPT2MLP(nn.Module):
@@ -105,13 +102,11 @@ class GPT2Backbone(nn.Module):
         x, h = add_layer_norm(embeds, self.wpe(positions), first.weight, first.bias, first.eps, backend)
         last = len(self.h) - 1
         for index, layer in enumerate(self.h):
-            attn, mlp, ln_2 = layer.attn, layer.mlp, layer.ln_2
+            mlp, ln_2 = layer.mlp, layer.ln_2
             after_mlp = self.h[index + 1].ln_1 if index < last else self.ln_f
-            x, h = add_conv1d_layer_norm(x, attn.attend(h, index, cache), attn.c_proj.weight, attn.c_proj.bias,
-                                         ln_2.weight, ln_2.bias, ln_2.eps, backend)
+            x, h = add_layer_norm(x, layer.attn(h, index, cache), ln_2.weight, ln_2.bias, ln_2.eps, backend)
             inner = conv1d_gelu_tanh(h, mlp.c_fc.weight, mlp.c_fc.bias, backend)
-            x, h = add_conv1d_layer_norm(x, inner, mlp.c_proj.weight, mlp.c_proj.bias,
-                                         after_mlp.weight, after_mlp.bias, after_mlp.eps, backend)
+            x, h = add_layer_norm(x, mlp.c_proj(inner), after_mlp.weight, after_mlp.bias, after_mlp.eps, backend)
         return h
 
     def materialize(self, device: torch.device | str) -> None:

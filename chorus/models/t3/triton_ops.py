@@ -2,8 +2,7 @@
 
 Every kernel computes in fp32 and rounds to the tensors' dtype exactly where the plain tensor
 ops round, so bf16 results match the references bit for bit except for the norm statistics (fp32
-sums in another order), SiLU's and GELU's ``exp``, and the bias of a GPT-2 projection (the
-reference's GEMM adds it before its one rounding; here it is added to the rounded GEMM output). One program handles one token row; rows are
+sums in another order) and SiLU's ``exp``. One program handles one token row; rows are
 independent, so padded rows of a CUDA graph bucket never touch real ones.
 """
 from __future__ import annotations
@@ -117,18 +116,14 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _add_layer_norm_kernel(x_ptr, d_ptr, db_ptr, w_ptr, b_ptr, res_ptr, out_ptr, stride_x, stride_d, stride_res,
-                           stride_out, dim, eps, HAS_DELTA_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+def _add_layer_norm_kernel(x_ptr, d_ptr, w_ptr, b_ptr, res_ptr, out_ptr, stride_x, stride_d, stride_res, stride_out,
+                           dim, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < dim
-    ty = res_ptr.dtype.element_ty
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     d = tl.load(d_ptr + row * stride_d + cols, mask=mask, other=0.0).to(tl.float32)
-    if HAS_DELTA_BIAS:
-        # the projection's bias, rounded where addmm rounds its output
-        d = (d + tl.load(db_ptr + cols, mask=mask, other=0.0).to(tl.float32)).to(ty).to(tl.float32)
-    residual = (x + d).to(ty)
+    residual = (x + d).to(res_ptr.dtype.element_ty)
     tl.store(res_ptr + row * stride_res + cols, residual, mask=mask)
     s = residual.to(tl.float32)
     mean = tl.sum(s, axis=0) / dim
@@ -140,43 +135,14 @@ def _add_layer_norm_kernel(x_ptr, d_ptr, db_ptr, w_ptr, b_ptr, res_ptr, out_ptr,
 
 
 def add_layer_norm_triton(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                          eps: float, delta_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + delta [+ delta_bias], layer_norm(...)): ``delta_bias`` [D] is a projection's bias that
-    the GEMM producing ``delta`` left out."""
+                          eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     n, dim = x.shape
     assert x.ndim == 2 and delta.shape == x.shape and weight.shape == bias.shape == (dim,), (x.shape, delta.shape)
     assert x.stride(1) == 1 and delta.stride(1) == 1 and weight.is_contiguous() and bias.is_contiguous()
-    assert delta_bias is None or (delta_bias.shape == (dim,) and delta_bias.is_contiguous())
     residual = torch.empty_like(x, memory_format=torch.contiguous_format)
     out = torch.empty_like(residual)
     if n:
-        _add_layer_norm_kernel[(n,)](x, delta, delta if delta_bias is None else delta_bias, weight, bias,
-                                     residual, out, x.stride(0), delta.stride(0), residual.stride(0), out.stride(0),
-                                     dim, eps, HAS_DELTA_BIAS=delta_bias is not None,
+        _add_layer_norm_kernel[(n,)](x, delta, weight, bias, residual, out, x.stride(0), delta.stride(0),
+                                     residual.stride(0), out.stride(0), dim, eps,
                                      BLOCK=triton.next_power_of_2(dim), num_warps=4)
     return residual, out
-
-
-@triton.jit
-def _bias_gelu_tanh_kernel(h_ptr, b_ptr, out_ptr, stride_h, stride_out, inner, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < inner
-    ty = out_ptr.dtype.element_ty
-    h = tl.load(h_ptr + row * stride_h + cols, mask=mask, other=0.0).to(tl.float32)
-    z = (h + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)).to(ty).to(tl.float32)
-    # 0.5 z (1 + tanh(u)) == z * sigmoid(2u): the same function without 1 + tanh's cancellation
-    u = 0.7978845608028654 * (z + 0.044715 * z * z * z)  # sqrt(2 / pi) (z + 0.044715 z^3)
-    tl.store(out_ptr + row * stride_out + cols, (z / (1.0 + tl.exp(-2.0 * u))).to(ty), mask=mask)
-
-
-def bias_gelu_tanh_triton(h: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``gelu_tanh(h + bias)`` of a bias-free GEMM's output h [N, I] -> a new [N, I] tensor."""
-    assert h.ndim == 2 and h.stride(1) == 1 and bias.shape == (h.shape[1],) and bias.is_contiguous(), h.shape
-    n, inner = h.shape
-    out = torch.empty((n, inner), dtype=h.dtype, device=h.device)
-    block = 1024
-    if n:
-        _bias_gelu_tanh_kernel[(n, triton.cdiv(inner, block))](h, bias, out, h.stride(0), out.stride(0), inner,
-                                                               BLOCK=block, num_warps=4)
-    return out

@@ -9,7 +9,7 @@ import torch
 
 from chorus.models.t3 import T3Model
 from chorus.models.t3.fused_ops import (
-    add_conv1d_layer_norm, add_layer_norm, add_layer_norm_reference, add_rms_norm, add_rms_norm_reference,
+    add_layer_norm, add_layer_norm_reference, add_rms_norm, add_rms_norm_reference,
     conv1d_gelu_tanh, conv1d_reference, gelu_tanh_reference, rope_qk, rope_reference, silu_mul, silu_mul_reference,
     triton_available,
 )
@@ -126,8 +126,8 @@ def test_the_regrouped_backbone_equals_its_layers_in_turn():
 
 # ------------------------------------------------------------------------------ GPT-2
 # The LayerNorm statistics are fp32 sums in another order than PyTorch's (and 1 / sqrt instead of
-# rsqrt), and GELU uses exp where PyTorch uses tanh: the normed values and activations can differ
-# from the references in their last fp32 bits, never more (1e-6 on values of order one).
+# rsqrt): the normed values can differ from the reference in their last fp32 bits, never more
+# (1e-6 on values of order one).
 FP32_LAST_BITS = dict(rtol=1e-6, atol=1e-6)
 
 
@@ -154,33 +154,12 @@ def test_add_layer_norm_kernel_reads_strided_rows():
 
 
 @needs_triton
-def test_add_conv1d_layer_norm_adds_the_projection_bias_in_the_kernel():
-    x, h = _randn(3, 64), _randn(3, 96, seed=1)
-    proj_weight, proj_bias = _randn(96, 64, seed=2) / 96 ** 0.5, _randn(64, seed=3)
-    weight, bias = _randn(64, seed=4), _randn(64, seed=5)
-    residual, normed = add_conv1d_layer_norm(x, h, proj_weight, proj_bias, weight, bias, 1e-5, backend="triton")
-    ref_residual, ref_normed = add_layer_norm_reference(x, conv1d_reference(h, proj_weight, proj_bias),
-                                                        weight, bias, 1e-5)
-    # a bias-free GEMM plus the bias is addmm's sum in another order: last-bit differences
-    torch.testing.assert_close(residual, ref_residual, **FP32_LAST_BITS)
-    torch.testing.assert_close(normed, ref_normed, **FP32_LAST_BITS)
-
-
-@needs_triton
-@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # exp(-2u) = inf for z << 0: gelu = -0
-def test_bias_gelu_tanh_kernel_matches_the_reference():
-    from chorus.models.t3.triton_ops import bias_gelu_tanh_triton
-
-    h = torch.linspace(-12, 12, 3 * 1500).reshape(3, 1500).to(DEVICE)  # several blocks, a ragged tail
-    bias = _randn(1500, seed=1)
-    torch.testing.assert_close(bias_gelu_tanh_triton(h, bias), gelu_tanh_reference(h + bias), **FP32_LAST_BITS)
-
-
-@needs_triton
-def test_conv1d_gelu_tanh_matches_the_reference():
-    h, weight, bias = _randn(2, 64), _randn(64, 256, seed=1) / 8, _randn(256, seed=2)
-    torch.testing.assert_close(conv1d_gelu_tanh(h, weight, bias, backend="triton"),
-                               gelu_tanh_reference(conv1d_reference(h, weight, bias)), **FP32_LAST_BITS)
+def test_conv1d_gelu_tanh_runs_the_reference_off_cuda():
+    # the fused GEMM + GELU is a cuBLASLt epilogue; on the CPU torch._addmm_activation would be
+    # the exact erf GELU, so even a forced "triton" backend must keep the tanh reference there
+    h, weight, bias = _randn(2, 64).cpu(), _randn(64, 256, seed=1).cpu() / 8, _randn(256, seed=2).cpu()
+    assert torch.equal(conv1d_gelu_tanh(h, weight, bias, backend="triton"),
+                       gelu_tanh_reference(conv1d_reference(h, weight, bias)))
 
 
 def _tiny_gpt2():
@@ -223,5 +202,5 @@ def test_the_gpt2_backbone_with_the_kernels_tracks_the_references():
     expected = backbone(embeds, positions, _DenseCache())
     backbone.ops_backend = "triton"
     got = backbone(embeds, positions, _DenseCache())
-    # last-bit differences of every fused step, carried through two layers
+    # last-bit differences of every fused norm, carried through two layers
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)

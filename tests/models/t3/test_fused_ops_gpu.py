@@ -8,7 +8,7 @@ import torch
 from chorus.models.t3 import T3Model, T3SingleSequence
 from chorus.bench.speed_of_light import DecodeShape, PlainDecodeModel, PlainDecodeStep
 from chorus.models.t3.fused_ops import (
-    add_conv1d_layer_norm, add_layer_norm, add_layer_norm_reference, add_rms_norm, add_rms_norm_reference,
+    add_layer_norm, add_layer_norm_reference, add_rms_norm, add_rms_norm_reference,
     conv1d_gelu_tanh, conv1d_reference, gelu_tanh_reference, rope_qk, rope_reference, silu_mul, silu_mul_reference,
 )
 from chorus.models.variants import get_variant, tiny_variant
@@ -110,42 +110,34 @@ def test_bf16_add_layer_norm(rows):
     assert (normed != ref_normed).float().mean() < 0.01
 
 
-def _projection(rows: int, inner: int, out: int):
-    h = _randn(rows, inner)
-    return h, _randn(inner, out, seed=4) / inner ** 0.5, _randn(out, seed=5)
+def _projection(rows: int, inner: int, out: int, dtype=BF16):
+    g = torch.Generator(device="cuda").manual_seed(4)
+    h = torch.randn(rows, inner, generator=g, device="cuda")
+    weight = torch.randn(inner, out, generator=g, device="cuda") / inner ** 0.5
+    return h.to(dtype), weight.to(dtype), torch.randn(out, generator=g, device="cuda").to(dtype)
 
 
-@pytest.mark.parametrize("rows", [1, 512])
-def test_bf16_add_conv1d_layer_norm(rows):
-    x = _randn(rows, 1024, seed=1)
-    h, proj_weight, proj_bias = _projection(rows, 4096, 1024)
-    weight, bias = _randn(1024, seed=2), _randn(1024, seed=3)
-    residual, normed = add_conv1d_layer_norm(x, h, proj_weight, proj_bias, weight, bias, 1e-5, backend="triton")
-    # the kernel path rounds the GEMM's output before adding the bias: the same roundings in torch
-    # ops give the same residual, and the norm within one step
-    ref_residual, ref_normed = add_layer_norm_reference(x, torch.mm(h, proj_weight) + proj_bias, weight, bias, 1e-5)
-    assert torch.equal(residual, ref_residual)
-    assert float(_bf16_steps(normed, ref_normed).max()) <= 1
-    # against the plain ops (addmm rounds once), that extra rounding moves few values, by a step
-    plain_residual, plain_normed = add_layer_norm_reference(x, conv1d_reference(h, proj_weight, proj_bias),
-                                                            weight, bias, 1e-5)
-    for got, plain in ((residual, plain_residual), (normed, plain_normed)):
-        torch.testing.assert_close(got, plain, rtol=2e-2, atol=2e-2)
-        assert (got != plain).float().mean() < 0.05
+@pytest.mark.parametrize("rows", [1, 2, 512])
+def test_the_gelu_epilogue_is_the_tanh_approximation(rows):
+    # in fp32 the tanh and erf GELUs differ by up to ~5e-4, far above the GEMM's rounding
+    h, weight, bias = _projection(rows, 1024, 4096, dtype=torch.float32)
+    got = conv1d_gelu_tanh(h, weight, bias, backend="triton")
+    pre = conv1d_reference(h, weight, bias)
+    tanh_error = float((got - gelu_tanh_reference(pre)).abs().max())
+    erf_error = float((got - torch.nn.functional.gelu(pre)).abs().max())
+    assert tanh_error < 1e-4 < erf_error, (tanh_error, erf_error)
 
 
 @pytest.mark.parametrize("rows", [1, 512])
 def test_bf16_conv1d_gelu_tanh(rows):
     h, weight, bias = _projection(rows, 1024, 4096)
     got = conv1d_gelu_tanh(h, weight, bias, backend="triton")
-    same_roundings = gelu_tanh_reference(torch.mm(h, weight) + bias)
-    # exp instead of tanh: one step, or a tiny absolute difference where the reference's 1 + tanh
-    # cancels (inputs below about -4, outputs below 1e-4)
-    steps = _bf16_steps(got, same_roundings)
-    assert bool(((steps <= 1) | ((got.float() - same_roundings.float()).abs() < 1e-5)).all())
     plain = gelu_tanh_reference(conv1d_reference(h, weight, bias))
+    exact = gelu_tanh_reference(conv1d_reference(h.float(), weight.float(), bias.float()))
+    # the epilogue applies GELU before the one rounding, where the plain ops round twice: values
+    # move by a step or two of the plain result, towards the exact one
     torch.testing.assert_close(got, plain, rtol=2e-2, atol=2e-2)
-    assert (got != plain).float().mean() < 0.05
+    assert (got.float() - exact).abs().mean() <= (plain.float() - exact).abs().mean()
 
 
 def _kernels_per_step(model: PlainDecodeModel, backend: str) -> int:
@@ -163,6 +155,6 @@ def test_the_fused_gpt2_layer_launches_fewer_kernels():
     config = get_variant("turbo").t3
     model = PlainDecodeModel.build(config, dtype=BF16, device="cuda")
     plain, fused = _kernels_per_step(model, "torch"), _kernels_per_step(model, "triton")
-    # per layer at one row: the separate LayerNorms, residual adds and GELU are gone, and so are
-    # the bias copies that addmm makes before a one-row GEMM (docs/t3.md)
-    assert plain - fused >= 4 * config.backbone.num_layers, (plain, fused)
+    # per layer: two LayerNorms with their residual adds become two kernels, and the GELU joins the
+    # up-projection's GEMM (docs/t3.md)
+    assert plain - fused >= 3 * config.backbone.num_layers, (plain, fused)
