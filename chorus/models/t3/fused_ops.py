@@ -1,4 +1,4 @@
-"""The elementwise steps of a Llama decoder layer, each one kernel on CUDA.
+"""The elementwise steps of the Llama and GPT-2 decoder layers, each one kernel on CUDA.
 
 A decode step at small batch is bound by kernel launches, not arithmetic: written as plain
 tensor ops, an RMSNorm with its residual add, the rotary embedding of q and k, and SwiGLU's
@@ -7,6 +7,10 @@ tensors (``chorus/models/t3/triton_ops.py``) and the same arithmetic in PyTorch 
 which is the reference the kernels are tested against. The kernels round where the plain ops
 round (every bf16 product and sum), so they agree bit for bit in fp32; compiled in bf16 a value
 can move by one bf16 step (docs/t3.md, "Fewer kernels per Llama layer").
+
+GPT-2's MLP up-projection and GELU (``conv1d_gelu_tanh``) are not a Triton kernel but one
+cuBLASLt GEMM with a bias and GELU epilogue on CUDA (docs/t3.md, "Fewer kernels per GPT-2
+layer"); it follows the same backend rule.
 
 ``backend``: ``"auto"``, ``"triton"`` or ``"torch"``, chosen as for every kernel package
 (:mod:`chorus.triton_backend`).
@@ -54,6 +58,22 @@ def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def conv1d_reference(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """A GPT-2 Conv1D projection of h [N, in] by weight [in, out] and bias [out]."""
+    return torch.addmm(bias, h, weight)
+
+
+def add_layer_norm_reference(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    residual = x + delta
+    return residual, F.layer_norm(residual, (residual.shape[-1],), weight, bias, eps)
+
+
+def gelu_tanh_reference(h: torch.Tensor) -> torch.Tensor:
+    """GPT-2's "gelu_new": the tanh approximation of GELU."""
+    return F.gelu(h, approximate="tanh")
+
+
 # ------------------------------------------------------------------------------ dispatch
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
                  backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,3 +104,25 @@ def silu_mul(gate_up: torch.Tensor, backend: str = "auto") -> torch.Tensor:
 
         return silu_mul_triton(gate_up)
     return silu_mul_reference(gate_up)
+
+
+def add_layer_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+                   backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, layer_norm(x + delta)) for [N, D] tensors: the residual stream and the next
+    sublayer's input."""
+    if _use_triton(backend, x):
+        from chorus.models.t3.triton_ops import add_layer_norm_triton
+
+        return add_layer_norm_triton(x, delta, weight, bias, eps)
+    return add_layer_norm_reference(x, delta, weight, bias, eps)
+
+
+def conv1d_gelu_tanh(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                     backend: str = "auto") -> torch.Tensor:
+    """``gelu_tanh(conv1d(h))``, GPT-2's MLP up-projection and activation. On CUDA it is one
+    cuBLASLt GEMM whose epilogue adds the bias and applies GELU to the fp32 sums before their one
+    rounding (``torch._addmm_activation``; on CUDA its GELU is the tanh approximation, see
+    docs/t3.md). Elsewhere the reference runs: on the CPU that op computes the exact erf GELU."""
+    if h.is_cuda and _use_triton(backend, h):
+        return torch._addmm_activation(bias, h, weight, use_gelu=True)
+    return gelu_tanh_reference(conv1d_reference(h, weight, bias))

@@ -3,17 +3,22 @@
 Attribute names follow the checkpoint keys under ``tfmr.``. Projection weights keep the
 checkpoint's Conv1D layout [in, out] (transposed relative to ``nn.Linear``), so a state dict
 loads without reshuffling. The inner token table ``wte`` is never used and is not kept.
+
+``GPT2Layer.forward`` is the plain definition of a layer; ``GPT2Backbone.forward`` computes the
+same sums regrouped so that each residual add runs with the LayerNorm that reads it, and the
+MLP's GELU with its up-projection (:mod:`chorus.models.t3.fused_ops`).
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from chorus.models.t3.attention import AttentionCache
 from chorus.models.t3.backbone import Shapes
+from chorus.models.t3.fused_ops import (
+    add_layer_norm, conv1d_gelu_tanh, conv1d_reference, gelu_tanh_reference,
+)
 from chorus.models.variants import BackboneConfig
-
 
 
 class Conv1D(nn.Module):
@@ -26,7 +31,7 @@ class Conv1D(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        return torch.addmm(self.bias, flat, self.weight).view(*x.shape[:-1], -1)
+        return conv1d_reference(flat, self.weight, self.bias).view(*x.shape[:-1], -1)
 
 
 class GPT2Attention(nn.Module):
@@ -52,8 +57,7 @@ class GPT2MLP(nn.Module):
         self.c_proj = Conv1D(config.intermediate_size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # "gelu_new" is the tanh approximation of GELU
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        return self.c_proj(gelu_tanh_reference(self.c_fc(x)))
 
 
 class GPT2Layer(nn.Module):
@@ -83,14 +87,27 @@ class GPT2Backbone(nn.Module):
         self.wpe = nn.Embedding(config.max_positions, config.hidden_size)
         self.h = nn.ModuleList(GPT2Layer(config) for _ in range(config.num_layers))
         self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+        # where the fused steps run: "auto", "triton" or "torch" (chorus.models.t3.fused_ops)
+        self.ops_backend = "auto"
 
     def forward(
         self, embeds: torch.Tensor, positions: torch.Tensor, cache: AttentionCache
     ) -> torch.Tensor:
-        x = embeds + self.wpe(positions)
+        """The layers' sums, regrouped: ``x, h = add_layer_norm(x, sublayer(h), next_norm)``, where
+        the first add is the position embedding (read by layer 0's ``ln_1``) and the last norm is
+        ``ln_f``. With ``ops_backend = "torch"`` these are the same ops in the same order as
+        ``GPT2Layer.forward`` in turn, so the same floats."""
+        backend = self.ops_backend
+        first = self.h[0].ln_1
+        x, h = add_layer_norm(embeds, self.wpe(positions), first.weight, first.bias, first.eps, backend)
+        last = len(self.h) - 1
         for index, layer in enumerate(self.h):
-            x = layer(x, index, cache)
-        return self.ln_f(x)
+            mlp, ln_2 = layer.mlp, layer.ln_2
+            after_mlp = self.h[index + 1].ln_1 if index < last else self.ln_f
+            x, h = add_layer_norm(x, layer.attn(h, index, cache), ln_2.weight, ln_2.bias, ln_2.eps, backend)
+            inner = conv1d_gelu_tanh(h, mlp.c_fc.weight, mlp.c_fc.bias, backend)
+            x, h = add_layer_norm(x, mlp.c_proj(inner), after_mlp.weight, after_mlp.bias, after_mlp.eps, backend)
+        return h
 
     def materialize(self, device: torch.device | str) -> None:
         pass  # every tensor comes from the checkpoint

@@ -1,8 +1,8 @@
 """Triton kernels of ``fused_ops.py``: one launch each, the same roundings as the references.
 
 Every kernel computes in fp32 and rounds to the tensors' dtype exactly where the plain tensor
-ops round, so bf16 results match the references bit for bit except for the RMS statistic (an
-fp32 sum in another order) and SiLU's ``exp``. One program handles one token row; rows are
+ops round, so bf16 results match the references bit for bit except for the norm statistics (fp32
+sums in another order) and SiLU's ``exp``. One program handles one token row; rows are
 independent, so padded rows of a CUDA graph bucket never touch real ones.
 """
 from __future__ import annotations
@@ -113,3 +113,36 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
         _silu_mul_kernel[(n, triton.cdiv(inner, block))](gate_up, out, gate_up.stride(0), out.stride(0), inner,
                                                          BLOCK=block, num_warps=4)
     return out
+
+
+@triton.jit
+def _add_layer_norm_kernel(x_ptr, d_ptr, w_ptr, b_ptr, res_ptr, out_ptr, stride_x, stride_d, stride_res, stride_out,
+                           dim, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < dim
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    d = tl.load(d_ptr + row * stride_d + cols, mask=mask, other=0.0).to(tl.float32)
+    residual = (x + d).to(res_ptr.dtype.element_ty)
+    tl.store(res_ptr + row * stride_res + cols, residual, mask=mask)
+    s = residual.to(tl.float32)
+    mean = tl.sum(s, axis=0) / dim
+    centred = tl.where(mask, s - mean, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / dim + eps)  # biased variance, as LayerNorm
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + cols, (centred * rstd * w + b).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def add_layer_norm_triton(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                          eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    n, dim = x.shape
+    assert x.ndim == 2 and delta.shape == x.shape and weight.shape == bias.shape == (dim,), (x.shape, delta.shape)
+    assert x.stride(1) == 1 and delta.stride(1) == 1 and weight.is_contiguous() and bias.is_contiguous()
+    residual = torch.empty_like(x, memory_format=torch.contiguous_format)
+    out = torch.empty_like(residual)
+    if n:
+        _add_layer_norm_kernel[(n,)](x, delta, weight, bias, residual, out, x.stride(0), delta.stride(0),
+                                     residual.stride(0), out.stride(0), dim, eps,
+                                     BLOCK=triton.next_power_of_2(dim), num_warps=4)
+    return residual, out

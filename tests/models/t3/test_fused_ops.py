@@ -1,5 +1,5 @@
-"""The fused elementwise ops of the Llama layer: Triton kernels (under the interpreter on the
-CPU) against their PyTorch references, and the regrouped backbone against its layers."""
+"""The fused elementwise ops of the Llama and GPT-2 layers: Triton kernels (under the interpreter
+on the CPU) against their PyTorch references, and the regrouped backbones against their layers."""
 from __future__ import annotations
 
 import os
@@ -9,7 +9,9 @@ import torch
 
 from chorus.models.t3 import T3Model
 from chorus.models.t3.fused_ops import (
-    add_rms_norm, add_rms_norm_reference, rope_qk, rope_reference, silu_mul, silu_mul_reference, triton_available,
+    add_layer_norm, add_layer_norm_reference, add_rms_norm, add_rms_norm_reference,
+    conv1d_gelu_tanh, conv1d_reference, gelu_tanh_reference, rope_qk, rope_reference, silu_mul, silu_mul_reference,
+    triton_available,
 )
 from chorus.models.variants import tiny_variant
 from tests.models.t3.weights import random_t3_state
@@ -106,7 +108,7 @@ class _DenseCache:
 
     def attend(self, layer, q, k, v):
         scores = torch.einsum("nhd,mhd->hnm", q, k) / q.shape[-1] ** 0.5
-        causal = torch.ones(q.shape[0], q.shape[0], dtype=torch.bool).tril()
+        causal = torch.ones(q.shape[0], q.shape[0], dtype=torch.bool, device=q.device).tril()
         return torch.einsum("hnm,mhd->nhd", scores.masked_fill(~causal, float("-inf")).softmax(-1), v)
 
 
@@ -120,3 +122,85 @@ def test_the_regrouped_backbone_equals_its_layers_in_turn():
     for index, layer in enumerate(backbone.layers):
         x = layer(x, cos, sin, index, _DenseCache())
     assert torch.equal(got, backbone.norm(x))
+
+
+# ------------------------------------------------------------------------------ GPT-2
+# The LayerNorm statistics are fp32 sums in another order than PyTorch's (and 1 / sqrt instead of
+# rsqrt): the normed values can differ from the reference in their last fp32 bits, never more
+# (1e-6 on values of order one).
+FP32_LAST_BITS = dict(rtol=1e-6, atol=1e-6)
+
+
+@needs_triton
+@pytest.mark.parametrize("rows", [1, 5])
+def test_add_layer_norm_kernel_matches_the_reference(rows):
+    x, delta = _randn(rows, 96), _randn(rows, 96, seed=1)  # 96: a masked tail in a 128-wide block
+    weight, bias = _randn(96, seed=2), _randn(96, seed=3)
+    residual, normed = add_layer_norm(x, delta, weight, bias, 1e-5, backend="triton")
+    ref_residual, ref_normed = add_layer_norm_reference(x, delta, weight, bias, 1e-5)
+    assert torch.equal(residual, ref_residual)
+    torch.testing.assert_close(normed, ref_normed, **FP32_LAST_BITS)
+
+
+@needs_triton
+def test_add_layer_norm_kernel_reads_strided_rows():
+    wide = _randn(4, 200) + 3.0  # a mean far from zero: the variance is taken about it
+    x, delta = wide[:, :64], wide[:, 100:164]  # row stride 200
+    weight, bias = _randn(64, seed=3), _randn(64, seed=4)
+    residual, normed = add_layer_norm(x, delta, weight, bias, 1e-5, backend="triton")
+    ref_residual, ref_normed = add_layer_norm_reference(x, delta, weight, bias, 1e-5)
+    assert torch.equal(residual, ref_residual)
+    torch.testing.assert_close(normed, ref_normed, **FP32_LAST_BITS)
+
+
+@needs_triton
+def test_conv1d_gelu_tanh_runs_the_reference_off_cuda():
+    # the fused GEMM + GELU is a cuBLASLt epilogue; on the CPU torch._addmm_activation would be
+    # the exact erf GELU, so even a forced "triton" backend must keep the tanh reference there
+    h, weight, bias = _randn(2, 64).cpu(), _randn(64, 256, seed=1).cpu() / 8, _randn(256, seed=2).cpu()
+    assert torch.equal(conv1d_gelu_tanh(h, weight, bias, backend="triton"),
+                       gelu_tanh_reference(conv1d_reference(h, weight, bias)))
+
+
+def _tiny_gpt2():
+    config = tiny_variant("turbo").t3
+    return T3Model.from_state_dict(config, random_t3_state(config, 0))
+
+
+def test_the_regrouped_gpt2_backbone_equals_its_layers_in_turn():
+    backbone = _tiny_gpt2().tfmr
+    backbone.ops_backend = "torch"
+    embeds, positions = _randn(7, backbone.config.hidden_size).cpu(), torch.arange(7)
+    got = backbone(embeds, positions, _DenseCache())
+    x = embeds + backbone.wpe(positions)
+    for index, layer in enumerate(backbone.h):
+        x = layer(x, index, _DenseCache())
+    assert torch.equal(got, backbone.ln_f(x))
+
+
+def test_the_gpt2_backbone_runs_the_references_on_the_cpu_by_default():
+    backbone = _tiny_gpt2().tfmr
+    embeds, positions = _randn(5, backbone.config.hidden_size).cpu(), torch.arange(5)
+    got = backbone(embeds, positions, _DenseCache())  # "auto" on CPU tensors
+    backbone.ops_backend = "torch"
+    assert torch.equal(got, backbone(embeds, positions, _DenseCache()))
+
+
+def test_the_fused_gpt2_backbone_keeps_the_state_dict():
+    config = tiny_variant("turbo").t3
+    state = random_t3_state(config, 0)
+    model = T3Model.from_state_dict(config, state)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, state[key].to(value.dtype)), key
+
+
+@needs_triton
+def test_the_gpt2_backbone_with_the_kernels_tracks_the_references():
+    backbone = _tiny_gpt2().tfmr.to(DEVICE)
+    embeds, positions = _randn(6, backbone.config.hidden_size), torch.arange(6, device=DEVICE)
+    backbone.ops_backend = "torch"
+    expected = backbone(embeds, positions, _DenseCache())
+    backbone.ops_backend = "triton"
+    got = backbone(embeds, positions, _DenseCache())
+    # last-bit differences of every fused norm, carried through two layers
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
