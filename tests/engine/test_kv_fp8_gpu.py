@@ -24,10 +24,10 @@ pytestmark = [
 LOGITS_COSINE_FLOOR = 0.99
 
 
-def _model(variant):
+def _model(variant, dtype=torch.bfloat16):
     state = random_state_dict(t3_key_specs(variant), seed=0)
     state["speech_head.weight"] = state["speech_head.weight"] * 8
-    return T3Model.from_state_dict(variant.t3, state, dtype=torch.bfloat16, device="cuda", source="random")
+    return T3Model.from_state_dict(variant.t3, state, dtype=dtype, device="cuda", source="random")
 
 
 def _real_prompt(variant, model):
@@ -63,8 +63,10 @@ def _engine(model, variant, kv_cache_dtype, graphs):
 
 @pytest.mark.parametrize("name", ["original", "turbo"])
 def test_fp8_cuda_graph_decode_equals_eager(name, capsys):
+    """fp32 model (so only the FP8 storage rounds): a graph replay and the eager step split the
+    KV differently, which bf16 activations would turn into different tokens."""
     variant = get_variant(name)
-    model = _model(variant)
+    model = _model(variant, torch.float32)
     reqs = _requests(variant, model, 6, tokens=24)
     eager = _engine(model, variant, "fp8_e4m3", graphs=False).generate(reqs)
     graphed_engine = _engine(model, variant, "fp8_e4m3", graphs=True)
