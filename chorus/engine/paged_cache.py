@@ -8,7 +8,7 @@ block table, context length and query span); the backbone then calls ``attend`` 
 The pool's dtype is the model's, or FP8 e4m3 (``kv_cache_dtype="fp8_e4m3"``): half the bytes
 per block, values stored as ``fp8(x / scale)`` with one fp32 scale per layer for K and one for
 V (``kv_scales [layers, 2]``, on the device). The scales are set once before serving
-(``set_kv_scales``, from ``calibrate_kv_scales``) and never change afterwards, so captured CUDA
+(``set_kv_scales``, from ``chorus.engine.kv_quant.kv_scales``) and never change afterwards, so captured CUDA
 graphs stay valid and no step reads them on the host.
 """
 from __future__ import annotations
