@@ -4,6 +4,7 @@ bad inputs, raised before any model loads. Also the audio file writer behind ``-
 from __future__ import annotations
 
 import os
+import random
 import sys
 import types
 from dataclasses import replace
@@ -116,7 +117,7 @@ def test_reference_clip_too_short_or_undecodable(light_nano_dir, tmp_path, capsy
     short = os.path.join(DATA_DIR, "sample-02.mp3")  # 3.8 s
     assert "needs more than 5 s" in _error(capsys, [*base, "--voice", short, "Hello."])
     garbage = tmp_path / "noise.wav"
-    garbage.write_bytes(os.urandom(4096))
+    garbage.write_bytes(random.Random(0).randbytes(4096))
     assert "could not decode" in _error(capsys, [*base, "--voice", str(garbage), "Hello."])
     assert "not found" in _error(capsys, [*base, "--voice", str(tmp_path / "missing.wav"), "Hello."])
     line = _error(capsys, ["voice", "create", "--variant", "nano", "--checkpoint", light_nano_dir, "--audio", short,

@@ -93,7 +93,7 @@ def _decode_with_pyav(source: AudioSource, max_seconds: float | None, sf_error: 
     try:
         with av.open(_as_file(source), mode="r") as container:
             if not container.streams.audio:
-                raise AudioDecodeError("the file contains no audio stream")
+                raise AudioDecodeError("could not decode the audio: the file contains no audio stream")
             stream = container.streams.audio[0]
             sample_rate = int(stream.codec_context.sample_rate or stream.rate)
             limit = None if max_seconds is None else int(max_seconds * sample_rate)
