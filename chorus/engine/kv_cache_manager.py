@@ -8,8 +8,8 @@ The scheduler drives it in this order for a request:
    hit (their conditioning blocks are the same blocks, their text blocks are not).
 2. ``allocate_slots(request, n, computed)`` makes room for ``n`` more positions per row
    (taking references on the hit blocks first). All rows or none: it returns None and changes
-   nothing when the pool is short. ``allocate_next_blocks(seqs)`` is the decode step's short
-   cut: one block for each row whose next position starts a block.
+   nothing when the pool is short. ``allocate_next_blocks(seqs, next_positions)`` is the
+   decode step's short cut: one block for each row whose next position starts a block.
 3. After the model ran, ``cache_computed_blocks(seq)`` registers every block that is now full
    of computed positions, so later requests can hit it. A block becomes findable only after
    the step that filled it has run, so no request ever reads KV still being written.
@@ -141,14 +141,12 @@ class KVCacheManager:
             )
         return new_ids
 
-    def allocate_next_blocks(self, seqs: list[Sequence], next_positions: list[int] | None = None) -> bool:
+    def allocate_next_blocks(self, seqs: list[Sequence], next_positions: list[int]) -> bool:
         """Append one new block to each of ``seqs``' tables, in order: the decode fast path,
         for rows whose table covers exactly the positions before their next one and whose
-        next position starts a block. ``next_positions``: per row, default its computed
-        positions (a step scheduled ahead passes computed plus the positions in flight).
+        next position starts a block. ``next_positions``: per row, its computed positions, plus
+        the positions in flight for a step scheduled ahead.
         All or nothing: False, and nothing changed, when the pool is short."""
-        if next_positions is None:
-            next_positions = [seq.num_computed_tokens for seq in seqs]
         assert len(next_positions) == len(seqs)
         blocks = self.pool.allocate(len(seqs))
         if blocks is None:
