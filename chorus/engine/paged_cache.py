@@ -58,6 +58,18 @@ class AttentionMetadata:
     num_decodes: int
     shared_prefix: SharedPrefixTensors | None = None
 
+    @classmethod
+    def single_row(cls, start: int, count: int, num_blocks: int, device: torch.device | str) -> AttentionMetadata:
+        """One row whose table is blocks ``0 .. num_blocks - 1``, computing positions
+        ``[start, start + count)`` (scratch caches: profiling, calibration, accuracy checks)."""
+        length = start + count
+        return cls(
+            slot_mapping=torch.arange(start, length, device=device),
+            block_tables=torch.arange(num_blocks, device=device, dtype=torch.int32)[None],
+            seq_lens=torch.tensor([length], device=device, dtype=torch.int32),
+            query_start_loc=torch.tensor([0, count], device=device, dtype=torch.int32),
+            max_query_len=count, max_seq_len=length, num_decodes=1 if count == 1 else 0)
+
 
 def kv_bytes_per_block(num_layers: int, block_size: int, num_heads: int, head_dim: int,
                        dtype: torch.dtype) -> int:
