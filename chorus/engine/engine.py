@@ -168,13 +168,9 @@ class T3Engine:
                                bb.num_kv_heads, bb.head_dim, dtype=self.kv_cache_dtype, device=device)
         from chorus.engine.paged_cache import AttentionMetadata
 
-        slots = torch.arange(tokens, device=device)
-        positions = slots.clamp(max=bb.max_positions - 1)  # GPT-2 has a finite position table
-        scratch.metadata = AttentionMetadata(
-            slot_mapping=slots, block_tables=torch.arange(scratch_blocks, device=device, dtype=torch.int32)[None],
-            seq_lens=torch.tensor([tokens], device=device, dtype=torch.int32),
-            query_start_loc=torch.tensor([0, tokens], device=device, dtype=torch.int32),
-            max_query_len=tokens, max_seq_len=tokens, num_decodes=0)
+        # GPT-2 has a finite position table
+        positions = torch.arange(tokens, device=device).clamp(max=bb.max_positions - 1)
+        scratch.metadata = AttentionMetadata.single_row(0, tokens, scratch_blocks, device)
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         with torch.inference_mode():

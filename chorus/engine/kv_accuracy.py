@@ -47,19 +47,9 @@ class KVAccuracy:
                 "top1_agreement": round(self.top1_agreement, 4)}
 
 
-def _metadata(start: int, count: int, blocks: int, device) -> AttentionMetadata:
-    length = start + count
-    return AttentionMetadata(
-        slot_mapping=torch.arange(start, length, device=device),
-        block_tables=torch.arange(blocks, device=device, dtype=torch.int32)[None],
-        seq_lens=torch.tensor([length], device=device, dtype=torch.int32),
-        query_start_loc=torch.tensor([0, count], device=device, dtype=torch.int32),
-        max_query_len=count, max_seq_len=length, num_decodes=1 if count == 1 else 0)
-
-
 def _logits(model: T3Model, cache: PagedKVCache, embeds: torch.Tensor, start: int, blocks: int) -> torch.Tensor:
     count = embeds.shape[0]
-    cache.metadata = _metadata(start, count, blocks, model.device)
+    cache.metadata = AttentionMetadata.single_row(start, count, blocks, model.device)
     positions = torch.arange(start, start + count, device=model.device)
     hidden = model(embeds, positions, cache)
     cache.metadata = None

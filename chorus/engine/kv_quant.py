@@ -73,14 +73,9 @@ def observe_kv_amax(model: T3Model, embeds: torch.Tensor, block_size: int = 16) 
     scratch = PagedKVCache(bb.num_layers, blocks, block_size, bb.num_kv_heads, bb.head_dim,
                            dtype=model.dtype, device=device)
     scratch.observed_amax = torch.zeros(bb.num_layers, 2, dtype=torch.float32, device=device)
-    slots = torch.arange(length, device=device)
-    scratch.metadata = AttentionMetadata(
-        slot_mapping=slots, block_tables=torch.arange(blocks, device=device, dtype=torch.int32)[None],
-        seq_lens=torch.tensor([length], device=device, dtype=torch.int32),
-        query_start_loc=torch.tensor([0, length], device=device, dtype=torch.int32),
-        max_query_len=length, max_seq_len=length, num_decodes=0)
+    scratch.metadata = AttentionMetadata.single_row(0, length, blocks, device)
     with torch.inference_mode():
-        model(embeds.to(device=device, dtype=model.dtype), slots, scratch)
+        model(embeds.to(device=device, dtype=model.dtype), torch.arange(length, device=device), scratch)
     return scratch.observed_amax.clone()
 
 

@@ -92,6 +92,7 @@ class ModelRunner:
         self.requests: dict[str, RequestTensors] = {}
         self.graphs = None  # a CudaGraphDecoder, set by the engine on CUDA
         self.shared_prefix = shared_prefix
+        self._plan_cache: tuple[list, np.ndarray, SharedPrefixPlan] | None = None  # (decode seqs, their leading blocks, plan)
         self.sampler_graphs: SamplerGraphs | None = None  # set by the engine on CUDA
         # pinned host buffers (with the event of their last copy) for metadata transfers
         self._staging: list[tuple[torch.Tensor | None, torch.cuda.Event | None]] = [(None, None)] * 4
@@ -152,14 +153,13 @@ class ModelRunner:
         speech_rows, speech_generated = row_of[speech_at], generated[speech_at]
         if pending is None:
             speech_tokens = [seqs[r].output_tokens[g] for r, g in zip(speech_rows.tolist(), speech_generated.tolist())]
-        else:  # indices of the tokens in ``pending``'s sampled rows
-            speech_tokens = [pending.row_of[seqs[r].request_id] for r in speech_rows.tolist()]
-            assert all(len(seqs[r].output_tokens) == g for r, g in zip(speech_rows.tolist(), speech_generated.tolist())), \
-                "a step scheduled ahead feeds exactly the tokens in flight"
+        else:  # a step scheduled ahead feeds exactly the tokens in flight: their rows in ``pending``
+            row_of = pending.row_of
+            speech_tokens = [row_of[seqs[r].request_id] for r in speech_rows.tolist()]
         all_speech = len(speech_at) == num_tokens
         ends = starts + counts
         num_decodes = int(np.argmax(counts != 1)) if (counts != 1).any() else num_rows
-        plan = self._shared_prefix_plan(out.block_tables, ends, num_decodes)
+        plan = self._shared_prefix_plan(seqs, out.block_tables, ends, num_decodes)
         host = [positions, slots, out.block_tables.reshape(-1), ends, q_start,
                 q_start[1:][out.row_needs_logits] - 1, np.asarray(speech_tokens, dtype=np.int64),
                 speech_generated + 1, speech_at[:0] if all_speech else speech_at]
@@ -189,16 +189,35 @@ class ModelRunner:
         return StepInputs(embeds=embeds, positions=pos_d, metadata=metadata, logits_index=logit_d,
                           num_tokens=num_tokens)
 
-    def _shared_prefix_plan(self, block_tables: np.ndarray, seq_lens: np.ndarray,
+    def _shared_prefix_plan(self, seqs: list, block_tables: np.ndarray, seq_lens: np.ndarray,
                             num_decodes: int) -> SharedPrefixPlan | None:
         """Groups of decode rows that read their shared prefix once per step, when that pays:
         enough decode rows, and at least half their KV reads saved (measured on an H200:
-        a lone or short prefix loses to the extra launches and the partials' merge)."""
+        a lone or short prefix loses to the extra launches and the partials' merge).
+
+        The plan is kept while the same sequences decode with the same leading blocks: shared
+        blocks are full cached blocks, and the blocks a row takes while decoding are its own,
+        so the same rows never come to share more (a preempted row comes back with new blocks,
+        which the table comparison sees)."""
         if not self.shared_prefix or num_decodes < SHARED_PREFIX_MIN_ROWS:
             return None
-        plan = plan_shared_prefixes(block_tables, seq_lens, num_decodes, self.block_size,
-                                    max_groups=SHARED_PREFIX_MAX_GROUPS)
+        plan = self._reuse_plan(seqs, block_tables, num_decodes)
+        if plan is None:
+            plan = plan_shared_prefixes(block_tables, seq_lens, num_decodes, self.block_size,
+                                        max_groups=SHARED_PREFIX_MAX_GROUPS)
+            width = max(1, int(plan.prefix_len.max()) // self.block_size)
+            self._plan_cache = (seqs[:num_decodes], block_tables[:num_decodes, :width].copy(), plan)
         if plan.num_groups == 0 or 2 * plan.prefix_tokens_saved < int(seq_lens[:num_decodes].sum()):
+            return None
+        return plan
+
+    def _reuse_plan(self, seqs: list, block_tables: np.ndarray, num_decodes: int) -> SharedPrefixPlan | None:
+        if self._plan_cache is None:
+            return None
+        rows, region, plan = self._plan_cache
+        width = region.shape[1]
+        if (len(seqs) != plan.prefix_len.shape[0] or len(rows) != num_decodes or block_tables.shape[1] < width
+                or any(a is not b for a, b in zip(rows, seqs)) or not np.array_equal(block_tables[:num_decodes, :width], region)):
             return None
         return plan
 

@@ -19,17 +19,21 @@ from dataclasses import dataclass
 import torch
 
 from chorus.engine.attention import SharedPrefixTensors, is_fp8, paged_attention, write_kv
+from chorus.engine.config import KV_CACHE_DTYPES
 
-KV_CACHE_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn}  # besides "auto" (the model's dtype)
+# the torch dtype of each pool dtype name (``chorus.engine.config.KV_CACHE_DTYPES`` owns the
+# names; "auto" is the model's dtype)
+_TORCH_KV_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn}
+assert set(_TORCH_KV_DTYPES) == set(KV_CACHE_DTYPES) - {"auto"}
 
 
 def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
     """``CacheConfig.kv_cache_dtype`` as a torch dtype: "auto" is the model's dtype."""
     if name == "auto":
         return model_dtype
-    if name not in KV_CACHE_DTYPES:
-        raise ValueError(f"kv_cache_dtype must be 'auto' or one of {sorted(KV_CACHE_DTYPES)}, got {name!r}")
-    return KV_CACHE_DTYPES[name]
+    if name not in _TORCH_KV_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {name!r}")
+    return _TORCH_KV_DTYPES[name]
 
 
 @dataclass
@@ -53,6 +57,18 @@ class AttentionMetadata:
     max_seq_len: int
     num_decodes: int
     shared_prefix: SharedPrefixTensors | None = None
+
+    @classmethod
+    def single_row(cls, start: int, count: int, num_blocks: int, device: torch.device | str) -> AttentionMetadata:
+        """One row whose table is blocks ``0 .. num_blocks - 1``, computing positions
+        ``[start, start + count)`` (scratch caches: profiling, calibration, accuracy checks)."""
+        length = start + count
+        return cls(
+            slot_mapping=torch.arange(start, length, device=device),
+            block_tables=torch.arange(num_blocks, device=device, dtype=torch.int32)[None],
+            seq_lens=torch.tensor([length], device=device, dtype=torch.int32),
+            query_start_loc=torch.tensor([0, count], device=device, dtype=torch.int32),
+            max_query_len=count, max_seq_len=length, num_decodes=1 if count == 1 else 0)
 
 
 def kv_bytes_per_block(num_layers: int, block_size: int, num_heads: int, head_dim: int,

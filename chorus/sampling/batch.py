@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -102,7 +103,7 @@ class SamplingBatch:
                           and ran.index("top_p") == ran.index("top_k") + 1
                           and all(k > 0 for k, p in zip(top_k, top_p) if p < 1.0))
 
-        seed_words = torch.tensor([split_seed(p.seed) for p in params], dtype=torch.int64)
+        seed_words = np.array([split_seed(p.seed) for p in params], dtype=np.int64)
         return cls(
             order=order,
             eos_token_id=variant.t3.stop_speech_token,
@@ -114,7 +115,7 @@ class SamplingBatch:
             top_p_cutoff=floats([1.0 - p if p < 1.0 else -1.0 for p in top_p]),
             greedy=torch.tensor([not s for s in sampled], dtype=torch.bool).to(device),
             min_new_tokens=torch.tensor(shortest, dtype=torch.int64).to(device),
-            seed_lanes=seed_lanes(seed_words).to(device),
+            seed_lanes=torch.from_numpy(seed_lanes(seed_words)).to(device),
             active_steps=frozenset(active),
             max_top_k=max(top_k),
             bans_eos=any(s > 0 for s in shortest),

@@ -10,6 +10,7 @@ makes ``>>`` a logical shift.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -43,12 +44,15 @@ def split_seed(seed: int) -> tuple[int, int]:
     return seed & _MASK32, seed >> 32
 
 
-def seed_lanes(seed_words: Tensor) -> Tensor:
+def seed_lanes(seed_words: Tensor | np.ndarray) -> Tensor | np.ndarray:
     """[R, 2] (low, high) seed words -> [R, 2] hashed lanes; depends on the seed only, so it
-    is computed once per batch composition."""
+    is computed once per batch composition. Takes an int64 tensor or numpy array (the same
+    integer ops; numpy is far cheaper for the host-side batch build) and returns the same kind."""
     low, high = seed_words[:, 0], seed_words[:, 1]
     lane0 = mix32(mix32(low ^ _LANE_SALTS[0]) ^ high)
     lane1 = mix32(mix32(high ^ _LANE_SALTS[1]) ^ low)
+    if isinstance(seed_words, np.ndarray):
+        return np.stack([lane0, lane1], axis=1)
     return torch.stack([lane0, lane1], dim=1)
 
 

@@ -6,6 +6,8 @@ against its allowed range and resets parameters the variant does not use (see ``
 """
 from __future__ import annotations
 
+import functools
+
 import logging
 import math
 import secrets
@@ -30,6 +32,13 @@ _STEP_OF_PARAM: dict[str, tuple[SamplingStep, float]] = {
     "top_k": ("top_k", 0),
     "top_p": ("top_p", 1.0),
 }
+
+
+@functools.cache
+def _params_outside(order: tuple[SamplingStep, ...]) -> tuple[tuple[str, float], ...]:
+    """(name, off value) of the parameters whose step is not in ``order`` (checked for every row
+    of every batch composition, so worked out once per order)."""
+    return tuple((name, off) for name, (step, off) in _STEP_OF_PARAM.items() if step not in order)
 
 
 class InvalidSamplingParams(ValueError):
@@ -197,5 +206,4 @@ class SamplingParams:
 
     def unsupported_by(self, variant: Variant) -> list[str]:
         """Names of parameters set to a non-off value for a step ``variant`` does not run."""
-        return [name for name, (step, off) in _STEP_OF_PARAM.items()
-                if step not in variant.sampling.order and getattr(self, name) != off]
+        return [name for name, off in _params_outside(variant.sampling.order) if getattr(self, name) != off]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 
 from chorus.engine.engine import T3Request
@@ -62,3 +63,28 @@ def test_too_few_rows_are_not_planned():
     reqs = _same_prompt(variant, model, SHARED_PREFIX_MIN_ROWS - 1)
     _, planned = _generate(variant, model, reqs, shared=True)
     assert not any(planned)
+
+
+def _shared_tables(rows: int, shared: int = 25, own: int = 3):
+    import numpy as np
+
+    tables = np.zeros((rows, shared + own), np.int32)
+    tables[:, :shared] = np.arange(shared)
+    tables[:, shared:] = 1000 + np.arange(rows * own).reshape(rows, own)
+    return tables, np.full(rows, 16 * (shared + own) - 3)
+
+
+def test_the_plan_is_kept_while_the_same_rows_decode_over_the_same_leading_blocks():
+    variant, model = tiny("turbo")
+    runner = _engine(variant, model).runner
+    rows = SHARED_PREFIX_MIN_ROWS
+    seqs = [object() for _ in range(rows)]
+    tables, seq_lens = _shared_tables(rows)
+    plan = runner._shared_prefix_plan(seqs, tables, seq_lens, rows)
+    assert plan is not None and plan.num_groups == 1
+    assert runner._shared_prefix_plan(seqs, tables, seq_lens + 1, rows) is plan  # one step later
+    moved = tables.copy()
+    moved[0, :5] = 500 + np.arange(5)  # a row back from preemption with new blocks
+    replanned = runner._shared_prefix_plan(seqs, moved, seq_lens, rows)
+    assert replanned is not plan and replanned.prefix_len[0] == 0
+    assert runner._shared_prefix_plan([object()] + seqs[1:], tables, seq_lens, rows) is not replanned

@@ -45,3 +45,11 @@ def test_neighbouring_steps_and_seeds_are_uncorrelated():
     u = uniform01(lanes, torch.tensor([10, 11, 10]), 8194)
     corr = torch.corrcoef(u)
     assert corr[0, 1].abs() < 0.05 and corr[0, 2].abs() < 0.05
+
+
+def test_seed_lanes_of_a_numpy_array_equal_those_of_a_tensor():
+    import numpy as np
+
+    words = [split_seed(s) for s in (0, 1, 2**63 + 5, 2**64 - 1, 123456789)]
+    assert np.array_equal(seed_lanes(np.array(words, dtype=np.int64)),
+                          seed_lanes(torch.tensor(words, dtype=torch.int64)).numpy())

@@ -58,6 +58,41 @@ def _find_seq(qsl_ptr, base, q_block, num_seqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _query_block_tile(qb, acc, m_i, l_i, pos, valid, visible, qk_scale, table_row, k_head, v_head, offs_d,
+                      stride_kb, stride_kt, stride_vb, stride_vt,
+                      BLOCK_SIZE: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One K/V tile (positions ``pos``, ``valid`` inside the table) for a block of queries
+    ``qb [M, D]`` with tensor-core products: scores masked by ``visible [M, TILE]``, then the
+    online-softmax update of ``(acc, m_i, l_i)``, which it returns."""
+    block = tl.load(table_row + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+    slot_in_block = pos % BLOCK_SIZE
+    kt = tl.load(k_head + (block * stride_kb + slot_in_block * stride_kt)[None, :]
+                 + offs_d[:, None], mask=valid[None, :], other=0.0)
+    s = tl.dot(qb, kt.to(DOT_DTYPE), input_precision=DOT_PRECISION) * qk_scale
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    # a row that sees no key yet keeps max -inf; shift by 0 so exp2 gives 0, not NaN
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    v = tl.load(v_head + (block * stride_vb + slot_in_block * stride_vt)[:, None]
+                + offs_d[None, :], mask=valid[:, None], other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
+    return acc, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def _store_partials(part_acc_ptr, part_ml_ptr, rows, row_ok, head, split, acc, m_i, l_i, num_rows,
+                    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    """Unnormalised partials of ``rows``: acc [rows, heads, splits, D]; max and sum
+    [2, rows, heads, splits] (what the reduce and merge kernels read)."""
+    part = (rows.to(tl.int64) * NUM_HEADS + head) * NUM_SPLITS + split
+    tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :], acc, mask=row_ok[:, None])
+    tl.store(part_ml_ptr + part, m_i, mask=row_ok)
+    tl.store(part_ml_ptr + num_rows * NUM_HEADS * NUM_SPLITS + part, l_i, mask=row_ok)
+
+
+@triton.jit
 def _paged_attention_kernel(
     out_ptr, part_acc_ptr, part_ml_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr,
@@ -152,23 +187,10 @@ def _paged_attention_kernel(
         for t in range(tile_lo, tile_hi):
             pos = t * TILE + offs_t
             valid = pos < kv_len
-            block = tl.load(table_row + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-            slot_in_block = pos % BLOCK_SIZE
-            kt = tl.load(k_head + (block * stride_kb + slot_in_block * stride_kt)[None, :]
-                         + offs_d[:, None], mask=valid[None, :], other=0.0)
-            s = tl.dot(qb, kt.to(DOT_DTYPE), input_precision=DOT_PRECISION) * qk_scale
-            s = tl.where(pos[None, :] <= last_visible[:, None], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            # a row that sees no key yet keeps max -inf; shift by 0 so exp2 gives 0, not NaN
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            p = tl.exp2(s - m_safe[:, None])
-            v = tl.load(v_head + (block * stride_vb + slot_in_block * stride_vt)[:, None]
-                        + offs_d[None, :], mask=valid[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE),
-                                                input_precision=DOT_PRECISION)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            m_i = m_new
+            acc, m_i, l_i = _query_block_tile(
+                qb, acc, m_i, l_i, pos, valid, pos[None, :] <= last_visible[:, None], qk_scale, table_row,
+                k_head, v_head, offs_d, stride_kb, stride_kt, stride_vb, stride_vt,
+                BLOCK_SIZE, DOT_DTYPE, DOT_PRECISION)
 
     if HAS_SCALE:  # sum p (v * vs) = (sum p v) * vs; partials of every split carry it
         acc = acc * tl.load(v_scale_ptr)
@@ -177,12 +199,8 @@ def _paged_attention_kernel(
         tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_on + head * stride_oh
                  + offs_d[None, :], res.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:
-        # partials: acc [rows, heads, splits, D]; max and sum [2, rows, heads, splits]
-        part = (rows.to(tl.int64) * NUM_HEADS + head) * NUM_SPLITS + split
-        tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc,
-                 mask=row_ok[:, None])
-        tl.store(part_ml_ptr + part, m_i, mask=row_ok)
-        tl.store(part_ml_ptr + num_rows * NUM_HEADS * NUM_SPLITS + part, l_i, mask=row_ok)
+        _store_partials(part_acc_ptr, part_ml_ptr, rows, row_ok, head, split, acc, m_i, l_i, num_rows,
+                        NUM_HEADS, HEAD_DIM, NUM_SPLITS)
 
 
 @triton.jit

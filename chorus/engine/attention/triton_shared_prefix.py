@@ -28,7 +28,7 @@ import triton.language as tl
 
 from chorus.engine.attention.shared_prefix import SharedPrefixTensors
 from chorus.engine.attention.triton_paged import (
-    _LOG2E, _dot_dtype, _find_seq, _launch, _num_sms, choose_num_splits,
+    _LOG2E, _dot_dtype, _find_seq, _launch, _num_sms, _query_block_tile, _store_partials, choose_num_splits,
 )
 
 _MAX_PREFIX_SPLITS = 4  # each split costs a fp32 partial per (row, head): keep the merge cheap
@@ -81,28 +81,12 @@ def _prefix_kernel(
     for t in range(tile_lo, tile_hi):
         pos = t * TILE + offs_t
         valid = pos < prefix_len
-        block = tl.load(table_row + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-        slot_in_block = pos % BLOCK_SIZE
-        kt = tl.load(k_head + (block * stride_kb + slot_in_block * stride_kt)[None, :]
-                     + offs_d[:, None], mask=valid[None, :], other=0.0)
-        s = tl.dot(qb, kt.to(DOT_DTYPE), input_precision=DOT_PRECISION) * scale_log2
-        s = tl.where(valid[None, :], s, float("-inf"))
-        # every tile holds a valid key for every row: m_new is finite
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        v = tl.load(v_head + (block * stride_vb + slot_in_block * stride_vt)[:, None]
-                    + offs_d[None, :], mask=valid[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE),
-                                            input_precision=DOT_PRECISION)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        m_i = m_new
-
-    # partials: acc [rows, heads, splits, D]; max and sum [2, rows, heads, splits]
-    part = (rows * NUM_HEADS + head) * NUM_SPLITS + split
-    tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None])
-    tl.store(part_ml_ptr + part, m_i, mask=row_ok)
-    tl.store(part_ml_ptr + num_rows * NUM_HEADS * NUM_SPLITS + part, l_i, mask=row_ok)
+        # every tile holds a valid key for every row: m_i stays finite
+        acc, m_i, l_i = _query_block_tile(
+            qb, acc, m_i, l_i, pos, valid, valid[None, :], scale_log2, table_row, k_head, v_head, offs_d,
+            stride_kb, stride_kt, stride_vb, stride_vt, BLOCK_SIZE, DOT_DTYPE, DOT_PRECISION)
+    _store_partials(part_acc_ptr, part_ml_ptr, rows, row_ok, head, split, acc, m_i, l_i, num_rows,
+                    NUM_HEADS, HEAD_DIM, NUM_SPLITS)
 
 
 @triton.jit

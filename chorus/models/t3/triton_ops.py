@@ -13,16 +13,23 @@ import triton.language as tl
 
 
 @triton.jit
+def _add_residual(x_ptr, d_ptr, res_ptr, row, stride_x, stride_d, stride_res, cols, mask):
+    """Store row ``x + d`` (added in fp32, rounded to the residual's dtype) and return the
+    stored values in fp32: what the norm that follows reads."""
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    d = tl.load(d_ptr + row * stride_d + cols, mask=mask, other=0.0).to(tl.float32)
+    residual = (x + d).to(res_ptr.dtype.element_ty)
+    tl.store(res_ptr + row * stride_res + cols, residual, mask=mask)
+    return residual.to(tl.float32)
+
+
+@triton.jit
 def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, res_ptr, out_ptr, stride_x, stride_d, stride_res, stride_out,
                          dim, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < dim
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    d = tl.load(d_ptr + row * stride_d + cols, mask=mask, other=0.0).to(tl.float32)
-    residual = (x + d).to(res_ptr.dtype.element_ty)
-    tl.store(res_ptr + row * stride_res + cols, residual, mask=mask)
-    s = residual.to(tl.float32)
+    s = _add_residual(x_ptr, d_ptr, res_ptr, row, stride_x, stride_d, stride_res, cols, mask)
     inv = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / dim + eps)
     normed = (s * inv).to(out_ptr.dtype.element_ty).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -121,11 +128,7 @@ def _add_layer_norm_kernel(x_ptr, d_ptr, w_ptr, b_ptr, res_ptr, out_ptr, stride_
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < dim
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    d = tl.load(d_ptr + row * stride_d + cols, mask=mask, other=0.0).to(tl.float32)
-    residual = (x + d).to(res_ptr.dtype.element_ty)
-    tl.store(res_ptr + row * stride_res + cols, residual, mask=mask)
-    s = residual.to(tl.float32)
+    s = _add_residual(x_ptr, d_ptr, res_ptr, row, stride_x, stride_d, stride_res, cols, mask)
     mean = tl.sum(s, axis=0) / dim
     centred = tl.where(mask, s - mean, 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / dim + eps)  # biased variance, as LayerNorm

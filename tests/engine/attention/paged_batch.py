@@ -134,3 +134,32 @@ def scenario(name: str, block_size: int) -> list[tuple[int, int]]:
         "boundaries": [(bs, 1), (bs + 1, 1), (2 * bs - 1, 2), (2 * bs, bs + 1), (bs - 1, bs - 1)],
         "padding_seq": [(37, 1), (0, 1), (20, 4), (0, 1)],
     }[name]
+
+
+def capture_step_checking_no_sync(step) -> torch.cuda.CUDAGraph:
+    """Run a decode ``step`` once (compiling), again with host syncs made errors, then capture
+    it in a CUDA graph."""
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
+def advance_decode(batch: PagedBatch, slots: torch.Tensor, seq_lens: torch.Tensor, *fresh: torch.Tensor) -> None:
+    """The next decode step in place: every real sequence grows by one token (its slot in an
+    allocated block), padding sequences stay empty, and ``fresh`` tensors get new values."""
+    block_size = batch.key_cache.shape[1]
+    real = seq_lens > 0
+    pos = seq_lens.long()
+    new_slots = batch.block_tables.long().gather(1, (pos // block_size)[:, None])[:, 0] * block_size + pos % block_size
+    slots.copy_(torch.where(real, new_slots, -1))
+    seq_lens.copy_(torch.where(real, seq_lens + 1, 0))
+    for t in fresh:
+        t.copy_(torch.randn_like(t))

@@ -7,7 +7,9 @@ import torch
 from chorus.engine.attention import (
     paged_attention, paged_attention_reference, quantize_kv, triton_available, write_kv,
 )
-from tests.engine.attention.paged_batch import dense_attention, make_batch, rel_error, scenario
+from tests.engine.attention.paged_batch import (
+    advance_decode, capture_step_checking_no_sync, dense_attention, make_batch, rel_error, scenario,
+)
 from tests.engine.attention.test_triton_gpu import _serving_specs
 
 pytestmark = [
@@ -112,23 +114,8 @@ def test_fp8_decode_step_has_no_host_sync_and_replays_in_a_cuda_graph():
                         batch.query_start_loc, batch.scale, max_query_len=1, max_seq_len=bound, out=out,
                         k_scale=k_scale, v_scale=v_scale)
 
-    step()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        step()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    real = seq_lens > 0
-    pos = seq_lens.long()
-    new_slots = batch.block_tables.long().gather(1, (pos // 16)[:, None])[:, 0] * 16 + pos % 16
-    slots.copy_(torch.where(real, new_slots, -1))
-    seq_lens.copy_(torch.where(real, seq_lens + 1, 0))
-    for t in (batch.q, k_new, v_new):
-        t.copy_(torch.randn_like(t))
+    graph = capture_step_checking_no_sync(step)
+    advance_decode(batch, slots, seq_lens, batch.q, k_new, v_new)
     k_scale.fill_(0.02)  # scales are read on the device at replay (the engine never changes them)
     expected_k, expected_v = batch.key_cache.clone(), batch.value_cache.clone()
     write_kv(expected_k, expected_v, k_new, v_new, slots, k_scale=k_scale, v_scale=v_scale, backend="torch")
