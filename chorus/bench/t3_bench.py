@@ -234,19 +234,51 @@ def bench_workload(model, variant, conditioning, encoder, chunks: list[str], cfg
         engine = _engine(model, variant, cfg, cfg.max_num_seqs)
         _sync(model.device)
         start = time.perf_counter()
-        results = engine.generate(requests)
+        tokens, timeline = _run_with_timeline(engine, requests)
         _sync(model.device)
         elapsed = time.perf_counter() - start
         steps, preemptions = engine.num_steps, engine.scheduler.num_preemptions
         _release(engine)
         cold = elapsed if cold is None else cold
-    tokens = sum(len(r.tokens) for r in results)
     assert tokens == sum(lengths), "fixed lengths were not honoured"
     audio_s = tokens / 25.0
     return {"chunks": len(chunks), "speech_tokens": tokens, "audio_seconds": round(audio_s, 1),
             "t3_seconds": round(elapsed, 3), "speech_tokens_per_s": round(tokens / elapsed, 1),
             "realtime_factor": round(audio_s / elapsed, 1), "engine_steps": steps,
-            "preemptions": preemptions, "cold_t3_seconds": round(cold, 3)}
+            "preemptions": preemptions, "cold_t3_seconds": round(cold, 3), "timeline": timeline}
+
+
+def _run_with_timeline(engine: T3Engine, requests: list[T3Request]) -> tuple[int, dict]:
+    """``engine.generate`` with each step's wall time noted (the timed pass of the workload).
+
+    Returns the speech tokens produced and where the time went, by kind of step (in this
+    order): ``admission`` (requests were waiting or still prefilling before the step),
+    ``changed`` (the running rows differ from the step before's: chunks ended), ``steady``.
+    ``sync_steps``: steps after which no step was queued ahead. ``steps_ms``/``steps_rows``:
+    per step, its wall time and the rows running before it."""
+    scheduler = engine.scheduler
+    for request in requests:
+        engine.add_request(request)
+    tokens, times, rows, kinds, sync_steps, previous_rows = 0, [], [], [], 0, -1
+    while engine.has_unfinished_requests():
+        running, ahead = scheduler.num_running_rows, engine.num_steps_ahead
+        admitting = bool(scheduler.waiting) or scheduler.num_prefilling > 0
+        start = time.perf_counter()
+        events = engine.step()
+        times.append(time.perf_counter() - start)
+        tokens += sum(e.new_token is not None for e in events)
+        rows.append(running)
+        kinds.append("admission" if admitting else "changed" if running != previous_rows else "steady")
+        sync_steps += engine.num_steps_ahead == ahead
+        previous_rows = running
+    summary = {}
+    for kind in ("admission", "changed", "steady"):
+        ms = [1000 * t for t, k in zip(times, kinds) if k == kind]
+        summary[kind] = {"steps": len(ms), "ms": round(sum(ms), 1), "mean_ms": round(sum(ms) / max(1, len(ms)), 3)}
+    summary["sync_steps"] = sync_steps
+    summary["steps_ms"] = [round(1000 * t, 2) for t in times]
+    summary["steps_rows"] = rows
+    return tokens, summary
 
 
 def bench_chunk_sweep(model, variant, conditioning, encoder, cfg: T3BenchConfig) -> list[dict]:

@@ -106,6 +106,11 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
 
+    @property
+    def num_prefilling(self) -> int:
+        """Running requests with prompt positions (or a recompute) still to compute."""
+        return len(self._prefilling)
+
     def unfinished_request_ids(self) -> list[str]:
         """Ids of every waiting or running request."""
         return list(self._requests)

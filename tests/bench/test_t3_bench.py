@@ -40,6 +40,11 @@ def test_the_t3_bench_reports_decode_steps_and_the_workload(tmp_path):
                                             ("A first short sentence.", "And a second one follows it here."))
     longest = max(round(0.5 * len("And a second one follows it here.")), round(0.5 * len("A first short sentence.")))
     assert workload["t3_seconds"] > 0 and workload["engine_steps"] >= longest
+    timeline = workload["timeline"]
+    assert len(timeline["steps_ms"]) == len(timeline["steps_rows"]) == workload["engine_steps"]
+    assert sum(timeline[k]["steps"] for k in ("admission", "changed", "steady")) == workload["engine_steps"]
+    assert timeline["admission"]["steps"] >= 1 and timeline["steps_rows"][0] == 0  # nothing ran before the first
+    assert 0 <= timeline["sync_steps"] <= workload["engine_steps"]
     sol = report["speed_of_light"]
     assert sol["mode"] == "eager" and sol["backbone"] == "gpt2" and sol["num_layers"] == 2 and sol["parameters"] > 0
     assert "chunk_sweep" not in report

@@ -87,6 +87,14 @@ def test_long_prompt_is_prefilled_in_chunks_with_logits_only_at_the_end():
                     [("a/cond", 32, 8, True)], [("a/cond", 40, 1, True)]]
 
 
+def test_num_prefilling_counts_requests_with_prompt_positions_left():
+    s = make_scheduler(budget=16)
+    s.add_request(make_request("a", text_len=37))  # 40 positions: three prefill steps
+    assert s.num_prefilling == 0  # waiting, not running
+    counts = [s.num_prefilling for _ in range(3) if step(s)]
+    assert counts == [1, 1, 0]
+
+
 def test_decode_rows_come_before_prefill_chunks():
     s = make_scheduler()
     s.add_request(make_request("a"))
