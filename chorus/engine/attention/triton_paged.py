@@ -379,7 +379,7 @@ def paged_attention_triton(
     num_decodes: int = 0,
     max_seq_len: int | None = None,
     out: torch.Tensor | None = None,
-    decode_tile: int | None = None,
+    decode_tile: int = 64,
     decode_warps: int = 4,
     decode_stages: int = 3,
     decode_heads: int = 1,
@@ -452,12 +452,6 @@ def paged_attention_triton(
     return out
 
 
-def decode_tile_for(heads_per_program: int) -> int:
-    """Keys per loop step of the decode kernel: 64, fewer when a program takes many heads, so
-    the pipelined K/V tiles (stages x tile x heads x head_dim) fit in shared memory."""
-    return max(16, min(64, 256 // heads_per_program))
-
-
 def _launch(*, q, key_cache, value_cache, out, scale, max_seq_len, num_splits, k_scale, v_scale,
             block_tables, seq_lens, query_start_loc, row_base, row_count, block_q, tile,
             num_warps, num_stages, heads_per_program=1, kv_start=None):
@@ -475,7 +469,6 @@ def _launch(*, q, key_cache, value_cache, out, scale, max_seq_len, num_splits, k
     assert kv_start is None or decode, "kv_start is for decode launches"
     if decode:
         assert heads_per_program == triton.next_power_of_2(heads_per_program), heads_per_program
-        tile = decode_tile_for(heads_per_program) if tile is None else tile
         head_blocks = triton.cdiv(heads, heads_per_program)
         programs = num_seqs * head_blocks
     else:

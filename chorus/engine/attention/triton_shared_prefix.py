@@ -143,7 +143,7 @@ def shared_prefix_decode_triton(
     q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
     block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
     scale: float, shared: SharedPrefixTensors, *, num_decodes: int, max_seq_len: int,
-    out: torch.Tensor, decode_tile: int | None = None, decode_warps: int = 4, decode_stages: int = 3,
+    out: torch.Tensor, decode_tile: int = 64, decode_warps: int = 4, decode_stages: int = 3,
     decode_heads: int = 1, num_splits: int | None = None, prefix_tile: int = 64, block_g: int | None = None,
     prefix_splits: int | None = None, prefix_warps: int = 4,
 ) -> None:
