@@ -8,7 +8,7 @@ Every timing is the median of CUDA-graph replays whose graph calls the kernel on
 set, the sets rotating over enough KV to defeat the 60 MB L2 (every layer of a real step reads
 its own KV, so the cache is cold). GB/s counts the K and V bytes of the contexts, read once.
 Each decode shape times the default launch plan and a sweep (tile x loop stages, KV splits,
-warps, heads per program x tile x warps), and torch SDPA over the same KV made contiguous, as a yardstick. A few prefill/mixed
+warps), and torch SDPA over the same KV made contiguous, as a yardstick. A few prefill/mixed
 batches and the KV write are timed too. Every kernel output is checked against the PyTorch
 reference first (bf16 bound 1e-2).
 """
@@ -163,12 +163,6 @@ def bench_decode(rows: list, batch_size: int, ctx: int, copy_gbps: float, quick:
             sweep.append(dict(decode_tile=tile, decode_stages=stages))
     for n in (1, 2, 4, 8, 16):
         sweep.append(dict(num_splits=n))
-    for heads in (2, 4, 8, 16):  # heads per program: each key's heads read as one contiguous run
-        for tile in (16, 32, 64):
-            if heads * tile > 512:  # K and V tiles of [tile, heads, 64] in registers
-                continue
-            for warps in (4, 8):
-                sweep.append(dict(decode_heads=heads, decode_tile=tile, decode_warps=warps))
     if not quick:
         sweep += [dict(decode_warps=2), dict(decode_warps=8), dict(decode_tile=128, decode_warps=8)]
     for kw in sweep:

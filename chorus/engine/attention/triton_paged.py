@@ -5,18 +5,15 @@ package ``chorus.engine.attention`` does so only when a Triton path is taken.
 
 Design (our own; vLLM's unified Triton attention was read for ideas):
 
-- Query blocks (prefill chunks): one program per (query block, head, KV split). A query block is ``BLOCK_Q`` consecutive new
+- One program per (query block, head, KV split). A query block is ``BLOCK_Q`` consecutive new
   tokens of one sequence; sequence ``s`` owns query blocks
   ``[(qsl[s] - qsl[0]) // BLOCK_Q + s, (qsl[s + 1] - qsl[0]) // BLOCK_Q + s + 1)``, a range
   at least ``cdiv(q_len, BLOCK_Q)`` long, so the grid ``(N // BLOCK_Q + S, heads, splits)``
   is known on the host without reading device data (no sync; CUDA-graph safe). A program
   finds its sequence by binary search over ``query_start_loc``; spare programs exit at once.
-- Decode (every sequence has one new token, ``_paged_decode_kernel``): one program per
-  (sequence, group of ``HEADS_PER_PROGRAM`` heads, KV split). The query is one vector per
-  head, scores are a broadcast multiply and a sum over head_dim in fp32, no tensor-core
-  padding to 16 rows. A key's heads are adjacent in the cache, so a program taking several
-  heads reads each key's heads as one contiguous run (docs/engine.md, "Decode attention").
-- Query blocks: Q [BLOCK_Q, D] @ K^T [D, TILE] with ``tl.dot`` (fp32 accumulation), causal mask
+- ``DECODE`` (``BLOCK_Q == 1``, every sequence has one new token): the query is one vector,
+  scores are a broadcast multiply and row sum in fp32, no tensor-core padding to 16 rows.
+- Otherwise Q [BLOCK_Q, D] @ K^T [D, TILE] with ``tl.dot`` (fp32 accumulation), causal mask
   ``key_pos <= seq_len - q_len + row``, online softmax in base 2, P @ V with ``tl.dot``.
 - Split-KV (flash-decoding): when query blocks x heads cannot fill the GPU (small decode
   batches), each program walks only its share of the context tiles and writes an
@@ -101,19 +98,25 @@ def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr,
     k_scale_ptr, v_scale_ptr,
     scale_log2, num_seqs, num_rows,
+    kv_start_ptr,
     stride_qn, stride_qh, stride_on, stride_oh,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_SCALE: tl.constexpr,
+    DECODE: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    LOOP_STAGES: tl.constexpr, HAS_SCALE: tl.constexpr,
+    KV_START: tl.constexpr = False,
 ):
-    """Attention of query blocks (prefill chunks, or any rows with several new tokens)."""
     pid_q = tl.program_id(0)
     head = tl.program_id(1)
     split = tl.program_id(2)
     base = tl.load(qsl_ptr)
-    seq = _find_seq(qsl_ptr, base, pid_q, num_seqs, BLOCK_Q)
-    q_block = pid_q - ((tl.load(qsl_ptr + seq) - base) // BLOCK_Q + seq)
+    if DECODE:
+        seq = pid_q
+        q_block = 0
+    else:
+        seq = _find_seq(qsl_ptr, base, pid_q, num_seqs, BLOCK_Q)
+        q_block = pid_q - ((tl.load(qsl_ptr + seq) - base) // BLOCK_Q + seq)
     q_start = tl.load(qsl_ptr + seq)
     q_len = tl.load(qsl_ptr + seq + 1) - q_start
     if q_block * BLOCK_Q >= q_len:
@@ -122,6 +125,13 @@ def _paged_attention_kernel(
     prefix = seq_len - q_len
     # keys seen by the last row of this block; tiles past it hold nothing for anyone here
     kv_len = tl.maximum(prefix + tl.minimum((q_block + 1) * BLOCK_Q, q_len), 0)
+    table_skip = 0
+    if KV_START:
+        # decode only: another kernel attends the first kv_start[seq] keys (a shared prefix,
+        # whole blocks, see triton_shared_prefix.py); walk the rest from the next table entry
+        kv_skip = tl.load(kv_start_ptr + seq)
+        table_skip = kv_skip // BLOCK_SIZE
+        kv_len -= kv_skip
     num_tiles = tl.cdiv(kv_len, TILE)
     tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
     tile_lo = split * tiles_per_split
@@ -133,116 +143,64 @@ def _paged_attention_kernel(
 
     offs_d = tl.arange(0, HEAD_DIM)
     offs_t = tl.arange(0, TILE)
-    table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt + table_skip
     k_head = k_cache_ptr + head * stride_kh
     v_head = v_cache_ptr + head * stride_vh
 
-    offs_m = tl.arange(0, BLOCK_Q)
-    local = q_block * BLOCK_Q + offs_m
-    row_ok = local < q_len
-    rows = q_start + local
-    qb = tl.load(q_ptr + rows.to(tl.int64)[:, None] * stride_qn + head * stride_qh
-                 + offs_d[None, :], mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)
-    last_visible = prefix + local
-    m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_Q], tl.float32)
-    acc = tl.zeros([BLOCK_Q, HEAD_DIM], tl.float32)
-    for t in range(tile_lo, tile_hi):
-        pos = t * TILE + offs_t
-        valid = pos < kv_len
-        acc, m_i, l_i = _query_block_tile(
-            qb, acc, m_i, l_i, pos, valid, pos[None, :] <= last_visible[:, None], qk_scale, table_row,
-            k_head, v_head, offs_d, stride_kb, stride_kt, stride_vb, stride_vt,
-            BLOCK_SIZE, DOT_DTYPE, DOT_PRECISION)
+    if DECODE:
+        rows = q_start + tl.arange(0, 1)
+        row_ok = tl.full([1], 1, tl.int1)
+        qv = tl.load(q_ptr + q_start.to(tl.int64) * stride_qn + head * stride_qh + offs_d)
+        qv = qv.to(tl.float32) * qk_scale
+        m_i = tl.full([1], float("-inf"), tl.float32)
+        l_i = tl.zeros([1], tl.float32)
+        acc = tl.zeros([1, HEAD_DIM], tl.float32)
+        for t in tl.range(tile_lo, tile_hi, num_stages=LOOP_STAGES):
+            pos = t * TILE + offs_t
+            valid = pos < kv_len
+            block = tl.load(table_row + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+            slot_in_block = pos % BLOCK_SIZE
+            k = tl.load(k_head + (block * stride_kb + slot_in_block * stride_kt)[:, None]
+                        + offs_d[None, :], mask=valid[:, None], other=0.0)
+            s = tl.sum(k.to(tl.float32) * qv[None, :], axis=1)
+            s = tl.where(valid, s, float("-inf"))[None, :]                     # [1, TILE]
+            # every tile in range holds a visible key, so m_new is finite
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            v = tl.load(v_head + (block * stride_vb + slot_in_block * stride_vt)[:, None]
+                        + offs_d[None, :], mask=valid[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.sum(tl.trans(p) * v.to(tl.float32), axis=0)[None, :]
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            m_i = m_new
+    else:
+        offs_m = tl.arange(0, BLOCK_Q)
+        local = q_block * BLOCK_Q + offs_m
+        row_ok = local < q_len
+        rows = q_start + local
+        qb = tl.load(q_ptr + rows.to(tl.int64)[:, None] * stride_qn + head * stride_qh
+                     + offs_d[None, :], mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)
+        last_visible = prefix + local
+        m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_Q], tl.float32)
+        acc = tl.zeros([BLOCK_Q, HEAD_DIM], tl.float32)
+        for t in range(tile_lo, tile_hi):
+            pos = t * TILE + offs_t
+            valid = pos < kv_len
+            acc, m_i, l_i = _query_block_tile(
+                qb, acc, m_i, l_i, pos, valid, pos[None, :] <= last_visible[:, None], qk_scale, table_row,
+                k_head, v_head, offs_d, stride_kb, stride_kt, stride_vb, stride_vt,
+                BLOCK_SIZE, DOT_DTYPE, DOT_PRECISION)
 
     if HAS_SCALE:  # sum p (v * vs) = (sum p v) * vs; partials of every split carry it
         acc = acc * tl.load(v_scale_ptr)
-    if NUM_SPLITS == 1:
+    if NUM_SPLITS == 1 and not KV_START:
         res = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_on + head * stride_oh
                  + offs_d[None, :], res.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:
         _store_partials(part_acc_ptr, part_ml_ptr, rows, row_ok, head, split, acc, m_i, l_i, num_rows,
                         NUM_HEADS, HEAD_DIM, NUM_SPLITS)
-
-
-@triton.jit
-def _paged_decode_kernel(
-    out_ptr, part_acc_ptr, part_ml_ptr,
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr,
-    k_scale_ptr, v_scale_ptr,
-    scale_log2, num_rows, kv_start_ptr,
-    stride_qn, stride_qh, stride_on, stride_oh,
-    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
-    TILE: tl.constexpr, NUM_SPLITS: tl.constexpr, LOOP_STAGES: tl.constexpr, HAS_SCALE: tl.constexpr,
-    KV_START: tl.constexpr,
-):
-    """Decode attention (one new token per sequence) of ``HEADS_PER_PROGRAM`` heads per program:
-    a key's heads sit side by side in the cache, so one program reads them as one contiguous
-    run (the whole ``heads x head_dim`` row when it takes every head) instead of 128-byte
-    pieces 2 KB apart. Scores are a broadcast multiply and a sum over head_dim in fp32."""
-    seq = tl.program_id(0)
-    head_block = tl.program_id(1)
-    split = tl.program_id(2)
-    row = tl.load(qsl_ptr + seq)
-    kv_len = tl.load(seq_lens_ptr + seq)
-    table_skip = 0
-    if KV_START:  # another kernel attends the first kv_start[seq] keys (whole blocks)
-        kv_skip = tl.load(kv_start_ptr + seq)
-        table_skip = kv_skip // BLOCK_SIZE
-        kv_len -= kv_skip
-    num_tiles = tl.cdiv(kv_len, TILE)
-    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
-    tile_lo = split * tiles_per_split
-    tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
-    qk_scale = scale_log2
-    if HAS_SCALE:  # FP8 pool: q.(k * ks) = (q.k) * ks
-        qk_scale = scale_log2 * tl.load(k_scale_ptr)
-
-    heads = head_block * HEADS_PER_PROGRAM + tl.arange(0, HEADS_PER_PROGRAM)
-    head_ok = heads < NUM_HEADS
-    offs_d = tl.arange(0, HEAD_DIM)
-    offs_t = tl.arange(0, TILE)
-    table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt + table_skip
-    qv = tl.load(q_ptr + row.to(tl.int64) * stride_qn + heads[:, None] * stride_qh + offs_d[None, :],
-                 mask=head_ok[:, None], other=0.0).to(tl.float32) * qk_scale          # [H, D]
-    k_heads = (heads * stride_kh)[None, :, None] + offs_d[None, None, :]
-    v_heads = (heads * stride_vh)[None, :, None] + offs_d[None, None, :]
-    m_i = tl.full([HEADS_PER_PROGRAM], float("-inf"), tl.float32)
-    l_i = tl.zeros([HEADS_PER_PROGRAM], tl.float32)
-    acc = tl.zeros([HEADS_PER_PROGRAM, HEAD_DIM], tl.float32)
-    for t in tl.range(tile_lo, tile_hi, num_stages=LOOP_STAGES):
-        pos = t * TILE + offs_t
-        valid = pos < kv_len
-        block = tl.load(table_row + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-        slot_in_block = pos % BLOCK_SIZE
-        mask = valid[:, None, None] & head_ok[None, :, None]
-        k = tl.load(k_cache_ptr + (block * stride_kb + slot_in_block * stride_kt)[:, None, None] + k_heads,
-                    mask=mask, other=0.0)                                                # [TILE, H, D]
-        s = tl.sum(k.to(tl.float32) * qv[None, :, :], axis=2)                             # [TILE, H]
-        s = tl.where(valid[:, None], s, float("-inf"))
-        # every tile in range holds a visible key, so m_new is finite
-        m_new = tl.maximum(m_i, tl.max(s, axis=0))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[None, :])
-        v = tl.load(v_cache_ptr + (block * stride_vb + slot_in_block * stride_vt)[:, None, None] + v_heads,
-                    mask=mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32), axis=0)
-        l_i = l_i * alpha + tl.sum(p, axis=0)
-        m_i = m_new
-
-    if HAS_SCALE:  # sum p (v * vs) = (sum p v) * vs; partials of every split carry it
-        acc = acc * tl.load(v_scale_ptr)
-    if NUM_SPLITS == 1 and not KV_START:
-        res = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        tl.store(out_ptr + row.to(tl.int64) * stride_on + heads[:, None] * stride_oh + offs_d[None, :],
-                 res.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
-    else:
-        part = (row.to(tl.int64) * NUM_HEADS + heads) * NUM_SPLITS + split
-        tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=head_ok[:, None])
-        tl.store(part_ml_ptr + part, m_i, mask=head_ok)
-        tl.store(part_ml_ptr + num_rows * NUM_HEADS * NUM_SPLITS + part, l_i, mask=head_ok)
 
 
 @triton.jit
@@ -382,7 +340,6 @@ def paged_attention_triton(
     decode_tile: int = 64,
     decode_warps: int = 4,
     decode_stages: int = 3,
-    decode_heads: int = 1,
     prefill_tile: int = 64,
     num_splits: int | None = None,
     prefill_stages: int | None = None,
@@ -437,26 +394,25 @@ def paged_attention_triton(
             q, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
             shared_prefix, num_decodes=num_decodes, max_seq_len=max_seq_len, out=out,
             decode_tile=decode_tile, decode_warps=decode_warps, decode_stages=decode_stages,
-            decode_heads=decode_heads, num_splits=num_splits)
+            num_splits=num_splits)
     elif num_decodes > 0:
         _launch(**common, block_tables=block_tables[:num_decodes], seq_lens=seq_lens[:num_decodes],
                 query_start_loc=query_start_loc[:num_decodes + 1], row_base=0,
                 row_count=num_decodes, block_q=1, tile=decode_tile, num_warps=decode_warps,
-                num_stages=decode_stages, heads_per_program=decode_heads)
+                loop_stages=decode_stages, num_stages=None)
     if num_decodes < num_seqs:
         block_q = 16 if max_query_len <= 16 else 64
         _launch(**common, block_tables=block_tables[num_decodes:], seq_lens=seq_lens[num_decodes:],
                 query_start_loc=query_start_loc[num_decodes:], row_base=num_decodes,
                 row_count=n_tokens - num_decodes, block_q=block_q, tile=prefill_tile, num_warps=4,
-                num_stages=prefill_stages)
+                loop_stages=1, num_stages=prefill_stages)
     return out
 
 
 def _launch(*, q, key_cache, value_cache, out, scale, max_seq_len, num_splits, k_scale, v_scale,
             block_tables, seq_lens, query_start_loc, row_base, row_count, block_q, tile,
-            num_warps, num_stages, heads_per_program=1, kv_start=None):
-    """One kernel launch over a contiguous run of sequences (and their rows): the decode
-    kernel when ``block_q == 1`` (one new token each), else the query-block kernel.
+            num_warps, loop_stages, num_stages, kv_start=None):
+    """One kernel launch over a contiguous run of sequences (and their rows).
 
     With ``kv_start`` (decode only: int32 per sequence, whole blocks) each sequence skips its
     first ``kv_start[seq]`` keys and the launch returns the unnormalised partials
@@ -466,17 +422,13 @@ def _launch(*, q, key_cache, value_cache, out, scale, max_seq_len, num_splits, k
     block_size = key_cache.shape[1]
     num_seqs = seq_lens.shape[0]
     decode = block_q == 1
-    assert kv_start is None or decode, "kv_start is for decode launches"
-    if decode:
-        assert heads_per_program == triton.next_power_of_2(heads_per_program), heads_per_program
-        head_blocks = triton.cdiv(heads, heads_per_program)
-        programs = num_seqs * head_blocks
-    else:
-        programs = (row_count // block_q + num_seqs) * heads
-    if num_seqs == 0:
+    q_blocks = num_seqs if decode else row_count // block_q + num_seqs
+    assert kv_start is None or block_q == 1, "kv_start is for decode launches"
+    if q_blocks == 0:
         return None
     if num_splits is None:
-        num_splits = choose_num_splits(programs, triton.cdiv(max_seq_len, tile), _num_sms(q.device))
+        num_splits = choose_num_splits(q_blocks * heads, triton.cdiv(max_seq_len, tile),
+                                       _num_sms(q.device))
     assert num_splits == triton.next_power_of_2(num_splits), num_splits
     if num_splits > 1 or kv_start is not None:
         part_acc = torch.empty((n_tokens, heads, num_splits, head_dim), dtype=torch.float32,
@@ -485,29 +437,23 @@ def _launch(*, q, key_cache, value_cache, out, scale, max_seq_len, num_splits, k
                               device=q.device)
     else:
         part_acc = part_ml = out  # unused
-    scales = (k_scale if k_scale is not None else seq_lens, v_scale if v_scale is not None else seq_lens)
-    strides = (q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-               key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-               value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), block_tables.stride(0))
-    if decode:
-        _paged_decode_kernel[(num_seqs, head_blocks, num_splits)](
-            out, part_acc, part_ml, q, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
-            *scales, scale * _LOG2E, n_tokens,
-            seq_lens if kv_start is None else kv_start,  # kv_start_ptr, read only with KV_START
-            *strides, NUM_HEADS=heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-            HEADS_PER_PROGRAM=heads_per_program, TILE=tile, NUM_SPLITS=num_splits, LOOP_STAGES=num_stages,
-            HAS_SCALE=k_scale is not None, KV_START=kv_start is not None, num_warps=num_warps,
-        )
-    else:
-        extra = {} if num_stages is None else {"num_stages": num_stages}
-        _paged_attention_kernel[(row_count // block_q + num_seqs, heads, num_splits)](
-            out, part_acc, part_ml, q, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
-            *scales, scale * _LOG2E, num_seqs, n_tokens, *strides,
-            NUM_HEADS=heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_Q=block_q, TILE=tile,
-            NUM_SPLITS=num_splits, DOT_DTYPE=_dot_dtype(q.dtype),
-            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", HAS_SCALE=k_scale is not None,
-            num_warps=num_warps, **extra,
-        )
+    extra = {} if num_stages is None else {"num_stages": num_stages}
+    _paged_attention_kernel[(q_blocks, heads, num_splits)](
+        out, part_acc, part_ml,
+        q, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
+        k_scale if k_scale is not None else seq_lens, v_scale if v_scale is not None else seq_lens,
+        scale * _LOG2E, num_seqs, n_tokens,
+        seq_lens if kv_start is None else kv_start,  # kv_start_ptr, read only with KV_START
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        block_tables.stride(0),
+        NUM_HEADS=heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_Q=block_q, TILE=tile,
+        NUM_SPLITS=num_splits, DECODE=decode,
+        DOT_DTYPE=_dot_dtype(q.dtype), LOOP_STAGES=loop_stages,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", HAS_SCALE=k_scale is not None,
+        KV_START=kv_start is not None, num_warps=num_warps, **extra,
+    )
     if kv_start is not None:
         return part_acc, part_ml
     if num_splits > 1:

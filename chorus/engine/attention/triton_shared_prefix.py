@@ -144,7 +144,7 @@ def shared_prefix_decode_triton(
     block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
     scale: float, shared: SharedPrefixTensors, *, num_decodes: int, max_seq_len: int,
     out: torch.Tensor, decode_tile: int = 64, decode_warps: int = 4, decode_stages: int = 3,
-    decode_heads: int = 1, num_splits: int | None = None, prefix_tile: int = 64, block_g: int | None = None,
+    num_splits: int | None = None, prefix_tile: int = 64, block_g: int | None = None,
     prefix_splits: int | None = None, prefix_warps: int = 4,
 ) -> None:
     """Attention of the decode rows ``0:num_decodes`` by the shared-prefix decomposition.
@@ -166,8 +166,7 @@ def shared_prefix_decode_triton(
         max_seq_len=max_seq_len, num_splits=num_splits, block_tables=block_tables[:num_decodes],
         seq_lens=seq_lens[:num_decodes], query_start_loc=query_start_loc[:num_decodes + 1],
         row_base=0, row_count=num_decodes, block_q=1, tile=decode_tile, num_warps=decode_warps,
-        num_stages=decode_stages, heads_per_program=decode_heads, kv_start=shared.prefix_len,
-        k_scale=None, v_scale=None,
+        loop_stages=decode_stages, num_stages=None, kv_start=shared.prefix_len, k_scale=None, v_scale=None,
     )
     suf_acc, suf_ml = suffix
 

@@ -65,14 +65,6 @@ def test_split_prefix_and_split_suffix_merge(prefix_splits, num_splits):
     _check(batch, batch.shared(), prefix_splits=prefix_splits, num_splits=num_splits)
 
 
-@pytest.mark.parametrize("decode_heads", [2, 4])
-def test_suffix_with_several_heads_per_program(decode_heads):
-    # 3 heads: with 2 or 4 per program the last program's spare heads are masked off
-    batch = make_shared_batch([5, 2], [(0, 50), (1, 23), (-1, 30), (0, 41), (-1, 0), (1, 17)], heads=3,
-                              seed=decode_heads)
-    _check(batch, batch.shared(), decode_heads=decode_heads, num_splits=2)
-
-
 def test_spare_launch_groups_exit_and_prefill_rows_stay_plain():
     batch = make_shared_batch([2], [(0, 20), (0, 19)], prefills=[(20, 20), (30, 5)], seed=4)
     _check(batch, batch.shared(launch_groups=2))

@@ -75,17 +75,6 @@ def test_split_kv(num_splits, max_query_len):
     assert rel_error(out, paged_attention_reference(*batch.args())) < BOUND[torch.bfloat16]
 
 
-@pytest.mark.parametrize("num_splits", [None, 1, 4])
-@pytest.mark.parametrize("decode_heads", [1, 2, 4, 8, 16])
-def test_decode_heads_per_program(decode_heads, num_splits):
-    from chorus.engine.attention.triton_paged import paged_attention_triton
-
-    specs = _serving_specs("decode_64", seed=decode_heads)
-    batch = make_batch(specs, heads=16, dtype=torch.bfloat16, device="cuda", table_slack=3)
-    out = paged_attention_triton(*batch.args(), max_query_len=1, decode_heads=decode_heads, num_splits=num_splits)
-    assert rel_error(out, paged_attention_reference(*batch.args())) < BOUND[torch.bfloat16]
-
-
 @pytest.mark.parametrize("heads", [16, 12])
 def test_write_kv_is_exact_and_skips_padding(heads):
     batch = make_batch(scenario("mixed", 16), heads=heads, dtype=torch.bfloat16, device="cuda")

@@ -64,16 +64,6 @@ def test_decode_kernel_tiles_smaller_and_larger_than_a_block(tile):
     assert rel_error(out, ref) < FP32_BOUND
 
 
-@pytest.mark.parametrize("num_splits", [1, 4])
-@pytest.mark.parametrize("heads, per_program", [(2, 2), (3, 2), (3, 4), (4, 2)])
-def test_decode_kernel_takes_several_heads_per_program(heads, per_program, num_splits):
-    # 3 heads in programs of 2 or 4: the last program's spare heads are masked off
-    batch = make_batch(scenario("decode", 16), heads=heads, seed=heads * per_program)
-    ref = paged_attention_reference(*batch.args())
-    out = _triton(batch, max_query_len=1, decode_heads=per_program, num_splits=num_splits)
-    assert rel_error(out, ref) < FP32_BOUND
-
-
 def test_decode_rows_first_run_on_the_decode_kernel():
     specs = [(37, 1), (90, 1), (5, 1), (50, 17), (20, 20), (33, 1)]
     batch = make_batch(specs, seed=3)
