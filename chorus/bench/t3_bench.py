@@ -304,7 +304,9 @@ def bench_chunk_sweep(model, variant, conditioning, encoder, cfg: T3BenchConfig)
     return sweep
 
 
-def run(cfg: T3BenchConfig) -> dict:
+def load_bench_model(cfg: T3BenchConfig) -> tuple[Variant, object, object, Voice, bool]:
+    """The variant, its T3 model, text encoder and built-in voice, from ``cfg.checkpoint`` or a
+    random-weight checkpoint written for the run; and whether the weights are random."""
     variant = cfg.variant if isinstance(cfg.variant, Variant) else get_variant(cfg.variant)
     device = parse_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -314,7 +316,12 @@ def run(cfg: T3BenchConfig) -> dict:
         model = load_t3(ckpt, dtype=dtype, device=device)
         encoder = load_text_encoder(variant, ckpt.directory)
         voice = Voice.from_conditionals(ckpt.builtin_voice_state())
-        random_weights = ckpt.has_random_weights
+        return variant, model, encoder, voice, ckpt.has_random_weights
+
+
+def run(cfg: T3BenchConfig) -> dict:
+    variant, model, encoder, voice, random_weights = load_bench_model(cfg)
+    device, dtype = model.device, model.dtype
     chunks = workload_chunks(cfg)
     report: dict = {
         "variant": variant.name, "dtype": dtype_name(dtype), "device": str(device),
