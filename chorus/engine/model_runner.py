@@ -50,9 +50,14 @@ class _SamplingState:
 
 
 # When decode rows read their shared prefix once per group (chorus.engine.attention.shared_prefix):
-# from this many decode rows, with at most this many groups (the CUDA graphs' fixed bound).
+# from this many decode rows, with at most this many groups (the CUDA graphs' fixed bound), and
+# when grouping saves at least this many prefix K/V token reads per layer and head. Measured on
+# an H200 (benchmarks/results/h200-shared-prefix-attention.json): 8 rows x 400 shared tokens
+# (3,200 reads saved) lose 6%, 256 rows x 32 (8,192) gain 7%, 64 rows x 400 (25,600) gain 2.1x;
+# the prefix kernel and the merge cost about what ~9,000 token reads do (~15 us a layer).
 SHARED_PREFIX_MIN_ROWS = 32
 SHARED_PREFIX_MAX_GROUPS = 8
+SHARED_PREFIX_MIN_SAVED_TOKENS = 8192
 
 
 @dataclass(eq=False)
@@ -192,8 +197,9 @@ class ModelRunner:
     def _shared_prefix_plan(self, seqs: list, block_tables: np.ndarray, seq_lens: np.ndarray,
                             num_decodes: int) -> SharedPrefixPlan | None:
         """Groups of decode rows that read their shared prefix once per step, when that pays:
-        enough decode rows, and at least half their KV reads saved (measured on an H200:
-        a lone or short prefix loses to the extra launches and the partials' merge).
+        enough decode rows, and enough prefix reads saved to outweigh the extra launches and
+        the partials' merge (``SHARED_PREFIX_MIN_SAVED_TOKENS``; the share of the rows' whole
+        context does not matter, since their own suffixes are read either way).
 
         The plan is kept while the same sequences decode with the same leading blocks: shared
         blocks are full cached blocks, and the blocks a row takes while decoding are its own,
@@ -207,7 +213,7 @@ class ModelRunner:
                                         max_groups=SHARED_PREFIX_MAX_GROUPS)
             width = max(1, int(plan.prefix_len.max()) // self.block_size)
             self._plan_cache = (seqs[:num_decodes], block_tables[:num_decodes, :width].copy(), plan)
-        if plan.num_groups == 0 or 2 * plan.prefix_tokens_saved < int(seq_lens[:num_decodes].sum()):
+        if plan.num_groups == 0 or plan.prefix_tokens_saved < SHARED_PREFIX_MIN_SAVED_TOKENS:
             return None
         return plan
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from chorus.engine.engine import T3Request
-from chorus.engine.model_runner import SHARED_PREFIX_MIN_ROWS
+from chorus.engine.model_runner import SHARED_PREFIX_MIN_ROWS, SHARED_PREFIX_MIN_SAVED_TOKENS
 from chorus.sampling import SamplingParams
 from tests.engine.test_engine_parity import _engine
 from tests.engine.tiny_models import conditioning, tiny, voice
@@ -72,6 +72,18 @@ def _shared_tables(rows: int, shared: int = 25, own: int = 3):
     tables[:, :shared] = np.arange(shared)
     tables[:, shared:] = 1000 + np.arange(rows * own).reshape(rows, own)
     return tables, np.full(rows, 16 * (shared + own) - 3)
+
+
+def test_a_plan_is_used_only_when_it_saves_enough_prefix_reads():
+    variant, model = tiny("turbo")
+    runner = _engine(variant, model).runner
+    rows = SHARED_PREFIX_MIN_ROWS
+    for shared_blocks in (10, 25):  # (rows - 1) x 160 and x 400 prefix reads saved
+        seqs = [object() for _ in range(rows)]
+        tables, seq_lens = _shared_tables(rows, shared=shared_blocks, own=30)  # long own suffixes
+        plan = runner._shared_prefix_plan(seqs, tables, seq_lens, rows)
+        saved = (rows - 1) * 16 * shared_blocks
+        assert (plan is not None) == (saved >= SHARED_PREFIX_MIN_SAVED_TOKENS), (shared_blocks, saved)
 
 
 def test_the_plan_is_kept_while_the_same_rows_decode_over_the_same_leading_blocks():
