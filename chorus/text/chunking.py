@@ -28,10 +28,11 @@ import unicodedata
 
 from chorus.text.sentences import sentence_language, split_sentences
 
-# About 16 s of English speech (~400 speech tokens). A request's chunks run side by side, so its
-# longest chunk sets its T3 time: on the benchmark text 250 took ~20% less T3 time than 400 on an
-# H200 (docs/benchmarks.md, "Chunk length"), at the cost of cutting more long sentences at clauses.
-DEFAULT_MAX_CHARS = 250
+# About 14 s of English speech (~360 speech tokens). A request's chunks run side by side, so its
+# longest chunk sets its T3 time: on the benchmark text 225 took 9-11% less T3 time than 250 on an
+# H200 and 250 ~20% less than 400 (docs/benchmarks.md, "Chunk length"), at the cost of cutting
+# more long sentences at clauses (58 of the text's 215 at 225, 50 at 250, 8 at 400).
+DEFAULT_MAX_CHARS = 225
 MIN_MAX_CHARS = 20
 
 # A mark ending a clause; the cut goes right after it. ASCII-style marks need a following space
