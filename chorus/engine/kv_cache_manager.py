@@ -96,19 +96,6 @@ class KVCacheManager:
         common = min(len(h) for h in hits)
         return ComputedBlocks(tuple(tuple(h[:common]) for h in hits), self.block_size)
 
-    def first_missed_hashes(self, request: Request, computed: ComputedBlocks) -> list[bytes]:
-        """Per row, the hash of its first full prompt block past the hit ``computed`` (rows
-        whose prompt has no such block are left out). Needs ``get_computed_blocks`` first."""
-        h = computed.num_blocks
-        return [seq.block_hashes[h] for seq in request.sequences if h < len(seq.block_hashes)]
-
-    def hashes_computed_by(self, request: Request, computed: ComputedBlocks, num_new_tokens: int) -> list[bytes]:
-        """Hashes of the full prompt blocks that ``num_new_tokens`` positions after the hit
-        ``computed`` fill: blocks other requests will hit once this step has run."""
-        first = computed.num_blocks
-        last = (computed.num_tokens + num_new_tokens) // self.block_size
-        return [h for seq in request.sequences for h in seq.block_hashes[first:last]]
-
     # -- allocation ----------------------------------------------------------------------------
     def allocate_slots(
         self, request: Request, num_new_tokens: int, computed: ComputedBlocks | None = None

@@ -12,10 +12,7 @@ samples one token per request whose logits were needed, then
 3. If nothing was preempted, waiting requests are admitted in priority order (FIFO within a
    level) while rows (``max_num_seqs``), the token budget (``max_num_batched_tokens``, a
    prompt is chunked to fit) and blocks allow; a waiting request may preempt running requests
-   of strictly lower priority. Admission stops at the first request that does not fit, and at
-   the first whose next uncached prompt block a request admitted in this same step computes
-   (many requests with one new voice: the first computes the voice prompt, the others hit
-   the cache one step later instead of each computing it again).
+   of strictly lower priority. Admission stops at the first request that does not fit.
 
 The two rows of a CFG pair always get the same span, both count against the budget, and they
 sit next to each other in the batch (conditional first).
@@ -167,7 +164,6 @@ class Scheduler:
                 preempt(self.running[-1])
 
         out_of_blocks = bool(preempted)
-        filling: set[bytes] = set()  # prompt blocks computed by requests admitted this step
         while not out_of_blocks and self.waiting:
             request = self.waiting.peek()
             if request.request_id in preempted:
@@ -175,8 +171,6 @@ class Scheduler:
             if self.num_running_rows + request.num_rows > self.config.max_num_seqs:
                 break
             computed = self.kv.get_computed_blocks(request)
-            if filling and not filling.isdisjoint(self.kv.first_missed_hashes(request, computed)):
-                break  # its prefix (a voice prompt) is being computed now: a cache hit next step
             remaining = request.num_tokens - computed.num_tokens
             n = min(remaining, budget // request.num_rows)
             if n <= 0 or (n < remaining and not self.config.enable_chunked_prefill):
@@ -192,7 +186,6 @@ class Scheduler:
             self._add_running(request)
             scheduled[request.request_id] = n
             budget -= n * request.num_rows
-            filling.update(self.kv.hashes_computed_by(request, computed, n))
 
         if decode_starts is not None and not preempted and len(scheduled) == len(decoding):
             out = self._decode_output(decoding, decode_starts, finished)  # the steady state

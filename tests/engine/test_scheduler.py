@@ -158,25 +158,6 @@ def test_prefix_hit_skips_cached_positions():
     assert spans(step(s)[0]) == [("b/cond", 8, 4, True)]  # 2 blocks hit, capped below the last
 
 
-def test_requests_waiting_for_a_voice_prompt_being_computed_are_admitted_next_step_with_a_hit():
-    s = make_scheduler(budget=64)
-    for rid in "abc":  # one voice: 10 conditioning positions (2 full blocks) + 5 text + BOS
-        s.add_request(make_request(rid, cond_len=10, text_len=5, text_base=100 + 10 * ord(rid)))
-    first, _ = step(s)
-    assert spans(first) == [("a/cond", 0, 16, True)]  # b and c would compute the same 2 blocks
-    second, _ = step(s)
-    assert [(r.seq_id, r.start, r.num_tokens) for r in second.rows] == [
-        ("a/cond", 16, 1), ("b/cond", 8, 8), ("c/cond", 8, 8)]  # hits: the voice blocks once
-
-
-def test_requests_with_different_voices_are_admitted_together():
-    s = make_scheduler(budget=64)
-    for rid in "ab":
-        s.add_request(make_request(rid, cond_len=10, text_len=5, voice=rid))
-    first, _ = step(s)
-    assert [r.seq_id for r in first.rows] == ["a/cond", "b/cond"]
-
-
 def test_preemption_takes_lowest_priority_newest_first():
     s = make_scheduler(num_blocks=5)
     for rid, p in (("A", Priority.HIGH), ("B", Priority.LOW), ("C", Priority.LOW), ("D", Priority.NORMAL)):
