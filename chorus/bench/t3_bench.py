@@ -35,9 +35,11 @@ from chorus.engine.engine import T3Engine, T3Request
 from chorus.atomic import atomic_write_text
 from chorus.models.loading import Checkpoint, dtype_name, load_t3, parse_device, resolve_dtype
 from chorus.models.random_checkpoint import write_random_checkpoint
+from chorus.models.t3.model import T3Model
 from chorus.models.variants import Variant, get_variant
 from chorus.sampling import SamplingParams
 from chorus.text import DEFAULT_MAX_CHARS, load_text_encoder, split_into_chunks
+from chorus.text.encoder import TextEncoder
 from chorus.pipeline.conditioning import ConditioningCache
 from chorus.voices import Voice
 
@@ -304,7 +306,7 @@ def bench_chunk_sweep(model, variant, conditioning, encoder, cfg: T3BenchConfig)
     return sweep
 
 
-def load_bench_model(cfg: T3BenchConfig) -> tuple[Variant, object, object, Voice, bool]:
+def load_bench_model(cfg: T3BenchConfig) -> tuple[Variant, T3Model, TextEncoder, Voice, bool]:
     """The variant, its T3 model, text encoder and built-in voice, from ``cfg.checkpoint`` or a
     random-weight checkpoint written for the run; and whether the weights are random."""
     variant = cfg.variant if isinstance(cfg.variant, Variant) else get_variant(cfg.variant)
