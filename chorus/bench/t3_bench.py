@@ -79,7 +79,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _engine(model, variant, cfg: T3BenchConfig, rows: int) -> T3Engine:
+def bench_engine(model, variant, cfg: T3BenchConfig, rows: int) -> T3Engine:
+    """An engine for ``rows`` rows with the bench's cache and scheduler settings (no deadline)."""
     config = EngineConfig(
         variant=variant.name, default_deadline_s=None,
         cache=CacheConfig(kv_cache_bytes=int((cfg.kv_cache_gib if model.device.type == "cuda" else 1.0) * 2**30),
@@ -105,7 +106,8 @@ def _free_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def _params(variant, cfg: T3BenchConfig, n_tokens: int, seed: int) -> SamplingParams:
+def fixed_length_params(variant, cfg: T3BenchConfig, n_tokens: int, seed: int) -> SamplingParams:
+    """The variant's sampling with exactly ``n_tokens`` speech tokens (EOS banned until then)."""
     return SamplingParams.for_variant(
         variant, seed=seed, max_new_tokens=n_tokens, min_new_tokens=n_tokens,
         cfg_weight=cfg.cfg_weight if variant.t3.supports_cfg else None)
@@ -113,10 +115,10 @@ def _params(variant, cfg: T3BenchConfig, n_tokens: int, seed: int) -> SamplingPa
 
 def bench_decode(model, variant, conditioning, text_ids, cfg: T3BenchConfig, batch: int) -> dict:
     rows_per_request = 2 if variant.t3.supports_cfg and cfg.cfg_weight > 0 else 1
-    engine = _engine(model, variant, cfg, batch * rows_per_request)
+    engine = bench_engine(model, variant, cfg, batch * rows_per_request)
     device = model.device
     total = cfg.warmup_steps + cfg.decode_steps + min(10, cfg.decode_steps) + 4
-    ids = [engine.add_request(T3Request(text_ids, conditioning, _params(variant, cfg, total, i))) for i in range(batch)]
+    ids = [engine.add_request(T3Request(text_ids, conditioning, fixed_length_params(variant, cfg, total, i))) for i in range(batch)]
     produced = {rid: 0 for rid in ids}
     while min(produced.values()) < 1:  # prefill everything first
         for e in engine.step():
@@ -226,14 +228,14 @@ def _fixed_lengths(chunks: list[str], cfg: T3BenchConfig) -> list[int]:
 
 def bench_workload(model, variant, conditioning, encoder, chunks: list[str], cfg: T3BenchConfig) -> dict:
     lengths = _fixed_lengths(chunks, cfg)
-    requests = [T3Request(encoder.encode(c), conditioning, _params(variant, cfg, n, i))
+    requests = [T3Request(encoder.encode(c), conditioning, fixed_length_params(variant, cfg, n, i))
                 for i, (c, n) in enumerate(zip(chunks, lengths))]
     # a first, untimed pass on an engine of its own: the batch shapes of the workload's mixed
     # prefill/decode steps compile Triton kernels (seconds each) that a serving process
     # compiles once; its time is reported as the cold one
     cold = None
     for timed in (False, True):
-        engine = _engine(model, variant, cfg, cfg.max_num_seqs)
+        engine = bench_engine(model, variant, cfg, cfg.max_num_seqs)
         _sync(model.device)
         start = time.perf_counter()
         tokens, timeline = _run_with_timeline(engine, requests)

@@ -7,7 +7,6 @@ against its allowed range and resets parameters the variant does not use (see ``
 from __future__ import annotations
 
 import functools
-
 import logging
 import math
 import secrets

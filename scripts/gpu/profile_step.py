@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from chorus.bench.t3_bench import T3BenchConfig, _engine, _params, load_bench_model, workload_chunks  # noqa: E402
+from chorus.bench.t3_bench import T3BenchConfig, bench_engine, fixed_length_params, load_bench_model, workload_chunks  # noqa: E402
 from chorus.engine.engine import T3Request  # noqa: E402
 from chorus.pipeline.conditioning import ConditioningCache  # noqa: E402
 
@@ -41,10 +41,10 @@ def main() -> None:
     conditioning = ConditioningCache(model, variant).get(voice, variant.sampling.exaggeration)
     text_ids = encoder.encode(workload_chunks(cfg)[0])
     rows_per_request = 2 if variant.t3.supports_cfg and cfg.cfg_weight > 0 else 1
-    engine = _engine(model, variant, cfg, args.batch * rows_per_request)
+    engine = bench_engine(model, variant, cfg, args.batch * rows_per_request)
     total = args.grow + 3 * args.steps + 16
     for i in range(args.batch):
-        engine.add_request(T3Request(text_ids, conditioning, _params(variant, cfg, total, i)))
+        engine.add_request(T3Request(text_ids, conditioning, fixed_length_params(variant, cfg, total, i)))
     while engine.scheduler.waiting or engine.scheduler.num_prefilling:
         engine.step()
     for _ in range(args.grow):
