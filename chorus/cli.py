@@ -117,7 +117,7 @@ def _cmd_bench_t3(args: argparse.Namespace) -> int:
         cuda_graphs=not args.no_cuda_graphs, speed_of_light=not args.no_speed_of_light,
         async_scheduling=not args.no_async_scheduling, chunk_chars=_chunk_bounds(args.chunk_chars),
         max_num_seqs=args.max_num_seqs, kv_cache_dtype=args.kv_cache_dtype,
-        shared_prefix_attention=not args.no_shared_prefix,
+        shared_prefix_attention=not args.no_shared_prefix, warm_up_kernels=not args.no_warm_up,
     )
     main_json(cfg, args.out)
     return 0
@@ -564,6 +564,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-shared-prefix", action="store_true",
                    help="decode rows read their whole context alone (default: rows sharing a long "
                         "voice prompt read it once per group and step where that pays)")
+    p.add_argument("--no-warm-up", action="store_true",
+                   help="build engines without compiling the eager steps' Triton kernel variants first "
+                        "(default: compiled at construction, reported as engine_warmup_seconds)")
     p.add_argument("--no-speed-of-light", action="store_true",
                    help="skip the speed-of-light calibration (the same model shape stepped in plain PyTorch, "
                         "one CUDA graph per batch size; reported as sol_step_ms and sol_fraction)")

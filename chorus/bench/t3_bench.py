@@ -6,6 +6,11 @@ model: EOS is banned until the length is reached, then generation stops. Measure
 
 - decode: per-step latency and speech tokens/s with B concurrent requests all decoding;
 - workload: the benchmark text chunked at sentences, all chunks submitted at once, one voice;
+  twice, each on a new engine: ``cold_t3_seconds`` is the first pass (what a freshly started
+  server's first burst costs), ``t3_seconds`` the second; ``engine_warmup_seconds`` is the
+  first pass's engine compiling its kernel variants when it was built (``EngineConfig.
+  warm_up_kernels``, not counted in the pass; each decode entry reports its engine's too, and
+  the first one built in a process pays for the compiles);
 - speed of light: per batch size, the same model shape stepped in plain PyTorch at the same
   context (:mod:`chorus.bench.speed_of_light`), and the engine step's ratio to it;
 - chunk sweep (optional): the workload again for each chunk length bound, with the chunk count
@@ -70,6 +75,7 @@ class T3BenchConfig:
     kv_cache_gib: float = 64.0  # on CUDA; the CPU runs with 1 GiB
     kv_cache_dtype: str = "auto"  # or "fp8_e4m3" (CacheConfig.kv_cache_dtype)
     shared_prefix_attention: bool = True  # CacheConfig.shared_prefix_attention
+    warm_up_kernels: bool = True  # EngineConfig.warm_up_kernels
     kv_accuracy_steps: int = 16  # decode steps of the FP8 accuracy check
     extra: dict = field(default_factory=dict)
 
@@ -82,13 +88,18 @@ def _sync(device: torch.device) -> None:
 def bench_engine(model, variant, cfg: T3BenchConfig, rows: int) -> T3Engine:
     """An engine for ``rows`` rows with the bench's cache and scheduler settings (no deadline)."""
     config = EngineConfig(
-        variant=variant.name, default_deadline_s=None,
+        variant=variant.name, default_deadline_s=None, warm_up_kernels=cfg.warm_up_kernels,
         cache=CacheConfig(kv_cache_bytes=int((cfg.kv_cache_gib if model.device.type == "cuda" else 1.0) * 2**30),
                           kv_cache_dtype=cfg.kv_cache_dtype, shared_prefix_attention=cfg.shared_prefix_attention),
         scheduler=SchedulerConfig(max_num_seqs=rows, max_num_batched_tokens=max(cfg.max_num_batched_tokens, rows),
                                   max_model_len=cfg.max_model_len, async_scheduling=cfg.async_scheduling),
     )
     return T3Engine(model, variant, config, cuda_graphs=cfg.cuda_graphs)
+
+
+def _warmup_seconds(engine: T3Engine) -> float | None:
+    """How long the engine's kernel warm-up took when it was built (None: it did not run)."""
+    return None if engine.warmup is None else round(engine.warmup.seconds, 3)
 
 
 def _release(engine: T3Engine) -> None:
@@ -116,6 +127,7 @@ def fixed_length_params(variant, cfg: T3BenchConfig, n_tokens: int, seed: int) -
 def bench_decode(model, variant, conditioning, text_ids, cfg: T3BenchConfig, batch: int) -> dict:
     rows_per_request = 2 if variant.t3.supports_cfg and cfg.cfg_weight > 0 else 1
     engine = bench_engine(model, variant, cfg, batch * rows_per_request)
+    warmup_s = _warmup_seconds(engine)
     device = model.device
     total = cfg.warmup_steps + cfg.decode_steps + min(10, cfg.decode_steps) + 4
     ids = [engine.add_request(T3Request(text_ids, conditioning, fixed_length_params(variant, cfg, total, i))) for i in range(batch)]
@@ -145,7 +157,8 @@ def bench_decode(model, variant, conditioning, text_ids, cfg: T3BenchConfig, bat
     step_ms = 1000 * elapsed / cfg.decode_steps
     return {"batch": batch, "rows": batch * rows_per_request, "step_ms": round(step_ms, 3),
             "speech_tokens_per_s": round(batch / (step_ms / 1000), 1),
-            "cuda_graphs": graphs, "breakdown_ms": breakdown, "prompt_tokens": prompt_tokens,
+            "cuda_graphs": graphs, "engine_warmup_seconds": warmup_s, "breakdown_ms": breakdown,
+            "prompt_tokens": prompt_tokens,
             "context_tokens": int(first_context + (cfg.decode_steps - 1) / 2 + 0.5)}
 
 
@@ -230,12 +243,14 @@ def bench_workload(model, variant, conditioning, encoder, chunks: list[str], cfg
     lengths = _fixed_lengths(chunks, cfg)
     requests = [T3Request(encoder.encode(c), conditioning, fixed_length_params(variant, cfg, n, i))
                 for i, (c, n) in enumerate(zip(chunks, lengths))]
-    # a first, untimed pass on an engine of its own: the batch shapes of the workload's mixed
-    # prefill/decode steps compile Triton kernels (seconds each) that a serving process
-    # compiles once; its time is reported as the cold one
-    cold = None
+    # a first pass on an engine of its own, reported as the cold one: what is left to do once
+    # per process after the engine's warm-up (which compiles the Triton kernel variants of the
+    # mixed prefill/decode steps when the engine is built): the sampler graphs' captures, first
+    # uses of library kernels; the second pass is the warm figure
+    cold = cold_warmup = None
     for timed in (False, True):
         engine = bench_engine(model, variant, cfg, cfg.max_num_seqs)
+        cold_warmup = cold_warmup if timed else _warmup_seconds(engine)
         _sync(model.device)
         start = time.perf_counter()
         tokens, timeline = _run_with_timeline(engine, requests)
@@ -249,7 +264,8 @@ def bench_workload(model, variant, conditioning, encoder, chunks: list[str], cfg
     return {"chunks": len(chunks), "speech_tokens": tokens, "audio_seconds": round(audio_s, 1),
             "t3_seconds": round(elapsed, 3), "speech_tokens_per_s": round(tokens / elapsed, 1),
             "realtime_factor": round(audio_s / elapsed, 1), "engine_steps": steps,
-            "preemptions": preemptions, "cold_t3_seconds": round(cold, 3), "timeline": timeline}
+            "preemptions": preemptions, "cold_t3_seconds": round(cold, 3),
+            "engine_warmup_seconds": cold_warmup, "timeline": timeline}
 
 
 def _run_with_timeline(engine: T3Engine, requests: list[T3Request]) -> tuple[int, dict]:

@@ -99,12 +99,17 @@ class EngineConfig:
     """The T3 engine: which variant it serves plus its cache and scheduler settings.
 
     default_deadline_s: deadline given to requests that bring none (None: no deadline).
+    warm_up_kernels: on CUDA, compile every Triton kernel variant a step can launch when the
+        engine is built (after graph capture), so that the first mixed prefill/decode steps do
+        not compile them while serving (``chorus.engine.warmup``; docs/engine.md, "Kernel
+        variants and warm-up"). A no-op on the CPU.
     """
 
     variant: str = "original"
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     default_deadline_s: float | None = 30.0
+    warm_up_kernels: bool = True
 
     def __post_init__(self):
         from chorus.models.variants import get_variant  # raises a readable error for unknown names

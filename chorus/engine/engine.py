@@ -21,6 +21,7 @@ from chorus.engine.paged_cache import PagedKVCache, kv_bytes_per_block, resolve_
 from chorus.engine.sampler_graphs import SamplerGraphs
 from chorus.engine.request import FinishReason, Priority, Request, T3Prompt
 from chorus.engine.scheduler import AdmissionError, RequestOutput, Scheduler, SchedulerOutput, SchedulerStats
+from chorus.engine.warmup import WarmupReport, step_limits, warm_up_kernels
 from chorus.models.t3.model import T3Model
 from chorus.models.variants import Variant
 from chorus.sampling import NO_TOKEN, SamplingParams
@@ -99,7 +100,9 @@ class T3Engine:
         """On CUDA, ``cuda_graphs`` captures the decode forward per batch-size bucket and
         ``sampler_graphs`` (None: as ``cuda_graphs``) each step's sampling, which then gives
         the eager sampler's tokens with a fraction of its kernel launches. ``kv_scale_rule``
-        (None: ``kv_quant.DEFAULT_KV_SCALE_RULE``) sets an FP8 cache's static scales."""
+        (None: ``kv_quant.DEFAULT_KV_SCALE_RULE``) sets an FP8 cache's static scales. With
+        ``EngineConfig.warm_up_kernels`` (the default) the Triton kernel variants of eager steps
+        are compiled last, on CUDA (``self.warmup`` reports it)."""
         self.model = model
         self.variant = variant
         self.config = config or EngineConfig(variant=variant.name)
@@ -133,6 +136,11 @@ class T3Engine:
         if (cuda_graphs if sampler_graphs is None else sampler_graphs) and model.device.type == "cuda":
             self.runner.sampler_graphs = SamplerGraphs(
                 variant, model.device, max_rows=min(self.config.scheduler.max_num_seqs, 512))
+        self.warmup: WarmupReport | None = None  # what the kernel warm-up did (None: it did not run)
+        if self.config.warm_up_kernels and model.device.type == "cuda":
+            limits = step_limits(self.config.scheduler, SHARED_PREFIX_MIN_ROWS if shared_prefix else None)
+            self.warmup = warm_up_kernels(model, self.kv_cache, limits,
+                                          sampler_vocab=model.config.speech_vocab_size, sampler_no_token=NO_TOKEN)
         self.num_steps = 0
         self.num_steps_ahead = 0  # steps scheduled ahead of the previous one's commit
         self._ahead: LaunchedStep | _FailedStep | None = None  # the step scheduled ahead and queued on the device (async scheduling)

@@ -88,7 +88,11 @@ def _gumbel(h, LIBDEVICE: tl.constexpr):
     return -_log(-_log(u, LIBDEVICE), LIBDEVICE)
 
 
-@triton.jit
+# the seed lanes, steps and greedy flags are read as one scalar per row, from static graph buffers
+# (columns at odd offsets and strides) or from fresh eager tensors: specialising on their strides
+# or alignment would only give the graphed and the eager sampler two variants of one kernel
+@triton.jit(do_not_specialize=["stride_lanes", "stride_steps"],
+            do_not_specialize_on_alignment=["lanes_ptr", "steps_ptr", "greedy_ptr"])
 def _sample_kernel(logits_ptr, stride_logits, lanes_ptr, stride_lanes, steps_ptr, stride_steps, greedy_ptr,
                    out_ptr, vocab, NO_TOKEN: tl.constexpr, ANY_NOISE: tl.constexpr, LIBDEVICE: tl.constexpr,
                    BLOCK: tl.constexpr):

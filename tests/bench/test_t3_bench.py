@@ -45,6 +45,9 @@ def test_the_t3_bench_reports_decode_steps_and_the_workload(tmp_path):
     assert sum(timeline[k]["steps"] for k in ("admission", "changed", "steady")) == workload["engine_steps"]
     assert timeline["admission"]["steps"] >= 1 and timeline["steps_rows"][0] == 0  # nothing ran before the first
     assert 0 <= timeline["sync_steps"] <= workload["engine_steps"]
+    # the kernel warm-up runs on CUDA only: on the CPU the engines report none
+    assert workload["engine_warmup_seconds"] is None and workload["cold_t3_seconds"] > 0
+    assert all(d["engine_warmup_seconds"] is None for d in report["decode"])
     sol = report["speed_of_light"]
     assert sol["mode"] == "eager" and sol["backbone"] == "gpt2" and sol["num_layers"] == 2 and sol["parameters"] > 0
     assert "chunk_sweep" not in report
@@ -112,3 +115,25 @@ def test_the_kv_cache_dtype_flag_reaches_the_bench_config(monkeypatch):
     assert main(["bench", "t3", "--kv-cache-dtype", "fp8_e4m3"]) == 0
     assert main(["bench", "t3"]) == 0
     assert [c.kv_cache_dtype for c in configs] == ["fp8_e4m3", "auto"]
+
+
+def test_the_no_warm_up_flag_reaches_the_engine_config(monkeypatch):
+    from types import SimpleNamespace
+
+    import torch
+
+    import chorus.bench.t3_bench as t3_bench
+    from chorus.cli import main
+    from chorus.models.variants import get_variant
+
+    configs = []
+    monkeypatch.setattr(t3_bench, "main_json", lambda cfg, out: configs.append(cfg))
+    assert main(["bench", "t3", "--no-warm-up"]) == 0
+    assert main(["bench", "t3"]) == 0
+    assert [c.warm_up_kernels for c in configs] == [False, True]
+    engines = []
+    monkeypatch.setattr(t3_bench, "T3Engine", lambda model, variant, config, **kw: engines.append(config))
+    model = SimpleNamespace(device=torch.device("cpu"))
+    for cfg in configs:
+        t3_bench.bench_engine(model, get_variant("turbo"), cfg, 4)
+    assert [e.warm_up_kernels for e in engines] == [False, True]

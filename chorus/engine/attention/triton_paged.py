@@ -28,6 +28,15 @@ Design (our own; vLLM's unified Triton attention was read for ideas):
   rounds to nearest even, so both paths store the same bytes.
 - The decode kernel trusts the caller: with ``max_query_len == 1`` or ``num_decodes``, a
   sequence given more than one new token would silently get only its first row attended.
+- Variants: which kernels a call launches, with which ``BLOCK_Q`` and ``NUM_SPLITS``, is planned
+  on the host by ``launch_plan.plan_attention``. Integer arguments that change from step to step
+  (row and sequence counts, the block table's row stride) are ``do_not_specialize``, and the
+  pointers the kernels only read scalars or gathered table entries from (block tables,
+  ``seq_lens``, ``query_start_loc``, slots, KV scales) ``do_not_specialize_on_alignment``: their
+  values and offsets vary with the batch (a slice from ``num_decodes`` on), and specialising on
+  them would only compile more variants. Strides of the hot Q/K/V/out addressing stay
+  specialised (fixed per model and pool). Results do not change: specialisation only changes
+  code generation.
 """
 from __future__ import annotations
 
@@ -37,6 +46,9 @@ import torch
 import triton
 import triton.language as tl
 
+from chorus.engine.attention.launch_plan import (  # noqa: F401 - choose_num_splits: re-exported
+    PagedLaunch, choose_num_splits, num_sms, plan_attention, query_blocks,
+)
 from chorus.engine.attention.reference import FP8_E4M3_MAX, is_fp8
 
 _LOG2E = 1.4426950408889634
@@ -92,7 +104,9 @@ def _store_partials(part_acc_ptr, part_ml_ptr, rows, row_ok, head, split, acc, m
     tl.store(part_ml_ptr + num_rows * NUM_HEADS * NUM_SPLITS + part, l_i, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "num_rows", "stride_bt"],
+            do_not_specialize_on_alignment=["block_tables_ptr", "seq_lens_ptr", "qsl_ptr", "k_scale_ptr",
+                                            "v_scale_ptr", "kv_start_ptr"])
 def _paged_attention_kernel(
     out_ptr, part_acc_ptr, part_ml_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr,
@@ -203,7 +217,7 @@ def _paged_attention_kernel(
                         NUM_HEADS, HEAD_DIM, NUM_SPLITS)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "row_base", "num_rows"], do_not_specialize_on_alignment=["qsl_ptr"])
 def _reduce_splits_kernel(
     out_ptr, part_acc_ptr, part_ml_ptr, qsl_ptr, num_seqs, row_base, num_rows,
     stride_on, stride_oh,
@@ -226,7 +240,7 @@ def _reduce_splits_kernel(
              res.to(out_ptr.dtype.element_ty))
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["slot_ptr", "k_scale_ptr", "v_scale_ptr"])
 def _write_kv_kernel(
     k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
     stride_kn, stride_kh, stride_vn, stride_vh,
@@ -261,17 +275,7 @@ def _write_kv_kernel(
              v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-_MAX_SPLITS = 16
-_sm_counts: dict[int, int] = {}
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # interpreter runs: small, so that tests still see split-KV chosen
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _sm_counts:
-        _sm_counts[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _sm_counts[index]
+_num_sms = num_sms  # the name the benchmark scripts import
 
 
 def _dot_dtype(dtype: torch.dtype):
@@ -280,20 +284,6 @@ def _dot_dtype(dtype: torch.dtype):
     if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
         return tl.float32
     return {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[dtype]
-
-
-def choose_num_splits(programs: int, max_tiles: int, num_sms: int) -> int:
-    """KV splits per (query block, head): enough programs for ~4 per SM, none of them empty.
-
-    Depends only on host-side sizes, so a CUDA graph captured for a batch bucket keeps one
-    choice; any choice is correct (empty splits contribute nothing).
-    """
-    target = 4 * num_sms
-    if programs >= target or max_tiles <= 1:
-        return 1
-    want = triton.next_power_of_2(triton.cdiv(target, programs))
-    floor_tiles = 1 << (max_tiles.bit_length() - 1)  # largest power of 2 <= max_tiles
-    return max(1, min(want, floor_tiles, _MAX_SPLITS))
 
 
 def write_kv_triton(
@@ -377,15 +367,16 @@ def paged_attention_triton(
     assert out.shape == q.shape and out.stride(-1) == 1
     if max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max()) if num_seqs else 0
-    if max_query_len <= 1:
-        num_decodes = num_seqs
-    assert 0 <= num_decodes <= num_seqs
     if max_seq_len is None:
         max_seq_len = block_tables.shape[1] * block_size
+    plan = plan_attention(num_seqs, n_tokens, max_query_len, num_decodes, max_seq_len, heads, num_sms(q.device),
+                          shared=shared_prefix is not None, decode_tile=decode_tile, prefill_tile=prefill_tile,
+                          num_splits=num_splits)
+    num_decodes = plan.num_decodes
     common = dict(q=q, key_cache=key_cache, value_cache=value_cache, out=out, scale=scale,
-                  max_seq_len=max_seq_len, num_splits=num_splits, k_scale=k_scale, v_scale=v_scale)
+                  k_scale=k_scale, v_scale=v_scale)
 
-    if num_decodes > 0 and shared_prefix is not None:
+    if plan.shared is not None:
         from chorus.engine.attention.triton_shared_prefix import shared_prefix_decode_triton
 
         assert k_scale is None, "shared-prefix attention reads unscaled K/V (not an FP8 cache)"
@@ -394,25 +385,25 @@ def paged_attention_triton(
             q, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
             shared_prefix, num_decodes=num_decodes, max_seq_len=max_seq_len, out=out,
             decode_tile=decode_tile, decode_warps=decode_warps, decode_stages=decode_stages,
-            num_splits=num_splits)
-    elif num_decodes > 0:
-        _launch(**common, block_tables=block_tables[:num_decodes], seq_lens=seq_lens[:num_decodes],
+            launch=plan.shared)
+    elif plan.decode is not None:
+        _launch(**common, launch=plan.decode, block_tables=block_tables[:num_decodes], seq_lens=seq_lens[:num_decodes],
                 query_start_loc=query_start_loc[:num_decodes + 1], row_base=0,
-                row_count=num_decodes, block_q=1, tile=decode_tile, num_warps=decode_warps,
+                row_count=num_decodes, tile=decode_tile, num_warps=decode_warps,
                 loop_stages=decode_stages, num_stages=None)
-    if num_decodes < num_seqs:
-        block_q = 16 if max_query_len <= 16 else 64
-        _launch(**common, block_tables=block_tables[num_decodes:], seq_lens=seq_lens[num_decodes:],
-                query_start_loc=query_start_loc[num_decodes:], row_base=num_decodes,
-                row_count=n_tokens - num_decodes, block_q=block_q, tile=prefill_tile, num_warps=4,
+    if plan.query_block is not None:
+        _launch(**common, launch=plan.query_block, block_tables=block_tables[num_decodes:],
+                seq_lens=seq_lens[num_decodes:], query_start_loc=query_start_loc[num_decodes:], row_base=num_decodes,
+                row_count=n_tokens - num_decodes, tile=prefill_tile, num_warps=4,
                 loop_stages=1, num_stages=prefill_stages)
     return out
 
 
-def _launch(*, q, key_cache, value_cache, out, scale, max_seq_len, num_splits, k_scale, v_scale,
-            block_tables, seq_lens, query_start_loc, row_base, row_count, block_q, tile,
+def _launch(*, launch: PagedLaunch, q, key_cache, value_cache, out, scale, k_scale, v_scale,
+            block_tables, seq_lens, query_start_loc, row_base, row_count, tile,
             num_warps, loop_stages, num_stages, kv_start=None):
-    """One kernel launch over a contiguous run of sequences (and their rows).
+    """One kernel launch over a contiguous run of sequences (and their rows), as planned by
+    ``launch`` (``launch_plan``: block size, splits).
 
     With ``kv_start`` (decode only: int32 per sequence, whole blocks) each sequence skips its
     first ``kv_start[seq]`` keys and the launch returns the unnormalised partials
@@ -421,14 +412,13 @@ def _launch(*, q, key_cache, value_cache, out, scale, max_seq_len, num_splits, k
     n_tokens, heads, head_dim = q.shape
     block_size = key_cache.shape[1]
     num_seqs = seq_lens.shape[0]
+    block_q, num_splits = launch.block_q, launch.num_splits
     decode = block_q == 1
-    q_blocks = num_seqs if decode else row_count // block_q + num_seqs
-    assert kv_start is None or block_q == 1, "kv_start is for decode launches"
+    q_blocks = query_blocks(block_q, num_seqs, row_count)
+    assert launch.kv_start == (kv_start is not None) and (kv_start is None or decode), \
+        "kv_start is for decode launches planned with it"
     if q_blocks == 0:
         return None
-    if num_splits is None:
-        num_splits = choose_num_splits(q_blocks * heads, triton.cdiv(max_seq_len, tile),
-                                       _num_sms(q.device))
     assert num_splits == triton.next_power_of_2(num_splits), num_splits
     if num_splits > 1 or kv_start is not None:
         part_acc = torch.empty((n_tokens, heads, num_splits, head_dim), dtype=torch.float32,

@@ -26,15 +26,18 @@ import torch
 import triton
 import triton.language as tl
 
-from chorus.engine.attention.shared_prefix import SharedPrefixTensors
-from chorus.engine.attention.triton_paged import (
-    _LOG2E, _dot_dtype, _find_seq, _launch, _num_sms, _query_block_tile, _store_partials, choose_num_splits,
+from chorus.engine.attention.launch_plan import (  # noqa: F401 - the choices: re-exported
+    SharedLaunch, choose_block_g, choose_prefix_splits, num_sms, plan_shared,
 )
+from chorus.engine.attention.shared_prefix import SharedPrefixTensors
+from chorus.engine.attention.triton_paged import _LOG2E, _dot_dtype, _find_seq, _launch, _query_block_tile, _store_partials
 
-_MAX_PREFIX_SPLITS = 4  # each split costs a fp32 partial per (row, head): keep the merge cheap
 
-
-@triton.jit
+# counts that change with the batch, and pointers read only as scalars or gathered entries (see
+# triton_paged.py, "Variants")
+@triton.jit(do_not_specialize=["max_groups", "num_rows", "stride_bt"],
+            do_not_specialize_on_alignment=["block_tables_ptr", "qsl_ptr", "prefix_len_ptr", "group_rows_ptr",
+                                            "group_start_ptr"])
 def _prefix_kernel(
     part_acc_ptr, part_ml_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, qsl_ptr,
@@ -89,7 +92,7 @@ def _prefix_kernel(
                     NUM_HEADS, HEAD_DIM, NUM_SPLITS)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows"], do_not_specialize_on_alignment=["qsl_ptr", "prefix_len_ptr"])
 def _merge_kernel(
     out_ptr, suf_acc_ptr, suf_ml_ptr, pre_acc_ptr, pre_ml_ptr, qsl_ptr, prefix_len_ptr, num_rows,
     stride_on, stride_oh,
@@ -126,31 +129,20 @@ def _merge_kernel(
     tl.store(out_ptr + row * stride_on + head * stride_oh + offs_d, res.to(out_ptr.dtype.element_ty))
 
 
-def choose_block_g(num_decodes: int) -> int:
-    """Queries per prefix program: 16 (the smallest tensor-core tile) up to 64 for big batches."""
-    return max(16, min(64, triton.next_power_of_2(max(num_decodes, 1) // 4)))
-
-
-def choose_prefix_splits(num_decodes: int, heads: int, block_g: int, max_prefix_tiles: int,
-                         num_sms: int) -> int:
-    """Prefix splits per group tile, sized as if the decode rows formed one group (the case
-    that leaves the GPU emptiest); host-side sizes only, so fixed for a captured graph."""
-    tiles = triton.cdiv(max(num_decodes, 1), block_g)
-    return min(_MAX_PREFIX_SPLITS, choose_num_splits(tiles * heads, max_prefix_tiles, num_sms))
-
-
 def shared_prefix_decode_triton(
     q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
     block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
     scale: float, shared: SharedPrefixTensors, *, num_decodes: int, max_seq_len: int,
     out: torch.Tensor, decode_tile: int = 64, decode_warps: int = 4, decode_stages: int = 3,
     num_splits: int | None = None, prefix_tile: int = 64, block_g: int | None = None,
-    prefix_splits: int | None = None, prefix_warps: int = 4,
+    prefix_splits: int | None = None, prefix_warps: int = 4, launch: SharedLaunch | None = None,
 ) -> None:
     """Attention of the decode rows ``0:num_decodes`` by the shared-prefix decomposition.
 
     Arguments as ``paged_attention_triton``'s (``max_seq_len`` bounds every context, hence
-    every prefix); ``shared`` holds the plan. Writes those rows of ``out``.
+    every prefix); ``shared`` holds the plan. Writes those rows of ``out``. ``launch``: the
+    launches as ``launch_plan.plan_shared`` chose them (None: chosen here, with ``num_splits``,
+    ``block_g`` and ``prefix_splits`` as overrides).
     """
     n_tokens, heads, head_dim = q.shape
     block_size = key_cache.shape[1]
@@ -161,20 +153,21 @@ def shared_prefix_decode_triton(
         return
     assert prefix_tile % block_size == 0 or block_size % prefix_tile == 0, (prefix_tile, block_size)
 
+    if launch is None:
+        launch = plan_shared(num_decodes, heads, max_seq_len, num_sms(q.device), decode_tile=decode_tile,
+                             prefix_tile=prefix_tile, num_splits=num_splits, block_g=block_g,
+                             prefix_splits=prefix_splits)
     suffix = _launch(
-        q=q, key_cache=key_cache, value_cache=value_cache, out=out, scale=scale,
-        max_seq_len=max_seq_len, num_splits=num_splits, block_tables=block_tables[:num_decodes],
+        launch=launch.suffix, q=q, key_cache=key_cache, value_cache=value_cache, out=out, scale=scale,
+        block_tables=block_tables[:num_decodes],
         seq_lens=seq_lens[:num_decodes], query_start_loc=query_start_loc[:num_decodes + 1],
-        row_base=0, row_count=num_decodes, block_q=1, tile=decode_tile, num_warps=decode_warps,
+        row_base=0, row_count=num_decodes, tile=decode_tile, num_warps=decode_warps,
         loop_stages=decode_stages, num_stages=None, kv_start=shared.prefix_len, k_scale=None, v_scale=None,
     )
     suf_acc, suf_ml = suffix
 
-    block_g = choose_block_g(num_decodes) if block_g is None else block_g
+    block_g, prefix_splits = launch.block_g, launch.prefix_splits
     assert block_g >= 16 and block_g == triton.next_power_of_2(block_g), block_g
-    if prefix_splits is None:
-        prefix_splits = choose_prefix_splits(num_decodes, heads, block_g,
-                                             triton.cdiv(max_seq_len, prefix_tile), _num_sms(q.device))
     assert prefix_splits == triton.next_power_of_2(prefix_splits), prefix_splits
     pre_acc = torch.empty((n_tokens, heads, prefix_splits, head_dim), dtype=torch.float32,
                           device=q.device)
