@@ -84,14 +84,22 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return out
 
 
+def adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether k's heads follow q's in one tensor (q and k are views of one projection output),
+    so that ``q.as_strided`` over both heads stays inside q's storage. Equal addresses alone are
+    not enough: two separate allocations can lie back to back (one token's q and k often do)."""
+    head_dim = q.shape[2]
+    return (q.stride(0) == k.stride(0) and q.stride(1) == k.stride(1) == head_dim
+            and q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()
+            and k.data_ptr() == q.data_ptr() + q.shape[1] * head_dim * q.element_size())
+
+
 def rope_qk_triton(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
                    sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     head_dim = q.shape[2]
     assert cos.shape[-1] == sin.shape[-1] == head_dim and cos.stride(-1) == sin.stride(-1) == 1
     assert cos.dtype == sin.dtype == q.dtype == k.dtype, (cos.dtype, q.dtype)
-    if q.stride(0) == k.stride(0) and q.stride(1) == k.stride(1) == head_dim \
-            and k.data_ptr() == q.data_ptr() + q.shape[1] * head_dim * q.element_size():
-        # q and k are adjacent heads of one projection output: one launch over both
+    if adjacent_heads(q, k):  # one launch over both
         both = q.as_strided((q.shape[0], q.shape[1] + k.shape[1], head_dim), q.stride())
         out = _rope(both, cos, sin)
         return out[:, :q.shape[1]], out[:, q.shape[1]:]
