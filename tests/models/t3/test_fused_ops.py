@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from chorus.models.t3 import T3Model
+from chorus.models.t3 import AttentionCache, T3Model
 from chorus.models.t3.fused_ops import (
     add_layer_norm, add_layer_norm_reference, add_rms_norm, add_rms_norm_reference,
     conv1d_gelu_tanh, conv1d_reference, gelu_tanh_reference, rope_qk, rope_reference, silu_mul, silu_mul_reference,
@@ -141,7 +141,7 @@ def test_fused_projections_keep_the_state_dict():
     assert attn.q_proj.weight.untyped_storage().data_ptr() == attn.v_proj.weight.untyped_storage().data_ptr()
 
 
-class _DenseCache:
+class _DenseCache(AttentionCache):
     """A full-sequence causal attention over the current call's tokens (one sequence)."""
 
     def attend(self, layer, q, k, v):
