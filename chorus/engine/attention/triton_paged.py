@@ -1,4 +1,5 @@
-"""Triton kernels: paged attention over a block table (decode and chunked prefill) and KV write.
+"""Triton kernels: paged attention over a block table (decode and chunked prefill), the KV write,
+and the KV write fused with the rotary embedding of q and k (``rope_write_kv_triton``).
 
 Same layouts and semantics as ``reference.py``. Importing this module imports Triton; the
 package ``chorus.engine.attention`` does so only when a Triton path is taken.
@@ -26,6 +27,9 @@ Design (our own; vLLM's unified Triton attention was read for ideas):
   the end, so dequantising costs two scalar loads per program, not a multiply per element.
   The writer divides by the scale (IEEE ``div_rn``, as the reference), saturates to +-448 and
   rounds to nearest even, so both paths store the same bytes.
+- The fused RoPE + KV write reuses the RoPE kernel's rotation (``triton_ops.rope_heads``) and
+  the writer's store (``_store_kv``), compiled without FP contraction as the RoPE kernel is, so
+  it stores and returns exactly the two kernels' bits (docs/engine.md).
 - The decode kernel trusts the caller: with ``max_query_len == 1`` or ``num_decodes``, a
   sequence given more than one new token would silently get only its first row attended.
 """
