@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from chorus.models.loading import dtype_name
+from chorus.models.t3.attention import AttentionCache
 from chorus.models.t3.model import LearnedPositions, build_backbone
 from chorus.models.variants import T3Config
 
@@ -98,7 +99,7 @@ class PlainDecodeModel(nn.Module):
         return self.speech_head(self.tfmr(embeds, positions, cache))
 
 
-class ContiguousDecodeCache:
+class ContiguousDecodeCache(AttentionCache):
     """The plain step's ``AttentionCache``: per layer K and V of ``[rows, kv_heads, context,
     head_dim]``, the last slot being the new token's. A step overwrites that slot, so replays run
     at a constant context."""

@@ -3,7 +3,8 @@
 Per layer, keys and values live in ``[num_blocks, block_size, heads, head_dim]`` tensors
 (one allocation for all layers). Before each forward the model runner sets an
 ``AttentionMetadata`` describing the flat batch (which slot each new token writes, each row's
-block table, context length and query span); the backbone then calls ``attend`` once per layer.
+block table, context length and query span); the backbone then calls ``attend`` (or, for Llama,
+``attend_rotary``) once per layer.
 
 The pool's dtype is the model's, or FP8 e4m3 (``kv_cache_dtype="fp8_e4m3"``): half the bytes
 per block, values stored as ``fp8(x / scale)`` with one fp32 scale per layer for K and one for
@@ -18,8 +19,12 @@ from dataclasses import dataclass
 
 import torch
 
-from chorus.engine.attention import SharedPrefixTensors, is_fp8, paged_attention, write_kv
+from chorus.engine.attention import (
+    SharedPrefixTensors, is_fp8, paged_attention, rope_write_kv, uses_triton, write_kv,
+)
 from chorus.engine.config import KV_CACHE_DTYPES
+from chorus.models.t3 import fused_ops
+from chorus.models.t3.attention import AttentionCache
 
 # the torch dtype of each pool dtype name (``chorus.engine.config.KV_CACHE_DTYPES`` owns the
 # names; "auto" is the model's dtype)
@@ -77,8 +82,12 @@ def kv_bytes_per_block(num_layers: int, block_size: int, num_heads: int, head_di
     return 2 * num_layers * block_size * num_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
 
 
-class PagedKVCache:
+class PagedKVCache(AttentionCache):
     """KV storage for ``num_blocks`` blocks plus attention over it (``AttentionCache``)."""
+
+    # False: ``attend_rotary`` takes the two-kernel path (rope_qk, then write_kv) even where
+    # it could fuse them; for tests and benchmarks, set before any CUDA graph is captured
+    fuse_rotary: bool = True
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_heads: int,
                  head_dim: int, *, dtype: torch.dtype, device: torch.device | str,
@@ -110,16 +119,46 @@ class PagedKVCache:
         self.kv_scales.copy_(scales)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        meta = self.metadata
-        assert meta is not None, "set PagedKVCache.metadata before the forward"
+        meta = self._metadata()
         key_cache, value_cache = self.kv[layer, 0], self.kv[layer, 1]
         if self.observed_amax is not None:
             _observe(self.observed_amax[layer], k, v)
-        k_scale, v_scale = self._layer_scales[layer] if self.quantized else (None, None)
+        k_scale, v_scale = self._scales(layer)
         write_kv(key_cache, value_cache, k, v, meta.slot_mapping, k_scale=k_scale, v_scale=v_scale,
                  backend=self.backend)
+        return self._attention(layer, q)
+
+    def attend_rotary(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      cos: torch.Tensor, sin: torch.Tensor, ops_backend: str = "auto") -> torch.Tensor:
+        """``AttentionCache.attend_rotary``: one kernel rotates q and k and stores k/v
+        (``rope_write_kv``) when attention and the fused ops both run Triton for these tensors,
+        ``fuse_rotary`` is on and no calibration records K/V; otherwise ``rope_qk`` then
+        ``attend``. Both give the same bits."""
+        if not self._fuses_rotary(q, ops_backend):
+            return super().attend_rotary(layer, q, k, v, cos, sin, ops_backend)
+        meta = self._metadata()
+        k_scale, v_scale = self._scales(layer)
+        q = rope_write_kv(q, k, v, cos, sin, self.kv[layer, 0], self.kv[layer, 1], meta.slot_mapping,
+                          k_scale=k_scale, v_scale=v_scale, backend="triton")
+        return self._attention(layer, q)
+
+    def _fuses_rotary(self, q: torch.Tensor, ops_backend: str) -> bool:
+        return (self.fuse_rotary and self.observed_amax is None
+                and uses_triton(self.backend, q) and fused_ops.uses_triton(ops_backend, q))
+
+    def _metadata(self) -> AttentionMetadata:
+        assert self.metadata is not None, "set PagedKVCache.metadata before the forward"
+        return self.metadata
+
+    def _scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        return self._layer_scales[layer] if self.quantized else (None, None)
+
+    def _attention(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """Attention of the batch's queries over ``layer``'s cache, this step's K/V stored."""
+        meta = self.metadata
+        k_scale, v_scale = self._scales(layer)
         return paged_attention(
-            q, key_cache, value_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+            q, self.kv[layer, 0], self.kv[layer, 1], meta.block_tables, meta.seq_lens, meta.query_start_loc,
             self.scale, max_query_len=meta.max_query_len, num_decodes=meta.num_decodes,
             max_seq_len=meta.max_seq_len, k_scale=k_scale, v_scale=v_scale, backend=self.backend,
             shared_prefix=meta.shared_prefix,

@@ -3,7 +3,7 @@
 #   bash scripts/gpu/device_checks.sh CHECK OUT_DIR
 # CHECK: tests | bench-original | bench-turbo | offline-original | offline-turbo |
 #        stream-original | stream-turbo | attention | vocoder-graphs | online-original | online-turbo |
-#        scale-out-turbo | scale-out-original | profile-original | profile-turbo
+#        scale-out-turbo | scale-out-original | profile-original | profile-turbo | rope-kv
 # The reference chatterbox-tts (for the benchmark ratio) must be importable; WHEELS=DIR installs
 # it offline from wheels first (see scripts/gpu/README.md); a DIR/*.tar.xz is a pre-unpacked
 # site-packages bundle (Ray without its Java and ML-library parts), unpacked beside the wheels.
@@ -39,6 +39,8 @@ case $what in
     bash scripts/gpu/scale_out.sh "${what#scale-out-}" "$out" ;;
   attention)
     python3 scripts/gpu/bench_attention.py --quick --out "$out/attention.json" 2>&1 | tail -40 ;;
+  rope-kv)
+    python3 scripts/gpu/bench_rope_kv.py "$out/rope_kv.json" 2>&1 | tail -20 ;;
   profile-original|profile-turbo)
     python3 scripts/gpu/profile_step.py --variant "${what#profile-}" --batch 224 --grow 180 \
       --out "$out/profile_${what#profile-}.json" 2>&1 | tail -30 ;;

@@ -14,6 +14,7 @@ from chorus.engine.attention.reference import (
 from chorus.engine.attention.shared_prefix import (
     SharedPrefixPlan, SharedPrefixTensors, plan_shared_prefixes, shared_prefix_attention_reference,
 )
+from chorus.models.t3.fused_ops import rope_reference
 from chorus.triton_backend import kernels_import, use_triton
 
 __all__ = [
@@ -25,7 +26,9 @@ __all__ = [
     "paged_attention_reference",
     "plan_shared_prefixes",
     "quantize_kv",
+    "rope_write_kv",
     "triton_available",
+    "uses_triton",
     "write_kv",
     "write_kv_reference",
 ]
@@ -38,7 +41,8 @@ def triton_available() -> bool:
     return kernels_import(_KERNELS)
 
 
-def _use_triton(backend: str, tensor: torch.Tensor) -> bool:
+def uses_triton(backend: str, tensor: torch.Tensor) -> bool:
+    """Whether attention with ``backend`` runs the Triton kernels for ``tensor``."""
     return use_triton(backend, tensor, _KERNELS, "attention")
 
 
@@ -73,12 +77,44 @@ def write_kv(
     (None: 1.0), and only FP8 caches take them.
     """
     _check_scales(key_cache, k_scale, v_scale)
-    if _use_triton(backend, k):
+    if uses_triton(backend, k):
         from chorus.engine.attention.triton_paged import write_kv_triton
 
         write_kv_triton(key_cache, value_cache, k, v, slot_mapping, k_scale=k_scale, v_scale=v_scale)
     else:
         write_kv_reference(key_cache, value_cache, k, v, slot_mapping, k_scale, v_scale)
+
+
+def rope_write_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Rotate q and k (``fused_ops.rope_qk``: tables ``[N, 1, head_dim]`` in q's dtype), store
+    the rotated k and v as ``write_kv`` does, and return the rotated q ``[N, Hq, head_dim]``.
+
+    On the Triton path this is one kernel (``triton_paged.rope_write_kv_triton``) that gives
+    exactly the bits of the RoPE kernel followed by the write kernel; the PyTorch path is the
+    two references in turn. Slot -1 skips a token's cache write, never its rotation.
+    """
+    _check_scales(key_cache, k_scale, v_scale)
+    if uses_triton(backend, q):
+        from chorus.engine.attention.triton_paged import rope_write_kv_triton
+
+        return rope_write_kv_triton(q, k, v, cos, sin, key_cache, value_cache, slot_mapping,
+                                    k_scale=k_scale, v_scale=v_scale)
+    q, k = rope_reference(q, cos, sin), rope_reference(k, cos, sin)
+    write_kv_reference(key_cache, value_cache, k, v, slot_mapping, k_scale, v_scale)
+    return q
 
 
 def paged_attention(
@@ -123,7 +159,7 @@ def paged_attention(
     It is not combined with an FP8 cache (the prefix kernel reads unscaled K/V).
     """
     _check_scales(key_cache, k_scale, v_scale)
-    if _use_triton(backend, q):
+    if uses_triton(backend, q):
         from chorus.engine.attention.triton_paged import paged_attention_triton
 
         return paged_attention_triton(

@@ -1,4 +1,5 @@
-"""Triton kernels: paged attention over a block table (decode and chunked prefill) and KV write.
+"""Triton kernels: paged attention over a block table (decode and chunked prefill), the KV write,
+and the KV write fused with the rotary embedding of q and k (``rope_write_kv_triton``).
 
 Same layouts and semantics as ``reference.py``. Importing this module imports Triton; the
 package ``chorus.engine.attention`` does so only when a Triton path is taken.
@@ -26,6 +27,9 @@ Design (our own; vLLM's unified Triton attention was read for ideas):
   the end, so dequantising costs two scalar loads per program, not a multiply per element.
   The writer divides by the scale (IEEE ``div_rn``, as the reference), saturates to +-448 and
   rounds to nearest even, so both paths store the same bytes.
+- The fused RoPE + KV write reuses the RoPE kernel's rotation (``triton_ops.rope_heads``) and
+  the writer's store (``_store_kv``), compiled without FP contraction as the RoPE kernel is, so
+  it stores and returns exactly the two kernels' bits (docs/engine.md).
 - The decode kernel trusts the caller: with ``max_query_len == 1`` or ``num_decodes``, a
   sequence given more than one new token would silently get only its first row attended.
 - Variants: which kernels a call launches, with which ``BLOCK_Q`` and ``NUM_SPLITS``, is planned
@@ -50,6 +54,7 @@ from chorus.engine.attention.launch_plan import (  # noqa: F401 - choose_num_spl
     PagedLaunch, choose_num_splits, num_sms, plan_attention, query_blocks,
 )
 from chorus.engine.attention.reference import FP8_E4M3_MAX, is_fp8
+from chorus.models.t3.triton_ops import rope_heads
 
 _LOG2E = 1.4426950408889634
 
@@ -240,6 +245,18 @@ def _reduce_splits_kernel(
              res.to(out_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _store_kv(x, dst, mask, scale_ptr, QUANTIZE: tl.constexpr, HAS_SCALE: tl.constexpr, FP8_MAX: tl.constexpr):
+    """Store K or V values ``x`` at the cache addresses ``dst``: as they are, or for an FP8 pool
+    ``x / scale`` (IEEE division), saturated (e4m3fn has no inf), rounded to nearest even."""
+    if QUANTIZE:
+        x = x.to(tl.float32)
+        if HAS_SCALE:
+            x = tl.div_rn(x, tl.load(scale_ptr))
+        x = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)
+    tl.store(dst, x.to(dst.dtype.element_ty), mask=mask)
+
+
 @triton.jit(do_not_specialize_on_alignment=["slot_ptr", "k_scale_ptr", "v_scale_ptr"])
 def _write_kv_kernel(
     k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
@@ -259,20 +276,55 @@ def _write_kv_kernel(
     mask = (offs_h < NUM_HEADS)[:, None]
     k = tl.load(k_ptr + token * stride_kn + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
     v = tl.load(v_ptr + token * stride_vn + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
-    if QUANTIZE:  # FP8 pool: x / scale, saturated (e4m3fn has no inf), rounded to nearest even
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
-        if HAS_SCALE:
-            k = tl.div_rn(k, tl.load(k_scale_ptr))
-            v = tl.div_rn(v, tl.load(v_scale_ptr))
-        k = tl.minimum(tl.maximum(k, -FP8_MAX), FP8_MAX)
-        v = tl.minimum(tl.maximum(v, -FP8_MAX), FP8_MAX)
-    tl.store(k_cache_ptr + block * stride_kb + offset * stride_kt
-             + offs_h[:, None] * stride_kh_cache + offs_d[None, :],
-             k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_cache_ptr + block * stride_vb + offset * stride_vt
-             + offs_h[:, None] * stride_vh_cache + offs_d[None, :],
-             v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    _store_kv(k, k_cache_ptr + block * stride_kb + offset * stride_kt + offs_h[:, None] * stride_kh_cache
+              + offs_d[None, :], mask, k_scale_ptr, QUANTIZE, HAS_SCALE, FP8_MAX)
+    _store_kv(v, v_cache_ptr + block * stride_vb + offset * stride_vt + offs_h[:, None] * stride_vh_cache
+              + offs_d[None, :], mask, v_scale_ptr, QUANTIZE, HAS_SCALE, FP8_MAX)
+
+
+@triton.jit(do_not_specialize_on_alignment=["slot_ptr", "k_scale_ptr", "v_scale_ptr"])
+def _rope_write_kv_kernel(
+    q_ptr, k_ptr, v_ptr, q_out_ptr, cos_ptr, sin_ptr,
+    k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
+    stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_on, stride_oh,
+    stride_cn, stride_sn,
+    stride_kb, stride_kt, stride_kh_cache, stride_vb, stride_vt, stride_vh_cache,
+    Q_HEADS: tl.constexpr, Q_HEADS_P2: tl.constexpr, KV_HEADS: tl.constexpr, KV_HEADS_P2: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, QUANTIZE: tl.constexpr, HAS_SCALE: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+):
+    """One token per program: rotate q into ``q_out``; rotate k and store it, and v, into the
+    token's cache slot (none for slot -1). ``rope_heads`` and ``_store_kv`` are the very code of
+    ``_rope_kernel`` and ``_write_kv_kernel``, so, compiled without FP contraction as they are,
+    the results equal the two kernels' bit for bit."""
+    token = tl.program_id(0).to(tl.int64)
+    HALF: tl.constexpr = HEAD_DIM // 2
+    c = tl.arange(0, HALF)[None, :]
+    cos_row = cos_ptr + token * stride_cn
+    sin_row = sin_ptr + token * stride_sn
+    hq = tl.arange(0, Q_HEADS_P2)[:, None]
+    q_mask = (hq < Q_HEADS) & (c < HALF)
+    q1, q2 = rope_heads(q_ptr + token * stride_qn + hq * stride_qh, cos_row, sin_row, q_mask, HALF)
+    q_out = q_out_ptr + token * stride_on + hq * stride_oh
+    tl.store(q_out + c, q1, mask=q_mask)
+    tl.store(q_out + HALF + c, q2, mask=q_mask)
+
+    slot = tl.load(slot_ptr + token).to(tl.int64)
+    if slot < 0:
+        return
+    block = slot // BLOCK_SIZE
+    offset = slot % BLOCK_SIZE
+    hk = tl.arange(0, KV_HEADS_P2)[:, None]
+    kv_mask = (hk < KV_HEADS) & (c < HALF)
+    k1, k2 = rope_heads(k_ptr + token * stride_kn + hk * stride_kh, cos_row, sin_row, kv_mask, HALF)
+    k_dst = k_cache_ptr + block * stride_kb + offset * stride_kt + hk * stride_kh_cache
+    _store_kv(k1, k_dst + c, kv_mask, k_scale_ptr, QUANTIZE, HAS_SCALE, FP8_MAX)
+    _store_kv(k2, k_dst + HALF + c, kv_mask, k_scale_ptr, QUANTIZE, HAS_SCALE, FP8_MAX)
+    d = tl.arange(0, HEAD_DIM)[None, :]
+    v_mask = (hk < KV_HEADS) & (d < HEAD_DIM)
+    v = tl.load(v_ptr + token * stride_vn + hk * stride_vh + d, mask=v_mask)
+    _store_kv(v, v_cache_ptr + block * stride_vb + offset * stride_vt + hk * stride_vh_cache + d, v_mask,
+              v_scale_ptr, QUANTIZE, HAS_SCALE, FP8_MAX)
 
 
 _num_sms = num_sms  # the name the benchmark scripts import
@@ -312,6 +364,44 @@ def write_kv_triton(
         BLOCK_SIZE=block_size, QUANTIZE=is_fp8(key_cache.dtype), HAS_SCALE=has_scale,
         FP8_MAX=FP8_E4M3_MAX, num_warps=4,
     )
+
+
+def rope_write_kv_triton(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor, *,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``rope_qk_triton`` then ``write_kv_triton`` in one launch (same results, bit for bit):
+    returns the rotated q ``[N, Hq, Dh]`` (a new contiguous tensor); k is rotated on its way
+    into the caches. q, k, v may be views of one projection output or separate tensors."""
+    n, q_heads, head_dim = q.shape
+    num_blocks, block_size, kv_heads, _ = key_cache.shape
+    assert value_cache.shape == key_cache.shape
+    assert k.shape == v.shape == (n, kv_heads, head_dim), (q.shape, k.shape, v.shape, key_cache.shape)
+    assert slot_mapping.shape == (n,)
+    assert cos.shape[-1] == sin.shape[-1] == head_dim and cos.stride(-1) == sin.stride(-1) == 1
+    assert cos.dtype == sin.dtype == q.dtype == k.dtype == v.dtype, (cos.dtype, q.dtype, k.dtype, v.dtype)
+    for t in (q, k, v, key_cache, value_cache):
+        assert t.stride(-1) == 1, "head_dim must be contiguous"
+    assert head_dim >= 2 and head_dim == triton.next_power_of_2(head_dim), head_dim
+    q_out = torch.empty((n, q_heads, head_dim), dtype=q.dtype, device=q.device)
+    if n == 0:
+        return q_out
+    has_scale = k_scale is not None
+    _rope_write_kv_kernel[(n,)](
+        q, k, v, q_out, cos, sin, key_cache, value_cache, slot_mapping,
+        k_scale if has_scale else slot_mapping, v_scale if has_scale else slot_mapping,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        q_out.stride(0), q_out.stride(1), cos.stride(0), sin.stride(0),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        Q_HEADS=q_heads, Q_HEADS_P2=triton.next_power_of_2(q_heads),
+        KV_HEADS=kv_heads, KV_HEADS_P2=triton.next_power_of_2(kv_heads), HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, QUANTIZE=is_fp8(key_cache.dtype), HAS_SCALE=has_scale,
+        FP8_MAX=FP8_E4M3_MAX, num_warps=4,
+        enable_fp_fusion=False,  # round as _rope_kernel does (see triton_ops.rope_heads)
+    )
+    return q_out
 
 
 def paged_attention_triton(

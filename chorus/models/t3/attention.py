@@ -3,8 +3,11 @@
 The backbones see a flat batch of N new tokens ("varlen" layout): embeddings [N, D] and
 positions [N]. They never learn which row (sequence) a token belongs to; the cache object
 owns that layout. For every layer a backbone calls ``cache.attend(layer, q, k, v)`` once with
-the projected (and, for Llama, rotated) queries, keys and values of the N new tokens; the cache
-stores k/v and returns the attention output.
+the projected queries, keys and values of the N new tokens; the cache stores k/v and returns
+the attention output. Llama calls ``cache.attend_rotary(layer, q, k, v, cos, sin, ops_backend)``
+instead, with q and k not yet rotated: a cache may rotate them on their way into storage (the
+engine's paged cache does so in one kernel, docs/engine.md); by default it is ``rope_qk`` then
+``attend``. An implementation subclasses the protocol to inherit that default.
 
 Contract of an implementation (what the engine's paged cache must also provide):
 
@@ -25,6 +28,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from chorus.models.t3.fused_ops import rope_qk
+
 
 class AttentionCache(Protocol):
     """Per-layer KV storage plus causal attention for the batch layout set by its owner."""
@@ -37,12 +42,24 @@ class AttentionCache(Protocol):
         """
         ...
 
+    def attend_rotary(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      cos: torch.Tensor, sin: torch.Tensor, ops_backend: str = "auto") -> torch.Tensor:
+        """``attend`` for q and k that are NOT yet rotated: rotate both as ``fused_ops.rope_qk``
+        does (tables ``cos``/``sin`` [N, 1, head_dim] in q's dtype, ``ops_backend`` its backend),
+        store k/v and attend. q and k may be views of one projection output.
+
+        This default is ``rope_qk`` then ``attend``; a cache may fuse the rotation with its
+        K/V write, with the same results.
+        """
+        q, k = rope_qk(q, k, cos, sin, ops_backend)
+        return self.attend(layer, q, k, v)
+
 
 class KVCacheFullError(RuntimeError):
     """More tokens were appended than the cache was allocated for."""
 
 
-class ContiguousKVCache:
+class ContiguousKVCache(AttentionCache):
     """Preallocated KV cache for ``rows`` sequences that always advance together.
 
     Every forward appends the same number of tokens to every row (e.g. the two rows of a CFG

@@ -29,7 +29,8 @@ def triton_available() -> bool:
     return kernels_import(_KERNELS)
 
 
-def _use_triton(backend: str, tensor: torch.Tensor) -> bool:
+def uses_triton(backend: str, tensor: torch.Tensor) -> bool:
+    """Whether the fused ops with ``backend`` run the Triton kernels for ``tensor``."""
     return use_triton(backend, tensor, _KERNELS, "fused ops")
 
 
@@ -79,7 +80,7 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
                  backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """(x + delta, weight * rms_norm(x + delta)) for [N, D] tensors: the residual stream and
     the next sublayer's input."""
-    if _use_triton(backend, x):
+    if uses_triton(backend, x):
         from chorus.models.t3.triton_ops import add_rms_norm_triton
 
         return add_rms_norm_triton(x, delta, weight, eps)
@@ -90,7 +91,7 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
             backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary embedding of q [N, Hq, Dh] and k [N, Hk, Dh] (views of one projection output are
     fine) with tables [N, 1, Dh] in their dtype; returns new tensors."""
-    if _use_triton(backend, q):
+    if uses_triton(backend, q):
         from chorus.models.t3.triton_ops import rope_qk_triton
 
         return rope_qk_triton(q, k, cos, sin)
@@ -99,7 +100,7 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
 
 def silu_mul(gate_up: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """``silu(gate) * up`` of a [N, 2I] gate|up projection -> [N, I]."""
-    if _use_triton(backend, gate_up):
+    if uses_triton(backend, gate_up):
         from chorus.models.t3.triton_ops import silu_mul_triton
 
         return silu_mul_triton(gate_up)
@@ -110,7 +111,7 @@ def add_layer_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, b
                    backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """(x + delta, layer_norm(x + delta)) for [N, D] tensors: the residual stream and the next
     sublayer's input."""
-    if _use_triton(backend, x):
+    if uses_triton(backend, x):
         from chorus.models.t3.triton_ops import add_layer_norm_triton
 
         return add_layer_norm_triton(x, delta, weight, bias, eps)
@@ -123,6 +124,6 @@ def conv1d_gelu_tanh(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     cuBLASLt GEMM whose epilogue adds the bias and applies GELU to the fp32 sums before their one
     rounding (``torch._addmm_activation``; on CUDA its GELU is the tanh approximation, see
     docs/t3.md). Elsewhere the reference runs: on the CPU that op computes the exact erf GELU."""
-    if h.is_cuda and _use_triton(backend, h):
+    if h.is_cuda and uses_triton(backend, h):
         return torch._addmm_activation(bias, h, weight, use_gelu=True)
     return gelu_tanh_reference(conv1d_reference(h, weight, bias))

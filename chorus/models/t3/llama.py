@@ -11,7 +11,7 @@ from torch import nn
 
 from chorus.models.t3.attention import AttentionCache
 from chorus.models.t3.backbone import Shapes
-from chorus.models.t3.fused_ops import add_rms_norm, rms_norm_reference, rope_qk, silu_mul
+from chorus.models.t3.fused_ops import add_rms_norm, rms_norm_reference, silu_mul
 from chorus.models.t3.rope import RotaryEmbedding
 from chorus.models.variants import BackboneConfig
 
@@ -63,8 +63,8 @@ class LlamaAttention(nn.Module):
         else:
             q_out, kv_out = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
             q, k, v = F.linear(x, self._qkv).split((q_out, kv_out, kv_out), dim=-1)
-        q, k = rope_qk(q.view(q_shape), k.view(kv_shape), cos, sin, self.ops_backend)
-        out = cache.attend(layer, q, k, v.view(kv_shape))
+        out = cache.attend_rotary(layer, q.view(q_shape), k.view(kv_shape), v.view(kv_shape), cos, sin,
+                                  self.ops_backend)
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
 

@@ -51,23 +51,35 @@ def add_rms_norm_triton(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tens
 
 
 @triton.jit
+def rope_heads(x_heads, cos_row, sin_row, mask, HALF: tl.constexpr):
+    """Rotate the heads at ``x_heads`` (pointers to each head's dim 0, a [heads, 1] block; lanes
+    under ``mask`` [heads, HALF]) by one token's tables: returns both halves of
+    ``x * cos + rotate_half(x) * sin`` in x's dtype, each product and the sum rounded like the
+    tensor ops. The one copy of the rotation, for every kernel that rotates: compile those with
+    ``enable_fp_fusion=False`` (no multiply-add contracted into an FMA), so that they all round
+    alike and as the reference."""
+    c = tl.arange(0, HALF)[None, :]
+    first = tl.load(x_heads + c, mask=mask, other=0.0).to(tl.float32)
+    second = tl.load(x_heads + HALF + c, mask=mask, other=0.0).to(tl.float32)
+    cos1 = tl.load(cos_row + c).to(tl.float32)
+    cos2 = tl.load(cos_row + HALF + c).to(tl.float32)
+    sin1 = tl.load(sin_row + c).to(tl.float32)
+    sin2 = tl.load(sin_row + HALF + c).to(tl.float32)
+    ty = x_heads.dtype.element_ty
+    out1 = ((first * cos1).to(ty).to(tl.float32) + (-second * sin1).to(ty).to(tl.float32)).to(ty)
+    out2 = ((second * cos2).to(ty).to(tl.float32) + (first * sin2).to(ty).to(tl.float32)).to(ty)
+    return out1, out2
+
+
+@triton.jit
 def _rope_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, stride_xn, stride_xh, stride_on, stride_oh,
                  stride_cn, stride_sn, heads, HEADS: tl.constexpr, HALF: tl.constexpr):
     row = tl.program_id(0)
     h = tl.arange(0, HEADS)[:, None]
     c = tl.arange(0, HALF)[None, :]
     mask = (h < heads) & (c < HALF)
-    x_row = x_ptr + row * stride_xn + h * stride_xh
-    first = tl.load(x_row + c, mask=mask, other=0.0).to(tl.float32)
-    second = tl.load(x_row + HALF + c, mask=mask, other=0.0).to(tl.float32)
-    cos1 = tl.load(cos_ptr + row * stride_cn + c).to(tl.float32)
-    cos2 = tl.load(cos_ptr + row * stride_cn + HALF + c).to(tl.float32)
-    sin1 = tl.load(sin_ptr + row * stride_sn + c).to(tl.float32)
-    sin2 = tl.load(sin_ptr + row * stride_sn + HALF + c).to(tl.float32)
-    ty = out_ptr.dtype.element_ty
-    # x * cos + rotate_half(x) * sin, each product and the sum rounded like the tensor ops
-    out1 = ((first * cos1).to(ty).to(tl.float32) + (-second * sin1).to(ty).to(tl.float32)).to(ty)
-    out2 = ((second * cos2).to(ty).to(tl.float32) + (first * sin2).to(ty).to(tl.float32)).to(ty)
+    out1, out2 = rope_heads(x_ptr + row * stride_xn + h * stride_xh, cos_ptr + row * stride_cn,
+                            sin_ptr + row * stride_sn, mask, HALF)
     o_row = out_ptr + row * stride_on + h * stride_oh
     tl.store(o_row + c, out1, mask=mask)
     tl.store(o_row + HALF + c, out2, mask=mask)
@@ -80,8 +92,18 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     if n:
         _rope_kernel[(n,)](x, out, cos, sin, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
                            cos.stride(0), sin.stride(0), heads, HEADS=triton.next_power_of_2(heads),
-                           HALF=head_dim // 2, num_warps=4)
+                           HALF=head_dim // 2, num_warps=4, enable_fp_fusion=False)  # see rope_heads
     return out
+
+
+def adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether k's heads follow q's in one tensor (q and k are views of one projection output),
+    so that ``q.as_strided`` over both heads stays inside q's storage. Equal addresses alone are
+    not enough: two separate allocations can lie back to back (one token's q and k often do)."""
+    head_dim = q.shape[2]
+    return (q.stride(0) == k.stride(0) and q.stride(1) == k.stride(1) == head_dim
+            and q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()
+            and k.data_ptr() == q.data_ptr() + q.shape[1] * head_dim * q.element_size())
 
 
 def rope_qk_triton(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
@@ -89,9 +111,7 @@ def rope_qk_triton(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     head_dim = q.shape[2]
     assert cos.shape[-1] == sin.shape[-1] == head_dim and cos.stride(-1) == sin.stride(-1) == 1
     assert cos.dtype == sin.dtype == q.dtype == k.dtype, (cos.dtype, q.dtype)
-    if q.stride(0) == k.stride(0) and q.stride(1) == k.stride(1) == head_dim \
-            and k.data_ptr() == q.data_ptr() + q.shape[1] * head_dim * q.element_size():
-        # q and k are adjacent heads of one projection output: one launch over both
+    if adjacent_heads(q, k):  # one launch over both
         both = q.as_strided((q.shape[0], q.shape[1] + k.shape[1], head_dim), q.stride())
         out = _rope(both, cos, sin)
         return out[:, :q.shape[1]], out[:, q.shape[1]:]

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from chorus.models.t3 import T3Model
+from chorus.models.t3 import AttentionCache, T3Model
 from chorus.models.t3.fused_ops import (
     add_layer_norm, add_layer_norm_reference, add_rms_norm, add_rms_norm_reference,
     conv1d_gelu_tanh, conv1d_reference, gelu_tanh_reference, rope_qk, rope_reference, silu_mul, silu_mul_reference,
@@ -23,12 +23,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _assert_rope_equal(got: torch.Tensor, want: torch.Tensor) -> None:
-    """Bit for bit under the interpreter; compiled for a GPU, ``x * cos + rot * sin`` may be
-    contracted into a fused multiply-add, one rounding fewer than the reference's."""
-    if DEVICE == "cpu":
-        assert torch.equal(got, want)
-    else:
-        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    """Bit for bit, under the interpreter and compiled for a GPU alike: the rope kernel is
+    compiled without FP contraction, so ``x * cos + rot * sin`` rounds as the tensor ops do."""
+    assert torch.equal(got, want)
 
 
 def _randn(*shape, dtype=torch.float32, seed=0):
@@ -85,6 +82,37 @@ def test_rope_kernel_on_separate_tensors_matches_the_reference():
     _assert_rope_equal(got_k, rope_reference(k, cos, sin))
 
 
+def _back_to_back(rows: int, heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """CPU tensors q and k [rows, heads, head_dim] with storages of their own that lie back to
+    back in memory: what two separate one-token allocations can look like."""
+    memory = torch.randn(2 * rows * heads * head_dim, generator=torch.Generator().manual_seed(0)).numpy()
+    half = rows * heads * head_dim
+    q = torch.from_numpy(memory[:half]).view(rows, heads, head_dim)
+    k = torch.from_numpy(memory[half:]).view(rows, heads, head_dim)
+    assert k.data_ptr() == q.data_ptr() + half * q.element_size()
+    return q, k
+
+
+@needs_triton
+def test_rope_kernel_takes_back_to_back_tensors_for_separate_ones():
+    from chorus.models.t3.triton_ops import adjacent_heads
+
+    q, k = _back_to_back(1, 3, 8)
+    assert not adjacent_heads(q, k)
+    qkv = _randn(1, 3 * 3 * 8)
+    assert adjacent_heads(qkv[:, :24].view(1, 3, 8), qkv[:, 24:48].view(1, 3, 8))
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="builds CPU tensors from numpy")
+@needs_triton
+def test_rope_kernel_on_back_to_back_tensors_matches_the_reference():
+    q, k = _back_to_back(1, 3, 8)
+    cos, sin = _tables(1, 8)
+    got_q, got_k = rope_qk(q, k, cos, sin, backend="triton")  # one launch over both would read past q
+    _assert_rope_equal(got_q, rope_reference(q, cos, sin))
+    _assert_rope_equal(got_k, rope_reference(k, cos, sin))
+
+
 @needs_triton
 @pytest.mark.parametrize("inner", [48, 1500])  # one block, and several with a ragged tail
 def test_silu_mul_kernel_matches_the_reference(inner):
@@ -113,7 +141,7 @@ def test_fused_projections_keep_the_state_dict():
     assert attn.q_proj.weight.untyped_storage().data_ptr() == attn.v_proj.weight.untyped_storage().data_ptr()
 
 
-class _DenseCache:
+class _DenseCache(AttentionCache):
     """A full-sequence causal attention over the current call's tokens (one sequence)."""
 
     def attend(self, layer, q, k, v):

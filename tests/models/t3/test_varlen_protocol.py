@@ -8,12 +8,12 @@ import math
 
 import torch
 
-from chorus.models.t3 import T3Model, T3SingleSequence
+from chorus.models.t3 import AttentionCache, T3Model, T3SingleSequence
 from chorus.models.variants import tiny_variant
 from tests.models.t3.weights import random_t3_state
 
 
-class ListKVCache:
+class ListKVCache(AttentionCache):
     """Per-row growing k/v lists; the layout is a list of (row, new tokens) segments."""
 
     def __init__(self):
