@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from chorus.engine.attention import uses_triton
 from chorus.engine.attention.launch_plan import (
     PagedLaunch, SharedLaunch, StepLimits, num_sms, plan_attention, query_block_size, reachable_launches,
 )
@@ -72,10 +73,8 @@ def warm_up_kernels(model, cache: PagedKVCache, limits: StepLimits, *, sampler_v
 
 
 def _warm_attention(cache: PagedKVCache, dtype: torch.dtype, limits: StepLimits) -> int:
-    from chorus.engine.attention import _use_triton
-
     key_cache, value_cache = cache.kv[0, 0], cache.kv[0, 1]
-    if not _use_triton(cache.backend, key_cache):
+    if not uses_triton(cache.backend, key_cache):
         return 0
     heads = key_cache.shape[2]
     launches = reachable_launches(limits, heads, num_sms(key_cache.device))
