@@ -20,6 +20,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_attention import graph_time_us  # noqa: E402
 
 from chorus.engine.attention.triton_paged import rope_write_kv_triton, write_kv_triton  # noqa: E402
 from chorus.engine.config import CacheConfig  # noqa: E402
@@ -30,28 +33,6 @@ TOKENS = (1, 16, 64, 256)
 REPLAYS = 200
 DTYPE = torch.bfloat16
 FP8 = torch.float8_e4m3fn
-
-
-def graph_us_per_call(calls: list, replays: int = REPLAYS) -> float:
-    """Median time of one replay of a graph that runs every callable once, per callable."""
-    for call in calls:  # compile and warm up outside the capture
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / len(calls))
-    return sorted(times)[len(times) // 2]
 
 
 class Layer:
@@ -108,8 +89,8 @@ def main(out_path: str) -> None:
         for n in TOKENS:
             stack = [Layer(n, heads, head_dim, block_size, pool_dtype, seed=i) for i in range(layers)]
             stack[0].check()
-            two = graph_us_per_call([layer.two_step for layer in stack])
-            fused = graph_us_per_call([layer.fused for layer in stack])
+            two = graph_time_us([layer.two_step for layer in stack], REPLAYS)
+            fused = graph_time_us([layer.fused for layer in stack], REPLAYS)
             row = {"pool": pool_name, "tokens": n, "two_step_us": round(two, 2), "fused_us": round(fused, 2),
                    "speedup": round(two / fused, 3)}
             rows.append(row)
