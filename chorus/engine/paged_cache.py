@@ -85,10 +85,6 @@ def kv_bytes_per_block(num_layers: int, block_size: int, num_heads: int, head_di
 class PagedKVCache(AttentionCache):
     """KV storage for ``num_blocks`` blocks plus attention over it (``AttentionCache``)."""
 
-    # False: ``attend_rotary`` takes the two-kernel path (rope_qk, then write_kv) even where
-    # it could fuse them; for tests and benchmarks, set before any CUDA graph is captured
-    fuse_rotary: bool = True
-
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_heads: int,
                  head_dim: int, *, dtype: torch.dtype, device: torch.device | str,
                  backend: str = "auto"):
@@ -131,9 +127,9 @@ class PagedKVCache(AttentionCache):
     def attend_rotary(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       cos: torch.Tensor, sin: torch.Tensor, ops_backend: str = "auto") -> torch.Tensor:
         """``AttentionCache.attend_rotary``: one kernel rotates q and k and stores k/v
-        (``rope_write_kv``) when attention and the fused ops both run Triton for these tensors,
-        ``fuse_rotary`` is on and no calibration records K/V; otherwise ``rope_qk`` then
-        ``attend``. Both give the same bits."""
+        (``rope_write_kv``) when attention and the fused ops both run Triton for these tensors
+        and no calibration records K/V; otherwise ``rope_qk`` then ``attend``. Both give the
+        same bits."""
         if not self._fuses_rotary(q, ops_backend):
             return super().attend_rotary(layer, q, k, v, cos, sin, ops_backend)
         meta = self._metadata()
@@ -143,7 +139,7 @@ class PagedKVCache(AttentionCache):
         return self._attention(layer, q)
 
     def _fuses_rotary(self, q: torch.Tensor, ops_backend: str) -> bool:
-        return (self.fuse_rotary and self.observed_amax is None
+        return (self.observed_amax is None
                 and uses_triton(self.backend, q) and fused_ops.uses_triton(ops_backend, q))
 
     def _metadata(self) -> AttentionMetadata:
