@@ -17,8 +17,8 @@ Three launches per layer for the decode rows, none of which reads device data on
    the row has a prefix, the prefix splits, and writes the normalised output.
 
 FP8 pools (``HAS_SCALE``): the two launches that read K/V (1 and 2) apply the layer's scales as
-the plain kernel does (the K scale folded into the score scale, the V scale multiplied into each partial's
-accumulator), so the merge sees the partials of dequantised K/V.
+the plain kernel does (the K scale folded into the score scale, the V scale multiplied into each
+partial's accumulator), so the merge sees the partials of dequantised K/V.
 
 Exactness: the same math as plain paged attention; only the order of the float sums changes
 (and, for bf16/fp16, P is rounded to the input dtype before P @ V in the prefix tiles, as in the
@@ -154,7 +154,8 @@ def shared_prefix_decode_triton(
     every prefix); ``shared`` holds the plan. Writes those rows of ``out``. ``launch``: the
     launches as ``launch_plan.plan_shared`` chose them (None: chosen here, with ``num_splits``,
     ``block_g`` and ``prefix_splits`` as overrides). ``k_scale`` / ``v_scale``: an FP8 pool's
-    scales (both or neither), read on the device by every launch as the plain kernel reads them.
+    scales (both or neither), read on the device by the prefix and suffix launches as the plain
+    kernel reads them.
     """
     n_tokens, heads, head_dim = q.shape
     block_size = key_cache.shape[1]
