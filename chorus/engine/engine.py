@@ -121,8 +121,7 @@ class T3Engine:
             self.kv_cache.set_kv_scales(kv_scales(model, kv_scale_rule or DEFAULT_KV_SCALE_RULE))
         self.kv_manager = KVCacheManager(num_blocks, cache_cfg.block_size, cache_cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.config.scheduler, self.kv_manager)
-        # the shared-prefix kernels read unscaled K/V: not with an FP8 cache
-        shared_prefix = cache_cfg.shared_prefix_attention and not self.kv_cache.quantized
+        shared_prefix = cache_cfg.shared_prefix_attention
         self.runner = ModelRunner(model, variant, self.kv_cache, shared_prefix=shared_prefix)
         if cuda_graphs and model.device.type == "cuda":
             from chorus.engine.cuda_graphs import CudaGraphDecoder

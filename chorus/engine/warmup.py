@@ -81,7 +81,7 @@ def _warm_attention(cache: PagedKVCache, dtype: torch.dtype, limits: StepLimits)
     scales = (cache.kv_scales[0, 0:1], cache.kv_scales[0, 1:2]) if cache.quantized else (None, None)
     for launch in sorted(launches, key=repr):
         if isinstance(launch, SharedLaunch):
-            _shared_launch(launch, key_cache, value_cache, dtype, cache.scale)
+            _shared_launch(launch, key_cache, value_cache, dtype, cache.scale, scales)
         else:
             _paged_launch(launch, key_cache, value_cache, dtype, cache.scale, scales, limits.max_seq_len)
     return len(launches)
@@ -113,8 +113,9 @@ def _paged_launch(launch: PagedLaunch, key_cache: torch.Tensor, value_cache: tor
 
 
 def _shared_launch(launch: SharedLaunch, key_cache: torch.Tensor, value_cache: torch.Tensor, dtype: torch.dtype,
-                   scale: float) -> None:
-    """Two decode rows sharing block 0 as a one-group prefix, with ``launch``'s choices."""
+                   scale: float, scales: tuple) -> None:
+    """Two decode rows sharing block 0 as a one-group prefix, with ``launch``'s choices (and, for
+    an FP8 pool, the layer-0 scales: the steps' ``HAS_SCALE`` variants)."""
     from chorus.engine.attention.shared_prefix import SharedPrefixTensors
     from chorus.engine.attention.triton_shared_prefix import shared_prefix_decode_triton
 
@@ -129,7 +130,7 @@ def _shared_launch(launch: SharedLaunch, key_cache: torch.Tensor, value_cache: t
     shared_prefix_decode_triton(
         q, key_cache, value_cache, torch.zeros(2, 2, **i32), torch.full((2,), seq_len, **i32),
         torch.arange(3, **i32), scale, shared, num_decodes=2, max_seq_len=seq_len, out=torch.empty_like(q),
-        launch=launch)
+        launch=launch, k_scale=scales[0], v_scale=scales[1])
 
 
 def _warm_forward(model, cache: PagedKVCache) -> None:

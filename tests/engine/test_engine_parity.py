@@ -24,11 +24,12 @@ def _model_of(variant):
     return tiny(variant.name.removeprefix("tiny-"))[1]
 
 
-def _engine(variant, model, *, num_blocks=None, max_num_seqs=64, budget=512, prefix=True, max_model_len=1024):
+def _engine(variant, model, *, num_blocks=None, max_num_seqs=64, budget=512, prefix=True, max_model_len=1024,
+            kv_cache_dtype="auto"):
     config = EngineConfig(
         variant=variant.name, default_deadline_s=None,
         cache=CacheConfig(block_size=16, num_blocks=num_blocks, kv_cache_bytes=64 << 20,
-                          enable_prefix_caching=prefix),
+                          enable_prefix_caching=prefix, kv_cache_dtype=kv_cache_dtype),
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
                                   max_model_len=max_model_len),
     )

@@ -1,17 +1,19 @@
 """The FP8 KV cache on a GPU: its accuracy cost on random-weight models (tiny and full-size
-original, bf16), and the engine on it (CUDA graphs against eager, pool sizing)."""
+original, bf16), and the engine on it (CUDA graphs against eager, with and without shared-prefix
+plans, pool sizing)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from chorus.engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from chorus.engine.engine import T3Engine
+from chorus.engine.engine import T3Engine, T3Request
 from chorus.engine.kv_accuracy import measure_kv_accuracy
 from chorus.models.random_checkpoint import random_builtin_voice, random_state_dict, t3_key_specs
 from chorus.models.t3.model import T3Model
 from chorus.models.variants import get_variant, tiny_variant
 from chorus.pipeline.conditioning import ConditioningCache
+from chorus.sampling import SamplingParams
 from chorus.voices import Voice
 from tests.engine.test_engine_gpu import _requests
 
@@ -64,7 +66,8 @@ def _engine(model, variant, kv_cache_dtype, graphs):
 @pytest.mark.parametrize("name", ["original", "turbo"])
 def test_fp8_cuda_graph_decode_equals_eager(name, capsys):
     """fp32 model (so only the FP8 storage rounds): a graph replay and the eager step split the
-    KV differently, which bf16 activations would turn into different tokens."""
+    KV differently, which bf16 activations would turn into different tokens. Six requests
+    admitted together form no shared-prefix group (see the test below)."""
     variant = get_variant(name)
     model = _model(variant, torch.float32)
     reqs = _requests(variant, model, 6, tokens=24)
@@ -79,6 +82,56 @@ def test_fp8_cuda_graph_decode_equals_eager(name, capsys):
     with capsys.disabled():
         print(f"\n{name}: fp8 tokens equal to bf16's before the first difference: "
               f"{same}/{sum(len(r.tokens) for r in bf16)}")
+
+
+def _generate_after_the_first(engine, reqs) -> tuple[list[list[int]], list[bool]]:
+    """The first request until its first token (its voice prompt is then cached), then the rest:
+    their decode rows share the prompt's blocks. Returns the tokens and, per step, whether it
+    had a shared-prefix plan."""
+    planned = []
+    prepare = engine.runner.prepare
+
+    def spy(out, pending=None):
+        inputs = prepare(out, pending)
+        planned.append(inputs.metadata.shared_prefix is not None)
+        return inputs
+
+    engine.runner.prepare = spy
+    ids = [engine.add_request(reqs[0])]
+    tokens = {ids[0]: []}
+    while not tokens[ids[0]]:
+        for event in engine.step():
+            if event.new_token is not None:
+                tokens[event.request_id].append(event.new_token)
+    ids += [engine.add_request(r) for r in reqs[1:]]
+    tokens.update({rid: [] for rid in ids[1:]})
+    while engine.has_unfinished_requests():
+        for event in engine.step():
+            if event.new_token is not None:
+                tokens[event.request_id].append(event.new_token)
+    return [tokens[rid] for rid in ids], planned
+
+
+def test_fp8_shared_prefix_graphs_equal_eager():
+    """An FP8 pool keeps shared-prefix attention: 40 turbo requests of one voice decode with
+    plans (graph replays of the shared buckets, and eagerly), and the tokens agree (fp32 model)."""
+    variant = get_variant("turbo")
+    model = _model(variant, torch.float32)
+    cond = ConditioningCache(model, variant).get(Voice.from_conditionals(random_builtin_voice(variant, 0)), 0.5)
+    gen = torch.Generator().manual_seed(1)
+    reqs = [T3Request(torch.randint(1, 600, (5 + (7 * i) % 50,), generator=gen).tolist(), cond,
+                      SamplingParams.for_variant(variant, seed=i, max_new_tokens=24, ignore_eos=True))
+            for i in range(40)]  # all run 24 steps: the batch stays above the planning threshold
+    runs = []
+    for graphs in (False, True):
+        engine = _engine(model, variant, "fp8_e4m3", graphs=graphs)
+        assert engine.runner.shared_prefix
+        if graphs:
+            assert engine.runner.graphs.shared_buckets
+        tokens, planned = _generate_after_the_first(engine, reqs)
+        assert sum(planned) >= len(planned) // 2, planned
+        runs.append(tokens)
+    assert runs[1] == runs[0]
 
 
 def test_a_byte_budget_buys_twice_the_bf16_blocks():

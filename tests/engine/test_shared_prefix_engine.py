@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 import torch
 
 from chorus.engine.engine import T3Request
@@ -22,8 +23,9 @@ def _same_prompt(variant, model, n, max_tokens=12):
                                                              ignore_eos=True)) for i in range(n)]
 
 
-def _generate(variant, model, reqs, shared: bool):
-    engine = _engine(variant, model, max_num_seqs=64, budget=8192)
+def _generate(variant, model, reqs, shared: bool, kv_cache_dtype: str = "auto"):
+    engine = _engine(variant, model, max_num_seqs=64, budget=8192, kv_cache_dtype=kv_cache_dtype)
+    assert engine.runner.shared_prefix  # on by default, FP8 pools included
     engine.runner.shared_prefix = shared
     planned = []
     prepare = engine.runner.prepare
@@ -49,11 +51,13 @@ def _generate(variant, model, reqs, shared: bool):
     return [tokens[rid] for rid in ids], planned
 
 
-def test_many_rows_sharing_a_long_prompt_read_it_once_per_group_and_keep_their_tokens():
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
+def test_many_rows_sharing_a_long_prompt_read_it_once_per_group_and_keep_their_tokens(kv_cache_dtype):
+    """Also on an FP8 pool: the decomposition reads it with the layer's scales."""
     variant, model = tiny("turbo")
     reqs = _same_prompt(variant, model, SHARED_PREFIX_MIN_ROWS + 4)
-    plain, planned_plain = _generate(variant, model, reqs, shared=False)
-    shared, planned = _generate(variant, model, reqs, shared=True)
+    plain, planned_plain = _generate(variant, model, reqs, shared=False, kv_cache_dtype=kv_cache_dtype)
+    shared, planned = _generate(variant, model, reqs, shared=True, kv_cache_dtype=kv_cache_dtype)
     assert not any(planned_plain) and sum(planned) >= len(planned) // 2
     assert shared == plain
 

@@ -112,10 +112,39 @@ def test_scratch_launches_run_every_plan_and_leave_the_cache_alone(dtype):
                          backend="triton")
     cache.kv.copy_(torch.randn(cache.kv.shape).to(dtype))
     before = cache.kv.clone()
-    shared_rows = None if cache.quantized else 3
-    limits = StepLimits(max_rows=6, max_tokens=40, max_seq_len=80, shared_prefix_min_rows=shared_rows)
+    limits = StepLimits(max_rows=6, max_tokens=40, max_seq_len=80, shared_prefix_min_rows=3)
     launched = warmup._warm_attention(cache, torch.float32, limits)
     assert launched == len(reachable_launches(limits, bb.num_kv_heads, 4))
     warmup._warm_forward(model, cache)
     assert torch.equal(cache.kv.view(torch.uint8), before.view(torch.uint8))
     assert cache.metadata is None
+
+
+def test_an_fp8_pool_warms_the_shared_prefix_launches_with_its_scales(monkeypatch):
+    """The scratch shared-prefix launches of an FP8 pool take the layer-0 scales, so they compile
+    the ``HAS_SCALE`` variants the steps launch (an unscaled pool passes none)."""
+    import chorus.engine.attention.triton_shared_prefix as triton_shared_prefix
+    import chorus.engine.warmup as warmup
+    from chorus.engine.attention.launch_plan import SharedLaunch
+
+    seen = []
+    monkeypatch.setattr(triton_shared_prefix, "shared_prefix_decode_triton",
+                        lambda *args, k_scale=None, v_scale=None, **kw: seen.append((k_scale, v_scale)))
+    monkeypatch.setattr(warmup, "_paged_launch", lambda *args: None)
+    variant, model = tiny("original")
+    bb = variant.t3.backbone
+    limits = StepLimits(max_rows=6, max_tokens=40, max_seq_len=80, shared_prefix_min_rows=3)
+    shared = [launch for launch in reachable_launches(limits, bb.num_kv_heads, 4) if isinstance(launch, SharedLaunch)]
+    assert shared
+    for dtype in (torch.float32, torch.float8_e4m3fn):
+        seen.clear()
+        cache = PagedKVCache(bb.num_layers, 8, 16, bb.num_kv_heads, bb.head_dim, dtype=dtype, device="cpu",
+                             backend="triton")
+        warmup._warm_attention(cache, torch.float32, limits)
+        assert len(seen) == len(shared)
+        for k_scale, v_scale in seen:
+            if cache.quantized:
+                assert k_scale.data_ptr() == cache.kv_scales[0, 0:1].data_ptr()
+                assert v_scale.data_ptr() == cache.kv_scales[0, 1:2].data_ptr()
+            else:
+                assert k_scale is None and v_scale is None

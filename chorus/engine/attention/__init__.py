@@ -156,7 +156,7 @@ def paged_attention(
     decode rows of a group read their shared prefix once per group (see ``shared_prefix.py``);
     same result up to float summation order. Both paths take the decomposition; with it, give
     ``num_decodes`` (the Triton path otherwise treats every row of a decode-only batch as one).
-    It is not combined with an FP8 cache (the prefix kernel reads unscaled K/V).
+    FP8 scales apply to both halves of the decomposition, as on the plain path.
     """
     _check_scales(key_cache, k_scale, v_scale)
     if uses_triton(backend, q):
@@ -167,26 +167,27 @@ def paged_attention(
             max_query_len=max_query_len, num_decodes=num_decodes, max_seq_len=max_seq_len,
             out=out, shared_prefix=shared_prefix, k_scale=k_scale, v_scale=v_scale,
         )
-    assert shared_prefix is None or k_scale is None, "shared-prefix attention reads unscaled K/V"
     if shared_prefix is None or num_decodes == 0:
         return paged_attention_reference(
             q, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, out=out,
             k_scale=k_scale, v_scale=v_scale,
         )
     return _shared_prefix_reference(q, key_cache, value_cache, block_tables, seq_lens,
-                                    query_start_loc, scale, shared_prefix, num_decodes, out)
+                                    query_start_loc, scale, shared_prefix, num_decodes, out,
+                                    k_scale, v_scale)
 
 
 def _shared_prefix_reference(q, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
-                             scale, shared, num_decodes, out) -> torch.Tensor:
+                             scale, shared, num_decodes, out, k_scale, v_scale) -> torch.Tensor:
     """PyTorch path with a plan: decode rows by the decomposition, the rest as usual."""
     if out is None:
         out = torch.zeros_like(q)
     shared_prefix_attention_reference(q, key_cache, value_cache, block_tables, seq_lens,
-                                      query_start_loc, scale, shared, num_decodes, out)
+                                      query_start_loc, scale, shared, num_decodes, out,
+                                      k_scale=k_scale, v_scale=v_scale)
     if num_decodes < seq_lens.shape[0]:
         base = int(query_start_loc[num_decodes])
         paged_attention_reference(
             q[base:], key_cache, value_cache, block_tables[num_decodes:], seq_lens[num_decodes:],
-            query_start_loc[num_decodes:] - base, scale, out=out[base:])
+            query_start_loc[num_decodes:] - base, scale, out=out[base:], k_scale=k_scale, v_scale=v_scale)
     return out

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from chorus.engine.attention.reference import dequantize_kv
+
 _CHUNK_ROWS = 64
 
 
@@ -169,9 +171,11 @@ class SharedPrefixTensors:
 
 
 def _partials(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-              tables: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, scale: float):
+              tables: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, scale: float,
+              k_scale: torch.Tensor | None, v_scale: torch.Tensor | None):
     """Unnormalised attention of queries ``q [R, H, D]`` over positions ``[lo, hi)`` of their
-    ``tables [R, blocks]``: (acc [R, H, D], max [R, H], sum [R, H]) in fp32; natural exp."""
+    ``tables [R, blocks]``: (acc [R, H, D], max [R, H], sum [R, H]) in fp32; natural exp.
+    An FP8 pool is dequantised as it is gathered (``dequantize_kv``, as the plain reference)."""
     num_blocks, block_size, heads, head_dim = key_cache.shape
     rows = q.shape[0]
     width = int((hi - lo).max()) if rows else 0
@@ -184,8 +188,8 @@ def _partials(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tenso
     col = (pos // block_size).clamp(max=tables.shape[1] - 1)
     block = tables.gather(1, col).clamp(0, num_blocks - 1)
     slot = block * block_size + pos % block_size
-    keys = key_cache.reshape(-1, heads, head_dim)[slot].float()          # [R, W, H, D]
-    values = value_cache.reshape(-1, heads, head_dim)[slot].float()
+    keys = dequantize_kv(key_cache.reshape(-1, heads, head_dim)[slot], k_scale)      # [R, W, H, D]
+    values = dequantize_kv(value_cache.reshape(-1, heads, head_dim)[slot], v_scale)
     scores = torch.einsum("rhd,rwhd->rhw", q.float(), keys) * scale
     scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
     m = scores.amax(dim=-1)
@@ -224,11 +228,13 @@ def shared_prefix_attention_reference(
     q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
     block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
     scale: float, shared: SharedPrefixTensors, num_decodes: int, out: torch.Tensor,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> None:
     """Decode rows ``0:num_decodes`` of ``paged_attention`` by the shared-prefix decomposition.
 
     Each row's prefix partial reads its group leader's block table (as the Triton kernel
     does), its suffix partial its own; the two are merged. Writes ``out`` rows in place.
+    FP8 pools are read as ``stored * k_scale`` / ``v_scale`` (``paged_attention_reference``).
     """
     if num_decodes == 0:
         return
@@ -248,7 +254,7 @@ def shared_prefix_attention_reference(
         part = slice(lo, lo + _CHUNK_ROWS)
         queries = q[rows[part]]
         pre = _partials(queries, key_cache, value_cache, tables[leader[part]],
-                        torch.zeros_like(prefix[part]), prefix[part], scale)
+                        torch.zeros_like(prefix[part]), prefix[part], scale, k_scale, v_scale)
         suf = _partials(queries, key_cache, value_cache, tables[seqs[part]], prefix[part],
-                        lens[part], scale)
+                        lens[part], scale, k_scale, v_scale)
         out[rows[part]] = merge_partials(pre, suf).to(out.dtype)

@@ -469,13 +469,11 @@ def paged_attention_triton(
     if plan.shared is not None:
         from chorus.engine.attention.triton_shared_prefix import shared_prefix_decode_triton
 
-        assert k_scale is None, "shared-prefix attention reads unscaled K/V (not an FP8 cache)"
-
         shared_prefix_decode_triton(
             q, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
             shared_prefix, num_decodes=num_decodes, max_seq_len=max_seq_len, out=out,
             decode_tile=decode_tile, decode_warps=decode_warps, decode_stages=decode_stages,
-            launch=plan.shared)
+            launch=plan.shared, k_scale=k_scale, v_scale=v_scale)
     elif plan.decode is not None:
         _launch(**common, launch=plan.decode, block_tables=block_tables[:num_decodes], seq_lens=seq_lens[:num_decodes],
                 query_start_loc=query_start_loc[:num_decodes + 1], row_base=0,

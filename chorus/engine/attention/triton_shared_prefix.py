@@ -16,6 +16,10 @@ Three launches per layer for the decode rows, none of which reads device data on
 3. ``_merge_kernel``, one program per (decode row, head): merges the suffix splits and, when
    the row has a prefix, the prefix splits, and writes the normalised output.
 
+FP8 pools (``HAS_SCALE``): the two launches that read K/V (1 and 2) apply the layer's scales as
+the plain kernel does (the K scale folded into the score scale, the V scale multiplied into each
+partial's accumulator), so the merge sees the partials of dequantised K/V.
+
 Exactness: the same math as plain paged attention; only the order of the float sums changes
 (and, for bf16/fp16, P is rounded to the input dtype before P @ V in the prefix tiles, as in the
 prefill kernel, where the decode kernel multiplies in fp32).
@@ -37,17 +41,17 @@ from chorus.engine.attention.triton_paged import _LOG2E, _dot_dtype, _find_seq, 
 # triton_paged.py, "Variants")
 @triton.jit(do_not_specialize=["max_groups", "num_rows", "stride_bt"],
             do_not_specialize_on_alignment=["block_tables_ptr", "qsl_ptr", "prefix_len_ptr", "group_rows_ptr",
-                                            "group_start_ptr"])
+                                            "group_start_ptr", "k_scale_ptr", "v_scale_ptr"])
 def _prefix_kernel(
     part_acc_ptr, part_ml_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, qsl_ptr,
-    prefix_len_ptr, group_rows_ptr, group_start_ptr,
+    prefix_len_ptr, group_rows_ptr, group_start_ptr, k_scale_ptr, v_scale_ptr,
     scale_log2, max_groups, num_rows,
     stride_qn, stride_qh,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_G: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_SCALE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     head = tl.program_id(1)
@@ -70,6 +74,10 @@ def _prefix_kernel(
     tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
     tile_lo = split * tiles_per_split
     tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
+    if HAS_SCALE:  # FP8 pool, as in _paged_attention_kernel: q.(k * ks) = (q.k) * ks
+        qk_scale = scale_log2 * tl.load(k_scale_ptr)
+    else:
+        qk_scale = scale_log2
 
     offs_d = tl.arange(0, HEAD_DIM)
     offs_t = tl.arange(0, TILE)
@@ -86,8 +94,10 @@ def _prefix_kernel(
         valid = pos < prefix_len
         # every tile holds a valid key for every row: m_i stays finite
         acc, m_i, l_i = _query_block_tile(
-            qb, acc, m_i, l_i, pos, valid, valid[None, :], scale_log2, table_row, k_head, v_head, offs_d,
+            qb, acc, m_i, l_i, pos, valid, valid[None, :], qk_scale, table_row, k_head, v_head, offs_d,
             stride_kb, stride_kt, stride_vb, stride_vt, BLOCK_SIZE, DOT_DTYPE, DOT_PRECISION)
+    if HAS_SCALE:  # sum p (v * vs) = (sum p v) * vs
+        acc = acc * tl.load(v_scale_ptr)
     _store_partials(part_acc_ptr, part_ml_ptr, rows, row_ok, head, split, acc, m_i, l_i, num_rows,
                     NUM_HEADS, HEAD_DIM, NUM_SPLITS)
 
@@ -136,19 +146,23 @@ def shared_prefix_decode_triton(
     out: torch.Tensor, decode_tile: int = 64, decode_warps: int = 4, decode_stages: int = 3,
     num_splits: int | None = None, prefix_tile: int = 64, block_g: int | None = None,
     prefix_splits: int | None = None, prefix_warps: int = 4, launch: SharedLaunch | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> None:
     """Attention of the decode rows ``0:num_decodes`` by the shared-prefix decomposition.
 
     Arguments as ``paged_attention_triton``'s (``max_seq_len`` bounds every context, hence
     every prefix); ``shared`` holds the plan. Writes those rows of ``out``. ``launch``: the
     launches as ``launch_plan.plan_shared`` chose them (None: chosen here, with ``num_splits``,
-    ``block_g`` and ``prefix_splits`` as overrides).
+    ``block_g`` and ``prefix_splits`` as overrides). ``k_scale`` / ``v_scale``: an FP8 pool's
+    scales (both or neither), read on the device by the prefix and suffix launches as the plain
+    kernel reads them.
     """
     n_tokens, heads, head_dim = q.shape
     block_size = key_cache.shape[1]
     assert shared.prefix_len.shape[0] >= num_decodes, "the plan covers fewer rows than the batch"
     for t in (shared.prefix_len, shared.group_rows, shared.group_start):
         assert t.dtype == torch.int32 and t.is_contiguous() and t.device == q.device
+    assert (k_scale is None) == (v_scale is None), "give both KV scales or neither"
     if num_decodes == 0:
         return
     assert prefix_tile % block_size == 0 or block_size % prefix_tile == 0, (prefix_tile, block_size)
@@ -162,7 +176,7 @@ def shared_prefix_decode_triton(
         block_tables=block_tables[:num_decodes],
         seq_lens=seq_lens[:num_decodes], query_start_loc=query_start_loc[:num_decodes + 1],
         row_base=0, row_count=num_decodes, tile=decode_tile, num_warps=decode_warps,
-        loop_stages=decode_stages, num_stages=None, kv_start=shared.prefix_len, k_scale=None, v_scale=None,
+        loop_stages=decode_stages, num_stages=None, kv_start=shared.prefix_len, k_scale=k_scale, v_scale=v_scale,
     )
     suf_acc, suf_ml = suffix
 
@@ -173,10 +187,12 @@ def shared_prefix_decode_triton(
                           device=q.device)
     pre_ml = torch.empty((2, n_tokens, heads, prefix_splits), dtype=torch.float32, device=q.device)
     group_tiles = num_decodes // block_g + shared.max_groups
+    has_scale = k_scale is not None
     if shared.max_groups > 0:
         _prefix_kernel[(group_tiles, heads, prefix_splits)](
             pre_acc, pre_ml, q, key_cache, value_cache, block_tables, query_start_loc,
             shared.prefix_len, shared.group_rows, shared.group_start,
+            k_scale if has_scale else shared.prefix_len, v_scale if has_scale else shared.prefix_len,
             scale * _LOG2E, shared.max_groups, n_tokens,
             q.stride(0), q.stride(1),
             key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
@@ -184,7 +200,8 @@ def shared_prefix_decode_triton(
             block_tables.stride(0),
             NUM_HEADS=heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_G=block_g,
             TILE=prefix_tile, NUM_SPLITS=prefix_splits, DOT_DTYPE=_dot_dtype(q.dtype),
-            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=prefix_warps,
+            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", HAS_SCALE=has_scale,
+            num_warps=prefix_warps,
         )
     _merge_kernel[(num_decodes, heads)](
         out, suf_acc, suf_ml, pre_acc, pre_ml, query_start_loc, shared.prefix_len, n_tokens,

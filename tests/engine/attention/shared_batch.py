@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from chorus.engine.attention import SharedPrefixTensors, plan_shared_prefixes
+from chorus.engine.attention import SharedPrefixTensors, plan_shared_prefixes, quantize_kv
 
 
 @dataclass
@@ -34,6 +34,14 @@ class SharedBatch:
                                     self.num_decodes, self.key_cache.shape[1], min_rows=min_rows,
                                     max_groups=max_groups)
         return SharedPrefixTensors.from_plan(plan, self.q.device, launch_groups)
+
+    def to_fp8(self, k_scale: float, v_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Re-store the pool as FP8 under the scales (quantised by the PyTorch reference, so the
+        bytes are right on any backend) and return the scales as one-element device tensors."""
+        scales = tuple(torch.tensor([s], dtype=torch.float32, device=self.q.device) for s in (k_scale, v_scale))
+        self.key_cache = quantize_kv(self.key_cache, scales[0], torch.float8_e4m3fn)
+        self.value_cache = quantize_kv(self.value_cache, scales[1], torch.float8_e4m3fn)
+        return scales
 
 
 def make_shared_batch(

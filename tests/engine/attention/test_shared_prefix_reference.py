@@ -32,6 +32,15 @@ def test_decomposition_equals_plain_reference():
     assert rel_error(out, ref) < BOUND, rel_error(out, ref)
 
 
+def test_decomposition_over_an_fp8_pool_equals_the_scaled_plain_reference():
+    batch = _mixed_batch(seed=4)
+    k_scale, v_scale = batch.to_fp8(0.05, 0.02)
+    ref = paged_attention_reference(*batch.args(), k_scale=k_scale, v_scale=v_scale)
+    out = paged_attention(*batch.args(), num_decodes=batch.num_decodes, backend="torch",
+                          shared_prefix=batch.shared(), k_scale=k_scale, v_scale=v_scale)
+    assert rel_error(out, ref) < BOUND, rel_error(out, ref)
+
+
 def test_decomposition_with_spare_launch_groups_and_no_groups():
     batch = _mixed_batch(seed=3)
     ref = paged_attention_reference(*batch.args())
