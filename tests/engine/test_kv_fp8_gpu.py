@@ -15,6 +15,7 @@ from chorus.models.variants import get_variant, tiny_variant
 from chorus.pipeline.conditioning import ConditioningCache
 from chorus.sampling import SamplingParams
 from chorus.voices import Voice
+from tests.engine.shared_prefix_runs import generate_after_the_first
 from tests.engine.test_engine_gpu import _requests
 
 pytestmark = [
@@ -84,34 +85,6 @@ def test_fp8_cuda_graph_decode_equals_eager(name, capsys):
               f"{same}/{sum(len(r.tokens) for r in bf16)}")
 
 
-def _generate_after_the_first(engine, reqs) -> tuple[list[list[int]], list[bool]]:
-    """The first request until its first token (its voice prompt is then cached), then the rest:
-    their decode rows share the prompt's blocks. Returns the tokens and, per step, whether it
-    had a shared-prefix plan."""
-    planned = []
-    prepare = engine.runner.prepare
-
-    def spy(out, pending=None):
-        inputs = prepare(out, pending)
-        planned.append(inputs.metadata.shared_prefix is not None)
-        return inputs
-
-    engine.runner.prepare = spy
-    ids = [engine.add_request(reqs[0])]
-    tokens = {ids[0]: []}
-    while not tokens[ids[0]]:
-        for event in engine.step():
-            if event.new_token is not None:
-                tokens[event.request_id].append(event.new_token)
-    ids += [engine.add_request(r) for r in reqs[1:]]
-    tokens.update({rid: [] for rid in ids[1:]})
-    while engine.has_unfinished_requests():
-        for event in engine.step():
-            if event.new_token is not None:
-                tokens[event.request_id].append(event.new_token)
-    return [tokens[rid] for rid in ids], planned
-
-
 def test_fp8_shared_prefix_graphs_equal_eager():
     """An FP8 pool keeps shared-prefix attention: 40 turbo requests of one voice decode with
     plans (graph replays of the shared buckets, and eagerly), and the tokens agree (fp32 model)."""
@@ -128,7 +101,7 @@ def test_fp8_shared_prefix_graphs_equal_eager():
         assert engine.runner.shared_prefix
         if graphs:
             assert engine.runner.graphs.shared_buckets
-        tokens, planned = _generate_after_the_first(engine, reqs)
+        tokens, planned = generate_after_the_first(engine, reqs)
         assert sum(planned) >= len(planned) // 2, planned
         runs.append(tokens)
     assert runs[1] == runs[0]

@@ -11,6 +11,7 @@ import torch
 from chorus.engine.engine import T3Request
 from chorus.engine.model_runner import SHARED_PREFIX_MIN_ROWS, SHARED_PREFIX_MIN_SAVED_TOKENS
 from chorus.sampling import SamplingParams
+from tests.engine.shared_prefix_runs import generate_after_the_first
 from tests.engine.test_engine_parity import _engine
 from tests.engine.tiny_models import conditioning, tiny, voice
 
@@ -27,28 +28,7 @@ def _generate(variant, model, reqs, shared: bool, kv_cache_dtype: str = "auto"):
     engine = _engine(variant, model, max_num_seqs=64, budget=8192, kv_cache_dtype=kv_cache_dtype)
     assert engine.runner.shared_prefix  # on by default, FP8 pools included
     engine.runner.shared_prefix = shared
-    planned = []
-    prepare = engine.runner.prepare
-
-    def spy(out, pending=None):
-        inputs = prepare(out, pending)
-        planned.append(inputs.metadata.shared_prefix is not None)
-        return inputs
-
-    engine.runner.prepare = spy
-    # the first request's prompt blocks are cached by the time the others arrive
-    ids = [engine.add_request(reqs[0])]
-    tokens = {ids[0]: []}
-    while not tokens[ids[0]]:
-        for e in engine.step():
-            tokens[e.request_id].append(e.new_token)
-    ids += [engine.add_request(r) for r in reqs[1:]]
-    tokens.update({rid: [] for rid in ids[1:]})
-    while engine.has_unfinished_requests():
-        for e in engine.step():
-            if e.new_token is not None:
-                tokens[e.request_id].append(e.new_token)
-    return [tokens[rid] for rid in ids], planned
+    return generate_after_the_first(engine, reqs)
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
