@@ -149,6 +149,38 @@ def _pipeline_bench_config(args: argparse.Namespace):
         cuda_graphs=not args.no_cuda_graphs, vocoder=_vocoder_config(args))
 
 
+def parse_config_options(config_class, items: Sequence[str] | None, flag: str) -> dict:
+    """``KEY=VALUE`` strings -> fields of a config dataclass, each value parsed like its field's
+    default (bool: true/false, int, float, str; ``none`` for an optional field)."""
+    from dataclasses import fields
+
+    known = {f.name: f.default for f in fields(config_class)}
+    out = {}
+    for item in items or ():
+        key, sep, raw = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in known:
+            raise CliError(f"{flag} takes KEY=VALUE with KEY one of: {', '.join(sorted(known))}; got {item!r}")
+        default, raw = known[key], raw.strip()
+        try:
+            if raw.lower() == "none":
+                value = None
+            elif isinstance(default, bool):
+                if raw.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(raw)
+                value = raw.lower() in ("true", "1")
+            elif isinstance(default, int):
+                value = int(raw)
+            elif isinstance(default, float):
+                value = float(raw)
+            else:
+                value = raw
+        except ValueError:
+            raise CliError(f"{flag} {key}: cannot read {raw!r} as {type(default).__name__}") from None
+        out[key] = value
+    return out
+
+
 def _vocoder_config(args: argparse.Namespace):
     from dataclasses import replace
 
@@ -157,9 +189,11 @@ def _vocoder_config(args: argparse.Namespace):
     changes = {name: value for name, value in (
         ("first_window_tokens", args.first_window), ("max_window_tokens", args.max_window),
         ("max_batch_items", args.vocoder_batch)) if value is not None}
-    if args.no_stage_timing:
-        changes["time_stages"] = False
-    return replace(VocoderConfig(), **changes)
+    changes.update(parse_config_options(VocoderConfig, args.vocoder_option, "--vocoder-option"))
+    try:
+        return replace(VocoderConfig(), **changes)
+    except ValueError as exc:
+        raise CliError(f"vocoder settings: {exc}") from None
 
 
 def _cmd_bench_offline(args: argparse.Namespace) -> int:
@@ -257,8 +291,8 @@ def _add_pipeline_bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--first-window", type=int, default=None, help="speech tokens in a stream's first vocoder window")
     p.add_argument("--max-window", type=int, default=None, help="speech tokens in later vocoder windows at most")
     p.add_argument("--vocoder-batch", type=int, default=None, help="vocoder items per batched pass at most")
-    p.add_argument("--no-stage-timing", action="store_true",
-                   help="do not synchronise the GPU to time the vocoder's stages (faster; no stage breakdown)")
+    p.add_argument("--vocoder-option", action="append", default=None, metavar="KEY=VALUE",
+                   help="any VocoderConfig field (docs/vocoder.md), e.g. max_graph_rows=8; repeatable")
     p.add_argument("--out", "-o", default=None, help="also write the JSON report to this file")
 
 

@@ -38,8 +38,7 @@ def run(s3gen, config: VocoderConfig, jobs, n_steps) -> dict:
             "padding_overhead": round(stats.padded_tokens / stats.real_tokens - 1, 3),
             "audio_seconds": round(stats.audio_seconds, 2),
             "real_time_factor": round(stats.audio_seconds / seconds, 1),
-            "flow_encoder_s": round(stats.flow_encoder_seconds, 3),
-            "flow_decoder_s": round(stats.flow_decoder_seconds, 3), "hift_s": round(stats.hift_seconds, 3)}
+            "flow_s": round(stats.flow_seconds, 3), "hift_s": round(stats.hift_seconds, 3)}
 
 
 def main() -> None:

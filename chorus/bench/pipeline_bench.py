@@ -118,10 +118,12 @@ def bench_offline(models: SpeechModels, cfg: PipelineBenchConfig, chunks: list[s
     s3gen_s = after.vocoder_busy_s - before.vocoder_busy_s
     graphs = after.vocoder  # cumulative since the pipeline started (warm-up included)
     return {"chunks": len(chunks), "speech_tokens": tokens, "audio_seconds": round(audio, 2),
-            "vocoder_passes": graphs.passes, "solver_graph_replays": graphs.graph_replays,
-            "solver_graph_captures": graphs.graph_captures,
-            "solver_graph_capture_seconds": round(graphs.graph_capture_seconds, 2),
-            "eager_solves": graphs.eager_solves,
+            "vocoder_passes": graphs.passes, "vocoder_items": graphs.items,
+            "vocoder_graph_replays": graphs.graph_replays, "vocoder_graph_captures": graphs.graph_captures,
+            "vocoder_graph_capture_seconds": round(graphs.graph_capture_seconds, 2),
+            "vocoder_eager_runs": graphs.eager_runs,
+            "vocoder_flow_device_seconds": round(graphs.flow_seconds, 3),
+            "vocoder_hift_device_seconds": round(graphs.hift_seconds, 3),
             "t3_seconds": round(t3_s, 3), "s3gen_seconds": round(s3gen_s, 3), "total_seconds": round(wall, 3),
             "overlap_seconds": round(max(0.0, t3_s + s3gen_s - wall), 3),
             "x_realtime": round(audio / wall, 1), "seconds_per_audio_second": round(wall / audio, 5)}

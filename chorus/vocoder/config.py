@@ -33,9 +33,6 @@ class VocoderConfig:
     crossfade_frames: int = 4
     """Mel frames (480 samples each) of audio held back at a window's end and cross-faded with
     the next window's audio of the same frames. At most ``hift_context_frames``."""
-    noise_block_frames: int = 50
-    """Streams draw their noise in blocks of this many frames, so the noise of a frame does not
-    depend on how the stream was cut into windows."""
     batching: Literal["fifo", "length"] = "length"
     """Which ready jobs share a pass: ``fifo`` takes them oldest first; ``length`` starts from
     the oldest and adds the jobs closest in length (less padding)."""
@@ -45,25 +42,19 @@ class VocoderConfig:
     new streams get their first audio (a stall is worse than a later start)."""
     voice_cache_size: int = 16
     """Voices whose prompt tensors are kept on the device (LRU)."""
-    time_stages: bool = True
-    """Time the flow encoder separately (adds device synchronisations on GPU)."""
     cuda_graphs: bool = True
-    """On a CUDA device, run the flow-matching solver (every Euler step and the CFG combine) as
-    one captured CUDA graph per shape bucket instead of launching its kernels one by one from
-    Python (``chorus.vocoder.solver_graphs``; docs/vocoder.md). Off, or on the CPU, the solver
-    runs eagerly."""
-    max_solver_graphs: int = 64
-    max_graph_rows: int = 8
-    """Solves of more items than this run eagerly: a batch that large is compute bound and a graph
-    does not pay (measured on an H200: 1.5-3.8x faster up to 8 items, about 1.0x at 32;
-    docs/vocoder.md)."""
+    """On a CUDA device, run a pass's flow (encoder and solver) and its HiFT as two captured CUDA
+    graphs per shape bucket instead of launching their kernels one by one from Python
+    (``chorus.vocoder.pass_graphs``; docs/vocoder.md). Off, or on the CPU, passes run eagerly."""
+    max_pass_graphs: int = 96
+    """Captured graphs kept at once, of each kind (flow, HiFT; least recently used dropped first).
+    Each holds its static inputs and outputs on the device; intermediates share one pool."""
+    max_graph_rows: int = 32
+    """Passes of more items than this run eagerly."""
     capture_after: int = 3
-    """A shape bucket that warm-up did not capture is captured on its ``capture_after``-th solve
-    (eager before that): rare shapes never pay a capture (0.1-0.6 s each, the GIL held), frequent
+    """A shape bucket that warm-up did not capture is captured on its ``capture_after``-th use
+    (eager before that): rare shapes never pay a capture (0.1-1 s each, the GIL held), frequent
     ones do once."""
-    """Captured solver graphs kept at once (least recently used dropped first); each holds its
-    static inputs and output on the device, so this bounds what the graphs hold besides the
-    shared memory pool of their intermediates."""
 
     def __post_init__(self) -> None:
         if self.first_window_tokens < 1 or self.max_window_tokens < self.first_window_tokens:
@@ -76,12 +67,12 @@ class VocoderConfig:
             raise ValueError("holdback_tokens must be >= 1")
         if not 0 <= self.crossfade_frames <= self.hift_context_frames:
             raise ValueError("need 0 <= crossfade_frames <= hift_context_frames")
-        if self.noise_block_frames < 1 or self.voice_cache_size < 1:
-            raise ValueError("noise_block_frames and voice_cache_size must be positive")
+        if self.voice_cache_size < 1:
+            raise ValueError(f"voice_cache_size must be positive, got {self.voice_cache_size}")
         if self.max_graph_rows < 1 or self.capture_after < 1:
             raise ValueError("max_graph_rows and capture_after must be >= 1")
-        if self.max_solver_graphs < 1:
-            raise ValueError(f"max_solver_graphs must be >= 1, got {self.max_solver_graphs}")
+        if self.max_pass_graphs < 1:
+            raise ValueError(f"max_pass_graphs must be >= 1, got {self.max_pass_graphs}")
         if self.batching not in ("fifo", "length"):
             raise ValueError(f"batching must be 'fifo' or 'length', got {self.batching!r}")
 
@@ -101,15 +92,16 @@ class AudioOut:
 
 @dataclass
 class VocoderStats:
-    """Cumulative work of a stage. Seconds are wall time on the host (the device is synchronised
-    around each part when ``VocoderConfig.time_stages``)."""
+    """Cumulative work of a stage. ``flow_seconds`` and ``hift_seconds`` are device time (CUDA
+    events on the stage's stream; host time on the CPU); ``total_seconds`` is host wall time of
+    the passes."""
 
     passes: int = 0
     items: int = 0
     failed_passes: int = 0
     audio_seconds: float = 0.0
-    flow_encoder_seconds: float = 0.0
-    flow_decoder_seconds: float = 0.0
+    flow_seconds: float = 0.0
+    """The flow: encoder and flow-matching solver (one graph replay when graphed)."""
     hift_seconds: float = 0.0
     total_seconds: float = 0.0
     padded_tokens: int = 0
@@ -117,10 +109,10 @@ class VocoderStats:
     real_tokens: int = 0
     """Sum over passes of each item's prompt + tokens."""
     graph_replays: int = 0
-    """Flow-matching solves run by replaying a captured CUDA graph."""
+    """Flow or HiFT calls run by replaying a captured CUDA graph."""
     graph_captures: int = 0
-    """Solver graphs captured (at warm-up or on a pass's first use of a shape bucket)."""
+    """Graphs captured (at warm-up or on a shape's ``capture_after``-th use)."""
     graph_capture_seconds: float = 0.0
-    """Wall time spent capturing them (each capture includes a warm-up solve)."""
-    eager_solves: int = 0
-    """Flow-matching solves run eagerly (CPU, graphs off, or a shape whose capture failed)."""
+    """Wall time spent capturing them (each capture includes an eager run first)."""
+    eager_runs: int = 0
+    """Flow or HiFT calls run eagerly (CPU, graphs off, too many rows, a shape not captured yet)."""

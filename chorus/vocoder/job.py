@@ -12,9 +12,11 @@ import logging
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from chorus.models.s3gen.s3gen import SAMPLE_RATE, SAMPLES_PER_TOKEN, SILENCE_TOKEN, TokenRules
+from chorus.sampling.counter_rng import mix32, seed_lanes, split_seed
 from chorus.voices import Voice
 
 logger = logging.getLogger(__name__)
@@ -24,38 +26,35 @@ TRIM_FADE_SAMPLES = 960  # the 40 ms start envelope of apply_trim_fade
 
 
 class NoiseTape:
-    """Standard-normal noise ``[rows, columns]`` addressed by absolute column.
+    """Standard-normal noise ``[rows, columns]`` addressed by absolute column, computed where it is
+    used (on the job's device) from a counter-based hash of (seed, row, column).
 
-    Columns are drawn from the CPU ``generator`` in fixed blocks, in column order, so a column's value
-    does not depend on which slices were asked for before. Blocks before :meth:`forget_before`
-    are dropped.
+    A value depends only on those three numbers: not on which slices were asked for before, not on
+    the device (integer hashing is exact; the float conversion differs between devices by at
+    most a few ulps), and it needs no generator state, so a pass asks for exactly the columns it
+    vocodes. Uniforms from two hash lanes become normals by the Box-Muller transform.
     """
 
-    def __init__(self, rows: int, block: int, generator: torch.Generator, device: torch.device,
-                 dtype: torch.dtype = torch.float32):
-        self.rows, self.block, self.generator = rows, block, generator
-        self.device, self.dtype = device, dtype
-        self._blocks: list[torch.Tensor] = []
-        self._first_block = 0  # index of self._blocks[0]
+    def __init__(self, rows: int, seed: int, device: torch.device, dtype: torch.dtype = torch.float32):
+        low, high = split_seed(seed % 2**64)
+        self.lanes = tuple(int(x) for x in seed_lanes(np.array([[low, high]], dtype=np.int64))[0])
+        self.rows, self.device, self.dtype = rows, device, dtype
+        rows_index = torch.arange(rows, dtype=torch.int64)
+        keys = [mix32(lane ^ mix32(rows_index ^ salt)) for lane, salt in zip(self.lanes, _ROW_SALTS)]
+        self._row_keys = torch.stack(keys, dim=1).to(device)  # [rows, 2]
 
     def slice(self, start: int, end: int) -> torch.Tensor:
-        assert self._first_block * self.block <= start <= end, (start, end, self._first_block)
-        while (self._first_block + len(self._blocks)) * self.block < end:
-            # drawn on the CPU, so a stream's noise is the same on every device and in every dtype
-            block = torch.randn(self.rows, self.block, generator=self.generator)
-            self._blocks.append(block.to(device=self.device, dtype=self.dtype))
-        offset = self._first_block * self.block
-        first, last = (start - offset) // self.block, max(start, end - 1 - offset) // self.block
-        joined = torch.cat(self._blocks[first:last + 1], dim=1) if end > start else \
-            torch.zeros(self.rows, 0, device=self.device, dtype=self.dtype)
-        begin = start - offset - first * self.block
-        return joined[:, begin:begin + end - start]
+        assert 0 <= start <= end, (start, end)
+        columns = mix32(torch.arange(start, end, dtype=torch.int64, device=self.device))[None, :]
+        first = mix32(columns ^ self._row_keys[:, :1])
+        second = mix32(columns ^ self._row_keys[:, 1:])
+        u1 = (first.to(torch.float32) + 0.5) * 2.0 ** -32  # in (0, 1]: log never sees 0
+        u2 = second.to(torch.float32) * 2.0 ** -32
+        normal = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2 * math.pi) * u2)
+        return normal.to(self.dtype)
 
-    def forget_before(self, column: int) -> None:
-        drop = column // self.block - self._first_block
-        if drop > 0:
-            del self._blocks[:drop]
-            self._first_block += drop
+
+_ROW_SALTS = (0x165667B1, 0xD3A2646C)
 
 
 @dataclass
@@ -167,17 +166,16 @@ class Job:
 
 
 def new_stream(seed: int, device: torch.device, flow_dtype: torch.dtype, harmonics: int,
-               first_window: int, block: int) -> StreamState:
-    """A stream's randomness, all from ``seed`` and drawn on the CPU: the flow noise tape (80 mel bins), the HiFT
-    source-noise tape (per harmonic, per sample) and the initial harmonic phases."""
+               first_window: int) -> StreamState:
+    """A stream's randomness, all from ``seed``: the flow noise tape (80 mel bins, by frame), the
+    HiFT source-noise tape (per harmonic, by sample) and the initial harmonic phases."""
     seeds = torch.randint(0, 2 ** 62, (2,), generator=torch.Generator().manual_seed(seed)).tolist()
-    flow_gen, source_gen = (torch.Generator().manual_seed(s) for s in seeds)
     phase_gen = torch.Generator().manual_seed(seed)
     phases = (torch.rand(harmonics, generator=phase_gen, dtype=torch.float64) * 2 - 1) * math.pi
     phases[0] = 0.0
     return StreamState(
-        flow_noise=NoiseTape(80, block, flow_gen, device, flow_dtype),
-        source_noise=NoiseTape(harmonics, block * SAMPLES_PER_FRAME, source_gen, device),
+        flow_noise=NoiseTape(80, seeds[0], device, flow_dtype),
+        source_noise=NoiseTape(harmonics, seeds[1], device),
         phases=phases, next_threshold=first_window, next_window=first_window,
     )
 

@@ -7,7 +7,6 @@ See docs/vocoder.md for the windowing scheme and its measured error.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
@@ -21,7 +20,7 @@ from chorus.models.s3gen.s3gen import SAMPLE_RATE, SAMPLES_PER_TOKEN, S3Gen, ite
 from chorus.vocoder.batching import Candidate, select_batch
 from chorus.vocoder.config import AudioOut, VocoderConfig, VocoderStats
 from chorus.vocoder.job import SAMPLES_PER_FRAME, Job, new_stream, raised_cosine, trim_fade_gains
-from chorus.vocoder.solver_graphs import GraphedSolver, frame_bucket, row_bucket
+from chorus.vocoder.pass_graphs import FlowCall, HiFTCall, PassGraphs, row_bucket
 from chorus.vocoder.voice_cache import VoiceCache, VoicePrompt
 from chorus.voices import Voice
 
@@ -42,9 +41,9 @@ class VocoderStage:
         self._generators: dict[str, tuple[torch.Generator, torch.Generator]] = {}
         self._order = 0
         self._stats = VocoderStats()
-        self._solver = GraphedSolver(s3gen.flow.decoder, enabled=self.config.cuda_graphs,
-                                     max_graphs=self.config.max_solver_graphs, max_rows=self.config.max_graph_rows,
-                                     capture_after=self.config.capture_after, stats=self._stats)
+        self._graphs = PassGraphs(s3gen.flow, s3gen.mel2wav, enabled=self.config.cuda_graphs,
+                                  max_graphs=self.config.max_pass_graphs, max_rows=self.config.max_graph_rows,
+                                  capture_after=self.config.capture_after, stats=self._stats)
 
     # ------------------------------------------------------------------------------- interface
     def add(self, job_id: str, voice: Voice, *, seed: int, streaming: bool,
@@ -67,7 +66,7 @@ class VocoderStage:
         if streaming:
             job.stream = new_stream(job.seed, self.s3gen.device, self.s3gen.dtype,
                                     self.s3gen.mel2wav.config.num_harmonics,
-                                    cfg.first_window_tokens, cfg.noise_block_frames)
+                                    cfg.first_window_tokens)
         else:
             self._generators[job_id] = item_generators(job.seed, self.s3gen.device)
         self._jobs[job_id] = job
@@ -125,59 +124,60 @@ class VocoderStage:
         return self._stats
 
     @property
-    def solver(self) -> GraphedSolver:
-        """The flow-matching solver the passes run (CUDA graphs on a GPU, see ``warmup``)."""
-        return self._solver
+    def graphs(self) -> PassGraphs:
+        """The pass's model calls (CUDA graphs on a GPU, see ``warmup``)."""
+        return self._graphs
 
     def warmup(self, *, prompt_tokens: int | None = None, chunk_tokens: int = 240,
                max_items: int | None = None, n_steps: int | None = None, cfg_rate: float | None = None,
                time_budget_s: float = 60.0) -> int:
-        """Capture the solver's CUDA graphs for the shapes common streaming passes need, so the
-        first requests do not pay for captures; call once at startup, before serving. Does
-        nothing (returns 0) on the CPU or with ``cuda_graphs`` off; returns the graphs captured.
+        """Capture the CUDA graphs of the shapes common streaming passes need, so the first
+        requests do not pay for captures; call once at startup, before serving. Does nothing
+        (returns 0) on the CPU or with ``cuda_graphs`` off; returns the graphs captured.
 
         Shapes: passes over a voice prompt of ``prompt_tokens`` (default: the variant's S3Gen
-        prompt length, 10 s = 250 tokens) plus at most ``chunk_tokens`` new tokens. The frame
-        bucket of the first window goes first, then those of the later window ends, then every
-        other bucket up to the last window end (final passes land anywhere in between); each at
-        row buckets 1, 2, 4, ... up to ``max_items`` (default ``max_batch_items``, at most
-        ``max_graph_rows``); with the
-        variant's solver settings unless ``n_steps``/``cfg_rate`` are given. It stops once
-        ``time_budget_s`` seconds have passed (a capture already started finishes) or
-        ``max_solver_graphs`` graphs are held, so it never evicts its own graphs.
+        prompt length, 10 s = 250 tokens) plus at most ``chunk_tokens`` new tokens. HiFT graphs:
+        the frame buckets of window spans (a window's new frames plus the HiFT context); flow
+        graphs: the frame bucket of the first window, then those of the later window ends, then
+        every other bucket up to the last window end (final passes land anywhere in between).
+        Each at row buckets 1, 2, 4, ... up to ``max_items`` (default ``max_batch_items``, at most
+        ``max_graph_rows``); with the variant's solver settings unless ``n_steps``/``cfg_rate``
+        are given. Captures stop once ``time_budget_s`` seconds have passed (a capture already
+        started finishes) or ``max_pass_graphs`` graphs of a kind are held, so warm-up never
+        evicts its own graphs.
         """
-        solver, cfg = self._solver, self.config
-        if not solver.active:
+        graphs, cfg = self._graphs, self.config
+        if not graphs.active:
             return 0
         settings, ratio = self.s3gen.variant.s3gen, self.s3gen.flow.config.token_mel_ratio
         if prompt_tokens is None:
             prompt_tokens = int(self.s3gen.variant.s3gen_prompt_seconds * SAMPLE_RATE / SAMPLES_PER_TOKEN)
         n_steps = settings.flow_steps if n_steps is None else n_steps
         cfg_rate = settings.cfg_rate if cfg_rate is None else cfg_rate
-        ends, window = [cfg.first_window_tokens], cfg.first_window_tokens
+        ends, window, windows = [cfg.first_window_tokens], cfg.first_window_tokens, [cfg.first_window_tokens]
         while True:  # window ends as streams advance them (see _advance_window)
             window = min(2 * window, cfg.max_window_tokens)
             if ends[-1] + window > chunk_tokens:
                 break
             ends.append(ends[-1] + window)
-        buckets = [frame_bucket(ratio * (prompt_tokens + end + cfg.holdback_tokens)) for end in ends]
-        between = [buckets[0]]
-        while between[-1] < buckets[-1]:
-            between.append(frame_bucket(between[-1] + 1))
-        frames = list(dict.fromkeys(buckets + between))
+            windows.append(window)
+        flow_frames = [ratio * (prompt_tokens + end + cfg.holdback_tokens) for end in ends]
+        flow_frames += list(range(flow_frames[0], flow_frames[-1], 64))
+        hift_frames = [ratio * (w + cfg.holdback_tokens) + cfg.hift_context_frames for w in windows]
         rows = [1]
         most = min(cfg.max_batch_items if max_items is None else max_items, cfg.max_graph_rows)
         while rows[-1] < row_bucket(most):
             rows.append(2 * rows[-1])
+        plan = [(graphs.hift_graphs, graphs.prepare_hift, (r, f)) for f in dict.fromkeys(hift_frames) for r in rows]
+        plan += [(graphs.flow_graphs, graphs.prepare_flow, (r, f, n_steps, cfg_rate))
+                 for f in dict.fromkeys(flow_frames) for r in rows]
         started, captured = time.perf_counter(), 0
-        for f in frames:
-            for r in rows:
-                if len(solver.keys) >= solver.max_graphs or time.perf_counter() - started >= time_budget_s:
-                    logger.info("vocoder warm-up stopped after %d solver graphs (%.1f s)", captured,
-                                time.perf_counter() - started)
-                    return captured
-                captured += solver.prepare(solver.key(r, f, n_steps, cfg_rate))
-        logger.info("vocoder warm-up captured %d solver graphs in %.1f s", captured, time.perf_counter() - started)
+        for library, prepare, args in plan:
+            if time.perf_counter() - started >= time_budget_s:
+                break
+            if len(library.keys) < cfg.max_pass_graphs:
+                captured += prepare(*args)
+        logger.info("vocoder warm-up captured %d graphs in %.1f s", captured, time.perf_counter() - started)
         return captured
 
     # -------------------------------------------------------------------------------- internals
@@ -209,46 +209,52 @@ class VocoderStage:
     @torch.inference_mode()
     def _run_pass(self, jobs: list[Job]) -> list[AudioOut]:
         s3gen, device = self.s3gen, self.s3gen.device
-        flow, hift, stats = s3gen.flow, s3gen.mel2wav, self._stats
+        flow, stats = s3gen.flow, self._stats
+        ratio = flow.config.token_mel_ratio
         prompts = [self.voices.get(job.voice) for job in jobs]
         passes = [job.next_pass(self.config.holdback_tokens) for job in jobs]
         items = [tokens for tokens, _ in passes]
         finals = [final for _, final in passes]
         n_steps, cfg_rate = self._solver_key(jobs[0])
-        tokens, token_lengths = _pad_rows([torch.tensor(t, dtype=torch.long) for t in items], device)
-        prompt_tokens, prompt_lengths = _pad_rows([p.tokens for p in prompts], device)
-        prompt_mel, mel_lengths = _pad_rows([p.mel for p in prompts], device)
-        noise, _ = _pad_rows([self._flow_noise(job, p, len(t)).transpose(0, 1)
-                              for job, p, t in zip(jobs, prompts, items)], device)
-        lengths = (prompt_lengths + token_lengths).tolist()
-        stats.padded_tokens += len(jobs) * max(lengths)
+        lengths = [p.num_tokens + len(t) for p, t in zip(prompts, items)]
+        width, batch = max(lengths), len(jobs)
+        stats.padded_tokens += batch * width
         stats.real_tokens += sum(lengths)
 
-        started = time.perf_counter()
-        with self._timed_encoder():
-            mel, frames = flow.inference(
-                tokens, token_lengths, prompt_tokens, prompt_lengths, prompt_mel, mel_lengths,
-                torch.stack([p.xvector for p in prompts]), noise=noise.transpose(1, 2),
-                n_steps=n_steps, cfg_rate=cfg_rate, speaker=torch.stack([p.speaker for p in prompts]),
-                solver=self._solver)
-            self._sync()
-        flow_seconds = time.perf_counter() - started
+        # The flow's inputs, laid out as FlowDecoder.inference lays them: prompt then new tokens,
+        # the prompt mel as the condition of its frames, each item's noise over its frames.
+        host_tokens = torch.zeros(batch, width, dtype=torch.long)
+        for i, (p, t) in enumerate(zip(prompts, items)):
+            host_tokens[i, :lengths[i]] = torch.tensor(p.host_tokens + t, dtype=torch.long)
+        cond = torch.zeros(batch, 80, ratio * width, device=device, dtype=flow.dtype)
+        noise = torch.zeros_like(cond)
+        for i, (job, p, t) in enumerate(zip(jobs, prompts, items)):
+            cond[i, :, :p.mel_frames] = p.cond
+            noise[i, :, :ratio * lengths[i]] = self._flow_noise(job, p, len(t))
+        call = FlowCall(host_tokens.to(device), torch.tensor(lengths).to(device), cond, noise,
+                        torch.stack([p.speaker for p in prompts]), n_steps, cfg_rate)
+        timer = _PassTimer(device)
+        mel = self._graphs.run_flow(call)
+        timer.mark()
 
-        spans = [self._hift_span(job, int(f), last) for job, f, last in zip(jobs, frames.tolist(), finals)]
+        # Item i's new frames start where its prompt mel ends (odd prompt mels: see FlowDecoder).
+        new_frames = [ratio * n - p.mel_frames for n, p in zip(lengths, prompts)]
+        spans = [self._hift_span(job, f, last) for job, f, last in zip(jobs, new_frames, finals)]
         vocode = [i for i, (a, b) in enumerate(spans) if b > a]
-        started = time.perf_counter()
         wav = f0 = None
         if vocode:
-            hift_mel, counts = _pad_rows([mel[i, :, spans[i][0]:spans[i][1]].transpose(0, 1) for i in vocode], device)
+            counts = [spans[i][1] - spans[i][0] for i in vocode]
+            hift_mel = torch.zeros(len(vocode), 80, max(counts), device=device, dtype=mel.dtype)
+            for row, i in enumerate(vocode):
+                start = prompts[i].mel_frames + spans[i][0]
+                hift_mel[row, :, :counts[row]] = mel[i, :, start:start + counts[row]]
             phases, source_noise = zip(*(self._source_noise(jobs[i], *spans[i]) for i in vocode))
             excitation_noise, _ = _pad_rows([n.transpose(0, 1) for n in source_noise], device)
-            f0 = hift.predict_f0(hift_mel.transpose(1, 2), counts)
-            source = hift.harmonic_source(f0, counts, SourceNoise(torch.stack(phases).to(device),
-                                                                  excitation_noise.transpose(1, 2)))
-            wav = hift.decode(hift_mel.transpose(1, 2), source, counts).float()
-            f0 = f0.float().cpu()
-            wav = wav.cpu()
-        hift_seconds = time.perf_counter() - started
+            source = SourceNoise(torch.stack(phases).to(device), excitation_noise.transpose(1, 2))
+            wav, f0 = self._graphs.run_hift(HiFTCall(hift_mel, torch.tensor(counts).to(device), source))
+            timer.mark()
+            wav, f0 = wav.cpu(), f0.cpu()  # waits for the pass
+        flow_seconds, hift_seconds = timer.seconds()
 
         out, rows = [], {i: r for r, i in enumerate(vocode)}
         for i, job in enumerate(jobs):
@@ -268,7 +274,7 @@ class VocoderStage:
                 self._advance_window(job.stream)
         stats.passes += 1
         stats.items += len(jobs)
-        stats.flow_decoder_seconds += flow_seconds
+        stats.flow_seconds += flow_seconds
         stats.hift_seconds += hift_seconds
         stats.audio_seconds += sum(o.samples.shape[0] for o in out) / SAMPLE_RATE
         return out
@@ -344,7 +350,6 @@ class VocoderStage:
         used = f0[:next_start - start].double()
         stream.cycles += float(used.sum()) * SAMPLES_PER_FRAME / self.s3gen.mel2wav.config.sample_rate
         stream.hift_start = next_start
-        stream.source_noise.forget_before(next_start * SAMPLES_PER_FRAME)
         self._advance_window(stream)
         return AudioOut(job.job_id, samples, final=False) if samples.shape[0] else None
 
@@ -352,33 +357,35 @@ class VocoderStage:
         stream.next_window = min(2 * stream.next_window, self.config.max_window_tokens)
         stream.next_threshold += stream.next_window
 
-    def _sync(self) -> None:
-        if self.config.time_stages and self.s3gen.device.type == "cuda":
-            torch.cuda.synchronize(self.s3gen.device)
 
-    @contextlib.contextmanager
-    def _timed_encoder(self):
-        """Time the flow's encoder inside ``FlowDecoder.inference`` (hooks live for one pass);
-        what it takes is moved from the decoder's share to the encoder's."""
-        began = [0.0]
 
-        def before(module, args):
-            self._sync()
-            began[0] = time.perf_counter()
+class _PassTimer:
+    """Device time of a pass's parts: CUDA events on the current stream (read once the pass's
+    output has been copied back, so no extra synchronisation), host time on the CPU."""
 
-        def after(module, args, output):
-            self._sync()
-            spent = time.perf_counter() - began[0]
-            self._stats.flow_encoder_seconds += spent
-            self._stats.flow_decoder_seconds -= spent
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks = [self._now()]
 
-        encoder = self.s3gen.flow.encoder
-        handles = [encoder.register_forward_pre_hook(before), encoder.register_forward_hook(after)]
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
+    def _now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def mark(self) -> None:
+        self.marks.append(self._now())
+
+    def seconds(self) -> tuple[float, float]:
+        """Seconds of the flow and of HiFT (0 when HiFT did not run)."""
+        if self.cuda:
+            self.marks[-1].synchronize()
+            spans = [a.elapsed_time(b) / 1000 for a, b in zip(self.marks, self.marks[1:])]
+        else:
+            spans = [b - a for a, b in zip(self.marks, self.marks[1:])]
+        spans += [0.0] * (2 - len(spans))
+        return spans[0], spans[1]
 
 
 def _pad_rows(rows: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

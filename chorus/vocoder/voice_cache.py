@@ -20,7 +20,9 @@ class VoicePrompt:
     """A voice's S3Gen conditioning, ready for a pass on the flow's device."""
 
     tokens: torch.Tensor  # [Tp] long
-    mel: torch.Tensor  # [Tm, 80] float32 (the flow casts the condition itself)
+    host_tokens: list[int]  # the same tokens on the host, to lay out a pass's inputs there
+    mel: torch.Tensor  # [Tm, 80] float32
+    cond: torch.Tensor  # [80, Tm] in the flow's dtype: the solver's condition over the prompt's frames
     xvector: torch.Tensor  # [192] float32
     speaker: torch.Tensor  # [80] in the flow's dtype: the projected, normalised x-vector
 
@@ -59,9 +61,11 @@ class VoiceCache:
         self.misses += 1
         device = self.flow.encoder_proj.weight.device
         xvector = voice.xvector.to(device=device, dtype=torch.float32)
+        mel = voice.s3gen_prompt_mel[0].to(device=device, dtype=torch.float32)
         entry = VoicePrompt(
             tokens=voice.s3gen_prompt_tokens[0].to(device=device, dtype=torch.long),
-            mel=voice.s3gen_prompt_mel[0].to(device=device, dtype=torch.float32),
+            host_tokens=[int(t) for t in voice.s3gen_prompt_tokens[0].tolist()],
+            mel=mel, cond=mel.transpose(0, 1).to(self.flow.dtype).contiguous(),
             xvector=xvector[0],
             speaker=self.flow.speaker_projection(xvector)[0],
         )

@@ -1,4 +1,4 @@
-"""Time one vocoder pass with the flow solver eager vs as CUDA graphs; writes JSON to --out.
+"""Time one vocoder pass run eagerly vs as CUDA graphs (flow and HiFT); writes JSON to --out.
 
     python scripts/gpu/vocoder_graphs.py --out results/vocoder_graphs.json
     python scripts/gpu/vocoder_graphs.py --out /tmp/smoke.json --device cpu --tiny   # smoke test
@@ -10,7 +10,7 @@ random weights (the work does not depend on the weights), bf16 on CUDA. Per vari
 10 flow steps with CFG; turbo: 2 meanflow steps), batch size and window: the median pass time
 eager and with graphs (after the graph is captured), the first graphed pass (which captures),
 the capture time, the graphed audio's SNR against the eager audio (same noise), and a
-breakdown (flow encoder / solver / HiFT) from passes timed with device synchronisations.
+breakdown (flow: encoder and solver / HiFT) of the stage's own device-time counters.
 ``--warmup-budget`` > 0 also times ``VocoderStage.warmup`` for the variant's default shapes.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from chorus.vocoder import VocoderConfig, VocoderStage  # noqa: E402
 from chorus.vocoder.quality import snr_db  # noqa: E402
-from chorus.vocoder.solver_graphs import frame_bucket, row_bucket  # noqa: E402
+from chorus.vocoder.pass_graphs import frame_bucket, row_bucket  # noqa: E402
 from tests.vocoder.models import random_s3gen, random_tokens, random_voice  # noqa: E402
 
 VOICES = 4  # distinct voices (same prompt length) shared round-robin by the jobs of a pass
@@ -43,12 +43,12 @@ def _sync(device: torch.device) -> None:
 class PassBench:
     """Runs single passes of B fresh streaming jobs through one stage."""
 
-    def __init__(self, s3gen, args, batch: int, window: int, graphs: bool, time_stages: bool):
+    def __init__(self, s3gen, args, batch: int, window: int, graphs: bool):
         self.s3gen, self.batch, self.window = s3gen, batch, window
         self.n_steps, self.cfg_rate = args.solver[s3gen.variant.name]
         config = VocoderConfig(first_window_tokens=window, max_window_tokens=max(window, 100),
                                max_batch_items=batch, max_batch_tokens=1 << 30, cuda_graphs=graphs,
-                               time_stages=time_stages)
+                               max_graph_rows=max(batch, 1))
         self.stage = VocoderStage(s3gen, config)
         self.voices = [random_voice(args.prompt_tokens, seed=100 + v) for v in range(VOICES)]
         ready = window + config.holdback_tokens + 1  # one token past the window's pass makes it ready
@@ -88,13 +88,15 @@ def measure(s3gen, args, batch: int, window: int) -> dict:
     row = {"variant": s3gen.variant.name, "n_steps": args.solver[s3gen.variant.name][0],
            "cfg_rate": args.solver[s3gen.variant.name][1], "batch": batch, "window_tokens": window,
            "frames": frames, "bucket": {"rows": row_bucket(batch), "frames": frame_bucket(frames)}}
-    eager = PassBench(s3gen, args, batch, window, graphs=False, time_stages=False)
-    graphed = PassBench(s3gen, args, batch, window, graphs=True, time_stages=False)
+    eager = PassBench(s3gen, args, batch, window, graphs=False)
+    graphed = PassBench(s3gen, args, batch, window, graphs=True)
     for _ in range(args.warmup_passes):  # cuDNN/cuBLAS choices, allocator, voice cache
         _, eager_audio = eager.run()
-    first_seconds, graphed_audio = graphed.run()  # captures the solver graph
+    for _ in range(VocoderConfig().capture_after - 1):
+        graphed.run()  # eager until a shape's capture_after-th use
+    first_seconds, graphed_audio = graphed.run()  # captures the flow and HiFT graphs
     stats = graphed.stage.stats
-    row["graphs_active"] = graphed.stage.solver.active
+    row["graphs_active"] = graphed.stage.graphs.active
     row["first_graphed_pass_ms"] = _ms(first_seconds)
     row["graph_captures"] = stats.graph_captures
     row["capture_ms"] = _ms(stats.graph_capture_seconds)
@@ -115,17 +117,17 @@ def measure(s3gen, args, batch: int, window: int) -> dict:
     if args.breakdown_passes:
         row["breakdown_ms"] = {}
         for mode, graphs in (("eager", False), ("graphed", True)):
-            bench = PassBench(s3gen, args, batch, window, graphs=graphs, time_stages=True)
-            bench.run()  # capture (graphed) or warm (eager) outside the averages
+            bench = PassBench(s3gen, args, batch, window, graphs=graphs)
+            for _ in range(VocoderConfig().capture_after):
+                bench.run()  # capture (graphed) or warm (eager) outside the averages
             before = asdict(bench.stage.stats)
             for _ in range(args.breakdown_passes):
                 bench.run()
             after = asdict(bench.stage.stats)
             per = {k: (after[k] - before[k]) / args.breakdown_passes for k in
-                   ("flow_encoder_seconds", "flow_decoder_seconds", "hift_seconds", "total_seconds")}
-            row["breakdown_ms"][mode] = {"flow_encoder": _ms(per["flow_encoder_seconds"]),
-                                         "solver": _ms(per["flow_decoder_seconds"]),
-                                         "hift": _ms(per["hift_seconds"]), "pass": _ms(per["total_seconds"])}
+                   ("flow_seconds", "hift_seconds", "total_seconds")}
+            row["breakdown_ms"][mode] = {"flow": _ms(per["flow_seconds"]), "hift": _ms(per["hift_seconds"]),
+                                         "pass": _ms(per["total_seconds"])}
     if device.type == "cuda":
         row["max_memory_allocated_gib"] = round(torch.cuda.max_memory_allocated(device) / 2 ** 30, 2)
     return row
@@ -136,9 +138,10 @@ def time_warmup(s3gen, args) -> dict:
     started = time.perf_counter()
     captured = stage.warmup(prompt_tokens=args.prompt_tokens, time_budget_s=args.warmup_budget)
     seconds = time.perf_counter() - started
-    keys = stage.solver.keys
+    flow, hift = stage.graphs.flow_graphs.keys, stage.graphs.hift_graphs.keys
     return {"graphs": captured, "seconds": round(seconds, 2), "budget_s": args.warmup_budget,
-            "rows": sorted({k.rows for k in keys}), "frames": sorted({k.frames for k in keys})}
+            "flow": {"rows": sorted({k.rows for k in flow}), "frames": sorted({k.frames for k in flow})},
+            "hift": {"rows": sorted({k.rows for k in hift}), "frames": sorted({k.frames for k in hift})}}
 
 
 def main() -> None:

@@ -175,7 +175,8 @@ class CausalUpsample(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x ``[B, T, D]`` -> ``[B, factor*T, D]``."""
-        h = x.transpose(1, 2).repeat_interleave(self.factor, dim=2)
+        h = x.transpose(1, 2)
+        h = h[:, :, :, None].expand(-1, -1, -1, self.factor).flatten(2)  # nearest repeat, no host sync
         h = self.conv(F.pad(h, (2 * self.factor, 0)))
         return h.transpose(1, 2)
 

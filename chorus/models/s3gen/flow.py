@@ -12,7 +12,7 @@ State-dict keys are the checkpoint's ``flow.*`` keys without the prefix.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -24,9 +24,6 @@ from chorus.models.s3gen.estimator import EstimatorConfig
 from chorus.models.s3gen.flow_matching import ConditionalFlowMatching
 
 Noise = torch.Tensor | torch.Generator | Sequence[torch.Generator]
-Solver = Callable[..., torch.Tensor]
-"""Called as ``ConditionalFlowMatching.solve(noise, mask, mu, spks, cond, n_steps=, cfg_rate=)`` is,
-returning the same values (e.g. a wrapper that replays captured CUDA graphs)."""
 
 
 @dataclass(frozen=True)
@@ -143,7 +140,6 @@ class FlowDecoder(nn.Module):
         n_steps: int | None = None,
         cfg_rate: float | None = None,
         speaker: torch.Tensor | None = None,
-        solver: Solver | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Mel frames of the new tokens only: (``[B, 80, T_new]`` zero-padded, lengths ``[B]``).
 
@@ -164,8 +160,6 @@ class FlowDecoder(nn.Module):
             n_steps: Euler steps (default 10, meanflow 2). cfg_rate: default ``config.cfg_rate``.
             speaker: optional ``[B or 1, 80]`` result of :meth:`speaker_projection` for ``xvector``
               (a caller that caches it per voice saves the projection); None computes it.
-            solver: runs the flow-matching solve in place of ``self.decoder.solve`` (same call,
-              same result); None uses the module's own.
         """
         config = self.config
         batch, device = tokens.shape[0], self.encoder_proj.weight.device
@@ -177,28 +171,42 @@ class FlowDecoder(nn.Module):
         self._check_inputs(tokens, token_lengths, prompt_tokens, prompt_token_lengths,
                            prompt_mel, prompt_mel_lengths, xvector)
         ratio = config.token_mel_ratio
+        n_steps = config.default_steps if n_steps is None else n_steps
+        if n_steps < 1:
+            raise ValueError(f"n_steps must be >= 1, got {n_steps}")
 
         all_tokens, all_lengths = concat_padded(prompt_tokens, prompt_token_lengths, tokens, token_lengths)
-        hidden, mel_lengths = self.encode(all_tokens, all_lengths)
-        mu = self.encoder_proj(hidden).transpose(1, 2)
-        frames = mu.shape[2]
-        mask = sequence_mask(mel_lengths, frames)
-
-        cond = torch.zeros_like(mu)
+        frames = ratio * all_tokens.shape[1]
+        like = torch.zeros(batch, config.mel_bins, frames, dtype=self.dtype, device=device)
+        cond = torch.zeros_like(like)
         prompt_frames = min(prompt_mel.shape[1], frames)
         in_prompt = sequence_mask(prompt_mel_lengths, prompt_frames)[:, None, :]
-        prompt = prompt_mel[:, :prompt_frames].transpose(1, 2).to(mu.dtype)
+        prompt = prompt_mel[:, :prompt_frames].transpose(1, 2).to(like.dtype)
         cond[:, :, :prompt_frames] = torch.where(in_prompt, prompt, 0.0)
 
         z = self._initial_noise(noise, generated_noise, ratio * prompt_token_lengths,
-                                ratio * token_lengths, frames, mu)
-        mel = (self.decoder.solve if solver is None else solver)(
-            z, mask, mu,
-            self.speaker_projection(xvector) if speaker is None else _broadcast_batch(speaker.to(device), batch), cond,
-            n_steps=config.default_steps if n_steps is None else n_steps,
-            cfg_rate=config.cfg_rate if cfg_rate is None else cfg_rate,
-        )
-        return self._new_frames(mel, prompt_mel_lengths, mel_lengths)
+                                ratio * token_lengths, frames, like)
+        speaker = self.speaker_projection(xvector) if speaker is None else _broadcast_batch(speaker.to(device), batch)
+        mel = self.generate_mel(all_tokens, all_lengths, cond, z, speaker, n_steps,
+                                self.decoder.guidance(config.cfg_rate if cfg_rate is None else cfg_rate))
+        return self._new_frames(mel, prompt_mel_lengths, ratio * all_lengths)
+
+    def generate_mel(self, tokens: torch.Tensor, lengths: torch.Tensor, cond: torch.Tensor, noise: torch.Tensor,
+                     speaker: torch.Tensor, n_steps: int, guidance) -> torch.Tensor:
+        """The flow's core, over prompt and new tokens together: encode, project, solve.
+
+        tokens ``[B, L]`` (prompt then new tokens, right-padded) with ``lengths`` ``[B]`` (at
+        least 1 each); cond, noise ``[B, 80, ratio * L]`` (cond: the prompt mel, zeros after);
+        speaker ``[B, 80]`` (:meth:`speaker_projection`); guidance as
+        :meth:`ConditionalFlowMatching.integrate` takes it (floats or 0-dim device tensors).
+        Returns the mel ``[B, 80, ratio * L]`` of every frame (frames past an item's length keep
+        their noise). No host synchronisation and no data-dependent control flow: the vocoder
+        stage captures this call in CUDA graphs.
+        """
+        hidden, mel_lengths = self.encode(tokens, lengths)
+        mu = self.encoder_proj(hidden).transpose(1, 2)
+        mask = sequence_mask(mel_lengths, mu.shape[2])
+        return self.decoder.integrate(noise, mask, mu, speaker, cond, n_steps, guidance)
 
     def _check_inputs(self, tokens, token_lengths, prompt_tokens, prompt_token_lengths,
                       prompt_mel, prompt_mel_lengths, xvector) -> None:

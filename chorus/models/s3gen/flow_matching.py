@@ -49,9 +49,12 @@ class ConditionalFlowMatching(nn.Module):
         """
         if n_steps < 1:
             raise ValueError(f"n_steps must be >= 1, got {n_steps}")
-        guided = not self.meanflow and cfg_rate != 0.0
-        return self.integrate(noise, mask, mu, spks, cond, n_steps,
-                              guidance=(1.0 + cfg_rate, cfg_rate) if guided else None)
+        return self.integrate(noise, mask, mu, spks, cond, n_steps, guidance=self.guidance(cfg_rate))
+
+    def guidance(self, cfg_rate: float) -> tuple[float, float] | None:
+        """The guidance weights :meth:`integrate` takes for a CFG weight: ``(1 + w, w)``, or None
+        when no guidance is applied (meanflow, or ``w == 0``)."""
+        return None if self.meanflow or cfg_rate == 0.0 else (1.0 + cfg_rate, cfg_rate)
 
     def integrate(
         self,

@@ -278,7 +278,8 @@ class HiFTGenerator(nn.Module):
 
     def harmonic_source(self, f0: torch.Tensor, frame_counts: torch.Tensor | None, noise: SourceNoise) -> torch.Tensor:
         """F0 (B, T) -> excitation (B, samples_per_frame * T) float32, zero past each item's samples."""
-        f0_samples = torch.repeat_interleave(f0.float(), self.config.samples_per_frame, dim=1)
+        # each frame's F0 held for its samples (repeat_interleave, spelled so it never syncs)
+        f0_samples = f0.float()[:, :, None].expand(-1, -1, self.config.samples_per_frame).flatten(1)
         source = self.m_source(f0_samples, noise)
         if frame_counts is None:
             return source
@@ -286,19 +287,23 @@ class HiFTGenerator(nn.Module):
                                                      source.shape[-1], source.dtype))[:, 0]
 
     def decode(self, mel: torch.Tensor, source: torch.Tensor, frame_counts: torch.Tensor | None = None) -> torch.Tensor:
-        """mel (B, 80, T) and excitation (B, samples) -> waveform (B, samples) float32."""
+        """mel (B, 80, T) and excitation (B, samples) -> waveform (B, samples) float32.
+
+        ``frame_counts`` None: every item is all T frames (nothing is masked). With counts, every
+        step is masked per item and nothing synchronises with the host, so the call can be
+        captured in a CUDA graph.
+        """
         cfg = self.config
-        batch, num_frames = mel.shape[0], mel.shape[-1]
-        if frame_counts is None:
-            frame_counts = torch.full((batch,), num_frames, dtype=torch.long, device=mel.device)
-        num_samples = frame_counts * cfg.samples_per_frame
+        num_frames = mel.shape[-1]
+        num_samples = None if frame_counts is None else frame_counts * cfg.samples_per_frame
         mel = mel.to(self.conv_pre.weight.dtype)
         spectrum = self._source_spectrum(source, num_samples).to(mel.dtype)
 
         kernels = len(cfg.resblock_kernel_sizes)
         mask = lengths_mask(frame_counts, num_frames, mel.dtype)
+        stage_lengths = [None] * len(self.ups) if frame_counts is None else self.stage_lengths(frame_counts)
         x = _masked(self.conv_pre(_masked(mel, mask)), mask)
-        for i, (up, stage_len) in enumerate(zip(self.ups, self.stage_lengths(frame_counts))):
+        for i, (up, stage_len) in enumerate(zip(self.ups, stage_lengths)):
             x = up(F.leaky_relu(x, cfg.lrelu_slope))
             if i == len(self.ups) - 1:
                 x = F.pad(x, (1, 0), mode="reflect")
@@ -311,7 +316,8 @@ class HiFTGenerator(nn.Module):
                 total = block(x, mask) if total is None else total + block(x, mask)
             x = total / kernels
         x = self.conv_post(F.leaky_relu(x, cfg.post_lrelu_slope))
-        wav = self._inverse_stft(x.float(), num_samples // cfg.istft_hop + 1)
+        stft_frames = None if num_samples is None else num_samples // cfg.istft_hop + 1
+        wav = self._inverse_stft(x.float(), stft_frames)
         wav = torch.clamp(wav, -cfg.audio_limit, cfg.audio_limit)
         return _masked(wav[:, None], lengths_mask(num_samples, wav.shape[-1], wav.dtype))[:, 0]
 
@@ -331,6 +337,8 @@ class HiFTGenerator(nn.Module):
                 raise ValueError(f"frame counts must lie in [1, {mel.shape[-1]}], got {frame_counts.tolist()}")
         counts = frame_counts if frame_counts is not None else torch.full(
             (mel.shape[0],), mel.shape[-1], dtype=torch.long, device=mel.device)
+        if frame_counts is not None and bool((frame_counts == mel.shape[-1]).all()):
+            frame_counts = None  # no item is padded: nothing to mask
         if noise is None:
             noise = draw_source_noise(counts.tolist(), self.config, mel.device)
         f0 = self.predict_f0(mel, frame_counts)
@@ -339,17 +347,21 @@ class HiFTGenerator(nn.Module):
         return HiFTOutput(wav=wav, wav_lengths=counts * self.config.samples_per_frame, f0=f0, source=source)
 
     # ----------------------------------------------------------------------------------- spectra
-    def _source_spectrum(self, source: torch.Tensor, num_samples: torch.Tensor) -> torch.Tensor:
-        """Excitation (B, L) -> [real; imag] STFT (B, n_fft + 2, L / hop + 1), zero past each item's frames."""
+    def _source_spectrum(self, source: torch.Tensor, num_samples: torch.Tensor | None) -> torch.Tensor:
+        """Excitation (B, L) -> [real; imag] STFT (B, n_fft + 2, L / hop + 1), zero past each item's
+        frames (``num_samples`` None: every item is all of L)."""
         n_fft, hop = self.config.istft_n_fft, self.config.istft_hop
         padded = reflect_pad(source.float(), num_samples, n_fft // 2, n_fft // 2)
         spec = torch.view_as_real(torch.stft(padded, n_fft, hop, n_fft, window=_periodic_hann(n_fft, source.device),
                                              center=False, return_complex=True))
         spectrum = torch.cat([spec[..., 0], spec[..., 1]], dim=1)
+        if num_samples is None:
+            return spectrum
         return _masked(spectrum, lengths_mask(num_samples // hop + 1, spectrum.shape[-1], spectrum.dtype))
 
-    def _inverse_stft(self, logits: torch.Tensor, num_stft_frames: torch.Tensor) -> torch.Tensor:
-        """conv_post output (B, n_fft + 2, F) -> waveform (B, hop * (F - 1)); each item uses only its frames.
+    def _inverse_stft(self, logits: torch.Tensor, num_stft_frames: torch.Tensor | None) -> torch.Tensor:
+        """conv_post output (B, n_fft + 2, F) -> waveform (B, hop * (F - 1)); each item uses only its
+        frames (``num_stft_frames`` None: all F).
 
         Same steps as ``torch.istft(center=True)`` (irfft, window, overlap-add, divide by the summed
         squared window), but the window envelope is per item, so padded frames change nothing.

@@ -67,8 +67,12 @@ def mel_filterbank(sr: int, n_fft: int, n_mels: int, fmin: float = 0.0, fmax: fl
 
 
 def lengths_mask(lengths: torch.Tensor | None, max_len: int, dtype: torch.dtype) -> torch.Tensor | None:
-    """(B, 1, max_len) mask with ones on each item's first ``lengths[b]`` steps, or None if no item is padded."""
-    if lengths is None or bool((lengths >= max_len).all()):
+    """(B, 1, max_len) mask with ones on each item's first ``lengths[b]`` steps; None when ``lengths`` is None.
+
+    No data-dependent branch (the mask is built whenever lengths are given), so a caller can
+    capture it in a CUDA graph; callers that know no item is padded pass None instead.
+    """
+    if lengths is None:
         return None
     steps = torch.arange(max_len, device=lengths.device)
     return (steps[None, :] < lengths[:, None]).unsqueeze(1).to(dtype)
@@ -79,12 +83,12 @@ def reflect_pad(x: torch.Tensor, lengths: torch.Tensor | None, left: int, right:
 
     Row b of the result holds, in its first ``lengths[b] + left + right`` entries, exactly what
     ``F.pad(row[:lengths[b]], (left, right), mode="reflect")`` gives; later entries are filler.
+    ``lengths`` None means every row is all of L. Every length must exceed ``max(left, right)``
+    (the caller checks: there is no host synchronisation here, so the call can be graph-captured).
     """
     assert x.dim() == 2
-    if lengths is None or bool((lengths >= x.shape[1]).all()):
+    if lengths is None:
         return F.pad(x.unsqueeze(1), (left, right), mode="reflect").squeeze(1)
-    if int(lengths.min()) <= max(left, right):
-        raise ValueError(f"reflect padding by {max(left, right)} needs more than that many samples per item")
     last = (lengths - 1)[:, None]
     pos = torch.arange(-left, x.shape[1] + right, device=x.device)[None, :]
     pos = torch.where(pos < 0, -pos, pos)
@@ -141,12 +145,13 @@ def log_mel_spectrogram(
     side = (config.n_fft - config.hop) // 2
     if int(lengths.min()) <= side:
         raise ValueError(f"each waveform needs more than {side} samples, got lengths {lengths.tolist()}")
+    padded_items = not bool((lengths >= wav.shape[1]).all())
     filters, window = _mel_constants(config, wav.device)
-    padded = reflect_pad(wav, lengths, side, side)
+    padded = reflect_pad(wav, lengths if padded_items else None, side, side)
     spec = torch.stft(padded, config.n_fft, hop_length=config.hop, win_length=config.n_fft, window=window,
                       center=False, normalized=False, onesided=True, return_complex=True)
     magnitude = torch.sqrt(torch.view_as_real(spec).pow(2).sum(-1) + config.magnitude_eps)
     mel = torch.log(torch.clamp(torch.matmul(filters, magnitude), min=config.log_floor))
     frames = mel_num_frames(lengths, config)
-    mask = lengths_mask(frames, mel.shape[-1], mel.dtype)
+    mask = lengths_mask(frames, mel.shape[-1], mel.dtype) if padded_items else None
     return (mel if mask is None else mel * mask), frames

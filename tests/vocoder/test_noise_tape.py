@@ -1,0 +1,37 @@
+"""The streams' counter-based noise: a value depends only on (seed, row, column)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from chorus.vocoder.job import NoiseTape
+
+
+def test_a_slice_equals_the_same_columns_of_a_wider_slice():
+    tape = NoiseTape(9, seed=123, device=torch.device("cpu"))
+    wide = tape.slice(0, 5000)
+    assert torch.equal(tape.slice(1234, 4321), wide[:, 1234:4321])
+    assert torch.equal(NoiseTape(9, seed=123, device=torch.device("cpu")).slice(10, 20), wide[:, 10:20])
+    assert tape.slice(7, 7).shape == (9, 0)
+
+
+def test_the_noise_is_standard_normal_and_differs_by_seed_and_row():
+    noise = NoiseTape(4, seed=5, device=torch.device("cpu")).slice(0, 200_000).double()
+    assert abs(float(noise.mean())) < 0.01 and abs(float(noise.std()) - 1) < 0.01
+    kurtosis = float(((noise - noise.mean()) ** 4).mean() / noise.var() ** 2)
+    assert abs(kurtosis - 3) < 0.05
+    correlation = torch.corrcoef(noise[:, :50_000])
+    assert (correlation - torch.eye(4, dtype=torch.float64)).abs().max() < 0.03
+    other = NoiseTape(4, seed=6, device=torch.device("cpu")).slice(0, 50_000).double()
+    assert abs(float(torch.corrcoef(torch.stack([noise[0, :50_000], other[0]]))[0, 1])) < 0.03
+
+
+def test_the_tape_gives_its_dtype():
+    assert NoiseTape(80, seed=1, device=torch.device("cpu"), dtype=torch.bfloat16).slice(0, 3).dtype == torch.bfloat16
+
+
+@pytest.mark.gpu
+def test_the_noise_is_the_same_on_cuda():
+    cpu = NoiseTape(9, seed=77, device=torch.device("cpu")).slice(100, 30_000)
+    cuda = NoiseTape(9, seed=77, device=torch.device("cuda")).slice(100, 30_000).cpu()
+    torch.testing.assert_close(cuda, cpu, rtol=1e-5, atol=1e-5)

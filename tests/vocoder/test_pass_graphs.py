@@ -1,0 +1,360 @@
+"""CUDA graphs of a vocoder pass (the flow and HiFT): buckets, padding, the LRU cap and the
+capture policy on the CPU; graphed vs eager calls and stage passes on a GPU."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import pytest
+import torch
+
+from chorus.models.s3gen.flow_matching import _guide
+from chorus.models.s3gen.hift import SourceNoise
+from chorus.vocoder import VocoderConfig, VocoderStage
+from chorus.vocoder.config import VocoderStats
+from chorus.vocoder.pass_graphs import (FlowCall, FlowInputs, GraphLibrary, HiFTCall, HiFTInputs, PassGraphs,
+                                        frame_bucket, row_bucket, vocode)
+from chorus.vocoder.quality import snr_db
+from tests.vocoder.conftest import drain, joined
+from tests.vocoder.models import random_s3gen, random_tokens, random_voice
+
+# variant -> (steps, cfg rate) the tests use: the original's guided solve, turbo's meanflow
+SOLVES = {"original": (10, 0.7), "turbo": (2, 0.0)}
+# bf16 graphed vs eager on a GPU: a padded shape runs other kernels (other GEMM tilings), whose
+# bf16 rounding then goes through every Euler step; relative error of the whole mel (norm).
+BF16_GRAPH_TOLERANCE = 2e-2
+
+
+def _flow_call(s3gen, batch: int, width: int, seed: int, name: str, device="cpu") -> FlowCall:
+    """Flow inputs with a different length per row (the longest is ``width`` tokens)."""
+    g = torch.Generator().manual_seed(seed)
+    flow = s3gen.flow
+    ratio, dtype = flow.config.token_mel_ratio, flow.dtype
+    lengths = torch.tensor([width - 5 * i for i in range(batch)]).clamp(min=1)
+    tokens = torch.randint(0, flow.config.vocab_size, (batch, width), generator=g)
+    tokens = tokens * (torch.arange(width)[None, :] < lengths[:, None])
+    cond = torch.randn(batch, 80, ratio * width, generator=g)
+    cond[:, :, ratio * width // 3:] = 0  # the prompt region only, as the flow builds it
+    noise = torch.randn(batch, 80, ratio * width, generator=g)
+    speaker = torch.randn(batch, 80, generator=g)
+    n_steps, cfg_rate = SOLVES[name]
+    move = dict(device=device, dtype=dtype)
+    return FlowCall(tokens.to(device), lengths.to(device), cond.to(**move), noise.to(**move), speaker.to(**move),
+                    n_steps, cfg_rate)
+
+
+def _hift_call(s3gen, batch: int, frames: int, seed: int, device="cpu") -> HiFTCall:
+    g = torch.Generator().manual_seed(seed)
+    harmonics = s3gen.mel2wav.config.num_harmonics
+    counts = torch.tensor([frames - 3 * i for i in range(batch)]).clamp(min=1)
+    mel = torch.randn(batch, 80, frames, generator=g) - 4
+    mel = mel * (torch.arange(frames)[None, None, :] < counts[:, None, None])
+    phases = torch.rand(batch, harmonics, generator=g) * 6 - 3
+    noise = torch.randn(batch, harmonics, frames * 480, generator=g)
+    return HiFTCall(mel.to(device=device, dtype=s3gen.flow.dtype), counts.to(device),
+                    SourceNoise(phases.to(device), noise.to(device)))
+
+
+def _valid_frames(mel: torch.Tensor, call: FlowCall, ratio: int):
+    return [mel[i, :, :ratio * int(n)] for i, n in enumerate(call.lengths.tolist())]
+
+
+# ------------------------------------------------------------------------------------ buckets
+def test_row_buckets_are_powers_of_two():
+    assert [row_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 17, 32, 33)] == [1, 2, 4, 4, 8, 8, 16, 32, 32, 64]
+    with pytest.raises(ValueError):
+        row_bucket(0)
+
+
+def test_frame_buckets_are_multiples_of_64_then_8_per_doubling():
+    assert [frame_bucket(n) for n in (1, 64, 65, 346, 1000, 1024)] == [64, 64, 128, 384, 1024, 1024]
+    assert [frame_bucket(n) for n in (1025, 1153, 2048, 2049, 4097)] == [1152, 1280, 2048, 2304, 4608]
+    assert len({frame_bucket(n) for n in range(1025, 2049)}) == 8
+    for n in range(1, 9000, 7):
+        bucket = frame_bucket(n)
+        assert n <= bucket < n + max(64, n / 8) and frame_bucket(bucket) == bucket and bucket % 64 == 0
+    with pytest.raises(ValueError):
+        frame_bucket(0)
+
+
+def test_the_flow_key_leaves_the_cfg_weight_out(tiny_models):
+    graphs = PassGraphs(tiny_models["original"].flow, tiny_models["original"].mel2wav)
+    key = graphs.flow_key(3, 346, 10, 0.7)
+    assert (key.rows, key.frames, key.n_steps, key.guided, key.meanflow) == (4, 384, 10, True, False)
+    assert graphs.flow_key(4, 384, 10, 0.3) == key
+    assert not graphs.flow_key(3, 346, 10, 0.0).guided
+    turbo = PassGraphs(tiny_models["turbo"].flow, tiny_models["turbo"].mel2wav)
+    assert not turbo.flow_key(3, 346, 2, 0.7).guided  # meanflow ignores cfg
+
+
+def test_config_validates_the_graph_settings():
+    with pytest.raises(ValueError, match="max_pass_graphs"):
+        VocoderConfig(max_pass_graphs=0)
+    with pytest.raises(ValueError, match="capture_after"):
+        VocoderConfig(capture_after=0)
+    with pytest.raises(ValueError, match="max_graph_rows"):
+        VocoderConfig(max_graph_rows=0)
+    assert VocoderConfig().cuda_graphs and VocoderConfig().max_pass_graphs >= 1
+
+
+# -------------------------------------------------------------------------------------- CPU
+@pytest.mark.parametrize("name", ["original", "turbo"])
+def test_on_the_cpu_calls_run_the_eager_functions(tiny_models, name):
+    s3gen = tiny_models[name]
+    graphs = PassGraphs(s3gen.flow, s3gen.mel2wav)
+    assert not graphs.active
+    call = _flow_call(s3gen, 3, 40, seed=1, name=name)
+    hift_call = _hift_call(s3gen, 2, 30, seed=2)
+    with torch.inference_mode():
+        expected = s3gen.flow.generate_mel(call.tokens, call.lengths, call.cond, call.noise, call.speaker,
+                                           call.n_steps, s3gen.flow.decoder.guidance(call.cfg_rate))
+        expected_wav, expected_f0 = vocode(s3gen.mel2wav, hift_call.mel, hift_call.counts, hift_call.source)
+    assert torch.equal(graphs.run_flow(call), expected)
+    wav, f0 = graphs.run_hift(hift_call)
+    assert torch.equal(wav, expected_wav) and torch.equal(f0, expected_f0)
+    assert (graphs.stats.eager_runs, graphs.stats.graph_replays, graphs.stats.graph_captures) == (2, 0, 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tensor_guidance_weights_give_the_float_weights_values(tiny_original, dtype):
+    # what a graph reads from memory must equal what solve computes with Python floats
+    cfm = tiny_original.flow.decoder
+    g = torch.Generator().manual_seed(2)
+    noise, mu, cond = (torch.randn(2, 80, 40, generator=g) for _ in range(3))
+    mask, spks = torch.ones(2, 40, dtype=torch.bool), torch.randn(2, 80, generator=g)
+    v_cond, v_uncond = (torch.randn(2, 80, 40, generator=torch.Generator().manual_seed(s)).to(dtype)
+                        for s in (3, 4))
+    weights = (torch.tensor(1.7), torch.tensor(0.7))
+    assert torch.equal(_guide(v_cond, v_uncond, *weights), _guide(v_cond, v_uncond, 1.7, 0.7))
+    got = cfm.integrate(noise, mask, mu, spks, cond, 3, guidance=weights)
+    assert torch.equal(got, cfm.solve(noise, mask, mu, spks, cond, n_steps=3, cfg_rate=0.7))
+
+
+@pytest.mark.parametrize("name", ["original", "turbo"])
+@pytest.mark.parametrize("batch,width", [(3, 35), (1, 32), (5, 70)])
+def test_padded_flow_buffers_give_the_unpadded_call(tiny_models, name, batch, width):
+    # a graph's body run eagerly on the CPU: padding rows and frames changes no valid value
+    s3gen = tiny_models[name]
+    graphs = PassGraphs(s3gen.flow, s3gen.mel2wav)
+    ratio = s3gen.flow.config.token_mel_ratio
+    call = _flow_call(s3gen, batch, width, seed=batch + width, name=name)
+    key = graphs.flow_key(batch, ratio * width, call.n_steps, call.cfg_rate)
+    inputs = FlowInputs(key, ratio, torch.device("cpu"))
+    inputs.load(call)
+    assert inputs.lengths[batch:].eq(1).all() and not inputs.noise[batch:].any()
+    assert not inputs.cond[:, :, ratio * width:].any() and not inputs.tokens[:, width:].any()
+    with torch.inference_mode():
+        padded = inputs.run(s3gen.flow)
+    assert padded.shape == (key.rows, 80, key.frames)
+    expected = graphs.run_flow(call)
+    for got, want in zip(_valid_frames(padded, call, ratio), _valid_frames(expected, call, ratio)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("batch,frames", [(3, 30), (1, 64), (2, 70)])
+def test_padded_hift_buffers_give_the_unpadded_call(tiny_turbo, batch, frames):
+    graphs = PassGraphs(tiny_turbo.flow, tiny_turbo.mel2wav)
+    call = _hift_call(tiny_turbo, batch, frames, seed=batch * frames)
+    key = graphs.hift_key(batch, frames)
+    inputs = HiFTInputs(key, tiny_turbo.mel2wav.config.num_harmonics, 480, torch.device("cpu"))
+    inputs.load(call)
+    with torch.inference_mode():
+        wav, f0 = inputs.run(tiny_turbo.mel2wav)
+        expected_wav, expected_f0 = vocode(tiny_turbo.mel2wav, call.mel, call.counts, call.source)
+    assert wav.shape == (key.rows, key.frames * 480) and f0.shape == (key.rows, key.frames)
+    for i, count in enumerate(call.counts.tolist()):
+        torch.testing.assert_close(wav[i, :480 * count], expected_wav[i, :480 * count], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(f0[i, :count], expected_f0[i, :count], rtol=1e-4, atol=1e-4)
+        assert not wav[i, 480 * count:].any()
+
+
+class _FakeLibrary(GraphLibrary):
+    """Graph bookkeeping without a GPU: ``_capture`` records the keys it is asked for."""
+
+    def __init__(self, fail=(), **kwargs):
+        super().__init__("fake", None, lambda key: None, max_graphs=kwargs.get("max_graphs", 64),
+                         capture_after=kwargs.get("capture_after", 1), stats=VocoderStats(), pool=None, stream=None)
+        self.captured, self.fail = [], set(fail)
+
+    def _capture(self, key):
+        if key in self.fail:
+            raise RuntimeError("capture failed")
+        self.captured.append(key)
+        return object()
+
+
+def test_the_graph_cap_drops_the_least_recently_used(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    library = _FakeLibrary(max_graphs=2)
+    a, b, c = "a", "b", "c"
+    assert library.prepare(a) and library.prepare(b) and not library.prepare(a)
+    assert library._lookup(a) is not None  # a hit makes a the most recently used
+    assert library.prepare(c)
+    assert library.keys == [a, c] and library.captured == [a, b, c]
+    assert library.prepare(b) and library.keys == [c, b]
+    assert library.stats.graph_captures == 4
+
+
+def test_a_shape_whose_capture_fails_is_not_tried_again():
+    library = _FakeLibrary(fail=["bad"])
+    assert library.wants("bad") and library.replay("bad", None) is None
+    assert not library.wants("bad") and not library.prepare("bad")
+    assert library.stats.graph_captures == 0 and library.captured == []
+
+
+def test_a_shape_is_captured_only_on_its_nth_use():
+    library = _FakeLibrary(capture_after=3)
+    assert [library.wants("k") for _ in range(4)] == [False, False, True, False]  # counting restarts
+
+
+def test_a_cpu_stage_runs_eagerly_and_warmup_does_nothing(tiny_turbo):
+    stage = VocoderStage(tiny_turbo)
+    assert stage.warmup() == 0 and stage.stats.graph_captures == 0
+    stage.add("j", random_voice(20, seed=1), seed=3, streaming=True)
+    stage.push("j", random_tokens(50, seed=2), final=True)
+    drain(stage)
+    assert stage.stats.passes >= 2 and stage.stats.eager_runs == 2 * stage.stats.passes
+    assert stage.stats.graph_replays == 0
+
+
+# -------------------------------------------------------------------------------------- GPU
+@contextlib.contextmanager
+def _exact_fp32():
+    """fp32 without TF32, so graphed and eager fp32 differ only by kernels' summation order."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def _rel_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((got.double() - expected.double()).norm() / expected.double().norm())
+
+
+def _eager(s3gen) -> PassGraphs:
+    return PassGraphs(s3gen.flow, s3gen.mel2wav, enabled=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["original", "turbo"])
+def test_graphed_flow_equals_eager_fp32_on_cuda(name):
+    s3gen = random_s3gen(name, seed=3, device="cuda")
+    graphs, eager = PassGraphs(s3gen.flow, s3gen.mel2wav), _eager(s3gen)
+    ratio = s3gen.flow.config.token_mel_ratio
+    with _exact_fp32(), torch.inference_mode():
+        for batch, width in [(3, 35), (1, 32), (4, 33), (5, 100), (3, 35)]:
+            call = _flow_call(s3gen, batch, width, seed=batch * width, name=name, device="cuda")
+            got, expected = graphs.run_flow(call), eager.run_flow(call)
+            assert got.shape == expected.shape == (batch, 80, ratio * width) and got.dtype == expected.dtype
+            for a, b in zip(_valid_frames(got, call, ratio), _valid_frames(expected, call, ratio)):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    # (3, 35) and (4, 33) share a bucket, and the repeated (3, 35) replays what it captured
+    assert graphs.stats.graph_captures == 3 and graphs.stats.graph_replays == 5 and graphs.stats.eager_runs == 0
+
+
+@pytest.mark.gpu
+def test_graphed_hift_equals_eager_fp32_on_cuda():
+    s3gen = random_s3gen("turbo", seed=3, device="cuda")
+    graphs, eager = PassGraphs(s3gen.flow, s3gen.mel2wav), _eager(s3gen)
+    with _exact_fp32(), torch.inference_mode():
+        for batch, frames in [(3, 30), (1, 64), (4, 40), (2, 100)]:
+            call = _hift_call(s3gen, batch, frames, seed=batch + frames, device="cuda")
+            (wav, f0), (expected_wav, expected_f0) = graphs.run_hift(call), eager.run_hift(call)
+            assert wav.shape == expected_wav.shape == (batch, 480 * frames)
+            torch.testing.assert_close(wav, expected_wav, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(f0, expected_f0, rtol=1e-4, atol=1e-4)
+    assert graphs.stats.graph_captures == 3 and graphs.stats.graph_replays == 4
+
+
+@pytest.mark.gpu
+def test_the_cfg_weight_changes_without_a_new_capture():
+    s3gen = random_s3gen("original", seed=3, device="cuda")
+    graphs, eager = PassGraphs(s3gen.flow, s3gen.mel2wav), _eager(s3gen)
+    with _exact_fp32(), torch.inference_mode():
+        for cfg_rate in (0.7, 0.3, 1.5):
+            call = dataclasses.replace(_flow_call(s3gen, 3, 45, seed=7, name="original", device="cuda"),
+                                       cfg_rate=cfg_rate, n_steps=4)
+            torch.testing.assert_close(graphs.run_flow(call)[0], eager.run_flow(call)[0], rtol=1e-4, atol=1e-4)
+    assert graphs.stats.graph_captures == 1 and graphs.stats.graph_replays == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["original", "turbo"])
+def test_graphed_calls_are_close_to_eager_bf16_on_cuda(name):
+    s3gen = random_s3gen(name, seed=3, dtype=torch.bfloat16, device="cuda")
+    graphs, eager = PassGraphs(s3gen.flow, s3gen.mel2wav), _eager(s3gen)
+    ratio = s3gen.flow.config.token_mel_ratio
+    with torch.inference_mode():
+        for batch, width in [(3, 35), (5, 100), (2, 64)]:
+            call = _flow_call(s3gen, batch, width, seed=batch + width, name=name, device="cuda")
+            got, expected = graphs.run_flow(call), eager.run_flow(call)
+            assert got.dtype == torch.bfloat16
+            for a, b in zip(_valid_frames(got, call, ratio), _valid_frames(expected, call, ratio)):
+                assert _rel_error(a, b) <= BF16_GRAPH_TOLERANCE
+            hift_call = _hift_call(s3gen, batch, width, seed=batch, device="cuda")
+            assert _rel_error(graphs.run_hift(hift_call)[0], eager.run_hift(hift_call)[0]) <= BF16_GRAPH_TOLERANCE
+
+
+@pytest.mark.gpu
+def test_the_graph_cap_holds_on_cuda():
+    s3gen = random_s3gen("turbo", seed=3, device="cuda")
+    graphs, eager = PassGraphs(s3gen.flow, s3gen.mel2wav, max_graphs=2), _eager(s3gen)
+    with torch.inference_mode():
+        for width in (32, 64, 96, 32):
+            call = _flow_call(s3gen, 2, width, seed=width, name="turbo", device="cuda")
+            torch.testing.assert_close(graphs.run_flow(call), eager.run_flow(call), rtol=1e-3, atol=1e-3)
+    assert len(graphs.flow_graphs.keys) == 2 and graphs.stats.graph_captures == 4
+
+
+def _stream_audio(s3gen, config: VocoderConfig, on_side_stream: bool):
+    stage = VocoderStage(s3gen, config)
+    voices = [random_voice(30, seed=1), random_voice(23, seed=2, odd_mel=True), random_voice(30, seed=3)]
+    for i, voice in enumerate(voices):
+        stage.add(f"s{i}", voice, seed=10 + i, streaming=i != 1, n_steps=SOLVES[s3gen.variant.name][0])
+    side = torch.cuda.Stream() if on_side_stream else None
+    pieces = {}
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        for start in range(0, 90, 9):
+            for i in range(3):
+                stage.push(f"s{i}", random_tokens(90, seed=20 + i)[start:start + 9], final=start + 9 >= 90)
+            for job, outs in drain(stage).items():
+                pieces.setdefault(job, []).extend(outs)
+    return stage, {job: joined(outs) for job, outs in pieces.items()}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["original", "turbo"])
+def test_a_stage_with_graphs_equals_one_without(name):
+    # as the pipeline runs it: on a side stream, streaming and non-streaming jobs in one pass
+    s3gen = random_s3gen(name, seed=3, device="cuda")
+    config = VocoderConfig(max_batch_items=4, capture_after=1)  # every shape graphed from its first pass
+    with _exact_fp32():
+        graphed, got = _stream_audio(s3gen, config, on_side_stream=True)
+        eager, expected = _stream_audio(s3gen, dataclasses.replace(config, cuda_graphs=False), on_side_stream=True)
+    assert graphed.stats.graph_replays >= graphed.stats.passes > 0 and graphed.stats.eager_runs == 0
+    assert eager.stats.eager_runs >= eager.stats.passes and eager.stats.graph_captures == 0
+    assert got.keys() == expected.keys() == {"s0", "s1", "s2"}
+    for job in got:
+        assert got[job].shape == expected[job].shape
+        assert snr_db(expected[job], got[job]) >= 60.0
+
+
+@pytest.mark.gpu
+def test_warmup_captures_the_first_window_shapes():
+    s3gen = random_s3gen("turbo", seed=3, device="cuda")
+    stage = VocoderStage(s3gen, VocoderConfig(max_batch_items=4))
+    captured = stage.warmup(prompt_tokens=30, chunk_tokens=60, max_items=2)
+    # windows end at 20 and 60 tokens: flow frames 2 (30 + 23) = 106 and 2 (30 + 63) = 186 -> 128, 192;
+    # HiFT spans 2 (20 + 3) + 16 = 62 and 2 (40 + 3) + 16 = 102 -> 64, 128
+    assert captured == 8 == stage.stats.graph_captures
+    assert {(k.rows, k.frames) for k in stage.graphs.flow_graphs.keys} == {(1, 128), (2, 128), (1, 192), (2, 192)}
+    assert {(k.rows, k.frames) for k in stage.graphs.hift_graphs.keys} == {(1, 64), (2, 64), (1, 128), (2, 128)}
+    assert stage.warmup(prompt_tokens=30, chunk_tokens=60, max_items=2) == 0  # all held already
+    stage.add("j", random_voice(30, seed=1), seed=3, streaming=True)
+    stage.push("j", random_tokens(24, seed=2))
+    assert [o.samples.shape[0] > 0 for o in stage.step()] == [True]
+    assert stage.stats.graph_captures == 8 and stage.stats.graph_replays == 2  # no capture on first audio
+    limited = VocoderStage(s3gen, VocoderConfig(max_pass_graphs=3))
+    assert limited.warmup(prompt_tokens=30, chunk_tokens=60) == 6  # never past the cap of each kind
