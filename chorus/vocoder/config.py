@@ -40,6 +40,13 @@ class VocoderConfig:
     """Passes go earliest deadline first; a playing stream is due this many seconds before its
     listener would run out of audio, so streams that have started keep this much in hand before
     new streams get their first audio (a stall is worse than a later start)."""
+    max_pass_seconds: float | None = 0.2
+    """While streams are running, a pass is filled only while its predicted device time (from
+    earlier passes, ``VocoderStage.cost``) stays under this many seconds, or under the time until
+    the most urgent playing stream runs out of audio if that is sooner: a stream that arrives
+    during a pass waits at most about this long for its first window, and passes end before
+    playing streams run dry. The most urgent job always runs. None: no time budget (passes
+    without streams never have one)."""
     voice_cache_size: int = 16
     """Voices whose prompt tensors are kept on the device (LRU)."""
     cuda_graphs: bool = True
@@ -59,6 +66,8 @@ class VocoderConfig:
     def __post_init__(self) -> None:
         if self.first_window_tokens < 1 or self.max_window_tokens < self.first_window_tokens:
             raise ValueError("need 1 <= first_window_tokens <= max_window_tokens")
+        if self.max_pass_seconds is not None and not self.max_pass_seconds > 0:
+            raise ValueError(f"max_pass_seconds must be > 0 or None, got {self.max_pass_seconds!r}")
         if not self.playback_margin_s >= 0:
             raise ValueError(f"playback_margin_s must be >= 0, got {self.playback_margin_s!r}")
         if self.max_batch_items < 1 or self.max_batch_tokens < 1:

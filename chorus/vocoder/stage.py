@@ -17,7 +17,7 @@ import torch
 from chorus.models.s3gen.hift import SourceNoise, draw_source_noise
 from chorus.models.s3gen.postprocess import apply_trim_fade
 from chorus.models.s3gen.s3gen import SAMPLE_RATE, SAMPLES_PER_TOKEN, S3Gen, item_generators
-from chorus.vocoder.batching import Candidate, select_batch
+from chorus.vocoder.batching import Candidate, PassCostModel, select_batch
 from chorus.vocoder.config import AudioOut, VocoderConfig, VocoderStats
 from chorus.vocoder.job import SAMPLES_PER_FRAME, Job, new_stream, raised_cosine, trim_fade_gains
 from chorus.vocoder.pass_graphs import FlowCall, HiFTCall, PassGraphs, row_bucket
@@ -41,6 +41,8 @@ class VocoderStage:
         self._generators: dict[str, tuple[torch.Generator, torch.Generator]] = {}
         self._order = 0
         self._stats = VocoderStats()
+        self.cost = PassCostModel()
+        """Learned seconds per padded flow token and per HiFT frame (sizes passes, see ``max_pass_seconds``)."""
         self._graphs = PassGraphs(s3gen.flow, s3gen.mel2wav, enabled=self.config.cuda_graphs,
                                   max_graphs=self.config.max_pass_graphs, max_rows=self.config.max_graph_rows,
                                   capture_after=self.config.capture_after, stats=self._stats)
@@ -197,14 +199,29 @@ class VocoderStage:
                 settings.cfg_rate if job.cfg_rate is None else float(job.cfg_rate))
 
     def _select(self, ready: list[Job]) -> list[Job]:
-        margin = self.config.playback_margin_s
-        ready.sort(key=lambda j: (j.priority, j.deadline(margin), j.order))  # then earliest deadline
-        hold = self.config.holdback_tokens
-        candidates = [Candidate(i, self.voices.get(j.voice).num_tokens + len(j.next_pass(hold)[0]),
-                                self._solver_key(j)) for i, j in enumerate(ready)]
         cfg = self.config
-        chosen = select_batch(candidates, cfg.max_batch_items, cfg.max_batch_tokens, cfg.batching)
+        ready.sort(key=lambda j: (j.priority, j.deadline(cfg.playback_margin_s), j.order))  # then earliest deadline
+        ratio = self.s3gen.flow.config.token_mel_ratio
+        candidates = []
+        for i, job in enumerate(ready):
+            tokens = len(job.next_pass(cfg.holdback_tokens)[0])
+            frames = ratio * tokens - (job.stream.hift_start if job.stream is not None else 0)
+            candidates.append(Candidate(i, self.voices.get(job.voice).num_tokens + tokens, self._solver_key(job),
+                                        frames))
+        chosen = select_batch(candidates, cfg.max_batch_items, cfg.max_batch_tokens, cfg.batching,
+                              self.cost, self._pass_budget())
         return [ready[i] for i in chosen]
+
+    def _pass_budget(self) -> float | None:
+        """Seconds a pass may take while streams are running: ``max_pass_seconds``, or less when
+        a playing stream would run out of audio sooner. None (no limit) without streams."""
+        limit = self.config.max_pass_seconds
+        streams = [job.stream for job in self._jobs.values() if job.stream is not None]
+        if limit is None or not streams:
+            return None
+        now = self._clock()
+        slack = [s.first_sent_at + s.sent / SAMPLE_RATE - now for s in streams if s.first_sent_at is not None]
+        return min([limit] + slack)
 
     @torch.inference_mode()
     def _run_pass(self, jobs: list[Job]) -> list[AudioOut]:
@@ -276,6 +293,7 @@ class VocoderStage:
         stats.items += len(jobs)
         stats.flow_seconds += flow_seconds
         stats.hift_seconds += hift_seconds
+        self.cost.observe(batch * width, sum(b - a for a, b in spans), flow_seconds, hift_seconds)
         stats.audio_seconds += sum(o.samples.shape[0] for o in out) / SAMPLE_RATE
         return out
 

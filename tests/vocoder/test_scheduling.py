@@ -2,6 +2,8 @@
 stream that would run dry soonest)."""
 from __future__ import annotations
 
+import pytest
+
 from chorus.vocoder import VocoderConfig, VocoderStage
 from tests.vocoder.models import random_tokens, random_voice
 
@@ -75,3 +77,37 @@ def test_a_higher_priority_job_goes_before_an_earlier_deadline(tiny_turbo):
     stage.add("high", voice, seed=2, streaming=False, n_steps=1, priority=0)
     stage.push("high", random_tokens(12, seed=2), final=True)
     assert [o.job_id for o in stage.step()] == ["high"]
+
+
+def _ready_streams(stage, count: int) -> None:
+    for i in range(count):
+        stage.add(f"s{i}", random_voice(10, seed=1), seed=i, streaming=True, n_steps=1)
+        stage.push(f"s{i}", random_tokens(30, seed=i))
+
+
+def test_while_streams_run_a_pass_is_held_to_the_time_budget(tiny_turbo):
+    stage = VocoderStage(tiny_turbo, VocoderConfig(max_batch_items=8, first_window_tokens=10, max_pass_seconds=0.05),
+                         clock=FakeClock())
+    stage.cost.observe(100, 100, flow_seconds=0.01, hift_seconds=0.01)  # 1e-4 s per padded token and frame
+    _ready_streams(stage, 6)
+    # a first window: 10 prompt + 13 tokens -> 23 padded tokens and 20 frames per item, ~0.004 s per item
+    assert len(stage.step()) == 6
+    slow = VocoderStage(tiny_turbo, VocoderConfig(max_batch_items=8, first_window_tokens=10, max_pass_seconds=0.01),
+                        clock=FakeClock())
+    slow.cost.observe(100, 100, flow_seconds=0.01, hift_seconds=0.01)
+    _ready_streams(slow, 6)
+    assert len(slow.step()) == 2  # 2 items ~0.0086 s fit; a third would not
+
+
+def test_a_pass_ends_before_the_most_urgent_playing_stream_runs_dry(tiny_turbo):
+    clock = FakeClock()
+    stage = VocoderStage(tiny_turbo, VocoderConfig(max_batch_items=8, first_window_tokens=10, max_pass_seconds=1.0,
+                                                   playback_margin_s=0.0), clock=clock)
+    stage.add("playing", random_voice(10, seed=1), seed=1, streaming=True, n_steps=1)
+    stage.push("playing", random_tokens(60, seed=1))
+    stage.step()  # about 0.4 s of audio out at t = 0
+    stage.cost.observe(100, 100, flow_seconds=0.01, hift_seconds=0.01)
+    clock.now = 0.39  # ~0.01 s left of its audio: the budget falls to that
+    _ready_streams(stage, 5)
+    assert stage._pass_budget() == pytest.approx(0.4 - 4 * 480 / 24000 - 0.39, abs=0.02)
+    assert len(stage.step()) <= 2
