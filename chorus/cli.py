@@ -51,6 +51,27 @@ def _add_checkpoint(parser: argparse.ArgumentParser) -> None:
                              "(default: the variant's official repo)")
 
 
+def _add_language_steps(parser: argparse.ArgumentParser) -> None:
+    """The options of the multilingual language steps (docs/text.md)."""
+    parser.add_argument("--language-steps", default=None, choices=("lenient", "strict"),
+                        help="multilingual variants: lenient speaks a language whose step lacks its package or "
+                             "model as the reference does (plain text, one warning); strict refuses to start "
+                             "(default: lenient; env CHORUS_LANGUAGE_STEPS)")
+    parser.add_argument("--dicta-model", default=None, metavar="FILE",
+                        help="Hebrew: Dicta's ONNX model (dicta-1.0.onnx) for chorus-tts[he] (default: env "
+                             "CHORUS_DICTA_MODEL, else the cached copy, downloaded once unless HF_HUB_OFFLINE is set)")
+    parser.add_argument("--pkuseg-model", default=None, metavar="DIR",
+                        help="Chinese: a spacy-pkuseg model directory for chorus-tts[zh] (default: env "
+                             "CHORUS_PKUSEG_MODEL, else spacy-pkuseg's default model in PKUSEG_HOME, downloaded "
+                             "once unless HF_HUB_OFFLINE is set)")
+
+
+def _language_steps(args: argparse.Namespace):
+    from chorus.text import LanguageStepConfig
+
+    return LanguageStepConfig.from_options(args.language_steps, args.dicta_model, args.pkuseg_model)
+
+
 def _cmd_variants(args: argparse.Namespace) -> int:
     from chorus.models.variants import VARIANTS
 
@@ -96,7 +117,8 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
     from chorus.text import load_text_encoder
 
     variant = get_variant(args.variant)
-    encoder = load_text_encoder(variant, resolve_checkpoint_dir(variant, args.checkpoint))
+    encoder = load_text_encoder(variant, resolve_checkpoint_dir(variant, args.checkpoint),
+                                language_steps=_language_steps(args))
     print(json.dumps(encoder.encode_framed(args.text, language=args.language)))
     return 0
 
@@ -313,8 +335,9 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     def no_voice_yet():
         raise AssertionError("validate() does not resolve voices")
 
-    RequestPlanner(variant, load_text_encoder(variant, checkpoint.directory), builtin_voice=no_voice_yet,
-                   max_chars=args.max_chars).validate(request)
+    language_steps = _language_steps(args)
+    RequestPlanner(variant, load_text_encoder(variant, checkpoint.directory, language_steps=language_steps),
+                   builtin_voice=no_voice_yet, max_chars=args.max_chars).validate(request)
     voice = reference = None
     if args.voice is None:
         if not checkpoint.has_builtin_voice():
@@ -327,7 +350,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     from chorus.pipeline.models import SpeechModels
 
     models = SpeechModels.load(variant, checkpoint, dtype=dtype, device=args.device,
-                               voice_models=reference is not None)
+                               voice_models=reference is not None, language_steps=language_steps)
     if reference is not None:
         voice = models.front_end.build(reference, name=Path(args.voice).stem)
     request.voice = voice
@@ -467,6 +490,7 @@ def _add_synth_parser(sub) -> None:
                    help="reference clip (any audio file) or a voice saved by `chorus voice create` "
                         "(.safetensors); default: the checkpoint's built-in voice")
     p.add_argument("--language", "-l", default=None, help="language code (required by multilingual variants)")
+    _add_language_steps(p)
     p.add_argument("--exaggeration", type=float, default=None, help="emotion strength (original, multilingual)")
     p.add_argument("--cfg-weight", type=float, default=None, help="classifier-free guidance weight (0 disables)")
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature (0 = greedy)")
@@ -608,6 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_variant(p)
     _add_checkpoint(p)
     p.add_argument("--language", "-l", default=None, help="language code (multilingual variants)")
+    _add_language_steps(p)
     p.add_argument("text", help="the text to tokenize")
     p.set_defaults(handler=_cmd_tokenize)
     return parser
