@@ -72,6 +72,18 @@ def _language_steps(args: argparse.Namespace):
     return LanguageStepConfig.from_options(args.language_steps, args.dicta_model, args.pkuseg_model)
 
 
+def _add_reference_timing(parser: argparse.ArgumentParser) -> None:
+    from chorus.bench.reference_timing import DEFAULT_REFERENCE_CHUNKS, MIN_TIMED_AUDIO_S
+
+    parser.add_argument("--reference-chunks", type=int, default=DEFAULT_REFERENCE_CHUNKS, metavar="N",
+                        help="the least workload chunks the reference is timed on, evenly spaced over the "
+                             f"workload, after one untimed warm-up call (default: {DEFAULT_REFERENCE_CHUNKS}; more "
+                             "are taken until --reference-min-audio-s)")
+    parser.add_argument("--reference-min-audio-s", type=float, default=MIN_TIMED_AUDIO_S, metavar="SECONDS",
+                        help="audio the reference's timed chunks must add up to at the fixed lengths "
+                             f"(default: {MIN_TIMED_AUDIO_S:g})")
+
+
 def _cmd_variants(args: argparse.Namespace) -> int:
     from chorus.models.variants import VARIANTS
 
@@ -136,6 +148,7 @@ def _cmd_bench_t3(args: argparse.Namespace) -> int:
         batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")), decode_steps=args.decode_steps,
         workload=not args.no_workload, text_file=args.text_file, tokens_per_char=args.tokens_per_char,
         cfg_weight=args.cfg_weight, reference=args.reference, reference_chunks=args.reference_chunks,
+        reference_min_audio_s=args.reference_min_audio_s,
         cuda_graphs=not args.no_cuda_graphs, speed_of_light=not args.no_speed_of_light,
         async_scheduling=not args.no_async_scheduling, chunk_chars=_chunk_bounds(args.chunk_chars),
         max_num_seqs=args.max_num_seqs, kv_cache_dtype=args.kv_cache_dtype,
@@ -166,7 +179,8 @@ def _pipeline_bench_config(args: argparse.Namespace):
         variant=args.variant, checkpoint=args.checkpoint, dtype=args.dtype, device=args.device,
         text_file=getattr(args, "text_file", None), tokens_per_char=args.tokens_per_char,
         cfg_weight=args.cfg_weight, flow_steps=args.flow_steps, reference=getattr(args, "reference", False),
-        reference_chunks=getattr(args, "reference_chunks", 3),
+        **({"reference_chunks": args.reference_chunks, "reference_min_audio_s": args.reference_min_audio_s}
+           if hasattr(args, "reference_chunks") else {}),
         concurrency=tuple(int(c) for c in getattr(args, "concurrency", "1").split(",")),
         cuda_graphs=not args.no_cuda_graphs, vocoder=_vocoder_config(args))
 
@@ -580,7 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cfg-weight", type=float, default=0.5, help="CFG weight for variants with CFG")
     p.add_argument("--reference", action="store_true",
                    help="also time the reference chatterbox-tts T3 loop (needs chatterbox-tts installed)")
-    p.add_argument("--reference-chunks", type=int, default=3, help="workload chunks the reference runs")
+    _add_reference_timing(p)
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly")
     p.add_argument("--no-async-scheduling", action="store_true",
                    help="read each step's tokens before scheduling the next (default: the next steady "
@@ -608,12 +622,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_cmd_bench_t3)
     p = _add_command(
         bench_sub, "offline", help="the whole path (T3 + S3Gen) on the benchmark text, all chunks at once; optionally "
-                        "the reference generate() on a few chunks for the ratio (fixed output lengths)")
+                        "the reference generate(), warm, on evenly spaced chunks for the ratio (fixed output lengths)")
     _add_pipeline_bench_options(p)
     p.add_argument("--text-file", default=None, help="workload text (default: the shipped benchmark text)")
     p.add_argument("--reference", action="store_true",
                    help="also time the reference chatterbox-tts generate() (needs chatterbox-tts installed)")
-    p.add_argument("--reference-chunks", type=int, default=3, help="workload chunks the reference runs")
+    _add_reference_timing(p)
     p.set_defaults(handler=_cmd_bench_offline)
     p = _add_command(
         bench_sub, "stream", help="streaming: time to first audio, gaps between audio pieces and real-time factor per "

@@ -20,7 +20,10 @@ model: EOS is banned until the length is reached, then generation stops. Measure
   logits (prefill and ``kv_accuracy_steps`` greedy decode steps of the first workload chunk)
   against a cache in the model's dtype (:mod:`chorus.engine.kv_accuracy`);
 - reference (optional): the reference package's own T3 loop (one chunk at a time, as it runs)
-  on a few chunks of the same workload, on the same device, extrapolated to the whole workload.
+  on the same device, warm (one untimed call first), on chunks evenly spaced over the workload
+  (at least ``reference_chunks``, more until a minute of audio), each checked to have generated
+  its forced length, extrapolated to the whole workload; ``reference.method`` and
+  ``speedup_method`` say so in the report.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from chorus.bench.reference_timing import DEFAULT_REFERENCE_CHUNKS, MIN_TIMED_AUDIO_S
 from chorus.bench.speed_of_light import DecodeShape, PlainDecodeModel, describe, time_decode_step
 from chorus.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chorus.engine.engine import T3Engine, T3Request
@@ -66,7 +70,8 @@ class T3BenchConfig:
     tokens_per_char: float = 1.6
     cfg_weight: float = 0.5
     reference: bool = False
-    reference_chunks: int = 3
+    reference_chunks: int = DEFAULT_REFERENCE_CHUNKS  # the least timed; more until reference_min_audio_s
+    reference_min_audio_s: float = MIN_TIMED_AUDIO_S
     cuda_graphs: bool = True
     async_scheduling: bool = True  # SchedulerConfig.async_scheduling: the one-step lookahead
     max_num_seqs: int = 512
@@ -369,23 +374,29 @@ def run(cfg: T3BenchConfig) -> dict:
     if cfg.chunk_chars:
         report["chunk_sweep"] = bench_chunk_sweep(model, variant, conditioning, encoder, cfg)
     if cfg.reference:
-        from chorus.bench.reference_t3 import run_reference_t3
-
-        subset = chunks[: cfg.reference_chunks]
-        try:
-            ref = run_reference_t3(variant, voice, [encoder.encode(c) for c in subset],
-                               [max(1, round(cfg.tokens_per_char * len(c))) for c in subset],
-                                   cfg_weight=cfg.cfg_weight, device=device)
-        except Exception as exc:  # noqa: BLE001 - the engine figures stay valid without the ratio
-            report["reference"] = {"error": f"{type(exc).__name__}: {exc}"}
-            return report
-        total_tokens = sum(_fixed_lengths(chunks, cfg))
-        ref["extrapolated_workload_t3_seconds"] = round(total_tokens / ref["speech_tokens_per_s"], 1)
-        report["reference"] = ref
-        if cfg.workload:
-            report["speedup_vs_reference"] = round(
-                ref["extrapolated_workload_t3_seconds"] / report["workload"]["t3_seconds"], 1)
+        report.update(bench_reference(variant, voice, encoder, chunks, cfg, report.get("workload"), device))
     return report
+
+
+def bench_reference(variant, voice, encoder, chunks: list[str], cfg: T3BenchConfig, workload: dict | None,
+                    device: torch.device, build=None) -> dict:
+    """``reference`` (and, with the workload, ``speedup_vs_reference`` and ``speedup_method``):
+    the reference T3 loop timed warm on evenly spaced chunks (chorus.bench.reference_timing)."""
+    from chorus.bench.reference_t3 import run_reference_t3
+
+    try:
+        ref = run_reference_t3(variant, voice, chunks, [encoder.encode(c) for c in chunks], _fixed_lengths(chunks, cfg),
+                               cfg_weight=cfg.cfg_weight, device=device,
+                               min_chunks=cfg.reference_chunks, min_audio_s=cfg.reference_min_audio_s, build=build)
+    except Exception as exc:  # noqa: BLE001 - the engine figures stay valid without the ratio
+        return {"reference": {"error": f"{type(exc).__name__}: {exc}"}}
+    out: dict = {"reference": ref}
+    if workload is not None:
+        out["speedup_vs_reference"] = round(ref["extrapolated_workload_t3_seconds"] / workload["t3_seconds"], 1)
+        out["speedup_method"] = ("reference extrapolated_workload_t3_seconds (warm, timed on "
+                                 f"{ref['method']['chunks_timed']} evenly spaced chunks, see reference.method) / "
+                                 "workload.t3_seconds (the whole workload at once on a warm engine, second pass)")
+    return out
 
 
 def format_tables(report: dict) -> str:
