@@ -149,7 +149,7 @@ def _cmd_bench_t3(args: argparse.Namespace) -> int:
         workload=not args.no_workload, text_file=args.text_file, tokens_per_char=args.tokens_per_char,
         cfg_weight=args.cfg_weight, reference=args.reference, reference_chunks=args.reference_chunks,
         reference_min_audio_s=args.reference_min_audio_s,
-        cuda_graphs=not args.no_cuda_graphs, speed_of_light=not args.no_speed_of_light,
+        cuda_graphs=not args.no_cuda_graphs, yardstick=not args.no_yardstick,
         async_scheduling=not args.no_async_scheduling, chunk_chars=_chunk_bounds(args.chunk_chars),
         max_num_seqs=args.max_num_seqs, kv_cache_dtype=args.kv_cache_dtype,
         shared_prefix_attention=not args.no_shared_prefix, warm_up_kernels=not args.no_warm_up,
@@ -605,9 +605,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-warm-up", action="store_true",
                    help="build engines without compiling the eager steps' Triton kernel variants first "
                         "(default: compiled at construction, reported as engine_warmup_seconds)")
-    p.add_argument("--no-speed-of-light", action="store_true",
-                   help="skip the speed-of-light calibration (the same model shape stepped in plain PyTorch, "
-                        "one CUDA graph per batch size; reported as sol_step_ms and sol_fraction)")
+    p.add_argument("--no-yardstick", "--no-speed-of-light", dest="no_yardstick", action="store_true",
+                   help="skip the yardstick (the same model shape stepped in plain PyTorch, one CUDA graph per "
+                        "batch size; reported as yardstick_step_ms and yardstick_ratio; the engine can beat it; "
+                        "--no-speed-of-light is its former name)")
     p.add_argument("--chunk-chars", default=None, metavar="N,N,...",
                    help="also run the workload once per chunk length bound, e.g. 150,200,300,400, reporting "
                         "the chunk count, the longest chunk (characters and steps) and T3 seconds per bound "
