@@ -76,7 +76,7 @@ def run_reference_pipeline(variant: Variant, directory: Path, chunks: list[str],
         times = time_reference(generate, indices, sync=sync, clock=clock)
     finally:
         handle.remove()
-        del tts
+        tts = generate = None  # the reference's models go before the cache is emptied
         if device.type == "cuda":
             torch.cuda.empty_cache()
     elapsed, audio = times.total_seconds, sum(times.results) / 24000

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+import torch
 
 from chorus.bench.reference_timing import check_generated, evenly_spaced, select_reference_chunks, time_reference
 
@@ -79,8 +80,6 @@ def test_reference_t3_is_warmed_up_and_timed_on_evenly_spaced_chunks(oracle):
         built.append(calls)
         return t3, None
 
-    import torch
-
     report = run_reference_t3(variant, voice, chunks, [encoder.encode(c) for c in chunks], lengths,
                               cfg_weight=0.0, device=torch.device("cpu"), min_chunks=3, min_audio_s=0.0,
                               build=build, clock=TickClock())
@@ -91,3 +90,57 @@ def test_reference_t3_is_warmed_up_and_timed_on_evenly_spaced_chunks(oracle):
     assert report["speech_tokens"] == sum(lengths[i] for i in timed)  # counted from what it generated
     assert report["method"]["chunks_timed"] == 3 and "untimed" in report["method"]["warm_up"]
     assert report["extrapolated_workload_t3_seconds"] == round(sum(lengths) / (report["speech_tokens"] / 3.0), 1)
+
+
+@pytest.fixture
+def tiny_reference_tts(oracle):
+    """A stand-in for the reference TTS object whose ``generate()`` runs the reference's own tiny
+    T3 (the part whose length the bench forces); returns (variant, loader, texts generated)."""
+    from chatterbox.models.t3.modules.cond_enc import T3Cond
+
+    from chorus.bench.t3_bench import T3BenchConfig, load_bench_model
+    from chorus.models.variants import tiny_variant
+    from tests.models.t3.oracle_t3 import build_oracle_t3
+
+    variant = tiny_variant("turbo", layers=2, hidden=64, heads=4)
+    _, _, encoder, voice, _ = load_bench_model(T3BenchConfig(variant=variant, device="cpu"))
+    texts = []
+
+    class TinyReferenceTTS:
+        def __init__(self):
+            self.t3 = build_oracle_t3(variant.t3)
+
+        def generate(self, text):
+            texts.append(text)
+            cond = T3Cond(speaker_emb=voice.speaker_embedding, cond_prompt_speech_tokens=voice.t3_prompt_tokens)
+            tokens = self.t3.inference_turbo(cond, torch.tensor([encoder.encode(text)]), max_gen_len=32)
+            return torch.zeros(1, 960 * tokens.shape[-1])  # 24 kHz audio, 25 tokens per second
+
+    return variant, (lambda *_: TinyReferenceTTS()), texts
+
+
+CHUNKS = [f"Sentence {i} of the workload." for i in range(6)]
+
+
+def _run_pipeline_reference(variant, load, lengths):
+    from chorus.bench.reference_pipeline import run_reference_pipeline
+
+    return run_reference_pipeline(variant, ".", CHUNKS, lengths, cfg_weight=0.0, device=torch.device("cpu"),
+                                  min_chunks=2, min_audio_s=0.0, load=load, clock=TickClock())
+
+
+@pytest.mark.oracle
+def test_reference_generate_is_warmed_up_and_timed_on_evenly_spaced_chunks(tiny_reference_tts):
+    variant, load, texts = tiny_reference_tts
+    report = _run_pipeline_reference(variant, load, [10] * 6)
+    assert texts == [CHUNKS[0], CHUNKS[0], CHUNKS[5]]  # warm-up, then the first and last chunks
+    assert report["total_seconds"] == 2.0 and report["chunks"] == 2
+    assert report["audio_seconds"] == pytest.approx(2 * 10 / 25)
+    assert [c["index"] for c in report["per_chunk"]] == [0, 5]
+
+
+@pytest.mark.oracle
+def test_a_reference_generate_that_stopped_short_is_not_timed(tiny_reference_tts):
+    variant, load, _ = tiny_reference_tts
+    with pytest.raises(RuntimeError, match="generated 33 speech tokens for chunk 0, not the 40"):
+        _run_pipeline_reference(variant, load, [40] * 6)  # its generate() stops at 32 + 1 tokens
