@@ -51,6 +51,39 @@ def _add_checkpoint(parser: argparse.ArgumentParser) -> None:
                              "(default: the variant's official repo)")
 
 
+def _add_language_steps(parser: argparse.ArgumentParser) -> None:
+    """The options of the multilingual language steps (docs/text.md)."""
+    parser.add_argument("--language-steps", default=None, choices=("lenient", "strict"),
+                        help="multilingual variants: lenient speaks a language whose step lacks its package or "
+                             "model as the reference does (plain text, one warning); strict refuses to start "
+                             "(default: lenient; env CHORUS_LANGUAGE_STEPS)")
+    parser.add_argument("--dicta-model", default=None, metavar="FILE",
+                        help="Hebrew: Dicta's ONNX model (dicta-1.0.onnx) for chorus-tts[he] (default: env "
+                             "CHORUS_DICTA_MODEL, else the cached copy, downloaded once unless HF_HUB_OFFLINE is set)")
+    parser.add_argument("--pkuseg-model", default=None, metavar="DIR",
+                        help="Chinese: a spacy-pkuseg model directory for chorus-tts[zh] (default: env "
+                             "CHORUS_PKUSEG_MODEL, else spacy-pkuseg's default model in PKUSEG_HOME, downloaded "
+                             "once unless HF_HUB_OFFLINE is set)")
+
+
+def _language_steps(args: argparse.Namespace):
+    from chorus.text import LanguageStepConfig
+
+    return LanguageStepConfig.from_options(args.language_steps, args.dicta_model, args.pkuseg_model)
+
+
+def _add_reference_timing(parser: argparse.ArgumentParser) -> None:
+    from chorus.bench.reference_timing import DEFAULT_REFERENCE_CHUNKS, MIN_TIMED_AUDIO_S
+
+    parser.add_argument("--reference-chunks", type=int, default=DEFAULT_REFERENCE_CHUNKS, metavar="N",
+                        help="the least workload chunks the reference is timed on, evenly spaced over the "
+                             f"workload, after one untimed warm-up call (default: {DEFAULT_REFERENCE_CHUNKS}; more "
+                             "are taken until --reference-min-audio-s)")
+    parser.add_argument("--reference-min-audio-s", type=float, default=MIN_TIMED_AUDIO_S, metavar="SECONDS",
+                        help="audio the reference's timed chunks must add up to at the fixed lengths "
+                             f"(default: {MIN_TIMED_AUDIO_S:g})")
+
+
 def _cmd_variants(args: argparse.Namespace) -> int:
     from chorus.models.variants import VARIANTS
 
@@ -96,7 +129,8 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
     from chorus.text import load_text_encoder
 
     variant = get_variant(args.variant)
-    encoder = load_text_encoder(variant, resolve_checkpoint_dir(variant, args.checkpoint))
+    encoder = load_text_encoder(variant, resolve_checkpoint_dir(variant, args.checkpoint),
+                                language_steps=_language_steps(args))
     print(json.dumps(encoder.encode_framed(args.text, language=args.language)))
     return 0
 
@@ -114,7 +148,8 @@ def _cmd_bench_t3(args: argparse.Namespace) -> int:
         batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")), decode_steps=args.decode_steps,
         workload=not args.no_workload, text_file=args.text_file, tokens_per_char=args.tokens_per_char,
         cfg_weight=args.cfg_weight, reference=args.reference, reference_chunks=args.reference_chunks,
-        cuda_graphs=not args.no_cuda_graphs, speed_of_light=not args.no_speed_of_light,
+        reference_min_audio_s=args.reference_min_audio_s,
+        cuda_graphs=not args.no_cuda_graphs, yardstick=not args.no_yardstick,
         async_scheduling=not args.no_async_scheduling, chunk_chars=_chunk_bounds(args.chunk_chars),
         max_num_seqs=args.max_num_seqs, kv_cache_dtype=args.kv_cache_dtype,
         shared_prefix_attention=not args.no_shared_prefix, warm_up_kernels=not args.no_warm_up,
@@ -144,7 +179,8 @@ def _pipeline_bench_config(args: argparse.Namespace):
         variant=args.variant, checkpoint=args.checkpoint, dtype=args.dtype, device=args.device,
         text_file=getattr(args, "text_file", None), tokens_per_char=args.tokens_per_char,
         cfg_weight=args.cfg_weight, flow_steps=args.flow_steps, reference=getattr(args, "reference", False),
-        reference_chunks=getattr(args, "reference_chunks", 3),
+        **({"reference_chunks": args.reference_chunks, "reference_min_audio_s": args.reference_min_audio_s}
+           if hasattr(args, "reference_chunks") else {}),
         concurrency=tuple(int(c) for c in getattr(args, "concurrency", "1").split(",")),
         cuda_graphs=not args.no_cuda_graphs, vocoder=_vocoder_config(args))
 
@@ -347,8 +383,9 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     def no_voice_yet():
         raise AssertionError("validate() does not resolve voices")
 
-    RequestPlanner(variant, load_text_encoder(variant, checkpoint.directory), builtin_voice=no_voice_yet,
-                   max_chars=args.max_chars).validate(request)
+    language_steps = _language_steps(args)
+    RequestPlanner(variant, load_text_encoder(variant, checkpoint.directory, language_steps=language_steps),
+                   builtin_voice=no_voice_yet, max_chars=args.max_chars).validate(request)
     voice = reference = None
     if args.voice is None:
         if not checkpoint.has_builtin_voice():
@@ -361,7 +398,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     from chorus.pipeline.models import SpeechModels
 
     models = SpeechModels.load(variant, checkpoint, dtype=dtype, device=args.device,
-                               voice_models=reference is not None)
+                               voice_models=reference is not None, language_steps=language_steps)
     if reference is not None:
         voice = models.front_end.build(reference, name=Path(args.voice).stem)
     request.voice = voice
@@ -501,6 +538,7 @@ def _add_synth_parser(sub) -> None:
                    help="reference clip (any audio file) or a voice saved by `chorus voice create` "
                         "(.safetensors); default: the checkpoint's built-in voice")
     p.add_argument("--language", "-l", default=None, help="language code (required by multilingual variants)")
+    _add_language_steps(p)
     p.add_argument("--exaggeration", type=float, default=None, help="emotion strength (original, multilingual)")
     p.add_argument("--cfg-weight", type=float, default=None, help="classifier-free guidance weight (0 disables)")
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature (0 = greedy)")
@@ -590,7 +628,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cfg-weight", type=float, default=0.5, help="CFG weight for variants with CFG")
     p.add_argument("--reference", action="store_true",
                    help="also time the reference chatterbox-tts T3 loop (needs chatterbox-tts installed)")
-    p.add_argument("--reference-chunks", type=int, default=3, help="workload chunks the reference runs")
+    _add_reference_timing(p)
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly")
     p.add_argument("--no-async-scheduling", action="store_true",
                    help="read each step's tokens before scheduling the next (default: the next steady "
@@ -601,9 +639,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-warm-up", action="store_true",
                    help="build engines without compiling the eager steps' Triton kernel variants first "
                         "(default: compiled at construction, reported as engine_warmup_seconds)")
-    p.add_argument("--no-speed-of-light", action="store_true",
-                   help="skip the speed-of-light calibration (the same model shape stepped in plain PyTorch, "
-                        "one CUDA graph per batch size; reported as sol_step_ms and sol_fraction)")
+    p.add_argument("--no-yardstick", "--no-speed-of-light", dest="no_yardstick", action="store_true",
+                   help="skip the yardstick (the same model shape stepped in plain PyTorch, one CUDA graph per "
+                        "batch size; reported as yardstick_step_ms and yardstick_ratio; the engine can beat it; "
+                        "--no-speed-of-light is its former name)")
     p.add_argument("--chunk-chars", default=None, metavar="N,N,...",
                    help="also run the workload once per chunk length bound, e.g. 150,200,300,400, reporting "
                         "the chunk count, the longest chunk (characters and steps) and T3 seconds per bound "
@@ -618,12 +657,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_cmd_bench_t3)
     p = _add_command(
         bench_sub, "offline", help="the whole path (T3 + S3Gen) on the benchmark text, all chunks at once; optionally "
-                        "the reference generate() on a few chunks for the ratio (fixed output lengths)")
+                        "the reference generate(), warm, on evenly spaced chunks for the ratio (fixed output lengths)")
     _add_pipeline_bench_options(p)
     p.add_argument("--text-file", default=None, help="workload text (default: the shipped benchmark text)")
     p.add_argument("--reference", action="store_true",
                    help="also time the reference chatterbox-tts generate() (needs chatterbox-tts installed)")
-    p.add_argument("--reference-chunks", type=int, default=3, help="workload chunks the reference runs")
+    _add_reference_timing(p)
     p.set_defaults(handler=_cmd_bench_offline)
     p = _add_command(
         bench_sub, "stream", help="streaming: time to first audio, gaps between audio pieces and real-time factor per "
@@ -642,6 +681,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_variant(p)
     _add_checkpoint(p)
     p.add_argument("--language", "-l", default=None, help="language code (multilingual variants)")
+    _add_language_steps(p)
     p.add_argument("text", help="the text to tokenize")
     p.set_defaults(handler=_cmd_tokenize)
     return parser

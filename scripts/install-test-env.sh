@@ -21,7 +21,9 @@ PIP=("$VENV/bin/python" -m pip install -q)
 # The CPU build of torch (CI has no GPU); CHORUS_TORCH_INDEX picks another PyTorch index.
 bash scripts/install-torch.sh "$VENV"
 # [ray]: the scale-out tests (tests/server/test_scale_out.py) run a local Ray Serve cluster.
-"${PIP[@]}" -e ".[test,ray]"
+# [he], [zh]: the real dicta-onnx and spacy-pkuseg run on tiny models the tests build
+# (tests/text/test_language_models.py); nothing is downloaded.
+"${PIP[@]}" -e ".[test,ray,he,zh]"
 # Triton runs the paged-attention kernel tests on the CPU through its interpreter.
 "${PIP[@]}" "triton==3.6.0"
 

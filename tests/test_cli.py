@@ -269,17 +269,17 @@ def test_bench_refuses_bad_chunk_bounds_before_any_model_loads(value, expected, 
     assert expected in line and "could not read checkpoint file" not in line
 
 
-def test_bench_chunk_sweep_and_speed_of_light_options_reach_the_config(monkeypatch):
+def test_bench_chunk_sweep_and_yardstick_options_reach_the_config(monkeypatch):
     import chorus.bench.t3_bench as t3_bench
 
     configs = []
     monkeypatch.setattr(t3_bench, "main_json", lambda cfg, out: configs.append(cfg))
-    assert main(["bench", "t3", "--chunk-chars", "150,200,300,400", "--no-speed-of-light",
+    assert main(["bench", "t3", "--chunk-chars", "150,200,300,400", "--no-yardstick",
                  "--max-num-seqs", "1024"]) == 0
     assert main(["bench", "t3"]) == 0
-    assert configs[0].chunk_chars == (150, 200, 300, 400) and not configs[0].speed_of_light
+    assert configs[0].chunk_chars == (150, 200, 300, 400) and not configs[0].yardstick
     assert configs[0].max_num_seqs == 1024
-    assert configs[1].chunk_chars == () and configs[1].speed_of_light
+    assert configs[1].chunk_chars == () and configs[1].yardstick
     assert configs[1].max_num_seqs == t3_bench.T3BenchConfig().max_num_seqs
 
 

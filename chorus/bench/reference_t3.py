@@ -3,7 +3,9 @@
 The reference is an optional, benchmark-only dependency; Chorus never imports it elsewhere. It
 runs as shipped (fp32, one chunk at a time, its own sampling loop), with random weights, and a
 forward hook on its speech head fixes each chunk's output length like Chorus's benchmark does
-(EOS banned until the length, then forced).
+(EOS banned until the length, then forced), and each chunk's output is checked to have that
+length. Timing follows :mod:`chorus.bench.reference_timing` (a warm-up call, evenly spaced
+chunks, at least a minute of audio).
 """
 from __future__ import annotations
 
@@ -15,6 +17,15 @@ import types
 
 import torch
 
+from chorus.bench.reference_timing import (
+    DEFAULT_REFERENCE_CHUNKS,
+    MIN_TIMED_AUDIO_S,
+    check_generated,
+    method,
+    per_chunk,
+    select_reference_chunks,
+    time_reference,
+)
 from chorus.models.variants import Variant
 from chorus.voices import Voice
 
@@ -100,42 +111,52 @@ def _force_lengths(t3, eos: int, vocab_real: int):
 
 
 @torch.inference_mode()
-def run_reference_t3(variant: Variant, voice: Voice, chunk_ids: list[list[int]], lengths: list[int],
-                     *, cfg_weight: float, device: torch.device) -> dict:
+def run_reference_t3(variant: Variant, voice: Voice, chunks: list[str], chunk_ids: list[list[int]], lengths: list[int],
+                     *, cfg_weight: float, device: torch.device, min_chunks: int = DEFAULT_REFERENCE_CHUNKS,
+                     min_audio_s: float = MIN_TIMED_AUDIO_S, build=None, clock=time.perf_counter) -> dict:
+    """Time the reference T3 loop on the workload ``chunks`` (text ids and forced lengths given):
+    one untimed warm-up call, then the chunks :func:`select_reference_chunks` picks, each checked
+    to have generated its forced length. ``build(variant, device)`` replaces the reference
+    builder (tests pass tiny ones)."""
     shims = _install_import_shims()
     from chatterbox.models.t3.modules.cond_enc import T3Cond
 
-    t3, hp = _build_reference(variant, device)
+    t3, _ = (build or _build_reference)(variant, device)
     state, handle = _force_lengths(t3, variant.t3.stop_speech_token, variant.t3.num_speech_codes)
     cond = dict(speaker_emb=voice.speaker_embedding.to(device),
                 cond_prompt_speech_tokens=voice.t3_prompt_tokens.to(device))
-    times, tokens = [], 0
+    longest = max(lengths) + 2
+
+    def generate(index: int) -> int:
+        state["calls"], state["target"] = 0, lengths[index]
+        text = torch.tensor(chunk_ids[index], dtype=torch.long, device=device)[None]
+        if variant.t3.start_text_token is not None:
+            sot, eot = variant.t3.start_text_token, variant.t3.stop_text_token
+            text = torch.nn.functional.pad(text, (1, 0), value=sot)
+            text = torch.nn.functional.pad(text, (0, 1), value=eot)
+        if variant.t3.backbone.kind == "llama":
+            t3_cond = T3Cond(**cond, emotion_adv=0.5 * torch.ones(1, 1, 1, device=device))
+            out = t3.inference(t3_cond=t3_cond, text_tokens=torch.cat([text, text]), max_new_tokens=longest,
+                               cfg_weight=cfg_weight)
+        else:
+            out = t3.inference_turbo(T3Cond(**cond), text, max_gen_len=longest)
+        generated = int((out[0] < variant.t3.num_speech_codes).sum())  # without BOS/EOS
+        check_generated(generated, lengths[index], index)
+        return generated
+
+    indices = select_reference_chunks(lengths, min_chunks, min_audio_s)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     try:
-        for ids, n in zip(chunk_ids, lengths):
-            state["calls"], state["target"] = 0, n
-            text = torch.tensor(ids, dtype=torch.long, device=device)[None]
-            if variant.t3.start_text_token is not None:
-                sot, eot = variant.t3.start_text_token, variant.t3.stop_text_token
-                text = torch.nn.functional.pad(text, (1, 0), value=sot)
-                text = torch.nn.functional.pad(text, (0, 1), value=eot)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            if variant.t3.backbone.kind == "llama":
-                t3_cond = T3Cond(**cond, emotion_adv=0.5 * torch.ones(1, 1, 1, device=device))
-                out = t3.inference(t3_cond=t3_cond, text_tokens=torch.cat([text, text]),
-                                   max_new_tokens=max(lengths) + 2, cfg_weight=cfg_weight)
-            else:
-                t3_cond = T3Cond(**cond)
-                out = t3.inference_turbo(t3_cond, text, max_gen_len=max(lengths) + 2)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - start)
-            tokens += n
-            del out
+        times = time_reference(generate, indices, sync=sync, clock=clock)
     finally:
         handle.remove()
-    elapsed = sum(times)
-    return {"chunks": len(chunk_ids), "speech_tokens": tokens, "t3_seconds": round(elapsed, 3),
-            "speech_tokens_per_s": round(tokens / elapsed, 1), "dtype": "fp32 (as shipped)",
-            "import_shims": shims, "note": "one chunk at a time, as the reference runs"}
+    tokens, elapsed = sum(times.results), times.total_seconds
+    rate = tokens / elapsed
+    return {"chunks": len(indices), "speech_tokens": tokens, "t3_seconds": round(elapsed, 3),
+            "speech_tokens_per_s": round(rate, 1), "per_chunk": per_chunk(times, chunks, lengths),
+            "extrapolated_workload_t3_seconds": round(sum(lengths) / rate, 1),
+            "method": method(times, len(chunks), lengths, min_chunks, min_audio_s,
+                             "workload seconds = the workload's forced speech tokens / the timed chunks' "
+                             "speech tokens per second"),
+            "dtype": "fp32 (as shipped)", "import_shims": shims,
+            "note": "one chunk at a time, as the reference runs; speech_tokens counts what it generated"}

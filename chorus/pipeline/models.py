@@ -12,7 +12,7 @@ from chorus.models.s3gen.s3gen import S3Gen
 from chorus.models.t3.model import T3Model
 from chorus.models.variants import Variant, get_variant
 from chorus.pipeline.planner import RequestPlanner
-from chorus.text import DEFAULT_MAX_CHARS, TextEncoder, load_text_encoder
+from chorus.text import DEFAULT_MAX_CHARS, LanguageStepConfig, TextEncoder, load_text_encoder
 from chorus.voices import Voice, VoiceFrontEnd
 
 
@@ -32,11 +32,13 @@ class SpeechModels:
     @classmethod
     def load(cls, variant: Variant | str, checkpoint: Checkpoint | str | os.PathLike | None = None, *,
              dtype: str | torch.dtype = "auto", device: str | torch.device | None = "cpu",
-             voice_models: bool = True) -> "SpeechModels":
+             voice_models: bool = True, language_steps: LanguageStepConfig | None = None) -> "SpeechModels":
         """Load every model of ``checkpoint`` (a :class:`Checkpoint`, a directory, a hub id, or
         None for the variant's official repo). ``voice_models=False`` skips the models that build
         voices from reference clips (then only built-in and saved voices work). ``dtype="auto"``
-        is bf16 on CUDA and fp32 on the CPU; ``device="auto"`` picks CUDA when there is one."""
+        is bf16 on CUDA and fp32 on the CPU; ``device="auto"`` picks CUDA when there is one.
+        ``language_steps`` (default lenient) says where the multilingual language steps find their
+        models; strict raises here when one is missing (see ``load_text_encoder``)."""
         variant = get_variant(variant) if isinstance(variant, str) else variant
         if not isinstance(checkpoint, Checkpoint):
             checkpoint = Checkpoint.open(variant, checkpoint)
@@ -45,7 +47,7 @@ class SpeechModels:
         device = parse_device(device)
         if not isinstance(dtype, torch.dtype):  # a torch dtype is a choice already resolved
             dtype = resolve_dtype(dtype, device)
-        text_encoder = load_text_encoder(variant, checkpoint.directory)
+        text_encoder = load_text_encoder(variant, checkpoint.directory, language_steps=language_steps)
         t3 = load_t3(checkpoint, dtype=dtype, device=device)
         s3gen = S3Gen.from_checkpoint(checkpoint, dtype=dtype, device=device, voice_models=voice_models)
         front_end = VoiceFrontEnd.from_checkpoint(checkpoint, device=device, s3gen=s3gen) if voice_models else None

@@ -63,6 +63,9 @@ class ServerConfig:
     device: str = "auto"
     dtype: str = "auto"
     voice_models: bool = True  # load the models that build voices from uploads
+    language_steps: str = "lenient"  # multilingual language steps: "lenient" or "strict" (docs/text.md)
+    dicta_model: str | None = None  # Hebrew: Dicta's ONNX file
+    pkuseg_model: str | None = None  # Chinese: a spacy-pkuseg model directory
     replicas: str = "1"  # engine replicas: a number or "auto" (one per GPU); above 1: Ray Serve
     # the network
     host: str = "127.0.0.1"
@@ -129,6 +132,10 @@ class ServerConfig:
         object.__setattr__(self, "replicas", replicas)
         _require(replicas == "auto" or (replicas.isdigit() and int(replicas) > 0),
                  f"replicas must be a positive integer or 'auto', got {self.replicas!r}")
+        language_steps = str(self.language_steps).strip().lower()
+        object.__setattr__(self, "language_steps", language_steps)
+        _require(language_steps in ("lenient", "strict"),
+                 f"language_steps must be 'lenient' or 'strict', got {self.language_steps!r}")
         _require(self.log_format in ("json", "text"), f"log_format must be 'json' or 'text', got {self.log_format!r}")
         _require(self.log_level.lower() in ("debug", "info", "warning", "error"),
                  f"log_level must be debug, info, warning or error, got {self.log_level!r}")
@@ -155,6 +162,13 @@ FIELD_HELP = {
     "device": "auto (CUDA when present), cpu, cuda or cuda:N",
     "dtype": "auto (bf16 on CUDA, fp32 on the CPU), fp32, bf16 or fp16",
     "voice_models": "load the models that build voices from uploaded clips (off: built-in voice only)",
+    "language_steps": "multilingual language steps (Chinese segmentation, Japanese readings, Hebrew diacritics): "
+                      "lenient speaks a language whose package or model is missing as the reference does "
+                      "(plain text, one warning); strict refuses to start instead (docs/text.md)",
+    "dicta_model": "Hebrew: Dicta's ONNX model file (dicta-1.0.onnx; default: the cached copy, downloaded "
+                   "once unless HF_HUB_OFFLINE is set; needs chorus-tts[he])",
+    "pkuseg_model": "Chinese: a spacy-pkuseg model directory (default: spacy-pkuseg's spacy_ontonotes model in "
+                    "PKUSEG_HOME, downloaded once unless HF_HUB_OFFLINE is set; needs chorus-tts[zh])",
     "replicas": "engine replicas: a number, or auto for one per visible GPU; above 1 runs on a local Ray "
                 "Serve cluster (needs chorus-tts[ray]; docs/scaling.md)",
     "host": "address to listen on",

@@ -12,6 +12,14 @@ from chorus.server.service import Loaded, SpeechService
 logger = logging.getLogger("chorus.server")
 
 
+def language_step_config(config: ServerConfig):
+    """The text front end's language-step settings of a server config (strict refuses to load)."""
+    from chorus.text import LanguageStepConfig
+
+    return LanguageStepConfig(strict=config.language_steps == "strict", dicta_model=config.dicta_model,
+                              pkuseg_model=config.pkuseg_model)
+
+
 def load_models(config: ServerConfig) -> Loaded:
     """The real loader: checkpoint -> models -> running pipeline, plus the voice store."""
     from chorus.engine.config import EngineConfig
@@ -20,7 +28,7 @@ def load_models(config: ServerConfig) -> Loaded:
     from chorus.voices.store import VoiceStore
 
     models = SpeechModels.load(config.variant, config.checkpoint, dtype=config.dtype, device=config.device,
-                               voice_models=config.voice_models)
+                               voice_models=config.voice_models, language_steps=language_step_config(config))
     if models.checkpoint.has_random_weights:
         logger.warning("the checkpoint at %s has RANDOM WEIGHTS (written by `chorus checkpoint random`): "
                        "every voice speaks noise; point --checkpoint at real weights to hear speech",

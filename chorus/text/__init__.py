@@ -13,6 +13,7 @@ from chorus.text.chunking import DEFAULT_MAX_CHARS, split_into_chunks, split_sen
 from chorus.text.encoder import TextEncoder, load_text_encoder
 from chorus.text.english import normalize_for_speech
 from chorus.text.errors import (
+    LanguageModelMissingError,
     LanguagePreprocessingError,
     MissingLanguagePackageError,
     TextError,
@@ -22,6 +23,7 @@ from chorus.text.errors import (
 )
 from chorus.text.gpt2 import GPT2_TOKENIZER_FILES, Gpt2Tokenizer
 from chorus.text.grapheme import EnglishTokenizer, MultilingualTokenizer
+from chorus.text.language_models import LanguageStepConfig
 from chorus.text.language_steps import CANGJIE_FILE, CangjieTable, LanguagePreprocessor
 from chorus.text.languages import (
     LANGUAGE_NAMES,
@@ -37,7 +39,7 @@ from chorus.text.standin_gpt2 import PARALINGUISTIC_TAGS
 __all__ = [
     "CANGJIE_FILE", "CangjieTable", "DEFAULT_MAX_CHARS", "EnglishTokenizer", "GPT2_TOKENIZER_FILES",
     "Gpt2Tokenizer", "LANGUAGES_NEEDING_OPTIONAL_PACKAGES", "LANGUAGE_NAMES", "LANGUAGE_PACKAGES",
-    "LanguagePreprocessingError", "LanguagePreprocessor", "MissingLanguagePackageError",
+    "LanguageModelMissingError", "LanguagePreprocessingError", "LanguagePreprocessor", "LanguageStepConfig", "MissingLanguagePackageError",
     "MultilingualTokenizer", "PARALINGUISTIC_TAGS", "PUNCTUATION_STYLES", "PunctuationStyle",
     "SUPPORTED_LANGUAGES", "TextEncoder", "TextError", "TextInputError", "TokenizerFileError",
     "UnsupportedLanguageError", "load_text_encoder", "normalize_for_speech", "normalize_language", "normalize_punctuation",

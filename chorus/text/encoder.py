@@ -10,7 +10,8 @@ from chorus.models.variants import Variant, get_variant
 from chorus.text.errors import TextInputError, TokenizerFileError, UnsupportedLanguageError
 from chorus.text.gpt2 import Gpt2Tokenizer
 from chorus.text.grapheme import EnglishTokenizer, MultilingualTokenizer
-from chorus.text.languages import normalize_language
+from chorus.text.language_models import LanguageStepConfig
+from chorus.text.languages import LANGUAGES_NEEDING_OPTIONAL_PACKAGES, normalize_language
 from chorus.text.normalize import normalize_punctuation
 
 logger = logging.getLogger(__name__)
@@ -107,15 +108,19 @@ def load_text_encoder(
     variant: Variant | str,
     checkpoint_dir: str | Path,
     *,
-    lenient_languages: bool = False,
+    language_steps: LanguageStepConfig | None = None,
     chinese_segmenter: Callable[[str], list[str]] | None = None,
 ) -> TextEncoder:
     """Build the ``TextEncoder`` of ``variant`` from the tokenizer files in ``checkpoint_dir``.
 
-    ``lenient_languages=True`` mimics the reference for multilingual variants: a language step
-    whose optional package (or the Cangjie table) is missing is skipped with a warning instead
-    of raising ``MissingLanguagePackageError``. ``chinese_segmenter`` replaces spacy_pkuseg.
+    ``language_steps`` (default: lenient, no model paths given) concerns multilingual variants.
+    Lenient mimics the reference: a language step whose optional package, model file or the
+    Cangjie table is missing is skipped with one warning per process. Strict loads every step
+    here, so a missing piece raises now (``MissingLanguagePackageError``,
+    ``LanguageModelMissingError``, ``TokenizerFileError``) instead of on a request.
+    ``chinese_segmenter`` replaces spacy_pkuseg.
     """
+    language_steps = language_steps if language_steps is not None else LanguageStepConfig()
     if isinstance(variant, str):
         variant = get_variant(variant)
     directory = Path(checkpoint_dir)
@@ -127,8 +132,8 @@ def load_text_encoder(
         size, source = tokenizer.vocab_size, tokenizer.source
     elif variant.tokenizer_kind == "mtl":
         tokenizer = MultilingualTokenizer.from_file(
-            directory / variant.files.tokenizer[0], lenient=lenient_languages,
-            languages=variant.languages, segmenter=chinese_segmenter,
+            directory / variant.files.tokenizer[0], lenient=not language_steps.strict,
+            languages=variant.languages, segmenter=chinese_segmenter, models=language_steps,
         )
         size, source = tokenizer.vocab_size, tokenizer.source
     elif variant.tokenizer_kind == "gpt2":
@@ -142,4 +147,9 @@ def load_text_encoder(
         if framing != (variant.t3.start_text_token, variant.t3.stop_text_token):
             logger.warning("%s puts [START]/[STOP] at %s; the model uses %s", source, framing,
                            (variant.t3.start_text_token, variant.t3.stop_text_token))
-    return TextEncoder(variant, tokenizer)
+    encoder = TextEncoder(variant, tokenizer)
+    if language_steps.strict and encoder.is_multilingual:
+        for language in LANGUAGES_NEEDING_OPTIONAL_PACKAGES:
+            if language in variant.languages:
+                encoder.prepare(language)  # start-up, not the first request, is where strict refuses
+    return encoder

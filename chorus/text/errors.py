@@ -28,3 +28,7 @@ class LanguagePreprocessingError(TextError, RuntimeError):
 
 class TokenizerFileError(TextError, OSError):
     """A tokenizer file is missing, unreadable or inconsistent with what the variant needs."""
+
+
+class LanguageModelMissingError(TextError, FileNotFoundError):
+    """A language step's model file (Dicta's ONNX model, a pkuseg model) cannot be found or fetched."""

@@ -12,6 +12,7 @@ from typing import Callable
 from tokenizers import Tokenizer
 
 from chorus.text.errors import TokenizerFileError, UnsupportedLanguageError
+from chorus.text.language_models import LanguageStepConfig
 from chorus.text.language_steps import CANGJIE_FILE, LanguagePreprocessor
 from chorus.text.languages import SUPPORTED_LANGUAGES, normalize_language
 
@@ -98,15 +99,18 @@ class MultilingualTokenizer(GraphemeTokenizer):
         lenient: bool = False,
         languages: tuple[str, ...] = SUPPORTED_LANGUAGES,
         segmenter: Callable[[str], list[str]] | None = None,
+        models: LanguageStepConfig | None = None,
     ) -> "MultilingualTokenizer":
         """Load the vocabulary; the Cangjie table defaults to ``Cangjie5_TC.json`` beside it and
         is read only when Chinese text arrives. ``lenient`` skips language steps whose package
-        is missing (the reference's behaviour) instead of raising."""
+        or model is missing (the reference's behaviour) instead of raising; ``models`` says where
+        the language steps' model files are (``chorus/text/language_models.py``)."""
         path = Path(path)
         preprocessor = LanguagePreprocessor(
             cangjie_path=Path(cangjie_path) if cangjie_path is not None else path.parent / CANGJIE_FILE,
             lenient=lenient,
             segmenter=segmenter,
+            models=models if models is not None else LanguageStepConfig(),
         )
         return cls(load_tokenizer_file(path), preprocessor, str(path), languages)
 

@@ -2,15 +2,16 @@
 
 | language | step | needs |
 |---|---|---|
-| zh | segment words (spacy_pkuseg), spell table glyphs as ``[cj_*]`` | ``spacy-pkuseg``, ``Cangjie5_TC.json`` |
+| zh | segment words (spacy_pkuseg), spell table glyphs as ``[cj_*]`` | ``spacy-pkuseg`` and a pkuseg model, ``Cangjie5_TC.json`` |
 | ja | kanji runs -> hiragana (pykakasi), then NFKD again | ``pykakasi`` |
-| he | diacritics (dicta_onnx) | ``dicta-onnx`` |
+| he | diacritics (dicta_onnx) | ``dicta-onnx``, Dicta's ONNX model and tokenizer |
 | ko | Hangul syllables -> conjoining jamo, strip | nothing |
-| ru | stress marks (russian_text_stresser) | ``russian_text_stresser`` |
+| ru | none (the reference's stress marker is not on PyPI) | nothing |
 
-The reference silently skips a step whose package is missing, which changes the token ids the
-model sees without telling anyone. ``LanguagePreprocessor`` raises instead, naming what to
-install; ``lenient=True`` restores the reference behaviour (a logged warning, step skipped).
+Model files are found as ``chorus/text/language_models.py`` says. A step that cannot run is, in
+lenient mode (the default), skipped with one warning per process, so the text is prepared as the
+reference prepares it without the package or model; in strict mode it raises, and
+``load_text_encoder`` calls ``prepare`` for every such language so that this happens at start-up.
 """
 from __future__ import annotations
 
@@ -23,7 +24,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from chorus.text.errors import LanguagePreprocessingError, MissingLanguagePackageError, TokenizerFileError
+from chorus.text.errors import (
+    LanguageModelMissingError,
+    LanguagePreprocessingError,
+    MissingLanguagePackageError,
+    TokenizerFileError,
+)
+from chorus.text.language_models import (
+    LanguageStepConfig,
+    ensure_dicta_tokenizer,
+    resolve_dicta_model,
+    resolve_pkuseg_model,
+)
 from chorus.text.languages import LANGUAGE_PACKAGES
 
 logger = logging.getLogger(__name__)
@@ -143,27 +155,44 @@ def _import_package(language: str):
         ) from exc
 
 
-def _load_segmenter() -> Callable[[str], list[str]]:
+def _load_segmenter(models: LanguageStepConfig) -> Callable[[str], list[str]]:
     module = _import_package("zh")
+    model = resolve_pkuseg_model(models)
     try:
-        segmenter = module.pkuseg()
-    except Exception as exc:  # the default model may need a download
-        raise LanguagePreprocessingError(f"spacy_pkuseg could not load its default model: {exc}") from exc
+        segmenter = module.pkuseg(model_name=model)
+    except Exception as exc:  # a corrupt directory, a failed download
+        raise LanguagePreprocessingError(
+            f"spacy_pkuseg could not load its model {model}: {exc} (give another with --pkuseg-model DIR)") from exc
     return segmenter.cut
 
 
-def _load_kakasi():
+def _load_kakasi(models: LanguageStepConfig):
     return _import_package("ja").kakasi()
 
 
-def _load_hebrew() -> TextTransform:
-    return _import_package("he").Dicta().add_diacritics
+def _load_hebrew(models: LanguageStepConfig) -> TextTransform:
+    module = _import_package("he")
+    model = resolve_dicta_model(models)
+    ensure_dicta_tokenizer()
+    try:
+        return module.Dicta(str(model)).add_diacritics
+    except Exception as exc:  # not an ONNX file, an incompatible model
+        raise LanguagePreprocessingError(
+            f"dicta_onnx could not load the Hebrew model {model}: {exc} (give another with --dicta-model FILE)"
+        ) from exc
 
 
-def _load_russian() -> TextTransform:
-    _import_package("ru")
-    module = importlib.import_module("russian_text_stresser.text_stresser")
-    return module.RussianTextStresser().stress_text
+_warned: set[tuple[str, str]] = set()  # (language, step part) warned about in this process
+_warned_lock = threading.Lock()
+
+
+def _warn_once(language: str, part: str, exc: Exception) -> None:
+    with _warned_lock:
+        if (language, part) in _warned:
+            return
+        _warned.add((language, part))
+    logger.warning("%s; speaking %r text without this step, as the reference does (lenient mode; "
+                   "--language-steps strict refuses to start instead)", exc, language)
 
 
 @dataclass
@@ -176,10 +205,10 @@ class LanguagePreprocessor:
 
     cangjie_path: Path | None = None
     lenient: bool = False
+    models: LanguageStepConfig = field(default_factory=LanguageStepConfig)
     segmenter: Callable[[str], list[str]] | None = None
     kakasi: object | None = None
     hebrew_diacritizer: TextTransform | None = None
-    russian_stresser: TextTransform | None = None
     cangjie_table: CangjieTable | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _skipped: set[tuple[str, str]] = field(default_factory=set, repr=False)
@@ -199,8 +228,6 @@ class LanguagePreprocessor:
             return text if kakasi is None else kanji_to_hiragana(text, kakasi)
         if language == "he":
             return self._run_tool("hebrew_diacritizer", _load_hebrew, language, text)
-        if language == "ru":
-            return self._run_tool("russian_stresser", _load_russian, language, text)
         return text
 
     def _chinese(self, text: str) -> str:
@@ -210,27 +237,29 @@ class LanguagePreprocessor:
             return " ".join(segment(text)) if segment is not None else text
         return cangjie_convert(text, table, segment)
 
-    def _load_cangjie(self) -> CangjieTable:
+    def _load_cangjie(self, models: LanguageStepConfig) -> CangjieTable:
         if self.cangjie_path is None:
             raise TokenizerFileError(f"Chinese (zh) needs the Cangjie table {CANGJIE_FILE}; none was given")
         return CangjieTable.load(self.cangjie_path)
 
-    def _tool(self, attribute: str, loader: Callable[[], object], language: str):
+    def _tool(self, attribute: str, loader: Callable[[LanguageStepConfig], object], language: str):
         tool = getattr(self, attribute)
         if tool is not None or (attribute, language) in self._skipped:
             return tool
         with self._lock:
             if getattr(self, attribute) is None and (attribute, language) not in self._skipped:
                 try:
-                    setattr(self, attribute, loader())
-                except (MissingLanguagePackageError, TokenizerFileError, LanguagePreprocessingError) as exc:
+                    setattr(self, attribute, loader(self.models))
+                except (MissingLanguagePackageError, LanguageModelMissingError, TokenizerFileError,
+                        LanguagePreprocessingError) as exc:
                     if not self.lenient:
                         raise
-                    logger.warning("%s; continuing without it for %r (lenient mode)", exc, language)
+                    _warn_once(language, attribute, exc)
                     self._skipped.add((attribute, language))
         return getattr(self, attribute)
 
-    def _run_tool(self, attribute: str, loader: Callable[[], TextTransform], language: str, text: str) -> str:
+    def _run_tool(self, attribute: str, loader: Callable[[LanguageStepConfig], TextTransform], language: str,
+                  text: str) -> str:
         transform = self._tool(attribute, loader, language)
         if transform is None or not text:
             return text

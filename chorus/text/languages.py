@@ -34,15 +34,12 @@ LANGUAGE_PACKAGES: dict[str, LanguagePackage] = {
         LanguagePackage("ja", "pykakasi", "pip install pykakasi  (or: pip install chorus-tts[ja])",
                         "Japanese kanji -> hiragana"),
         LanguagePackage("he", "dicta_onnx", "pip install dicta-onnx  (or: pip install chorus-tts[he])",
-                        "Hebrew diacritics (niqqud)"),
-        LanguagePackage("ru", "russian_text_stresser",
-                        "russian_text_stresser is not on PyPI: install it from "
-                        "https://github.com/Vuizur/add-stress-to-epub (it also needs its dictionary "
-                        "database and a spaCy Russian model)",
-                        "Russian stress marks"),
+                        "Hebrew diacritics (niqqud); it also needs Dicta's ONNX model"),
     )
 }
-# Languages whose text cannot be prepared exactly like the reference without an extra package.
+# Languages whose step needs an extra package. Russian is not among them: the reference's stress
+# marker (russian_text_stresser) is not on PyPI, so Chorus, like a PyPI install of the reference,
+# speaks Russian text as written (docs/text.md).
 LANGUAGES_NEEDING_OPTIONAL_PACKAGES: tuple[str, ...] = tuple(sorted(LANGUAGE_PACKAGES))
 
 

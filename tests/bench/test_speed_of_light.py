@@ -1,5 +1,5 @@
-"""The speed-of-light step is T3's decode step, shape for shape and number for number, with
-nothing around it."""
+"""The yardstick step (``chorus/bench/speed_of_light.py``) is T3's decode step, shape for shape
+and number for number, with nothing around it."""
 from __future__ import annotations
 
 import pytest

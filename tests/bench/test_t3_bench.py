@@ -26,8 +26,9 @@ def test_the_t3_bench_reports_decode_steps_and_the_workload(tmp_path):
     assert report["decode"][0]["context_tokens"] == report["decode"][0]["prompt_tokens"] + 3
     for decode in report["decode"]:
         assert decode["step_ms"] > 0 and decode["speech_tokens_per_s"] > 0
-        assert decode["sol_step_ms"] > 0 and decode["sol_fraction"] > 0
-        assert decode["sol_fraction"] == pytest.approx(decode["sol_step_ms"] / decode["step_ms"], rel=0.01, abs=1e-3)
+        assert decode["yardstick_step_ms"] > 0 and decode["yardstick_ratio"] > 0
+        assert decode["yardstick_ratio"] == pytest.approx(decode["yardstick_step_ms"] / decode["step_ms"], rel=0.01,
+                                                          abs=1e-3)
         # prefill gives the first token, one warm-up step, then the middle of 3 timed steps; a
         # request whose prefill was split over two steps lags its batch by a token
         assert 0 <= decode["context_tokens"] - (decode["prompt_tokens"] + 1 + 1 + 1) <= 1
@@ -48,8 +49,9 @@ def test_the_t3_bench_reports_decode_steps_and_the_workload(tmp_path):
     # the kernel warm-up runs on CUDA only: on the CPU the engines report none
     assert workload["engine_warmup_seconds"] is None and workload["cold_t3_seconds"] > 0
     assert all(d["engine_warmup_seconds"] is None for d in report["decode"])
-    sol = report["speed_of_light"]
-    assert sol["mode"] == "eager" and sol["backbone"] == "gpt2" and sol["num_layers"] == 2 and sol["parameters"] > 0
+    yardstick = report["yardstick"]
+    assert yardstick["mode"] == "eager" and yardstick["backbone"] == "gpt2"
+    assert yardstick["num_layers"] == 2 and yardstick["parameters"] > 0
     assert "chunk_sweep" not in report
 
 
@@ -63,8 +65,8 @@ def test_the_t3_bench_sweeps_chunk_bounds_and_calibrates_cfg_rows(tmp_path, caps
                         max_num_batched_tokens=1024, max_model_len=512)
     report = main_json(cfg, None)
     decode = report["decode"][0]
-    assert decode["rows"] == 4 and decode["sol_step_ms"] > 0 and decode["sol_fraction"] > 0  # CFG: 2 rows each
-    assert report["speed_of_light"]["backbone"] == "llama"
+    assert decode["rows"] == 4 and decode["yardstick_step_ms"] > 0 and decode["yardstick_ratio"] > 0  # CFG: 2 rows each
+    assert report["yardstick"]["backbone"] == "llama"
     sweep = report["chunk_sweep"]
     assert [s["max_chars"] for s in sweep] == [40, 120]
     for entry in sweep:
@@ -76,7 +78,7 @@ def test_the_t3_bench_sweeps_chunk_bounds_and_calibrates_cfg_rows(tmp_path, caps
         assert entry["rows"] == 2 * len(chunks) and entry["max_num_seqs"] == 16
     assert sweep[0]["chunks"] > sweep[1]["chunks"] and sweep[0]["longest_chunk_chars"] <= 40
     err = capsys.readouterr().err
-    assert "SOL/step" in err and "max_chars" in err
+    assert "yard/step" in err and "max_chars" in err
 
 
 def test_the_t3_bench_runs_on_an_fp8_kv_cache_and_reports_its_accuracy(tmp_path):
@@ -84,7 +86,7 @@ def test_the_t3_bench_runs_on_an_fp8_kv_cache_and_reports_its_accuracy(tmp_path)
     text.write_text("A first short sentence. And a second one follows it here.")
     cfg = T3BenchConfig(variant=tiny_variant("turbo", layers=2, hidden=64, heads=4), device="cpu",
                         batch_sizes=(2,), decode_steps=2, warmup_steps=1, text_file=str(text), max_chars=40,
-                        tokens_per_char=0.3, cuda_graphs=False, speed_of_light=False, max_num_seqs=8,
+                        tokens_per_char=0.3, cuda_graphs=False, yardstick=False, max_num_seqs=8,
                         max_num_batched_tokens=1024, max_model_len=512, kv_cache_dtype="fp8_e4m3",
                         kv_accuracy_steps=3)
     report = main_json(cfg, None)

@@ -1,4 +1,7 @@
-"""The engine's tokens equal the single-sequence reference path, token for token."""
+"""The engine's tokens equal Chorus's own single-sequence path (``chorus.t3_sequential``), token
+for token. That path, not the reference package, is what these tests compare with; the model's
+and the sampler's parity with the reference are tested in tests/models/t3/ (logits) and
+tests/sampling/ (probabilities)."""
 from __future__ import annotations
 
 import pytest

@@ -215,3 +215,20 @@ def test_kv_cache_dtype_is_a_server_option_checked_at_start_up():
     assert ServerConfig(kv_cache_dtype="fp8_e4m3").kv_cache_dtype == "fp8_e4m3"
     with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, fp8_e4m3"):
         ServerConfig(kv_cache_dtype="int8")
+
+
+def test_language_step_settings_come_from_env_and_reach_the_text_front_end(tmp_path):
+    from chorus.server.main import language_step_config
+
+    config = _build(env={"CHORUS_LANGUAGE_STEPS": "Strict", "CHORUS_DICTA_MODEL": str(tmp_path / "d.onnx"),
+                         "CHORUS_PKUSEG_MODEL": str(tmp_path / "pku")})
+    steps = language_step_config(config)
+    assert (steps.strict, steps.dicta_model, steps.pkuseg_model) == (True, tmp_path / "d.onnx", tmp_path / "pku")
+
+
+def test_language_steps_default_to_lenient():
+    assert ServerConfig().language_steps == "lenient"
+
+
+def test_an_unknown_language_steps_mode_is_refused():
+    _error("language_steps must be 'lenient' or 'strict'", env={"CHORUS_LANGUAGE_STEPS": "loose"})

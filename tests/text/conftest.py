@@ -1,6 +1,7 @@
 """Fixtures of the text front-end tests: stand-in tokenizer directories and oracle pieces."""
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -28,6 +29,31 @@ def gpt2_dir(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("gpt2_tokenizer")
     write_standin_tokenizer_files("gpt2", directory)
     return directory
+
+
+@pytest.fixture(scope="session", autouse=True)
+def pkuseg_home(tmp_path_factory):
+    """Where spacy-pkuseg keeps its default model, holding a tiny trained one, when spacy-pkuseg
+    is installed: the reference calls ``pkuseg()``, which would otherwise download the real model
+    (and fail offline), and Chorus's lenient default finds the same model there. None otherwise."""
+    if importlib.util.find_spec("spacy_pkuseg") is None:
+        yield None
+        return
+    import spacy_pkuseg.config
+
+    from tests.text.tiny_language_models import install_as_pkuseg_default, train_tiny_pkuseg
+
+    home = tmp_path_factory.mktemp("pkuseg_home")
+    install_as_pkuseg_default(train_tiny_pkuseg(tmp_path_factory.mktemp("pkuseg_train")), home)
+    saved_env, saved_home = os.environ.get("PKUSEG_HOME"), spacy_pkuseg.config.pkuseg_home
+    os.environ["PKUSEG_HOME"] = str(home)
+    spacy_pkuseg.config.pkuseg_home = str(home)  # read by spacy-pkuseg at import
+    yield home
+    spacy_pkuseg.config.pkuseg_home = saved_home
+    if saved_env is None:
+        os.environ.pop("PKUSEG_HOME", None)
+    else:
+        os.environ["PKUSEG_HOME"] = saved_env
 
 
 @pytest.fixture(scope="session")

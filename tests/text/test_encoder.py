@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 
@@ -8,6 +7,8 @@ import pytest
 
 from chorus.models.variants import get_variant
 from chorus.text import (
+    LanguageModelMissingError,
+    LanguageStepConfig,
     MissingLanguagePackageError,
     TextInputError,
     TokenizerFileError,
@@ -112,16 +113,17 @@ def test_english_only_variants_reject_other_languages(request, name):
         encoder.encode("Bonjour.", language="fr")
 
 
-def test_prepare_surfaces_a_missing_package_at_start_up(multilingual):
-    if importlib.util.find_spec("dicta_onnx") is not None:
-        pytest.skip("dicta_onnx is installed")
-    with pytest.raises(MissingLanguagePackageError, match="dicta-onnx"):
-        multilingual.prepare("he")
+def test_strict_encoder_refuses_to_load_without_hebrew_model(checkpoint_dirs, monkeypatch, tmp_path):
+    monkeypatch.setenv("CHORUS_CACHE_DIR", str(tmp_path))  # no cached Dicta model
+    strict = LanguageStepConfig(strict=True)
+    with pytest.raises((MissingLanguagePackageError, LanguageModelMissingError), match=r"chorus-tts\[he\]"):
+        load_text_encoder("multilingual", checkpoint_dirs["mtl"], language_steps=strict)
 
 
-def test_lenient_encoder_skips_missing_packages(checkpoint_dirs):
-    encoder = load_text_encoder("multilingual", checkpoint_dirs["mtl"], lenient_languages=True)
-    assert encoder.encode("Привет", language="ru")[0] == encoder.tokenizer.token_id("[ru]")
+def test_default_encoder_is_lenient_and_speaks_hebrew_plain(multilingual, monkeypatch, tmp_path):
+    monkeypatch.setenv("CHORUS_CACHE_DIR", str(tmp_path))
+    ids = multilingual.encode("שלום", language="he")
+    assert ids[0] == multilingual.tokenizer.token_id("[he]")
 
 
 def test_wrong_tokenizer_for_the_variant_is_rejected(checkpoint_dirs, tmp_path):
