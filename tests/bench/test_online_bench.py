@@ -31,7 +31,7 @@ def _check_level(level: dict, concurrency: int, requests: int | None, chunks: in
     assert level["rejected"] == level["failed"] == 0 and level["error_samples"] == []
     ttfa, e2e = level["ttfa_s"], level["e2e_s"]
     assert 0 < ttfa["p50"] <= ttfa["p95"] <= ttfa["p99"] <= ttfa["max"] <= e2e["max"]
-    assert 0 < e2e["p50"] <= e2e["p95"] <= e2e["p99"] <= e2e["max"] <= level["wall_s"] + 1e-6
+    assert 0 < e2e["p50"] <= e2e["p95"] <= e2e["p99"] <= e2e["max"] <= level["wall_s"] + 1e-3  # wall_s is rounded to ms
     assert ttfa["p50"] <= e2e["p50"]
     # pcm: 2 bytes a sample at 24 kHz
     assert level["audio_s"] == pytest.approx(level["bytes"] / 2 / 24_000, abs=1e-3) and level["audio_s"] > 0

@@ -1,0 +1,148 @@
+"""How much the vocoder thread slows T3 down, and why: T3 decode steps timed alone and beside a
+vocoder thread running passes graphed or eagerly; writes JSON to --out.
+
+    python scripts/gpu/stage_contention.py --variant turbo --out contention.json
+
+As in the pipeline: T3 (``chorus bench t3``'s engine, random weights, bf16, CUDA graphs, the
+one-step lookahead) steps B requests on the main thread; the vocoder thread runs
+``VocoderStage`` passes of ``--vocoder-items`` non-streaming jobs of ``--vocoder-tokens`` tokens
+back to back on its own CUDA stream. Per mode (``alone``, ``graphed``: the vocoder's passes
+replay CUDA graphs, ``eager``: they launch every kernel from Python) and batch size: T3's wall
+time per step (p50, p90) over ``--steps`` steps, and the vocoder passes' wall time (p50) and
+count meanwhile. ``vocoder_alone`` times the same passes with T3 idle. The difference between
+``graphed`` and ``alone`` is what sharing the GPU (and the little host work left) costs T3; the
+difference between ``eager`` and ``graphed`` is what the eager passes' thousands of launches,
+each taking the GIL back, cost it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from chorus.bench.t3_bench import T3BenchConfig, bench_engine, fixed_length_params, load_bench_model, workload_chunks  # noqa: E402
+from chorus.engine.engine import T3Request  # noqa: E402
+from chorus.pipeline.conditioning import ConditioningCache  # noqa: E402
+from chorus.vocoder import VocoderConfig, VocoderStage  # noqa: E402
+from tests.vocoder.models import random_s3gen, random_tokens, random_voice  # noqa: E402
+
+
+class VocoderLoad:
+    """Back-to-back vocoder passes on a side stream in a thread, until stopped."""
+
+    def __init__(self, stage: VocoderStage, items: int, tokens: int):
+        self.stage, self.items, self.tokens = stage, items, tokens
+        self.voice = random_voice(250, seed=1)
+        self.batch = [random_tokens(tokens, seed=i) for i in range(items)]
+        self.stream = torch.cuda.Stream()
+        self.pass_seconds: list[float] = []
+        self._stop = threading.Event()
+        self._count = 0
+
+    def one_pass(self) -> float:
+        for i, tokens in enumerate(self.batch):
+            job = f"p{self._count}-{i}"
+            self.stage.add(job, self.voice, seed=i, streaming=False)
+            self.stage.push(job, tokens, final=True)
+        self._count += 1
+        started = time.perf_counter()
+        with torch.cuda.stream(self.stream):
+            outs = self.stage.step()
+        assert len(outs) == self.items and all(o.error is None for o in outs)
+        return time.perf_counter() - started
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            self.pass_seconds.append(self.one_pass())
+
+    def __enter__(self):
+        self.pass_seconds.clear()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self.run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def t3_steps(model, variant, cfg, conditioning, text_ids, batch: int, steps: int) -> list[float]:
+    rows = batch * (2 if variant.t3.supports_cfg and cfg.cfg_weight > 0 else 1)
+    engine = bench_engine(model, variant, cfg, rows)
+    total = 2 * steps + 32
+    for i in range(batch):
+        engine.add_request(T3Request(text_ids, conditioning, fixed_length_params(variant, cfg, total, i)))
+    while engine.scheduler.waiting or engine.scheduler.num_prefilling:
+        engine.step()
+    for _ in range(16):
+        engine.step()
+    torch.cuda.synchronize()
+    times, last = [], time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+        now = time.perf_counter()
+        times.append(now - last)
+        last = now
+    engine.runner.graphs = engine.runner.sampler_graphs = None
+    return times
+
+
+def _ms(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--variant", default="turbo")
+    parser.add_argument("--batch-sizes", default="1,64")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--vocoder-items", type=int, default=8)
+    parser.add_argument("--vocoder-tokens", type=int, default=100)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    cfg = T3BenchConfig(variant=args.variant)
+    variant, model, encoder, voice, _ = load_bench_model(cfg)
+    conditioning = ConditioningCache(model, variant).get(voice, variant.sampling.exaggeration)
+    text_ids = encoder.encode(workload_chunks(cfg)[0])
+    s3gen = random_s3gen(args.variant, tiny=False, seed=1, dtype=torch.bfloat16, device="cuda")
+    report = {"variant": args.variant, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "steps": args.steps, "vocoder_items": args.vocoder_items, "vocoder_tokens": args.vocoder_tokens,
+              "vocoder_alone": {}, "t3": []}
+    loads = {}
+    for mode in ("graphed", "eager"):
+        stage = VocoderStage(s3gen, VocoderConfig(cuda_graphs=mode == "graphed", capture_after=1,
+                                                  max_batch_items=args.vocoder_items))
+        load = VocoderLoad(stage, args.vocoder_items, args.vocoder_tokens)
+        times = [load.one_pass() for _ in range(6)][2:]  # captures and first-use costs first
+        report["vocoder_alone"][mode] = {"pass_ms_p50": _ms(times, 0.5)}
+        loads[mode] = load
+    for batch in (int(b) for b in args.batch_sizes.split(",")):
+        for mode in ("alone", "graphed", "eager"):
+            if mode == "alone":
+                steps, passes = t3_steps(model, variant, cfg, conditioning, text_ids, batch, args.steps), []
+            else:
+                with loads[mode] as load:
+                    steps = t3_steps(model, variant, cfg, conditioning, text_ids, batch, args.steps)
+                passes = list(load.pass_seconds)
+            row = {"batch": batch, "mode": mode, "t3_step_ms_p50": _ms(steps, 0.5), "t3_step_ms_p90": _ms(steps, 0.9),
+                   "t3_mean_ms": round(1000 * statistics.mean(steps), 3), "vocoder_passes": len(passes),
+                   "vocoder_pass_ms_p50": _ms(passes, 0.5)}
+            report["t3"].append(row)
+            print(json.dumps(row), flush=True)
+    Path(args.out).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
