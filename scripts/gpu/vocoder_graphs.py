@@ -159,16 +159,20 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10, help="timed passes per mode")
     parser.add_argument("--warmup-passes", type=int, default=2)
     parser.add_argument("--breakdown-passes", type=int, default=3, help="passes timed per stage part (0: none)")
+    parser.add_argument("--cudnn-benchmark", action="store_true",
+                        help="let cuDNN autotune its convolution algorithms (torch.backends.cudnn.benchmark)")
     parser.add_argument("--warmup-budget", type=float, default=120.0,
                         help="seconds for VocoderStage.warmup per variant (0: do not time it)")
     args = parser.parse_args()
     if args.repeats < 1 or args.warmup_passes < 1:
         parser.error("--repeats and --warmup-passes must be >= 1")
     device = torch.device(args.device)
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
     report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "dtype": str(dtype), "size": "tiny" if args.tiny else "full",
-              "prompt_tokens": args.prompt_tokens, "repeats": args.repeats, "results": [], "warmup": {}}
+              "prompt_tokens": args.prompt_tokens, "repeats": args.repeats, "cudnn_benchmark": args.cudnn_benchmark,
+              "results": [], "warmup": {}}
     print(json.dumps({k: v for k, v in report.items() if k not in ("results", "warmup")}), flush=True)
     for name in args.variants.split(","):
         s3gen = random_s3gen(name, tiny=args.tiny, seed=1, dtype=dtype, device=str(device))
