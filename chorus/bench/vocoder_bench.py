@@ -52,14 +52,15 @@ from chorus.voices import Voice
 
 @dataclass
 class VocoderBenchConfig:
-    variant: str = "turbo"
+    variant: str | Variant = "original"  # a name, or a Variant
     checkpoint: str | None = None  # None: a random-weight checkpoint in a temporary directory
     dtype: str = "auto"  # bf16 on CUDA, fp32 on the CPU
     device: str = "auto"
     batch_sizes: tuple[int, ...] = (1, 8, 32)
     new_tokens: tuple[int, ...] = (20, 100, 250)
-    repeats: int = 5  # timed stage passes per shape (median), split repeats and yardstick replays
-    warmup_passes: int = 4  # untimed stage passes per shape first (the stage captures on the 3rd solve)
+    repeats: int = 3  # timed stage passes per shape (median), split repeats and yardstick replays
+    warmup_passes: int = 3  # untimed stage passes per shape first (a solver graph is captured on a
+    # shape's VocoderConfig.capture_after-th (3rd) solve)
     flow_steps: int | None = None  # None: the variant's (10, meanflow 2)
     yardstick: bool = True
     cuda_graphs: bool = True  # VocoderConfig.cuda_graphs of the stage
@@ -351,7 +352,11 @@ class YardstickPass:
         mel = run_solver(s3gen, inp, mu, self.mask)
         new = mel[:, :, inp.prompt_mel_frames:]
         f0 = hift.predict_f0(new)
-        source = hift.harmonic_source(f0, None, inp.source_noise)
+        # HiFTGenerator.harmonic_source without per-item lengths; the upsampling of F0 to the
+        # audio rate is an expand, not repeat_interleave (which may size its output on the host)
+        rows, frames = f0.shape
+        f0_samples = f0.float()[:, :, None].expand(rows, frames, hift.config.samples_per_frame).reshape(rows, -1)
+        source = hift.m_source(f0_samples, inp.source_noise)
         self.wav = self.decode(new, source)
 
     def _capture(self) -> None:

@@ -125,3 +125,33 @@ def test_the_yardstick_can_be_left_out(tiny):
     (entry,) = report["passes"]
     assert entry["n_steps"] == 1 and entry["guided"] is True and "yardstick_seconds" not in entry
     assert "yardstick" not in report and "-" in format_table(report)
+
+
+def test_the_yardstick_decodes_as_hift_does(tiny):
+    """The plain (unmasked, host-sync-free) HiFT decode gives the model's decode for full-length items."""
+    from chorus.bench.vocoder_bench import PlainHiFTDecode
+
+    hift = tiny["turbo"].mel2wav
+    mel = torch.randn(2, 80, 9, generator=torch.Generator().manual_seed(0)) - 5.0
+    source = 0.1 * torch.randn(2, 9 * hift.config.samples_per_frame, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        expected = hift.decode(mel, source, torch.tensor([9, 9]))
+        plain = PlainHiFTDecode(hift, 2, 9, torch.device("cpu"))(mel, source)
+    torch.testing.assert_close(plain, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_the_cli_maps_its_options_onto_the_config(monkeypatch, capsys):
+    from chorus import cli
+    from chorus.bench import vocoder_bench
+
+    seen = {}
+    monkeypatch.setattr(vocoder_bench, "main_json", lambda cfg, out: seen.update(cfg=cfg, out=out))
+    assert cli.main(["bench", "vocoder", "--variant", "turbo", "--device", "cpu", "--batch-sizes", "1,16",
+                     "--new-tokens", "20,250", "--repeats", "2", "--flow-steps", "3", "--no-yardstick",
+                     "--no-cuda-graphs"]) == 0
+    cfg = seen["cfg"]
+    assert (cfg.variant, cfg.device, cfg.batch_sizes, cfg.new_tokens, cfg.repeats, cfg.flow_steps) == (
+        "turbo", "cpu", (1, 16), (20, 250), 2, 3)
+    assert cfg.yardstick is False and cfg.cuda_graphs is False and seen["out"] is None
+    assert cli.main(["bench", "vocoder", "--new-tokens", "20,x"]) != 0
+    assert "--new-tokens must be comma-separated integers" in capsys.readouterr().err
