@@ -14,7 +14,7 @@ from chorus.engine.attention.reference import (
 from chorus.engine.attention.shared_prefix import (
     SharedPrefixPlan, SharedPrefixTensors, plan_shared_prefixes, shared_prefix_attention_reference,
 )
-from chorus.models.t3.fused_ops import rope_reference
+from chorus.models.t3 import fused_ops
 from chorus.triton_backend import kernels_import, use_triton
 
 __all__ = [
@@ -103,8 +103,9 @@ def rope_write_kv(
     the rotated k and v as ``write_kv`` does, and return the rotated q ``[N, Hq, head_dim]``.
 
     On the Triton path this is one kernel (``triton_paged.rope_write_kv_triton``) that gives
-    exactly the bits of the RoPE kernel followed by the write kernel; the PyTorch path is the
-    two references in turn. Slot -1 skips a token's cache write, never its rotation.
+    exactly the bits of the RoPE kernel followed by the write kernel; the PyTorch path is
+    ``fused_ops.rope_qk`` then ``write_kv``, both with ``backend="torch"``. Slot -1 skips a
+    token's cache write, never its rotation.
     """
     _check_scales(key_cache, k_scale, v_scale)
     if uses_triton(backend, q):
@@ -112,8 +113,8 @@ def rope_write_kv(
 
         return rope_write_kv_triton(q, k, v, cos, sin, key_cache, value_cache, slot_mapping,
                                     k_scale=k_scale, v_scale=v_scale)
-    q, k = rope_reference(q, cos, sin), rope_reference(k, cos, sin)
-    write_kv_reference(key_cache, value_cache, k, v, slot_mapping, k_scale, v_scale)
+    q, k = fused_ops.rope_qk(q, k, cos, sin, backend="torch")
+    write_kv(key_cache, value_cache, k, v, slot_mapping, k_scale=k_scale, v_scale=v_scale, backend="torch")
     return q
 
 

@@ -50,9 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-from chorus.engine.attention.launch_plan import (  # noqa: F401 - choose_num_splits: re-exported
-    PagedLaunch, choose_num_splits, num_sms, plan_attention, query_blocks,
-)
+from chorus.engine.attention.launch_plan import PagedLaunch, num_sms, plan_attention, query_blocks
 from chorus.engine.attention.reference import FP8_E4M3_MAX, is_fp8
 from chorus.models.t3.triton_ops import rope_heads
 
@@ -325,9 +323,6 @@ def _rope_write_kv_kernel(
     v = tl.load(v_ptr + token * stride_vn + hk * stride_vh + d, mask=v_mask)
     _store_kv(v, v_cache_ptr + block * stride_vb + offset * stride_vt + hk * stride_vh_cache + d, v_mask,
               v_scale_ptr, QUANTIZE, HAS_SCALE, FP8_MAX)
-
-
-_num_sms = num_sms  # the name the benchmark scripts import
 
 
 def _dot_dtype(dtype: torch.dtype):

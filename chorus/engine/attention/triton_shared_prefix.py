@@ -30,9 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from chorus.engine.attention.launch_plan import (  # noqa: F401 - the choices: re-exported
-    SharedLaunch, choose_block_g, choose_prefix_splits, num_sms, plan_shared,
-)
+from chorus.engine.attention.launch_plan import SharedLaunch, num_sms, plan_shared
 from chorus.engine.attention.shared_prefix import SharedPrefixTensors
 from chorus.engine.attention.triton_paged import _LOG2E, _dot_dtype, _find_seq, _launch, _query_block_tile, _store_partials
 

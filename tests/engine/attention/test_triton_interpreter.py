@@ -125,7 +125,7 @@ def test_write_kv_matches_reference(heads):
 
 
 def test_choose_num_splits():
-    from chorus.engine.attention.triton_paged import choose_num_splits
+    from chorus.engine.attention.launch_plan import choose_num_splits
 
     assert choose_num_splits(programs=8192, max_tiles=22, num_sms=132) == 1
     assert choose_num_splits(programs=16, max_tiles=22, num_sms=132) == 16
