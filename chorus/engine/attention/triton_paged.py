@@ -50,7 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-from chorus.engine.attention.launch_plan import num_sms, plan_attention
+from chorus.engine.attention.launch_plan import AttentionPlan, num_sms, plan_attention
 from chorus.engine.attention.reference import FP8_E4M3_MAX, is_fp8
 from chorus.engine.attention.triton_paged_kernel import _launch
 from chorus.engine.attention.triton_shared_prefix import shared_prefix_decode_triton
@@ -227,6 +227,7 @@ def paged_attention_triton(
     shared_prefix=None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    plan: AttentionPlan | None = None,
 ) -> torch.Tensor:
     """Triton version of ``reference.paged_attention_reference`` (same arguments and result).
 
@@ -240,6 +241,8 @@ def paged_attention_triton(
       block table's capacity.
     - ``shared_prefix`` (a ``SharedPrefixTensors``): the decode rows read their groups' shared
       prefixes once per group (``triton_shared_prefix.py``); prefill rows are untouched.
+    - ``plan``: the launches ``launch_plan.plan_attention`` chose for these arguments (a step
+      plans once for all its layers); None plans them here, with the tuning keywords.
     The remaining keywords tune the launch (benchmarks); defaults are the chosen ones.
     Rows of ``out`` past ``query_start_loc[-1]`` are not written.
     """
@@ -260,9 +263,10 @@ def paged_attention_triton(
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max()) if num_seqs else 0
     if max_seq_len is None:
         max_seq_len = block_tables.shape[1] * block_size
-    plan = plan_attention(num_seqs, n_tokens, max_query_len, num_decodes, max_seq_len, heads, num_sms(q.device),
-                          shared=shared_prefix is not None, decode_tile=decode_tile, prefill_tile=prefill_tile,
-                          num_splits=num_splits)
+    if plan is None:
+        plan = plan_attention(num_seqs, n_tokens, max_query_len, num_decodes, max_seq_len, heads, num_sms(q.device),
+                              shared=shared_prefix is not None, decode_tile=decode_tile, prefill_tile=prefill_tile,
+                              num_splits=num_splits)
     num_decodes = plan.num_decodes
     common = dict(q=q, key_cache=key_cache, value_cache=value_cache, out=out, scale=scale,
                   k_scale=k_scale, v_scale=v_scale)
