@@ -603,7 +603,7 @@ def format_table(report: dict) -> str:
                 if "yardstick_seconds" in p else f"{'-':>8} {'-':>9}")
         lines.append(f"{p['batch']:>4} {p['new_tokens']:>5} {1000 * p['stage_pass_seconds']:>9.2f} "
                      f"{p['realtime_factor']:>7.1f} {1000 * s['flow_encoder']:>8.2f} {1000 * s['solver']:>9.2f} "
-                     f"{1000 * s['hift']:>8.2f} {p['flops']['total'] / 1e9:>9.1f} {p['stage_tflops']:>8.2f} {yard}")
+                     f"{1000 * s['hift']:>8.2f} {p['flops']['total'] / 1e9:>9.1f} {p['stage_tflops']:>8.3f} {yard}")
     return "\n".join(lines)
 
 
