@@ -158,6 +158,36 @@ def _cmd_bench_t3(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_vocoder(args: argparse.Namespace) -> int:
+    from chorus.bench.vocoder_bench import VocoderBenchConfig, main_json
+    from chorus.cli_checks import check_output_file
+
+    if args.out is not None:
+        check_output_file(args.out, "--out")
+    if args.repeats < 1:
+        raise CliError(f"--repeats must be at least 1, got {args.repeats}")
+    if args.flow_steps is not None and args.flow_steps < 1:
+        raise CliError(f"--flow-steps must be at least 1, got {args.flow_steps}")
+    cfg = VocoderBenchConfig(
+        variant=args.variant, checkpoint=args.checkpoint, dtype=args.dtype, device=args.device,
+        batch_sizes=_positive_ints(args.batch_sizes, "--batch-sizes"),
+        new_tokens=_positive_ints(args.new_tokens, "--new-tokens"), repeats=args.repeats,
+        flow_steps=args.flow_steps, yardstick=not args.no_yardstick, cuda_graphs=not args.no_cuda_graphs,
+    )
+    main_json(cfg, args.out)
+    return 0
+
+
+def _positive_ints(value: str, option: str) -> tuple[int, ...]:
+    try:
+        numbers = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        raise CliError(f"{option} must be comma-separated integers, got {value!r}") from None
+    if any(n < 1 for n in numbers):
+        raise CliError(f"{option} values must be at least 1, got {value!r}")
+    return numbers
+
+
 def _chunk_bounds(value: str | None) -> tuple[int, ...]:
     from chorus.text.chunking import MIN_MAX_CHARS
 
@@ -655,6 +685,28 @@ def build_parser() -> argparse.ArgumentParser:
                         "kv_cache section adds the logits cosine against the model-dtype cache")
     p.add_argument("--out", "-o", default=None, help="also write the JSON report to this file")
     p.set_defaults(handler=_cmd_bench_t3)
+    p = _add_command(
+        bench_sub, "vocoder", help="the vocoder stage: one batched pass per shape (jobs x new tokens), split into "
+                    "flow encoder / solver / HiFT, FLOPs and TFLOP/s, against a one-CUDA-graph yardstick of the "
+                    "same modules")
+    _add_variant(p)
+    p.add_argument("--checkpoint", "-c", default=None,
+                   help="checkpoint dir or hub id (default: random weights in a temporary directory)")
+    _add_dtype(p)
+    p.add_argument("--device", default="auto", help="cuda, cpu or auto (default)")
+    p.add_argument("--batch-sizes", default="1,8,32", help="non-streaming jobs per pass (comma-separated)")
+    p.add_argument("--new-tokens", default="20,100,250",
+                   help="new speech tokens per job (comma-separated; on top of the built-in voice's prompt)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed passes per shape (median), also the split's repeats and the yardstick's replays")
+    p.add_argument("--flow-steps", type=int, default=None, help="flow solver steps (default: the variant's)")
+    p.add_argument("--no-cuda-graphs", action="store_true",
+                   help="run the stage's solver eagerly (VocoderConfig.cuda_graphs off)")
+    p.add_argument("--no-yardstick", action="store_true",
+                   help="skip the yardstick (the pass's modules in plain PyTorch as one CUDA graph; reported as "
+                        "yardstick_seconds and yardstick_fraction)")
+    p.add_argument("--out", "-o", default=None, help="also write the JSON report to this file")
+    p.set_defaults(handler=_cmd_bench_vocoder)
     p = _add_command(
         bench_sub, "offline", help="the whole path (T3 + S3Gen) on the benchmark text, all chunks at once; optionally "
                         "the reference generate(), warm, on evenly spaced chunks for the ratio (fixed output lengths)")

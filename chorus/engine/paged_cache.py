@@ -22,6 +22,7 @@ import torch
 from chorus.engine.attention import (
     SharedPrefixTensors, is_fp8, paged_attention, rope_write_kv, uses_triton, write_kv,
 )
+from chorus.engine.attention.launch_plan import AttentionPlan, num_sms, plan_attention
 from chorus.engine.config import KV_CACHE_DTYPES
 from chorus.models.t3 import fused_ops
 from chorus.models.t3.attention import AttentionCache
@@ -52,6 +53,10 @@ class AttentionMetadata:
     num_decodes: leading rows with exactly one new token (the decode kernel takes them).
     shared_prefix: optional plan (``plan_shared_prefixes`` over these block tables and
     ``num_decodes``) letting decode rows that share prefix blocks read them once per group.
+    attention_plan: the Triton path's kernel launches for this batch (``launch_plan.
+    plan_attention``), the same for every layer: ``PagedKVCache`` plans them at the step's first
+    attention and keeps them here, so later layers reuse them (a captured graph replays without
+    planning at all). Left None off the Triton path.
     """
 
     slot_mapping: torch.Tensor
@@ -62,6 +67,7 @@ class AttentionMetadata:
     max_seq_len: int
     num_decodes: int
     shared_prefix: SharedPrefixTensors | None = None
+    attention_plan: AttentionPlan | None = None
 
     @classmethod
     def single_row(cls, start: int, count: int, num_blocks: int, device: torch.device | str) -> AttentionMetadata:
@@ -102,6 +108,10 @@ class PagedKVCache(AttentionCache):
         self._layer_scales = [(self.kv_scales[i, 0:1], self.kv_scales[i, 1:2]) for i in range(num_layers)]
         # calibration: when set, attend records max |k| and |v| per layer here ([layers, 2])
         self.observed_amax: torch.Tensor | None = None
+        # backend decisions (uses_triton), which depend only on their arguments: made once,
+        # not once per layer
+        self._triton_attention: dict[tuple[str, bool], bool] = {}
+        self._rotary_fusion: dict[tuple[str, str, bool], bool] = {}
 
     @property
     def num_blocks(self) -> int:
@@ -139,8 +149,30 @@ class PagedKVCache(AttentionCache):
         return self._attention(layer, q)
 
     def _fuses_rotary(self, q: torch.Tensor, ops_backend: str) -> bool:
-        return (self.observed_amax is None
-                and uses_triton(self.backend, q) and fused_ops.uses_triton(ops_backend, q))
+        if self.observed_amax is not None:
+            return False
+        key = (self.backend, ops_backend, q.is_cuda)
+        fuses = self._rotary_fusion.get(key)
+        if fuses is None:
+            fuses = self._rotary_fusion[key] = self._uses_triton(q) and fused_ops.uses_triton(ops_backend, q)
+        return fuses
+
+    def _uses_triton(self, q: torch.Tensor) -> bool:
+        """``uses_triton(self.backend, q)``, decided once per backend and device kind."""
+        key = (self.backend, q.is_cuda)
+        found = self._triton_attention.get(key)
+        if found is None:
+            found = self._triton_attention[key] = uses_triton(self.backend, q)
+        return found
+
+    def _plan(self, meta: AttentionMetadata, q: torch.Tensor) -> AttentionPlan | None:
+        """The step's Triton launches (what ``paged_attention_triton`` would plan for each layer),
+        planned at its first attention and kept in the metadata; None off the Triton path."""
+        if meta.attention_plan is None and self._uses_triton(q):
+            meta.attention_plan = plan_attention(
+                meta.seq_lens.shape[0], q.shape[0], meta.max_query_len, meta.num_decodes, meta.max_seq_len,
+                q.shape[1], num_sms(q.device), shared=meta.shared_prefix is not None)
+        return meta.attention_plan
 
     def _metadata(self) -> AttentionMetadata:
         assert self.metadata is not None, "set PagedKVCache.metadata before the forward"
@@ -157,7 +189,7 @@ class PagedKVCache(AttentionCache):
             q, self.kv[layer, 0], self.kv[layer, 1], meta.block_tables, meta.seq_lens, meta.query_start_loc,
             self.scale, max_query_len=meta.max_query_len, num_decodes=meta.num_decodes,
             max_seq_len=meta.max_seq_len, k_scale=k_scale, v_scale=v_scale, backend=self.backend,
-            shared_prefix=meta.shared_prefix,
+            shared_prefix=meta.shared_prefix, plan=self._plan(meta, q),
         )
 
 

@@ -29,9 +29,8 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from chorus.engine.attention import paged_attention_reference  # noqa: E402
-from chorus.engine.attention.triton_paged import (  # noqa: E402
-    _num_sms, choose_num_splits, paged_attention_triton, write_kv_triton,
-)
+from chorus.engine.attention.launch_plan import choose_num_splits, num_sms  # noqa: E402
+from chorus.engine.attention.triton_paged import paged_attention_triton, write_kv_triton  # noqa: E402
 
 HEADS, HEAD_DIM, BLOCK = 16, 64, 16
 DTYPE = torch.bfloat16
@@ -154,7 +153,7 @@ def bench_decode(rows: list, batch_size: int, ctx: int, copy_gbps: float, quick:
     batch = Batch([(ctx, 1)] * batch_size)
     reps = 30
     base = {"kind": "decode", "batch": batch_size, "ctx": ctx}
-    splits = choose_num_splits(batch_size * HEADS, math.ceil(ctx / 64), _num_sms(torch.device("cuda")))
+    splits = choose_num_splits(batch_size * HEADS, math.ceil(ctx / 64), num_sms(torch.device("cuda")))
     err = batch.check()
     row = record(rows, batch, "default", batch.kernel_calls(), reps, **base, splits=splits,
                  rel_err=err, ok=err < 1e-2)
@@ -247,7 +246,7 @@ def main() -> None:
             if key not in best or row["us"] < best[key]["us"]:
                 best[key] = row
     result = {
-        "device": torch.cuda.get_device_name(), "sms": _num_sms(torch.device("cuda")),
+        "device": torch.cuda.get_device_name(), "sms": num_sms(torch.device("cuda")),
         "torch": torch.__version__, "triton": triton.__version__, "dtype": str(DTYPE),
         "heads": HEADS, "head_dim": HEAD_DIM, "block_size": BLOCK,
         "copy_bandwidth_GBps": round(copy_gbps, 1), "all_ok": all(r.get("ok", True) for r in rows),

@@ -3,7 +3,8 @@
 #   bash scripts/gpu/device_checks.sh CHECK OUT_DIR
 # CHECK: tests | bench-original | bench-turbo | offline-original | offline-turbo |
 #        stream-original | stream-turbo | attention | vocoder-graphs | online-original | online-turbo |
-#        scale-out-turbo | scale-out-original | profile-original | profile-turbo | rope-kv
+#        scale-out-turbo | scale-out-original | profile-original | profile-turbo | rope-kv |
+#        vocoder-turbo | vocoder-original
 # The reference chatterbox-tts (for the benchmark ratio) must be importable; WHEELS=DIR installs
 # it offline from wheels first (see scripts/gpu/README.md); a DIR/*.tar.xz is a pre-unpacked
 # site-packages bundle (Ray without its Java and ML-library parts), unpacked beside the wheels.
@@ -31,6 +32,9 @@ case $what in
   stream-original|stream-turbo)
     python3 -m chorus.cli bench stream --variant "${what#stream-}" \
       --out "$out/bench_stream_${what#stream-}.json" 2>&1 | tail -80 ;;
+  vocoder-turbo|vocoder-original)
+    python3 -m chorus.cli bench vocoder --variant "${what#vocoder-}" \
+      --out "$out/bench_vocoder_${what#vocoder-}.json" 2>&1 | tail -30 ;;
   vocoder-graphs)
     python3 scripts/gpu/vocoder_graphs.py --out "$out/vocoder_graphs.json" 2>&1 | tail -40 ;;
   online-original|online-turbo)

@@ -114,3 +114,56 @@ def test_calibration_takes_the_two_steps_and_records_rotated_keys(monkeypatch):
     assert calls[0] == 0
     rotated_k = [rope_qk(q, k, cos, sin, "torch")[1] for _, q, k, _, cos, sin in _steps()]
     assert cache.observed_amax[0, 0] == max(k.abs().max() for k in rotated_k)
+
+
+def _count(monkeypatch, module, name: str) -> list[int]:
+    calls = [0]
+    real = getattr(module, name)
+
+    def counting(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counting)
+    return calls
+
+
+def _three_layer_step(cache: PagedKVCache, ops_backend: str = "triton") -> AttentionMetadata:
+    """One eager prefill step of 11 tokens through three layers (each a fused-or-not attend_rotary)."""
+    start, q, k, v, cos, sin = _steps()[0]
+    meta = AttentionMetadata.single_row(start, q.shape[0], BLOCKS, "cpu")
+    cache.metadata = meta
+    for layer in range(3):
+        cache.attend_rotary(layer, q, k, v, cos, sin, ops_backend)
+    return meta
+
+
+@interpreter
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_step_plans_its_attention_launches_once_for_all_layers(monkeypatch):
+    import chorus.engine.attention.triton_paged as triton_paged
+    from chorus.engine.attention.launch_plan import num_sms, plan_attention
+
+    planned, per_call = _count(monkeypatch, paged_cache, "plan_attention"), _count(monkeypatch, triton_paged,
+                                                                                   "plan_attention")
+    cache = PagedKVCache(3, BLOCKS, BLOCK, HEADS, HEAD_DIM, dtype=torch.float32, device="cpu", backend="triton")
+    meta = _three_layer_step(cache)
+    assert planned[0] == 1 and per_call[0] == 0
+    assert meta.attention_plan == plan_attention(1, 11, 11, 0, 11, HEADS, num_sms(torch.device("cpu")))
+
+
+@interpreter
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_the_backend_decisions_are_made_once_not_per_layer(monkeypatch):
+    from chorus.models.t3 import fused_ops
+
+    attention, ops = _count(monkeypatch, paged_cache, "uses_triton"), _count(monkeypatch, fused_ops, "uses_triton")
+    cache = PagedKVCache(3, BLOCKS, BLOCK, HEADS, HEAD_DIM, dtype=torch.float32, device="cpu", backend="triton")
+    _three_layer_step(cache)
+    _three_layer_step(cache)
+    assert attention[0] == 1 and ops[0] == 1
+
+
+def test_the_pytorch_path_plans_no_launches():
+    cache = PagedKVCache(3, BLOCKS, BLOCK, HEADS, HEAD_DIM, dtype=torch.float32, device="cpu", backend="torch")
+    assert _three_layer_step(cache, "torch").attention_plan is None

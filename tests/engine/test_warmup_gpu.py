@@ -29,6 +29,7 @@ pytestmark = pytest.mark.gpu
 # variants and warm-up")
 KERNEL_MODULES = (
     "chorus.engine.attention.triton_paged",
+    "chorus.engine.attention.triton_paged_kernel",
     "chorus.engine.attention.triton_shared_prefix",
     "chorus.models.t3.triton_ops",
     "chorus.sampling.triton_sampler",
@@ -144,7 +145,7 @@ def test_mixed_workload_compiles_nothing_after_the_warm_up(name, kv_cache_dtype,
     engine = _engine(variant, model, kv_cache_dtype)
     assert engine.warmup is not None and engine.warmup.attention_launches > 0
     before = _variant_counts()
-    assert before["chorus.engine.attention.triton_paged._paged_attention_kernel"] > 0
+    assert before["chorus.engine.attention.triton_paged_kernel._paged_attention_kernel"] > 0
 
     _, steps = _run(engine, _Workload(variant, model))
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import torch
 
+from chorus.engine.attention.launch_plan import AttentionPlan
 from chorus.engine.attention.reference import (
     dequantize_kv, is_fp8, paged_attention_reference, quantize_kv, write_kv_reference,
 )
 from chorus.engine.attention.shared_prefix import (
     SharedPrefixPlan, SharedPrefixTensors, plan_shared_prefixes, shared_prefix_attention_reference,
 )
-from chorus.models.t3.fused_ops import rope_reference
+from chorus.models.t3 import fused_ops
 from chorus.triton_backend import kernels_import, use_triton
 
 __all__ = [
@@ -103,8 +104,9 @@ def rope_write_kv(
     the rotated k and v as ``write_kv`` does, and return the rotated q ``[N, Hq, head_dim]``.
 
     On the Triton path this is one kernel (``triton_paged.rope_write_kv_triton``) that gives
-    exactly the bits of the RoPE kernel followed by the write kernel; the PyTorch path is the
-    two references in turn. Slot -1 skips a token's cache write, never its rotation.
+    exactly the bits of the RoPE kernel followed by the write kernel; the PyTorch path is
+    ``fused_ops.rope_qk`` then ``write_kv``, both with ``backend="torch"``. Slot -1 skips a
+    token's cache write, never its rotation.
     """
     _check_scales(key_cache, k_scale, v_scale)
     if uses_triton(backend, q):
@@ -112,8 +114,8 @@ def rope_write_kv(
 
         return rope_write_kv_triton(q, k, v, cos, sin, key_cache, value_cache, slot_mapping,
                                     k_scale=k_scale, v_scale=v_scale)
-    q, k = rope_reference(q, cos, sin), rope_reference(k, cos, sin)
-    write_kv_reference(key_cache, value_cache, k, v, slot_mapping, k_scale, v_scale)
+    q, k = fused_ops.rope_qk(q, k, cos, sin, backend="torch")
+    write_kv(key_cache, value_cache, k, v, slot_mapping, k_scale=k_scale, v_scale=v_scale, backend="torch")
     return q
 
 
@@ -134,6 +136,7 @@ def paged_attention(
     v_scale: torch.Tensor | None = None,
     backend: str = "auto",
     shared_prefix: SharedPrefixTensors | None = None,
+    plan: AttentionPlan | None = None,
 ) -> torch.Tensor:
     """Causal attention of this step's new tokens over their sequences' paged KV.
 
@@ -157,6 +160,11 @@ def paged_attention(
     same result up to float summation order. Both paths take the decomposition; with it, give
     ``num_decodes`` (the Triton path otherwise treats every row of a decode-only batch as one).
     FP8 scales apply to both halves of the decomposition, as on the plain path.
+
+    ``plan``: the Triton path's launches for exactly these arguments (``launch_plan.
+    plan_attention`` with the default tiles, ``num_sms(q.device)`` and ``shared=shared_prefix
+    is not None``), e.g. planned once per step for every layer; None plans them here. The
+    PyTorch path ignores it.
     """
     _check_scales(key_cache, k_scale, v_scale)
     if uses_triton(backend, q):
@@ -165,7 +173,7 @@ def paged_attention(
         return paged_attention_triton(
             q, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
             max_query_len=max_query_len, num_decodes=num_decodes, max_seq_len=max_seq_len,
-            out=out, shared_prefix=shared_prefix, k_scale=k_scale, v_scale=v_scale,
+            out=out, shared_prefix=shared_prefix, k_scale=k_scale, v_scale=v_scale, plan=plan,
         )
     if shared_prefix is None or num_decodes == 0:
         return paged_attention_reference(

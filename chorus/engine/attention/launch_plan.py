@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from chorus.engine.config import cdiv
+
 MAX_SPLITS = 16
 MAX_PREFIX_SPLITS = 4  # each prefix split costs a fp32 partial per (row, head): keep the merge cheap
 DEFAULT_TILE = 64  # keys per loop iteration of the decode, query-block and prefix kernels
@@ -41,10 +43,6 @@ def num_sms(device: torch.device) -> int:
 def next_power_of_2(n: int) -> int:
     """Smallest power of two >= n (1 for n <= 1), as ``triton.next_power_of_2``."""
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def choose_num_splits(programs: int, max_tiles: int, num_sms: int) -> int:

@@ -11,7 +11,7 @@ Three launches per layer for the decode rows, none of which reads device data on
    of its share of ``[0, prefix_len)`` once for all of them: Q @ K^T and P @ V on tensor cores.
    Every row of a group sees every prefix key (the prefix ends before each row's last
    position), so there is no causal mask. It writes unnormalised partials (acc, max, sum).
-2. The ordinary decode kernel of ``triton_paged`` with ``KV_START``: each row attends only
+2. The ordinary decode kernel (``triton_paged_kernel``) with ``KV_START``: each row attends only
    ``[prefix_len[row], seq_len)`` and writes its partials (rows in no group: the whole context).
 3. ``_merge_kernel``, one program per (decode row, head): merges the suffix splits and, when
    the row has a prefix, the prefix splits, and writes the normalised output.
@@ -30,11 +30,11 @@ import torch
 import triton
 import triton.language as tl
 
-from chorus.engine.attention.launch_plan import (  # noqa: F401 - the choices: re-exported
-    SharedLaunch, choose_block_g, choose_prefix_splits, num_sms, plan_shared,
-)
+from chorus.engine.attention.launch_plan import SharedLaunch, num_sms, plan_shared
 from chorus.engine.attention.shared_prefix import SharedPrefixTensors
-from chorus.engine.attention.triton_paged import _LOG2E, _dot_dtype, _find_seq, _launch, _query_block_tile, _store_partials
+from chorus.engine.attention.triton_paged_kernel import (
+    _LOG2E, _dot_dtype, _find_seq, _launch, _query_block_tile, _store_partials,
+)
 
 
 # counts that change with the batch, and pointers read only as scalars or gathered entries (see

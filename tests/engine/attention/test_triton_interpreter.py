@@ -125,10 +125,22 @@ def test_write_kv_matches_reference(heads):
 
 
 def test_choose_num_splits():
-    from chorus.engine.attention.triton_paged import choose_num_splits
+    from chorus.engine.attention.launch_plan import choose_num_splits
 
     assert choose_num_splits(programs=8192, max_tiles=22, num_sms=132) == 1
     assert choose_num_splits(programs=16, max_tiles=22, num_sms=132) == 16
     assert choose_num_splits(programs=16, max_tiles=7, num_sms=132) == 4   # no empty split
     assert choose_num_splits(programs=128, max_tiles=22, num_sms=132) == 8
     assert choose_num_splits(programs=16, max_tiles=1, num_sms=132) == 1
+
+
+def test_the_shared_prefix_kernels_do_not_import_the_plain_entry_module():
+    """triton_paged imports triton_shared_prefix; the shared kernel code both use lives in
+    triton_paged_kernel, so there is no import circle."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import chorus.engine.attention.triton_shared_prefix; "
+            "print('chorus.engine.attention.triton_paged' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"

@@ -1,0 +1,618 @@
+"""``chorus bench vocoder``: the vocoder stage's pass against a yardstick of the same modules.
+
+For each pass shape (B non-streaming jobs of N new tokens each, one voice: the variant's built-in
+prompt, different seeds; the variant's flow steps and CFG unless overridden):
+
+- **stage pass**: wall time of one ``VocoderStage.step()`` over the B jobs (the device
+  synchronised before and after), the median of ``repeats`` passes after ``warmup_passes``
+  untimed ones (so the stage's solver graphs are captured and kernels chosen), with the audio
+  seconds it returned and the real-time factor;
+- **split**: the S3Gen modules called directly at the pass's shapes, eagerly, timed with CUDA
+  events on the stream (one synchronisation at the end; host timers on the CPU): flow encoder
+  (token embedding, conformer, ``encoder_proj``) over prompt + N tokens, the flow-matching solve
+  (``decoder.solve``: every estimator call), HiFT (``predict_f0``, ``harmonic_source``,
+  ``decode``) over the new frames;
+- **FLOPs** of each module counted from the shapes (:func:`vocoder_flops`) and the achieved
+  TFLOP/s of the split, the stage pass and the yardstick;
+- **yardstick**: the same modules at the same shapes in plain PyTorch in the model's dtype
+  (unpadded, no masks beyond what the modules need, HiFT's STFT and inverse STFT without the
+  per-item envelopes), encoder + solver + HiFT captured as ONE CUDA graph and timed over
+  replays; ``yardstick_fraction = yardstick_seconds / stage_pass_seconds`` (1.0: the stage adds
+  nothing on top of its modules). A yardstick, not a bound: a faster engine (fused kernels,
+  other algorithms) can beat it. On the CPU it runs eagerly.
+
+Weights are random (a random-weight checkpoint written for the run unless ``checkpoint`` is
+given): the time of a pass does not depend on them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from chorus.atomic import atomic_write_text
+from chorus.models.loading import Checkpoint, dtype_name, parse_device, resolve_dtype
+from chorus.models.s3gen.flow import FlowConfig
+from chorus.models.s3gen.hift import HiFTConfig, SourceNoise, draw_source_noise
+from chorus.models.s3gen.s3gen import SAMPLE_RATE, S3Gen, output_num_samples
+from chorus.models.variants import Variant, get_variant
+from chorus.vocoder import VocoderConfig, VocoderStage
+from chorus.voices import Voice
+
+
+@dataclass
+class VocoderBenchConfig:
+    variant: str | Variant = "original"  # a name, or a Variant
+    checkpoint: str | None = None  # None: a random-weight checkpoint in a temporary directory
+    dtype: str = "auto"  # bf16 on CUDA, fp32 on the CPU
+    device: str = "auto"
+    batch_sizes: tuple[int, ...] = (1, 8, 32)
+    new_tokens: tuple[int, ...] = (20, 100, 250)
+    repeats: int = 3  # timed stage passes per shape (median), split repeats and yardstick replays
+    warmup_passes: int = 3  # untimed stage passes per shape first (a solver graph is captured on a
+    # shape's VocoderConfig.capture_after-th (3rd) solve)
+    flow_steps: int | None = None  # None: the variant's (10, meanflow 2)
+    yardstick: bool = True
+    cuda_graphs: bool = True  # VocoderConfig.cuda_graphs of the stage
+    seed: int = 0
+
+
+# ------------------------------------------------------------------------------------- FLOPs
+def _linear(rows: int, fan_in: int, fan_out: int) -> int:
+    return 2 * rows * fan_in * fan_out
+
+
+def _conv(batch: int, out_len: int, c_in: int, c_out: int, kernel: int) -> int:
+    """A Conv1d (groups 1): 2 x outputs x (c_in x kernel); dilation and stride change nothing."""
+    return 2 * batch * out_len * c_out * c_in * kernel
+
+
+def _conv_out(length: int, kernel: int, stride: int = 1, padding: int = 0, dilation: int = 1) -> int:
+    return (length + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def encoder_flops(flow: FlowConfig, batch: int, tokens: int) -> int:
+    """The flow encoder over ``tokens`` (prompt + new) per item: the conformer's linears, its
+    attention (Q K^T, P V and the relative-position term: ``linear_pos`` over the 2T-1 distance
+    table, batch-independent, and Q_pos P^T), the pre-lookahead and upsampling convs, and
+    ``encoder_proj``."""
+    e = flow.encoder
+    d = e.width
+
+    def conformer(n: int) -> int:
+        linears = 4 * _linear(batch * n, d, d) + 2 * _linear(batch * n, d, e.ffn_width)
+        positions = _linear(2 * n - 1, d, d) + 2 * batch * n * (2 * n - 1) * d
+        attention = 2 * (2 * batch * n * n * d)
+        return linears + positions + attention
+
+    frames = e.upsample * tokens
+    total = _linear(batch * tokens, d, d)  # embed
+    total += _conv(batch, tokens, d, d, e.lookahead + 1) + _conv(batch, tokens, d, d, 3)  # pre-lookahead
+    total += e.num_layers * conformer(tokens)
+    total += _conv(batch, frames, d, d, 2 * e.upsample + 1)  # up_layer
+    total += _linear(batch * frames, d, d)  # up_embed
+    total += e.num_up_layers * conformer(frames)
+    total += _linear(batch * frames, d, flow.mel_bins)  # encoder_proj
+    return total
+
+
+def estimator_flops(flow: FlowConfig, rows: int, frames: int) -> int:
+    """One estimator call over ``rows`` x ``frames``: time embedding, causal ResNet blocks
+    (convs, time projection, 1x1 residual conv), transformer blocks (q/k/v/out, Q K^T and P V,
+    the GELU feed-forward), the levels' causal convs, the final block and projection."""
+    s = flow.estimator
+    c, inner, embed = s.channels, s.heads * s.head_dim, s.time_embed_dim
+    time_mlp = _linear(rows, s.in_channels, embed) + _linear(rows, embed, embed)
+    total = 2 * time_mlp + _linear(rows, 2 * embed, embed) if flow.meanflow else time_mlp
+
+    def resnet(dim_in: int) -> int:
+        return (_conv(rows, frames, dim_in, c, 3) + _linear(rows, embed, c) + _conv(rows, frames, c, c, 3)
+                + _conv(rows, frames, dim_in, c, 1))
+
+    block = (3 * _linear(rows * frames, c, inner) + _linear(rows * frames, inner, c)
+             + 2 * (2 * rows * frames * frames * inner)
+             + 2 * _linear(rows * frames, c, s.ffn_mult * c))
+    blocks = s.blocks_per_level * block
+    total += resnet(s.in_channels) + blocks + _conv(rows, frames, c, c, 3)  # down
+    total += s.mid_levels * (resnet(c) + blocks)
+    total += resnet(2 * c) + blocks + _conv(rows, frames, c, c, 3)  # up
+    total += _conv(rows, frames, c, c, 3) + _conv(rows, frames, c, s.out_channels, 1)  # final block, proj
+    return total
+
+
+def hift_flops(hift: HiFTConfig, batch: int, frames: int) -> int:
+    """HiFT over ``frames`` mel frames per item: the F0 predictor's convs and read-out, the
+    harmonic source's merge (a 9 -> 1 linear per sample), ``conv_pre``, the transposed convs
+    (counted as 2 x input length x c_in x c_out x kernel), the source branch's strided convs,
+    every ResBlock conv and ``conv_post``. STFT and inverse STFT (FFTs) are not counted."""
+    f0 = hift.f0
+    total = 0
+    for i in range(f0.num_layers):
+        total += _conv(batch, frames, hift.in_channels if i == 0 else f0.hidden_channels, f0.hidden_channels,
+                       f0.kernel_size)
+    total += _linear(batch * frames, f0.hidden_channels, 1)
+    samples = frames * hift.samples_per_frame
+    total += _linear(batch * samples, hift.num_harmonics, 1)
+    total += _conv(batch, frames, hift.in_channels, hift.base_channels, 7)  # conv_pre
+    stft_channels, spectrum = hift.istft_n_fft + 2, samples // hift.istft_hop + 1
+    length, c_in = frames, hift.base_channels
+    stages = len(hift.upsample_rates)
+    for i, (rate, kernel) in enumerate(zip(hift.upsample_rates, hift.upsample_kernel_sizes)):
+        c_out = hift.base_channels // 2 ** (i + 1)
+        total += 2 * batch * length * c_in * c_out * kernel  # transposed conv, over its input
+        length = (length - 1) * rate - 2 * ((kernel - rate) // 2) + kernel
+        if i == stages - 1:
+            length += 1  # the reflect pad before the last stage's blocks
+        factor = math.prod(hift.upsample_rates[i + 1:])
+        if factor > 1:
+            down = _conv_out(spectrum, 2 * factor, factor, factor // 2)
+            total += _conv(batch, down, stft_channels, c_out, 2 * factor)
+        else:
+            total += _conv(batch, spectrum, stft_channels, c_out, 1)
+        for kernel_r, dilations in zip(hift.source_resblock_kernel_sizes[i:i + 1], hift.source_resblock_dilations[i:i + 1]):
+            total += 2 * len(dilations) * _conv(batch, length, c_out, c_out, kernel_r)
+        for kernel_r, dilations in zip(hift.resblock_kernel_sizes, hift.resblock_dilations):
+            total += 2 * len(dilations) * _conv(batch, length, c_out, c_out, kernel_r)
+        c_in = c_out
+    total += _conv(batch, length, c_in, stft_channels, 7)  # conv_post
+    return total
+
+
+def vocoder_flops(flow_config: FlowConfig, hift_config: HiFTConfig, batch: int, prompt_tokens: int,
+                  new_tokens: int, n_steps: int, guided: bool, prompt_mel_frames: int | None = None) -> dict:
+    """FLOPs (2 per multiply-accumulate) of one vocoder pass over ``batch`` items of
+    ``prompt_tokens + new_tokens`` tokens, counted from the shapes: matmuls and linears,
+    attention products, convolutions. Elementwise work (norms, activations, masks, the Euler
+    update, the CFG combine, Snake, the harmonic sines) and the FFTs are not counted.
+
+    The solver runs ``n_steps`` estimator calls over ``batch`` rows (``2 batch`` when ``guided``:
+    CFG's unconditional rows) of ``2 (prompt + new)`` frames; HiFT runs over the new frames
+    (``2 (prompt + new) - prompt_mel_frames``, the prompt mel being ``2 prompt`` frames by default).
+    """
+    ratio = flow_config.token_mel_ratio
+    frames = ratio * (prompt_tokens + new_tokens)
+    mel_frames = ratio * prompt_tokens if prompt_mel_frames is None else prompt_mel_frames
+    flops = {
+        "flow_encoder": encoder_flops(flow_config, batch, prompt_tokens + new_tokens),
+        "solver": n_steps * estimator_flops(flow_config, (2 if guided else 1) * batch, frames),
+        "hift": hift_flops(hift_config, batch, frames - mel_frames),
+    }
+    flops["total"] = sum(flops.values())
+    return flops
+
+
+# ------------------------------------------------------------------------------ pass inputs
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class PassInputs:
+    """The module inputs of one pass shape: B items of the same prompt + N tokens (so the
+    pass's padded shapes are its real ones)."""
+
+    tokens: torch.Tensor  # [B, Tp + N] long: prompt then new tokens
+    lengths: torch.Tensor  # [B]
+    cond: torch.Tensor  # [B, 80, T] the prompt mel, zeros after it
+    speaker: torch.Tensor  # [B, 80] projected x-vector
+    noise: torch.Tensor  # [B, 80, T] the solver's start
+    prompt_mel_frames: int
+    n_steps: int
+    cfg_rate: float
+    source_noise: SourceNoise  # for the new frames
+
+    @property
+    def frames(self) -> int:
+        return self.noise.shape[2]
+
+    @property
+    def new_frames(self) -> int:
+        return self.frames - self.prompt_mel_frames
+
+
+@torch.inference_mode()
+def pass_inputs(s3gen: S3Gen, voice: Voice, items: list[list[int]], n_steps: int, cfg_rate: float,
+                seed: int) -> PassInputs:
+    """``items``: per item, the tokens the stage vocodes (after the variant's clean-up), all of one length."""
+    device, dtype, flow = s3gen.device, s3gen.dtype, s3gen.flow
+    assert len({len(t) for t in items}) == 1, "a bench pass has items of one length"
+    batch = len(items)
+    prompt = voice.s3gen_prompt_tokens[0].to(torch.long)
+    rows = [torch.cat([prompt, torch.tensor(t, dtype=torch.long)]) for t in items]
+    tokens = torch.stack(rows).to(device)
+    lengths = torch.full((batch,), tokens.shape[1], dtype=torch.long, device=device)
+    frames = flow.config.token_mel_ratio * tokens.shape[1]
+    mel = voice.s3gen_prompt_mel[0].to(device=device, dtype=dtype)  # [Tm, 80]
+    cond = torch.zeros(batch, flow.config.mel_bins, frames, dtype=dtype, device=device)
+    cond[:, :, :mel.shape[0]] = mel.transpose(0, 1)
+    speaker = flow.speaker_projection(voice.xvector.to(device)).expand(batch, -1).contiguous()
+    generator = torch.Generator().manual_seed(seed)
+    noise = torch.randn(batch, flow.config.mel_bins, frames, generator=generator).to(device=device, dtype=dtype)
+    new = frames - mel.shape[0]
+    source = draw_source_noise([new] * batch, s3gen.mel2wav.config, device)
+    return PassInputs(tokens, lengths, cond, speaker, noise, mel.shape[0], n_steps, cfg_rate, source)
+
+
+# ------------------------------------------------------------------------- the module calls
+def run_encoder(s3gen: S3Gen, inp: PassInputs) -> torch.Tensor:
+    """Embedding + conformer + ``encoder_proj``: mu ``[B, 80, T]``."""
+    flow = s3gen.flow
+    hidden, _ = flow.encode(inp.tokens, inp.lengths)
+    return flow.encoder_proj(hidden).transpose(1, 2)
+
+
+def run_solver(s3gen: S3Gen, inp: PassInputs, mu: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return s3gen.flow.decoder.solve(inp.noise, mask, mu, inp.speaker, inp.cond,
+                                    n_steps=inp.n_steps, cfg_rate=inp.cfg_rate)
+
+
+def run_hift(s3gen: S3Gen, inp: PassInputs, mel: torch.Tensor) -> torch.Tensor:
+    """HiFT as the stage calls it (with frame counts, so the masked, per-item paths run)."""
+    hift = s3gen.mel2wav
+    new = mel[:, :, inp.prompt_mel_frames:]
+    counts = torch.full((new.shape[0],), new.shape[2], dtype=torch.long, device=new.device)
+    f0 = hift.predict_f0(new, counts)
+    source = hift.harmonic_source(f0, counts, inp.source_noise)
+    return hift.decode(new, source, counts)
+
+
+@functools.lru_cache(maxsize=4)
+def _hann(n_fft: int, device: torch.device) -> torch.Tensor:
+    return torch.hann_window(n_fft, periodic=True, dtype=torch.float64).to(device=device, dtype=torch.float32)
+
+
+class PlainHiFTDecode:
+    """``HiFTGenerator.decode`` without masks or per-item lengths, for one fixed shape: the
+    model's own conv and ResBlock modules, ``torch.stft`` of the reflect-padded source, and an
+    inverse STFT (irfft, window, overlap-add) divided by the window envelope computed once here
+    (``torch.istft`` checks the envelope on the host, which a CUDA graph cannot hold)."""
+
+    def __init__(self, hift, batch: int, frames: int, device: torch.device):
+        cfg = self.cfg = hift.config
+        self.hift = hift
+        n_fft, hop = cfg.istft_n_fft, cfg.istft_hop
+        self.window = _hann(n_fft, device)
+        self.stft_frames = frames * cfg.samples_per_frame // hop + 1
+        total = n_fft + hop * (self.stft_frames - 1)
+        envelope = F.fold(self.window.pow(2)[None, :, None].expand(1, n_fft, self.stft_frames),
+                          output_size=(1, total), kernel_size=(1, n_fft), stride=(1, hop))[:, 0, 0]
+        self.envelope = envelope[:, n_fft // 2: total - n_fft // 2].clamp(min=1e-11)
+        self.total = total
+
+    def __call__(self, mel: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        hift, cfg = self.hift, self.cfg
+        n_fft, hop = cfg.istft_n_fft, cfg.istft_hop
+        padded = F.pad(source.float()[:, None], (n_fft // 2, n_fft // 2), mode="reflect")[:, 0]
+        spec = torch.view_as_real(torch.stft(padded, n_fft, hop, n_fft, window=self.window, center=False,
+                                             return_complex=True))
+        x = hift.conv_pre(mel.to(hift.conv_pre.weight.dtype))
+        spectrum = torch.cat([spec[..., 0], spec[..., 1]], dim=1).to(x.dtype)
+        kernels = len(cfg.resblock_kernel_sizes)
+        for i, up in enumerate(hift.ups):
+            x = up(F.leaky_relu(x, cfg.lrelu_slope))
+            if i == len(hift.ups) - 1:
+                x = F.pad(x, (1, 0), mode="reflect")
+            x = x + hift.source_resblocks[i](hift.source_downs[i](spectrum), None)
+            blocks = hift.resblocks[i * kernels:(i + 1) * kernels]
+            total = blocks[0](x, None)
+            for block in blocks[1:]:
+                total = total + block(x, None)
+            x = total / kernels
+        logits = hift.conv_post(F.leaky_relu(x, cfg.post_lrelu_slope)).float()
+        bins = n_fft // 2 + 1
+        magnitude = torch.clip(torch.exp(logits[:, :bins]), max=cfg.max_magnitude)
+        phase = torch.sin(logits[:, bins:])
+        spec = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
+        frames = torch.fft.irfft(spec, n=n_fft, dim=1) * self.window[None, :, None]
+        signal = F.fold(frames, output_size=(1, self.total), kernel_size=(1, n_fft), stride=(1, hop))[:, 0, 0]
+        signal = signal[:, n_fft // 2: self.total - n_fft // 2] / self.envelope
+        return torch.clamp(signal, -cfg.audio_limit, cfg.audio_limit)
+
+
+class YardstickPass:
+    """Encoder + solver + HiFT of one pass shape in plain PyTorch on static inputs; on CUDA the
+    whole pass is one captured CUDA graph (after warm-up passes on the capture stream)."""
+
+    def __init__(self, s3gen: S3Gen, inp: PassInputs, *, cuda_graph: bool = True):
+        self.s3gen, self.inp = s3gen, inp
+        device = s3gen.device
+        self.mask = torch.ones(inp.tokens.shape[0], inp.frames, dtype=torch.bool, device=device)
+        self.decode = PlainHiFTDecode(s3gen.mel2wav, inp.tokens.shape[0], inp.new_frames, device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.wav: torch.Tensor | None = None
+        self.capture_error: str | None = None
+        if cuda_graph and device.type == "cuda":
+            try:
+                self._capture()
+            except Exception as exc:  # noqa: BLE001 - reported; the yardstick then runs eagerly
+                self.graph = None
+                self.capture_error = f"{type(exc).__name__}: {exc}"
+                torch.cuda.synchronize(device)
+
+    @property
+    def mode(self) -> str:
+        return "cuda_graph" if self.graph is not None else "eager"
+
+    @torch.inference_mode()
+    def _pass(self) -> None:
+        s3gen, inp = self.s3gen, self.inp
+        hift = s3gen.mel2wav
+        mu = run_encoder(s3gen, inp)
+        mel = run_solver(s3gen, inp, mu, self.mask)
+        new = mel[:, :, inp.prompt_mel_frames:]
+        f0 = hift.predict_f0(new)
+        # HiFTGenerator.harmonic_source without per-item lengths; the upsampling of F0 to the
+        # audio rate is an expand, not repeat_interleave (which may size its output on the host)
+        rows, frames = f0.shape
+        f0_samples = f0.float()[:, :, None].expand(rows, frames, hift.config.samples_per_frame).reshape(rows, -1)
+        source = hift.m_source(f0_samples, inp.source_noise)
+        self.wav = self.decode(new, source)
+
+    def _capture(self) -> None:
+        device = self.s3gen.device
+        stream = torch.cuda.Stream(device=device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # library workspaces, FFT plans and lazy initialisation outside the capture
+                self._pass()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                self._pass()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        torch.cuda.synchronize(device)
+        self.graph = graph
+
+    def __call__(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._pass()
+
+
+def time_yardstick(s3gen: S3Gen, inp: PassInputs, *, replays: int, warmup: int = 2,
+                   cuda_graph: bool = True) -> tuple[float, str, str | None]:
+    """Seconds per yardstick pass (mean over ``replays`` after ``warmup``), its mode and, if the
+    capture failed, why."""
+    device = s3gen.device
+    yardstick = YardstickPass(s3gen, inp, cuda_graph=cuda_graph)
+    try:
+        for _ in range(warmup):
+            yardstick()
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(replays):
+                yardstick()
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1000 / replays
+        else:
+            began = time.perf_counter()
+            for _ in range(replays):
+                yardstick()
+            seconds = (time.perf_counter() - began) / replays
+        return seconds, yardstick.mode, yardstick.capture_error
+    finally:
+        del yardstick
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+@torch.inference_mode()
+def time_split(s3gen: S3Gen, inp: PassInputs, *, repeats: int) -> dict[str, float]:
+    """Median seconds of the flow encoder, the solver and HiFT called eagerly at the pass's
+    shapes. On CUDA: events recorded on the current stream around each part, one
+    synchronisation after all repeats; on the CPU: host timers."""
+    device = s3gen.device
+    mask = torch.ones(inp.tokens.shape[0], inp.frames, dtype=torch.bool, device=device)
+    parts = ("flow_encoder", "solver", "hift")
+    run_hift(s3gen, inp, run_solver(s3gen, inp, run_encoder(s3gen, inp), mask))  # first calls untimed
+    cuda = device.type == "cuda"
+    marks: list[list] = []
+    for _ in range(repeats):
+        stamps = []
+
+        def mark():
+            if cuda:
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()
+                stamps.append(event)
+            else:
+                stamps.append(time.perf_counter())
+
+        mark()
+        mu = run_encoder(s3gen, inp)
+        mark()
+        mel = run_solver(s3gen, inp, mu, mask)
+        mark()
+        run_hift(s3gen, inp, mel)
+        mark()
+        marks.append(stamps)
+    if cuda:
+        marks[-1][-1].synchronize()
+        seconds = [[a.elapsed_time(b) / 1000 for a, b in zip(s, s[1:])] for s in marks]
+    else:
+        seconds = [[b - a for a, b in zip(s, s[1:])] for s in marks]
+    return {part: statistics.median(row[i] for row in seconds) for i, part in enumerate(parts)}
+
+
+# --------------------------------------------------------------------------------- the stage
+def _stats_numbers(stats) -> dict[str, float]:
+    values = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else vars(stats)
+    return {k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _random_tokens(count: int, seed: int, num_codes: int) -> list[int]:
+    return torch.randint(0, num_codes, (count,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def time_stage(stage: VocoderStage, voice: Voice, batch: int, new_tokens: int, cfg: VocoderBenchConfig,
+               job_counter: list[int]) -> dict:
+    """Warm-up then timed passes of ``batch`` non-streaming jobs of ``new_tokens`` raw tokens."""
+    device, num_codes = stage.s3gen.device, stage.s3gen.rules.num_codes
+    seconds, audio = [], []
+    before = _stats_numbers(stage.stats)
+    for i in range(cfg.warmup_passes + cfg.repeats):
+        ids = []
+        for b in range(batch):
+            job = job_counter[0]
+            job_counter[0] += 1
+            job_id = f"bench-{job}"
+            stage.add(job_id, voice, seed=cfg.seed + job, streaming=False, n_steps=cfg.flow_steps)
+            stage.push(job_id, _random_tokens(new_tokens, cfg.seed + b, num_codes), final=True)
+            ids.append(job_id)
+        _sync(device)
+        began = time.perf_counter()
+        out = stage.step()
+        _sync(device)
+        elapsed = time.perf_counter() - began
+        if sorted(o.job_id for o in out) != sorted(ids) or not all(o.final and o.error is None for o in out):
+            errors = [o.error for o in out if o.error]
+            raise RuntimeError(f"a bench pass did not vocode its {batch} jobs in one step"
+                               + (f": {errors[0]}" if errors else ""))
+        if i >= cfg.warmup_passes:
+            seconds.append(elapsed)
+            audio.append(sum(o.samples.shape[0] for o in out) / SAMPLE_RATE)
+    after = _stats_numbers(stage.stats)
+    return {"seconds": statistics.median(seconds), "audio_seconds": audio[0], "all_seconds": seconds,
+            "stats": {k: round(after[k] - before.get(k, 0), 6) for k in after}}
+
+
+# ------------------------------------------------------------------------------------ report
+def load_bench_s3gen(cfg: VocoderBenchConfig) -> tuple[S3Gen, Voice, bool]:
+    """The variant's S3Gen (without the voice models) and its built-in voice, from
+    ``cfg.checkpoint`` or a random-weight checkpoint written for the run."""
+    from chorus.models.random_checkpoint import write_random_checkpoint
+
+    variant = cfg.variant if isinstance(cfg.variant, Variant) else get_variant(cfg.variant)
+    device = parse_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    with tempfile.TemporaryDirectory() as tmp:
+        location = cfg.checkpoint or write_random_checkpoint(variant, tmp, components=("s3gen", "conds"))
+        ckpt = Checkpoint.open(variant, location) if cfg.checkpoint else Checkpoint(variant, Path(location))
+        s3gen = S3Gen.from_checkpoint(ckpt, dtype=dtype, device=device, voice_models=False)
+        voice = Voice.from_conditionals(ckpt.builtin_voice_state())
+        return s3gen, voice, ckpt.has_random_weights
+
+
+def _tflops(flops: int, seconds: float) -> float:
+    return round(flops / seconds / 1e12, 4) if seconds > 0 else 0.0
+
+
+def bench_shape(s3gen: S3Gen, voice: Voice, stage: VocoderStage, cfg: VocoderBenchConfig, batch: int,
+                new_tokens: int, job_counter: list[int]) -> dict:
+    settings = s3gen.variant.s3gen
+    n_steps = settings.flow_steps if cfg.flow_steps is None else cfg.flow_steps
+    cfg_rate = settings.cfg_rate
+    guided = not s3gen.flow.config.meanflow and cfg_rate != 0.0
+    items = [s3gen.postprocess_tokens(_random_tokens(new_tokens, cfg.seed + b, s3gen.rules.num_codes))
+             for b in range(batch)]
+    pass_tokens = len(items[0])
+    prompt_tokens, prompt_mel_frames = voice.s3gen_prompt_tokens.shape[1], voice.s3gen_prompt_mel.shape[1]
+    flops = vocoder_flops(s3gen.flow.config, s3gen.mel2wav.config, batch, prompt_tokens, pass_tokens, n_steps,
+                          guided, prompt_mel_frames)
+    stage_run = time_stage(stage, voice, batch, new_tokens, cfg, job_counter)
+    inp = pass_inputs(s3gen, voice, items, n_steps, cfg_rate, cfg.seed)
+    split = time_split(s3gen, inp, repeats=cfg.repeats)
+    pass_s = stage_run["seconds"]
+    entry = {
+        "batch": batch, "new_tokens": new_tokens, "pass_tokens": pass_tokens, "prompt_tokens": prompt_tokens,
+        "frames": inp.frames, "new_frames": inp.new_frames, "n_steps": n_steps, "guided": guided,
+        "stage_pass_seconds": round(pass_s, 6),
+        "stage_pass_seconds_all": [round(s, 6) for s in stage_run["all_seconds"]],
+        "audio_seconds": round(stage_run["audio_seconds"], 4),
+        "realtime_factor": round(stage_run["audio_seconds"] / pass_s, 2),
+        "stage_stats": stage_run["stats"],
+        "split_seconds": {k: round(v, 6) for k, v in split.items()},
+        "split_total_seconds": round(sum(split.values()), 6),
+        "flops": flops,
+        "split_tflops": {k: _tflops(flops[k], split[k]) for k in split},
+        "stage_tflops": _tflops(flops["total"], pass_s),
+    }
+    if cfg.yardstick:
+        seconds, mode, error = time_yardstick(s3gen, inp, replays=cfg.repeats)
+        entry.update({"yardstick_seconds": round(seconds, 6), "yardstick_mode": mode,
+                      "yardstick_tflops": _tflops(flops["total"], seconds),
+                      "yardstick_fraction": round(seconds / pass_s, 4)})
+        if error:
+            entry["yardstick_capture_error"] = error
+    del inp
+    return entry
+
+
+def run(cfg: VocoderBenchConfig, s3gen: S3Gen | None = None, voice: Voice | None = None) -> dict:
+    """The report; ``s3gen``/``voice`` replace the loaded model and built-in voice (tests pass tiny ones)."""
+    if cfg.repeats < 1 or cfg.warmup_passes < 0:
+        raise ValueError("repeats must be >= 1 and warmup_passes >= 0")
+    random_weights = None
+    if s3gen is None or voice is None:
+        s3gen, voice, random_weights = load_bench_s3gen(cfg)
+    device, dtype = s3gen.device, s3gen.dtype
+    stage = VocoderStage(s3gen, VocoderConfig(
+        max_batch_items=max(cfg.batch_sizes), cuda_graphs=cfg.cuda_graphs,
+        max_batch_tokens=max(VocoderConfig().max_batch_tokens,
+                             max(cfg.batch_sizes) * (voice.s3gen_prompt_tokens.shape[1] + max(cfg.new_tokens) + 16))))
+    settings = s3gen.variant.s3gen
+    report: dict = {
+        "variant": s3gen.variant.name, "dtype": dtype_name(dtype), "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "random_weights": random_weights, "torch": torch.__version__,
+        "n_steps": settings.flow_steps if cfg.flow_steps is None else cfg.flow_steps,
+        "cfg_rate": settings.cfg_rate, "meanflow": s3gen.flow.config.meanflow,
+        "prompt_tokens": voice.s3gen_prompt_tokens.shape[1], "prompt_mel_frames": voice.s3gen_prompt_mel.shape[1],
+        "repeats": cfg.repeats, "warmup_passes": cfg.warmup_passes, "stage_cuda_graphs": cfg.cuda_graphs,
+    }
+    job_counter = [0]
+    report["passes"] = [bench_shape(s3gen, voice, stage, cfg, b, n, job_counter)
+                        for b in cfg.batch_sizes for n in cfg.new_tokens]
+    if cfg.yardstick:
+        report["yardstick"] = {
+            "what": "the pass's modules at its shapes in plain PyTorch (model dtype; HiFT's pitch path float32 "
+                    "as the model keeps it): token embedding, conformer and encoder_proj; the flow-matching "
+                    "solve (every estimator call, CFG rows batched); HiFT predict_f0, harmonic source and "
+                    "decode with an unmasked STFT / inverse STFT; no padding, no per-item lengths",
+            "mode": "/".join(sorted({p["yardstick_mode"] for p in report["passes"]})),
+            "fraction": "yardstick_seconds / stage_pass_seconds; a yardstick, not a bound (the engine can beat it)",
+        }
+    report["flops_counted"] = ("matmuls and linears, attention (Q K^T, P V, the encoder's relative-position "
+                               "term), convolutions (transposed: over their input); elementwise ops and FFTs "
+                               "not counted; 2 FLOPs per multiply-accumulate; real (unpadded) shapes")
+    return report
+
+
+def format_table(report: dict) -> str:
+    lines = [f"{report['variant']} {report['dtype']} on {report['device_name']}: {report['n_steps']} flow steps"
+             f"{' + CFG' if report['passes'] and report['passes'][0]['guided'] else ''}, prompt "
+             f"{report['prompt_tokens']} tokens",
+             f"{'B':>4} {'N':>5} {'pass ms':>9} {'xRT':>7} {'enc ms':>8} {'solve ms':>9} {'hift ms':>8} "
+             f"{'GFLOP':>9} {'TFLOP/s':>8} {'yard ms':>8} {'yard/pass':>9}"]
+    for p in report["passes"]:
+        s = p["split_seconds"]
+        yard = (f"{1000 * p['yardstick_seconds']:>8.2f} {p['yardstick_fraction']:>9.3f}"
+                if "yardstick_seconds" in p else f"{'-':>8} {'-':>9}")
+        lines.append(f"{p['batch']:>4} {p['new_tokens']:>5} {1000 * p['stage_pass_seconds']:>9.2f} "
+                     f"{p['realtime_factor']:>7.1f} {1000 * s['flow_encoder']:>8.2f} {1000 * s['solver']:>9.2f} "
+                     f"{1000 * s['hift']:>8.2f} {p['flops']['total'] / 1e9:>9.1f} {p['stage_tflops']:>8.3f} {yard}")
+    return "\n".join(lines)
+
+
+def main_json(cfg: VocoderBenchConfig, out: str | None) -> dict:
+    """Run, print the table to stderr and the JSON report to stdout (and to ``out``, atomically)."""
+    report = run(cfg)
+    print(format_table(report), file=sys.stderr)
+    text = json.dumps(report, indent=2)
+    if out:
+        atomic_write_text(out, text)
+    print(text)
+    return report
