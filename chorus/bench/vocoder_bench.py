@@ -5,7 +5,7 @@ prompt, different seeds; the variant's flow steps and CFG unless overridden):
 
 - **stage pass**: wall time of one ``VocoderStage.step()`` over the B jobs (the device
   synchronised before and after), the median of ``repeats`` passes after ``warmup_passes``
-  untimed ones (so the stage's solver graphs are captured and kernels chosen), with the audio
+  untimed ones (so the stage's pass graphs are captured and kernels chosen), with the audio
   seconds it returned and the real-time factor;
 - **split**: the S3Gen modules called directly at the pass's shapes, eagerly, timed with CUDA
   events on the stream (one synchronisation at the end; host timers on the CPU): flow encoder
@@ -27,7 +27,6 @@ given): the time of a pass does not depend on them.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import statistics
@@ -38,7 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from chorus.atomic import atomic_write_text
 from chorus.models.loading import Checkpoint, dtype_name, parse_device, resolve_dtype
@@ -59,8 +57,8 @@ class VocoderBenchConfig:
     batch_sizes: tuple[int, ...] = (1, 8, 32)
     new_tokens: tuple[int, ...] = (20, 100, 250)
     repeats: int = 3  # timed stage passes per shape (median), split repeats and yardstick replays
-    warmup_passes: int = 3  # untimed stage passes per shape first (a solver graph is captured on a
-    # shape's VocoderConfig.capture_after-th (3rd) solve)
+    warmup_passes: int = 3  # untimed stage passes per shape first (pass graphs are captured on a
+    # shape's VocoderConfig.capture_after-th (3rd) use)
     flow_steps: int | None = None  # None: the variant's (10, meanflow 2)
     yardstick: bool = True
     cuda_graphs: bool = True  # VocoderConfig.cuda_graphs of the stage
@@ -267,59 +265,6 @@ def run_hift(s3gen: S3Gen, inp: PassInputs, mel: torch.Tensor) -> torch.Tensor:
     return hift.decode(new, source, counts)
 
 
-@functools.lru_cache(maxsize=4)
-def _hann(n_fft: int, device: torch.device) -> torch.Tensor:
-    return torch.hann_window(n_fft, periodic=True, dtype=torch.float64).to(device=device, dtype=torch.float32)
-
-
-class PlainHiFTDecode:
-    """``HiFTGenerator.decode`` without masks or per-item lengths, for one fixed shape: the
-    model's own conv and ResBlock modules, ``torch.stft`` of the reflect-padded source, and an
-    inverse STFT (irfft, window, overlap-add) divided by the window envelope computed once here
-    (``torch.istft`` checks the envelope on the host, which a CUDA graph cannot hold)."""
-
-    def __init__(self, hift, batch: int, frames: int, device: torch.device):
-        cfg = self.cfg = hift.config
-        self.hift = hift
-        n_fft, hop = cfg.istft_n_fft, cfg.istft_hop
-        self.window = _hann(n_fft, device)
-        self.stft_frames = frames * cfg.samples_per_frame // hop + 1
-        total = n_fft + hop * (self.stft_frames - 1)
-        envelope = F.fold(self.window.pow(2)[None, :, None].expand(1, n_fft, self.stft_frames),
-                          output_size=(1, total), kernel_size=(1, n_fft), stride=(1, hop))[:, 0, 0]
-        self.envelope = envelope[:, n_fft // 2: total - n_fft // 2].clamp(min=1e-11)
-        self.total = total
-
-    def __call__(self, mel: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
-        hift, cfg = self.hift, self.cfg
-        n_fft, hop = cfg.istft_n_fft, cfg.istft_hop
-        padded = F.pad(source.float()[:, None], (n_fft // 2, n_fft // 2), mode="reflect")[:, 0]
-        spec = torch.view_as_real(torch.stft(padded, n_fft, hop, n_fft, window=self.window, center=False,
-                                             return_complex=True))
-        x = hift.conv_pre(mel.to(hift.conv_pre.weight.dtype))
-        spectrum = torch.cat([spec[..., 0], spec[..., 1]], dim=1).to(x.dtype)
-        kernels = len(cfg.resblock_kernel_sizes)
-        for i, up in enumerate(hift.ups):
-            x = up(F.leaky_relu(x, cfg.lrelu_slope))
-            if i == len(hift.ups) - 1:
-                x = F.pad(x, (1, 0), mode="reflect")
-            x = x + hift.source_resblocks[i](hift.source_downs[i](spectrum), None)
-            blocks = hift.resblocks[i * kernels:(i + 1) * kernels]
-            total = blocks[0](x, None)
-            for block in blocks[1:]:
-                total = total + block(x, None)
-            x = total / kernels
-        logits = hift.conv_post(F.leaky_relu(x, cfg.post_lrelu_slope)).float()
-        bins = n_fft // 2 + 1
-        magnitude = torch.clip(torch.exp(logits[:, :bins]), max=cfg.max_magnitude)
-        phase = torch.sin(logits[:, bins:])
-        spec = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
-        frames = torch.fft.irfft(spec, n=n_fft, dim=1) * self.window[None, :, None]
-        signal = F.fold(frames, output_size=(1, self.total), kernel_size=(1, n_fft), stride=(1, hop))[:, 0, 0]
-        signal = signal[:, n_fft // 2: self.total - n_fft // 2] / self.envelope
-        return torch.clamp(signal, -cfg.audio_limit, cfg.audio_limit)
-
-
 class YardstickPass:
     """Encoder + solver + HiFT of one pass shape in plain PyTorch on static inputs; on CUDA the
     whole pass is one captured CUDA graph (after warm-up passes on the capture stream)."""
@@ -328,7 +273,6 @@ class YardstickPass:
         self.s3gen, self.inp = s3gen, inp
         device = s3gen.device
         self.mask = torch.ones(inp.tokens.shape[0], inp.frames, dtype=torch.bool, device=device)
-        self.decode = PlainHiFTDecode(s3gen.mel2wav, inp.tokens.shape[0], inp.new_frames, device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.wav: torch.Tensor | None = None
         self.capture_error: str | None = None
@@ -351,13 +295,10 @@ class YardstickPass:
         mu = run_encoder(s3gen, inp)
         mel = run_solver(s3gen, inp, mu, self.mask)
         new = mel[:, :, inp.prompt_mel_frames:]
+        # without frame counts HiFT masks nothing and never synchronises (capturable)
         f0 = hift.predict_f0(new)
-        # HiFTGenerator.harmonic_source without per-item lengths; the upsampling of F0 to the
-        # audio rate is an expand, not repeat_interleave (which may size its output on the host)
-        rows, frames = f0.shape
-        f0_samples = f0.float()[:, :, None].expand(rows, frames, hift.config.samples_per_frame).reshape(rows, -1)
-        source = hift.m_source(f0_samples, inp.source_noise)
-        self.wav = self.decode(new, source)
+        source = hift.harmonic_source(f0, None, inp.source_noise)
+        self.wav = hift.decode(new, source)
 
     def _capture(self) -> None:
         device = self.s3gen.device

@@ -128,19 +128,6 @@ def test_the_yardstick_can_be_left_out(tiny):
     assert "yardstick" not in report and "-" in format_table(report)
 
 
-def test_the_yardstick_decodes_as_hift_does(tiny):
-    """The plain (unmasked, host-sync-free) HiFT decode gives the model's decode for full-length items."""
-    from chorus.bench.vocoder_bench import PlainHiFTDecode
-
-    hift = tiny["turbo"].mel2wav
-    mel = torch.randn(2, 80, 9, generator=torch.Generator().manual_seed(0)) - 5.0
-    source = 0.1 * torch.randn(2, 9 * hift.config.samples_per_frame, generator=torch.Generator().manual_seed(1))
-    with torch.inference_mode():
-        expected = hift.decode(mel, source, torch.tensor([9, 9]))
-        plain = PlainHiFTDecode(hift, 2, 9, torch.device("cpu"))(mel, source)
-    torch.testing.assert_close(plain, expected, rtol=1e-4, atol=1e-5)
-
-
 def test_the_cli_maps_its_options_onto_the_config(monkeypatch, capsys):
     from chorus import cli
     from chorus.bench import vocoder_bench

@@ -99,3 +99,17 @@ def test_hift_accepts_a_batch_padded_past_its_longest_item(tiny_hift):
     out = tiny_hift(mel, torch.tensor([5, 6]))  # default noise covers 6 frames, the batch 8
     assert out.wav.shape == (2, 8 * 480)
     assert out.wav[:, 6 * 480:].abs().sum().item() == 0.0
+
+
+def test_full_frame_counts_give_what_no_counts_give(tiny_hift, batch):
+    # the masked path (what a CUDA graph captures) equals the unmasked one when nothing is padded
+    mels, _, noise = batch
+    mel = mels[0].expand(2, -1, -1).contiguous()
+    counts = torch.full((2,), mel.shape[-1])
+    source = SourceNoise(noise.phases[:2], noise.noise[:2, :, : mel.shape[-1] * 480])
+    with torch.inference_mode():
+        f0 = tiny_hift.predict_f0(mel, counts)
+        masked = tiny_hift.decode(mel, tiny_hift.harmonic_source(f0, counts, source), counts)
+        plain = tiny_hift.decode(mel, tiny_hift.harmonic_source(tiny_hift.predict_f0(mel), None, source))
+    assert torch.equal(f0, tiny_hift.predict_f0(mel))
+    torch.testing.assert_close(masked, plain, rtol=1e-5, atol=1e-6)
