@@ -17,6 +17,7 @@ each taking the GIL back, cost it.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -75,7 +76,9 @@ class VocoderLoad:
         self._thread.join()
 
 
-def t3_steps(model, variant, cfg, conditioning, text_ids, batch: int, steps: int) -> list[float]:
+def t3_engine(model, variant, cfg, conditioning, text_ids, batch: int, steps: int):
+    """An engine with ``batch`` requests prefilled and decoding (built, and its CUDA graphs
+    captured, before any vocoder load starts, as in the pipeline)."""
     rows = batch * (2 if variant.t3.supports_cfg and cfg.cfg_weight > 0 else 1)
     engine = bench_engine(model, variant, cfg, rows)
     total = 2 * steps + 32
@@ -86,14 +89,24 @@ def t3_steps(model, variant, cfg, conditioning, text_ids, batch: int, steps: int
     for _ in range(16):
         engine.step()
     torch.cuda.synchronize()
+    return engine
+
+
+def t3_steps(engine, steps: int) -> list[float]:
     times, last = [], time.perf_counter()
     for _ in range(steps):
         engine.step()
         now = time.perf_counter()
         times.append(now - last)
         last = now
-    engine.runner.graphs = engine.runner.sampler_graphs = None
     return times
+
+
+def _release(engine) -> None:
+    engine.runner.graphs = engine.runner.sampler_graphs = None
+    del engine
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def _ms(values: list[float], q: float) -> float | None:
@@ -130,12 +143,14 @@ def main() -> None:
         loads[mode] = load
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         for mode in ("alone", "graphed", "eager"):
+            engine = t3_engine(model, variant, cfg, conditioning, text_ids, batch, args.steps)
             if mode == "alone":
-                steps, passes = t3_steps(model, variant, cfg, conditioning, text_ids, batch, args.steps), []
+                steps, passes = t3_steps(engine, args.steps), []
             else:
                 with loads[mode] as load:
-                    steps = t3_steps(model, variant, cfg, conditioning, text_ids, batch, args.steps)
+                    steps = t3_steps(engine, args.steps)
                 passes = list(load.pass_seconds)
+            _release(engine)
             row = {"batch": batch, "mode": mode, "t3_step_ms_p50": _ms(steps, 0.5), "t3_step_ms_p90": _ms(steps, 0.9),
                    "t3_mean_ms": round(1000 * statistics.mean(steps), 3), "vocoder_passes": len(passes),
                    "vocoder_pass_ms_p50": _ms(passes, 0.5)}

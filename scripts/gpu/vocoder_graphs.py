@@ -48,7 +48,7 @@ class PassBench:
         self.n_steps, self.cfg_rate = args.solver[s3gen.variant.name]
         config = VocoderConfig(first_window_tokens=window, max_window_tokens=max(window, 100),
                                max_batch_items=batch, max_batch_tokens=1 << 30, cuda_graphs=graphs,
-                               max_graph_rows=max(batch, 1))
+                               max_graph_rows=max(batch, 1), max_pass_seconds=None)  # one pass of all B
         self.stage = VocoderStage(s3gen, config)
         self.voices = [random_voice(args.prompt_tokens, seed=100 + v) for v in range(VOICES)]
         ready = window + config.holdback_tokens + 1  # one token past the window's pass makes it ready
