@@ -197,8 +197,10 @@ async def _read_upload(request: Request, limit: int) -> tuple[bytes, str | None]
         raise APIError(415, "upload the clip as multipart/form-data with a 'file' field", code="unsupported_media_type")
     try:
         form = await request.form(max_files=1, max_fields=4, max_part_size=limit)
-    except StarletteHTTPException:
-        raise
+    except StarletteHTTPException as exc:
+        if exc.status_code == 413:  # the body limit, answered as body_too_large
+            raise
+        raise APIError(400, f"could not read the multipart body: {exc.detail}", code="invalid_multipart") from None
     except Exception as exc:  # noqa: BLE001 - malformed multipart of any kind
         raise APIError(400, f"could not read the multipart body: {exc}", code="invalid_multipart") from None
     upload = form.get("file")

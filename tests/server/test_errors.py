@@ -115,3 +115,9 @@ def test_api_keys_are_required_when_configured(tmp_path):
         _error(live.client.get("/v1/models", headers={"Authorization": "Bearer wrong-key-0"}), 401, "invalid_api_key")
         _error(live.client.get("/v1/models", headers={"Authorization": ""}), 401, "invalid_api_key")
         assert live.client.get("/health", headers={"Authorization": ""}).status_code == 200  # probes need no key
+
+
+def test_malformed_multipart_upload_is_invalid_multipart(server):
+    response = server.client.post("/v1/voices", content=b"--nope\r\nbroken",
+                                  headers={"content-type": "multipart/form-data; boundary=b"})
+    _error(response, 400, "invalid_multipart")
