@@ -234,17 +234,23 @@ class _RequestContext:
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         token = request_id_var.set(request_id)
-        started, status = time.perf_counter(), [500]
+        started, status, responded = time.perf_counter(), [500], [False]
 
         async def send_with_id(message):
             if message["type"] == "http.response.start":
-                status[0] = message["status"]
+                status[0], responded[0] = message["status"], True
                 message = {**message, "headers": [*message.get("headers", []),
                                                   (b"x-request-id", request_id.encode())]}
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
+        except Exception:  # a bug: answer, log and count it here, where the request id is known
+            if responded[0]:
+                raise  # the response has started: only the connection can be cut
+            state["error_code"] = "internal_error"
+            logger.exception("internal error")
+            await _internal_error(send_with_id)
         finally:
             request_id_var.reset(token)
             code = state.get("error_code")
@@ -270,6 +276,7 @@ class _BodyLimit:
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
+            scope.setdefault("state", {})["error_code"] = "body_too_large"  # the metric's label
             return await _too_large(limit, send)
         seen = 0
         started = False
@@ -309,6 +316,15 @@ async def _too_large(limit: int, send) -> None:
     error = APIError(413, f"the request body is larger than {limit} bytes", code="body_too_large")
     body = json.dumps(error.body()).encode()
     await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _internal_error(send) -> None:
+    error = APIError(500, "internal server error; the request id in the X-Request-Id header finds it in the log",
+                     code="internal_error")
+    body = json.dumps(error.body()).encode()
+    await send({"type": "http.response.start", "status": 500,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
 
