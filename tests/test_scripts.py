@@ -1,0 +1,39 @@
+"""The quick start's scripts, run with bash as a user runs them (CHORUS_SERVE_DRY_RUN=1: what
+serve.sh would serve and run, without installing anything)."""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def serve_plan(*args: str, **env: str) -> dict[str, str]:
+    """serve.sh's dry run: {"would serve on": ..., "voices": ..., "command": ...}."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_")}
+    result = subprocess.run(["bash", "scripts/serve.sh", *args], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60, env={**clean, "CHORUS_SERVE_DRY_RUN": "1", **env})
+    assert result.returncode == 0, result.stderr
+    plan = {}
+    for line in result.stdout.splitlines():
+        key, _, value = line.partition(": ") if not line.startswith("would serve on ") else (
+            "would serve on", "", line.removeprefix("would serve on "))
+        plan[key] = value
+    return plan
+
+
+@pytest.mark.parametrize("args, env, url", [
+    ((), {}, "http://127.0.0.1:8000"),
+    (("--port", "9000"), {}, "http://127.0.0.1:9000"),
+    (("--port=9001",), {}, "http://127.0.0.1:9001"),
+    ((), {"CHORUS_PORT": "7000"}, "http://127.0.0.1:7000"),
+    (("--port", "9000"), {"CHORUS_PORT": "7000"}, "http://127.0.0.1:9000"),  # the flag wins, as in chorus serve
+    (("--host", "0.0.0.0", "--port", "9002"), {}, "http://127.0.0.1:9002"),
+])
+def test_serve_sh_prints_the_url_it_serves_on(args, env, url):
+    plan = serve_plan(*args, **env)
+    assert plan["would serve on"] == url
+    assert plan["command"].endswith(" ".join(args)) and "--log-format text" in plan["command"]
