@@ -2,7 +2,9 @@
 # Install Chorus into .venv (the product environment; tests use .venv-test) and start the voice
 # server (http://127.0.0.1:8000 unless --host/--port or CHORUS_HOST/CHORUS_PORT say otherwise).
 # Without CHORUS_CHECKPOINT it writes a random-weight Turbo checkpoint in the official layout
-# first and serves that (it speaks noise; the server says so).
+# first and serves that (it speaks noise; the server says so). Uploaded voices are kept in
+# .chorus/voices (git-ignored) unless --voices-dir, CHORUS_VOICES_DIR or a --config file says
+# where.
 #   bash scripts/serve.sh [chorus serve options]        e.g. --port 9000 --api-keys my-secret-key
 #   CHORUS_CHECKPOINT=ResembleAI/chatterbox-turbo bash scripts/serve.sh     # real weights (a hub id or a directory)
 #   CHORUS_SERVE_DRY_RUN=1 bash scripts/serve.sh ...    # print the URL and the command; install nothing
@@ -11,7 +13,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=${VENV:-.venv}
 
 # -- what will run, from the arguments (flags win over CHORUS_* variables, as in chorus serve) --
-HOST=${CHORUS_HOST:-} PORT=${CHORUS_PORT:-} CONFIG=""
+HOST=${CHORUS_HOST:-} PORT=${CHORUS_PORT:-} CONFIG="" VOICES_FLAG=""
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
   case "${args[i]}" in
@@ -21,8 +23,12 @@ for ((i = 0; i < ${#args[@]}; i++)); do
     --port=*) PORT=${args[i]#--port=} ;;
     --config) CONFIG=${args[i+1]:-} ;;
     --config=*) CONFIG=${args[i]#--config=} ;;
+    --voices-dir|--voices-dir=*) VOICES_FLAG=1 ;;
   esac
 done
+if [[ -z "$VOICES_FLAG" && -z "${CHORUS_VOICES_DIR:-}" && -z "$CONFIG" ]]; then
+  export CHORUS_VOICES_DIR=.chorus/voices  # not the repository root ('voices', chorus serve's default)
+fi
 if [[ -n "$CONFIG" && ( -z "$HOST" || -z "$PORT" ) ]]; then
   WHERE="the host and port of $CONFIG (default http://127.0.0.1:8000)"
 else
@@ -38,6 +44,7 @@ CKPT=${CHORUS_CHECKPOINT:-}
 COMMAND=("$VENV/bin/chorus" serve --variant "$VARIANT" --checkpoint "$CKPT" --log-format text "$@")
 if [[ -n "${CHORUS_SERVE_DRY_RUN:-}" ]]; then
   echo "would serve on $WHERE"
+  echo "voices: ${CHORUS_VOICES_DIR:-set by the arguments or the config file}"
   echo "command: ${COMMAND[*]}"
   exit 0
 fi

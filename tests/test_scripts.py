@@ -37,3 +37,22 @@ def test_serve_sh_prints_the_url_it_serves_on(args, env, url):
     plan = serve_plan(*args, **env)
     assert plan["would serve on"] == url
     assert plan["command"].endswith(" ".join(args)) and "--log-format text" in plan["command"]
+
+
+def _ignored(path: str) -> bool:
+    return subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT).returncode == 0
+
+
+def test_serve_sh_keeps_voices_in_a_git_ignored_state_dir():
+    voices = serve_plan()["voices"]
+    assert voices == ".chorus/voices" and _ignored(f"{voices}/0123abcd.safetensors")
+    assert _ignored("voices/0123abcd.json")  # chorus serve's own default, run from the repository root
+
+
+@pytest.mark.parametrize("args, env, voices", [
+    (("--voices-dir", "/srv/voices"), {}, "set by the arguments or the config file"),
+    (("--config", "chorus.toml"), {}, "set by the arguments or the config file"),
+    ((), {"CHORUS_VOICES_DIR": "/srv/v"}, "/srv/v"),
+])
+def test_serve_sh_leaves_a_chosen_voices_dir_alone(args, env, voices):
+    assert serve_plan(*args, **env)["voices"] == voices
