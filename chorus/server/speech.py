@@ -44,7 +44,7 @@ async def open_speech(service: "SpeechService", body: SpeechBody, priority_heade
     priority = service.priority(body.priority, priority_header)
     voice = await asyncio.to_thread(voice_call, service.voices.get, body.voice, param="voice")
     try:
-        encoder = StreamEncoder(body.response_format, SAMPLE_RATE, speed=body.speed)
+        encoder = StreamEncoder(body.response_format, SAMPLE_RATE, speed=body.speed, streaming=streams(body))
     except ValueError as exc:
         raise APIError(400, str(exc), code="invalid_parameter", param="speed") from None
     ticket = service.admit(priority)
@@ -75,6 +75,18 @@ async def open_speech(service: "SpeechService", body: SpeechBody, priority_heade
     if body.stream_format == "sse":
         return SpeechResponse("text/event-stream", headers, session.sse())
     return SpeechResponse(media_type(body.response_format), headers, session.bytes())
+
+
+WHOLE_BY_DEFAULT = ("wav", "flac")  # formats whose headers carry the length: sent complete unless streamed
+
+
+def streams(body: SpeechBody) -> bool:
+    """Whether the response streams: the body's ``stream``, else true except for wav and flac
+    (whose streamed headers must say "length unknown"; docs/audio-formats.md). SSE streams
+    unless ``stream`` is false."""
+    if body.stream is not None:
+        return body.stream
+    return body.stream_format == "sse" or body.response_format not in WHOLE_BY_DEFAULT
 
 
 class _Session:
