@@ -37,6 +37,43 @@ def test_pytest_removes_temporary_files_of_passed_tests():
     assert int(options["tmp_path_retention_count"]) <= 1
 
 
+def _test_sources():
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        yield path.relative_to(ROOT).as_posix(), path.read_text()
+
+
+def test_fixtures_wider_than_a_test_remove_their_temporary_directories():
+    """pytest keeps its temp dirs after a failed run, so a module- or session-scoped fixture's
+    directory must go when its scope ends (tests/conftest.py: module_tmp_path_factory,
+    session_tmp_path_factory); only a failed test's own tmp_path is kept."""
+    bare = [name for name, text in _test_sources()
+            if name != "tests/conftest.py" and re.search(r"(?<![\w.])tmp_path_factory\.mktemp\(", text)]
+    assert not bare, f"use module_tmp_path_factory or session_tmp_path_factory in {bare}"
+
+
+def test_tests_write_nothing_outside_pytest_temp_dirs():
+    """No directory in the system's temp dir (Ray replicas and CLI subprocesses included: they
+    get pytest's base temp dir through tests/voices/checkpoints.BASE_ENV)."""
+    outside = [f"{name}: {call}" for name, text in _test_sources()
+               for call in re.findall(r"\b(?:mkdtemp|mkstemp|TemporaryDirectory|NamedTemporaryFile)\([^)]*\)", text)
+               if "dir=" not in call]
+    assert not outside, outside
+
+
+def test_shared_test_checkpoints_live_under_pytest_temp_dir(tmp_path_factory):
+    """Also in child processes (the session sets BASE_ENV); tests/conftest.py removes them at the
+    session's end (checkpoints.remove_shared)."""
+    import os
+    import shutil
+
+    from tests.voices import checkpoints
+
+    directory = Path(checkpoints.scratch_dir("chorus-test-probe-"))
+    shutil.rmtree(directory)
+    assert directory.parent == tmp_path_factory.getbasetemp()
+    assert os.environ[checkpoints.BASE_ENV] == str(tmp_path_factory.getbasetemp())
+
+
 def test_every_dependency_has_an_upper_bound():
     deps = PYPROJECT["project"]["dependencies"]
     assert deps and [d for d in deps if "<" not in d] == []

@@ -15,8 +15,8 @@ TEXT = "Hello there, this is a load test."
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    config = server_config(tmp_path_factory.mktemp("voices"))
+def live(module_tmp_path_factory):
+    config = server_config(module_tmp_path_factory.mktemp("voices"))
     with LiveServer(config, tiny_loader(config)) as server:
         yield server
 

@@ -105,15 +105,15 @@ def serving(tmp_path: Path, checkpoint: str, *flags: str, **env: str):
 
 
 @pytest.fixture(scope="module")
-def light_turbo(tmp_path_factory) -> str:
-    return light_checkpoint("turbo", tmp_path_factory.mktemp("turbo"))
+def light_turbo(module_tmp_path_factory) -> str:
+    return light_checkpoint("turbo", module_tmp_path_factory.mktemp("turbo"))
 
 
 @pytest.fixture(scope="module")
-def failed_server(tmp_path_factory, light_turbo):
+def failed_server(module_tmp_path_factory, light_turbo):
     """One server over the light checkpoint: port and max_queue from the environment, JSON logs
     from the flag."""
-    with serving(tmp_path_factory.mktemp("served"), light_turbo, "--log-format", "json",
+    with serving(module_tmp_path_factory.mktemp("served"), light_turbo, "--log-format", "json",
                  CHORUS_MAX_QUEUE="17") as served:
         served.wait_state("failed")
         yield served

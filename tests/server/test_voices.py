@@ -24,8 +24,8 @@ def _server(voices_dir: Path, **overrides) -> LiveServer:
 
 
 @pytest.fixture(scope="module")
-def voices_server(tmp_path_factory):
-    with _server(tmp_path_factory.mktemp("voices"), max_upload_bytes=2 << 20) as live:
+def voices_server(module_tmp_path_factory):
+    with _server(module_tmp_path_factory.mktemp("voices"), max_upload_bytes=2 << 20) as live:
         yield live
 
 
