@@ -27,6 +27,22 @@ def test_tests_do_not_install_into_the_product_environment():
     assert f"{_default_venv('test.sh')}/" in ignored
 
 
+def test_docs_run_pytest_from_the_test_environment():
+    """pytest is installed in .venv-test only: a command running it from .venv fails."""
+    product, tests = _default_venv("install-product-env.sh"), _default_venv("install-test-env.sh")
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "scripts").glob("*.sh"))]:
+        text = path.read_text()
+        assert f"{product}/bin/python -m pytest" not in text and f"{product}/bin/pytest" not in text, path.name
+    assert f"{tests}/bin/python -m pytest" in (ROOT / "docs" / "testing.md").read_text()
+
+
+def test_docs_name_the_scripts_that_make_the_product_environment():
+    """The README's quick start makes .venv with serve.sh; the test docs must not say only demo.sh."""
+    for path in (ROOT / "docs" / "testing.md", ROOT / "scripts" / "install-test-env.sh"):
+        text = " ".join(path.read_text().split())
+        assert "scripts/serve.sh" in text, path.name
+
+
 def test_ci_runs_the_test_script():
     assert "bash scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
 
