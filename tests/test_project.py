@@ -101,3 +101,22 @@ def test_readme_shows_cpu_and_cuda_installs_and_every_extra():
     for extra in PYPROJECT["project"]["optional-dependencies"]:
         assert f"[{extra}]" in readme, extra
     assert "3.11" in readme and "3.12" in readme
+
+
+def _readme_quick_start() -> str:
+    text = (ROOT / "README.md").read_text()
+    return text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_gives_the_clip_length_the_server_accepts():
+    """Turbo refuses a clip of exactly its minimum (compared with '>'), so 'N s or more' is wrong."""
+    from chorus.models.variants import get_variant
+
+    minimum = get_variant("turbo").min_reference_seconds
+    quick = " ".join(_readme_quick_start().split())
+    assert f"longer than {minimum:g} s" in quick and "or more" not in quick
+
+
+def test_readme_speaks_with_the_id_the_upload_returns():
+    quick = _readme_quick_start()
+    assert '["id"]' in quick and '"voice": "\'"$VOICE"\'"' in quick
