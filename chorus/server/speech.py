@@ -42,7 +42,7 @@ async def open_speech(service: "SpeechService", body: SpeechBody, priority_heade
     service.require_serving()
     service.check_model(body.model)
     priority = service.priority(body.priority, priority_header)
-    voice = await asyncio.to_thread(voice_call, service.voices.get, body.voice, param="voice")
+    voice = await asyncio.to_thread(_request_voice, service.voices, body.voice)
     try:
         encoder = StreamEncoder(body.response_format, SAMPLE_RATE, speed=body.speed, streaming=streams(body))
     except ValueError as exc:
@@ -170,6 +170,27 @@ class _Session:
 
 _VOICE_STATUS = {"too_large": 413, "reserved_voice": 409, "damaged_voice": 500, "id_collision": 500,
                  "voice_store_unavailable": 503}
+
+
+def _request_voice(store, voice: str):
+    """The request's voice by id. A voice is named by its id (what POST /v1/voices returns),
+    not by the name it was uploaded with: an unknown id that is a voice's name says so."""
+    try:
+        return voice_call(store.get, voice, param="voice")
+    except APIError as error:
+        if error.code != "voice_not_found":
+            raise
+        try:
+            ids = [info.id for info in store.list() if info.name == voice and info.id != voice]
+        except Exception:  # noqa: BLE001 - only a hint: the original error stands
+            ids = []
+        if ids:
+            named = " or ".join(repr(i) for i in ids)
+            error.message = (f"{voice!r} is the name of a voice, not its id; synthesis takes the voice id that "
+                             f"POST /v1/voices returned: \"voice\": {named}")
+        else:
+            error.message += " (the voice field takes a voice id from POST /v1/voices or GET /v1/voices)"
+        raise
 
 
 def voice_call(fn, *args, param: str = "voice_id", **kwargs):
