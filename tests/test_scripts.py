@@ -56,3 +56,39 @@ def test_serve_sh_keeps_voices_in_a_git_ignored_state_dir():
 ])
 def test_serve_sh_leaves_a_chosen_voices_dir_alone(args, env, voices):
     assert serve_plan(*args, **env)["voices"] == voices
+
+
+def _stub_venv(tmp_path: Path, pip_exit: int = 0) -> Path:
+    """A virtual environment whose python only makes noise (and fails pip with ``pip_exit``):
+    the install script's own output is what is tested, not pip."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text("#!/usr/bin/env bash\n"
+                      'echo "pip noise: $*"; echo "more pip noise" >&2\n'
+                      f'[[ "$*" == *"install -e ."* ]] && exit {pip_exit}\n'
+                      "exit 0\n")
+    python.chmod(0o755)
+    return venv
+
+
+def _install(venv: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "scripts/install-product-env.sh", str(venv)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_install_says_each_step_and_keeps_pip_output_in_a_log(tmp_path):
+    venv = _stub_venv(tmp_path)
+    result = _install(venv)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout + result.stderr
+    assert "noise" not in out
+    assert all(f"[{n}/3]" in out for n in (1, 2, 3)) and f"{venv}/install.log" in out
+    assert "pip noise: -m pip install -e ." in (venv / "install.log").read_text()
+
+
+def test_a_failed_install_step_shows_the_end_of_its_log(tmp_path):
+    venv = _stub_venv(tmp_path, pip_exit=3)
+    result = _install(venv)
+    assert result.returncode == 3
+    assert "FAILED" in result.stderr and "pip noise: -m pip install -e ." in result.stderr
