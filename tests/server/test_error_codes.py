@@ -16,14 +16,16 @@ from tests.voices.front_ends import tiny_front_end
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "server.md"
 KEY = "secret-key-1"
 
-# Documented codes whose causes need their own server set-up; their tests live elsewhere.
+# Documented codes whose causes need their own set-up: where each is checked, or why not yet.
 ELSEWHERE = {
     "queue_full": "test_admission.py", "memory_pressure": "test_admission.py", "not_ready": "test_operations.py",
-    "shutting_down": "test_operations.py", "deadline_exceeded": "test_admission.py",
-    "synthesis_failed": "pipeline failure injection", "voice_store_unavailable": "tests/voices/test_objectstore*.py",
-    "language_unavailable": "needs a multilingual model without its optional package",
-    "too_many_voices": "needs a full voice library", "voice_models_not_loaded": "needs voice_models=false",
-    "damaged_voice": "needs a corrupted voice file", "id_collision": "needs a hash prefix collision",
+    "deadline_exceeded": "test_admission.py", "voice_store_unavailable": "tests/voices/test_objectstore_s3.py",
+    "too_many_voices": "tests/voices/test_store.py", "voice_models_not_loaded": "tests/voices/test_store.py",
+    "damaged_voice": "tests/voices/test_objectstore.py",
+    "shutting_down": "untested here: needs a server stopping with requests in flight",
+    "synthesis_failed": "untested here: needs a failing model step",
+    "language_unavailable": "untested here: needs a multilingual model without its optional package",
+    "id_collision": "untested here: needs two clips whose content hashes share a prefix",
 }
 
 
