@@ -541,7 +541,12 @@ def _add_serve_parser(sub) -> None:
         flag = "--" + f.name.replace("_", "-")
         default = defaults[f.name].default if f.default is not dataclasses_MISSING else None
         shown = "none" if default in (None, ()) else default
-        text = f"{FIELD_HELP[f.name]} (default: {shown}; env {ENV_PREFIX}{f.name.upper()})"
+        env = f"env {ENV_PREFIX}{f.name.upper()}"
+        described = FIELD_HELP[f.name]
+        if "(default:" in described and described.endswith(")"):  # the help says the default in words
+            text = f"{described[:-1]}; {env})"
+        else:
+            text = f"{described} (default: {shown}; {env})"
         kind = str(f.type)
         if kind == "bool":
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)

@@ -1,13 +1,51 @@
 #!/usr/bin/env bash
 # Install Chorus into the product environment (default .venv; the tests use .venv-test, see
 # scripts/install-test-env.sh) with the CPU build of torch unless CHORUS_TORCH_INDEX says otherwise.
+# It prints each step and how long it has been running; pip's own output goes to a log file
+# (VENV/install.log), whose last lines are shown if a step fails.
 #   bash scripts/install-product-env.sh [VENV_DIR]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=${1:-.venv}
 PY=${PYTHON:-python3}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-[[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
+mkdir -p "$VENV"
+LOG="$VENV/install.log"
+: >"$LOG"
+
+# step N/TOTAL "what" command...: run the command with its output in $LOG, say every 10 s that
+# it is still running (with the log's latest line), and show the log's tail if it fails.
+step() {
+  local label=$1 start=$SECONDS next=10 pid status=0
+  shift
+  echo "$label (log: $LOG)"
+  "$@" >>"$LOG" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    if (( SECONDS - start >= next )); then
+      local last
+      last=$(tail -n 1 "$LOG" 2>/dev/null | cut -c1-100)
+      echo "  ... $(( SECONDS - start )) s${last:+: $last}"
+      next=$(( next + 10 ))
+    fi
+    sleep 1
+  done
+  wait "$pid" || status=$?
+  if (( status != 0 )); then
+    echo "  FAILED after $(( SECONDS - start )) s (exit $status); the end of $LOG:" >&2
+    tail -n 20 "$LOG" >&2
+    exit "$status"
+  fi
+  echo "  done in $(( SECONDS - start )) s"
+}
+
+if [[ -x "$VENV/bin/python" ]]; then
+  echo "[1/3] $VENV exists"
+else
+  step "[1/3] creating the virtual environment $VENV" "$PY" -m venv "$VENV"
+fi
 # CPU wheel unless asked otherwise (PyPI's default Linux torch is the much larger CUDA build).
-bash scripts/install-torch.sh "$VENV"
-"$VENV/bin/python" -m pip install -q -e .
+step "[2/3] installing PyTorch, about 200 MB to download the first time" \
+  bash scripts/install-torch.sh "$VENV"
+step "[3/3] installing Chorus and its dependencies" "$VENV/bin/python" -m pip install -e .
+echo "Chorus is installed in $VENV"

@@ -2,14 +2,15 @@
 # Build a virtual environment with Chorus, its test tools and the reference oracle
 # (chatterbox-tts 0.1.7 on the CPU, used only by parity tests; see docs/testing.md).
 # The oracle pins older numpy, huggingface_hub, safetensors and tokenizers, so this environment
-# is kept apart from the product's (.venv, made by scripts/demo.sh): never point it there.
+# is kept apart from the product's (.venv, made by scripts/serve.sh and scripts/demo.sh through
+# scripts/install-product-env.sh): never point it there.
 #
 #   bash scripts/install-test-env.sh [VENV_DIR]     (default: .venv-test)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=${1:-.venv-test}
 if [[ "$VENV" == ".venv" || "$VENV" == "./.venv" ]]; then
-  echo "install-test-env.sh: .venv is the product environment (scripts/demo.sh); use .venv-test" >&2
+  echo "install-test-env.sh: .venv is the product environment (scripts/serve.sh, scripts/demo.sh); use .venv-test" >&2
   exit 2
 fi
 PY=${PYTHON:-python3}

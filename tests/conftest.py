@@ -7,6 +7,7 @@ oracle, see docs/testing.md). Where it is not installed those tests are skipped,
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -34,12 +35,55 @@ def _import_oracle():
 
 @pytest.fixture(scope="session", autouse=True)
 def _shared_checkpoints_under_pytest_temp(tmp_path_factory):
-    """Big shared checkpoints go under pytest's base temp dir (see pyproject's tmp_path_*)."""
+    """Big shared checkpoints go under pytest's base temp dir (see pyproject's tmp_path_*), also
+    those written by processes the tests start (Ray replicas, the CLI: BASE_ENV), and are
+    removed when the session ends, whether or not a test failed."""
     from tests.voices import checkpoints
 
-    checkpoints.BASE[:] = [tmp_path_factory.getbasetemp()]
+    base = tmp_path_factory.getbasetemp()
+    checkpoints.BASE[:] = [base]
+    os.environ[checkpoints.BASE_ENV] = str(base)
     yield
+    checkpoints.remove_shared()
     checkpoints.BASE.clear()
+    os.environ.pop(checkpoints.BASE_ENV, None)
+
+
+class ScopedTempDirs:
+    """``mktemp(name)`` as pytest's ``tmp_path_factory``, for module- and session-scoped
+    fixtures: the directories are removed when the fixture's scope ends. pytest itself keeps
+    them after a failed run (only a failed test's own ``tmp_path`` is worth keeping), and some
+    hold gigabytes."""
+
+    def __init__(self, factory):
+        self._factory = factory
+        self._paths: list = []
+
+    def mktemp(self, name: str, numbered: bool = True):
+        path = self._factory.mktemp(name, numbered=numbered)
+        self._paths.append(path)
+        return path
+
+    def remove(self) -> None:
+        for path in self._paths:
+            shutil.rmtree(path, ignore_errors=True)
+        self._paths.clear()
+
+
+@pytest.fixture(scope="module")
+def module_tmp_path_factory(tmp_path_factory):
+    """Temporary directories for module-scoped fixtures, removed after the module."""
+    dirs = ScopedTempDirs(tmp_path_factory)
+    yield dirs
+    dirs.remove()
+
+
+@pytest.fixture(scope="session")
+def session_tmp_path_factory(tmp_path_factory):
+    """Temporary directories for session-scoped fixtures, removed at the end of the session."""
+    dirs = ScopedTempDirs(tmp_path_factory)
+    yield dirs
+    dirs.remove()
 
 
 @pytest.fixture(scope="session")

@@ -40,8 +40,8 @@ def _error(capsys, argv: list[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def light_nano(tmp_path_factory):
-    return light_checkpoint("nano", tmp_path_factory.mktemp("nano"))
+def light_nano(module_tmp_path_factory):
+    return light_checkpoint("nano", module_tmp_path_factory.mktemp("nano"))
 
 
 def _env(**extra) -> dict:

@@ -33,13 +33,13 @@ def nano_dir():
 
 
 @pytest.fixture(scope="module")
-def short_voice_file(nano_dir, tmp_path_factory):
+def short_voice_file(nano_dir, module_tmp_path_factory):
     """A 2 s cut of the built-in voice, saved as a voice file (keeps S3Gen's prompt short)."""
     builtin = Voice.from_conditionals(Checkpoint(get_variant("nano"), Path(nano_dir)).builtin_voice_state())
     short = replace(builtin, t3_prompt_tokens=builtin.t3_prompt_tokens[:, :75],
                     s3gen_prompt_tokens=builtin.s3gen_prompt_tokens[:, :50],
                     s3gen_prompt_mel=builtin.s3gen_prompt_mel[:, :100], name="short")
-    return str(short.save(tmp_path_factory.mktemp("voices") / "short.safetensors"))
+    return str(short.save(module_tmp_path_factory.mktemp("voices") / "short.safetensors"))
 
 
 def _error(capsys, argv: list[str]) -> str:
@@ -89,13 +89,13 @@ def test_voice_create_and_synth_from_a_clip_to_mp3(nano_dir, tmp_path, capsys):
 
 
 @pytest.fixture(scope="module")
-def multilingual_dir(tmp_path_factory):
-    return light_checkpoint("multilingual", tmp_path_factory.mktemp("mtl"))
+def multilingual_dir(module_tmp_path_factory):
+    return light_checkpoint("multilingual", module_tmp_path_factory.mktemp("mtl"))
 
 
 @pytest.fixture(scope="module")
-def light_nano_dir(tmp_path_factory):
-    return light_checkpoint("nano", tmp_path_factory.mktemp("nano-light"))
+def light_nano_dir(module_tmp_path_factory):
+    return light_checkpoint("nano", module_tmp_path_factory.mktemp("nano-light"))
 
 
 def test_unknown_or_missing_language_for_multilingual(multilingual_dir, tmp_path, capsys):

@@ -102,13 +102,15 @@ def _check_samples(samples) -> np.ndarray:
     return np.clip(array, -1.0, 1.0)
 
 
-def wav_stream_header(sample_rate: int) -> bytes:
-    """A 44-byte PCM16 mono RIFF/WAVE header whose RIFF and data sizes are 0xFFFFFFFF ("unknown"),
-    as streaming servers send when the length is not known up front."""
+def wav_stream_header(sample_rate: int, data_bytes: int | None = None) -> bytes:
+    """A 44-byte PCM16 mono RIFF/WAVE header. Without ``data_bytes`` its RIFF and data sizes are
+    0xFFFFFFFF ("unknown"), as streaming servers send when the length is not known up front;
+    with it, the sizes of a complete file of that many bytes of samples."""
     block_align = 2  # one channel of 16-bit samples
-    return (b"RIFF" + struct.pack("<I", 0xFFFFFFFF) + b"WAVE"
+    riff, data = (0xFFFFFFFF, 0xFFFFFFFF) if data_bytes is None else (36 + data_bytes, data_bytes)
+    return (b"RIFF" + struct.pack("<I", riff) + b"WAVE"
             + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * block_align, block_align, 16)
-            + b"data" + struct.pack("<I", 0xFFFFFFFF))
+            + b"data" + struct.pack("<I", data))
 
 
 class _Drain:
@@ -187,20 +189,26 @@ class StreamEncoder:
     stream: wav and flac a header with no samples, pcm no bytes, and mp3, opus and aac one silent
     sample (they have no header that could stand alone), which decodes to 1 sample (opus) or a few
     frames of silence with the codec's priming (mp3: 1728 samples, aac: 2048).
+    With ``streaming=False`` nothing leaves before ``close``, which returns the whole file with
+    complete headers (a WAV's sizes, a FLAC's length and MD5, mp3's Xing/LAME header): for
+    responses whose audio is all known before the first byte is sent.
     Not thread-safe: one encoder per response.
     """
 
-    def __init__(self, fmt: str, sample_rate: int = DEFAULT_SAMPLE_RATE, *, speed: float = 1.0):
+    def __init__(self, fmt: str, sample_rate: int = DEFAULT_SAMPLE_RATE, *, speed: float = 1.0,
+                 streaming: bool = True):
         self.format = check_format(fmt)
         self.sample_rate = _check_sample_rate(sample_rate)
         self.speed = check_speed(speed)
         self.media_type = MEDIA_TYPES[fmt]
+        self.streaming = streaming
         self.closed = False
         self._tempo = TempoStream(self.speed, self.sample_rate) if self.speed != 1.0 else None
         self._drain: _Drain | None = None
         self._codec: _PyAVEncoder | None = None
-        self._pending = wav_stream_header(self.sample_rate) if fmt == "wav" else b""
-        if fmt in _CODECS:
+        self._whole: list[np.ndarray] | None = None if streaming else []
+        self._pending = wav_stream_header(self.sample_rate) if fmt == "wav" and streaming else b""
+        if fmt in _CODECS and streaming:
             self._drain = _Drain()
             self._codec = _PyAVEncoder(fmt, self.sample_rate, self._drain)
 
@@ -219,6 +227,8 @@ class StreamEncoder:
             return b""
         tail = self._emit(self._tempo.flush() if self._tempo is not None else np.zeros(0, np.float32))
         self.closed = True
+        if self._whole is not None:
+            return self._encode_whole(np.concatenate(self._whole) if self._whole else np.zeros(0, np.float32))
         if self._codec is not None:
             self._codec.finish()
             tail += self._drain.take()
@@ -229,11 +239,23 @@ class StreamEncoder:
         if self.closed:
             return
         self.closed = True
+        self._whole = None
         if self._codec is not None:
             self._codec.abort()
             self._drain.take()
 
+    def _encode_whole(self, samples: np.ndarray) -> bytes:
+        self._whole = None
+        if self.format in _CODECS:
+            return encode_with_pyav(samples, self.sample_rate, self.format)
+        data = to_pcm16(samples).astype("<i2", copy=False).tobytes()
+        return wav_stream_header(self.sample_rate, len(data)) + data if self.format == "wav" else data
+
     def _emit(self, samples: np.ndarray) -> bytes:
+        if self._whole is not None:
+            if samples.size:
+                self._whole.append(samples)
+            return b""
         out, self._pending = self._pending, b""
         if self._codec is not None:
             self._codec.encode(samples)

@@ -386,8 +386,9 @@ async def _first_model(cfg: OnlineBenchConfig, client: httpx.AsyncClient) -> str
 
 
 def request_body(cfg: OnlineBenchConfig, model: str) -> dict:
+    # stream: wav and flac are otherwise sent whole, and time to first audio is what is measured
     body = {"model": model, "input": cfg.text, "voice": cfg.voice, "response_format": cfg.response_format,
-            **cfg.extra_body}
+            "stream": True, **cfg.extra_body}
     if cfg.max_new_tokens is not None:
         body["max_new_tokens"] = cfg.max_new_tokens
     return body

@@ -197,8 +197,10 @@ async def _read_upload(request: Request, limit: int) -> tuple[bytes, str | None]
         raise APIError(415, "upload the clip as multipart/form-data with a 'file' field", code="unsupported_media_type")
     try:
         form = await request.form(max_files=1, max_fields=4, max_part_size=limit)
-    except StarletteHTTPException:
-        raise
+    except StarletteHTTPException as exc:
+        if exc.status_code == 413:  # the body limit, answered as body_too_large
+            raise
+        raise APIError(400, f"could not read the multipart body: {exc.detail}", code="invalid_multipart") from None
     except Exception as exc:  # noqa: BLE001 - malformed multipart of any kind
         raise APIError(400, f"could not read the multipart body: {exc}", code="invalid_multipart") from None
     upload = form.get("file")
@@ -232,17 +234,23 @@ class _RequestContext:
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         token = request_id_var.set(request_id)
-        started, status = time.perf_counter(), [500]
+        started, status, responded = time.perf_counter(), [500], [False]
 
         async def send_with_id(message):
             if message["type"] == "http.response.start":
-                status[0] = message["status"]
+                status[0], responded[0] = message["status"], True
                 message = {**message, "headers": [*message.get("headers", []),
                                                   (b"x-request-id", request_id.encode())]}
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
+        except Exception:  # a bug: answer, log and count it here, where the request id is known
+            if responded[0]:
+                raise  # the response has started: only the connection can be cut
+            state["error_code"] = "internal_error"
+            logger.exception("internal error")
+            await _internal_error(send_with_id)
         finally:
             request_id_var.reset(token)
             code = state.get("error_code")
@@ -268,6 +276,7 @@ class _BodyLimit:
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
+            scope.setdefault("state", {})["error_code"] = "body_too_large"  # the metric's label
             return await _too_large(limit, send)
         seen = 0
         started = False
@@ -307,6 +316,15 @@ async def _too_large(limit: int, send) -> None:
     error = APIError(413, f"the request body is larger than {limit} bytes", code="body_too_large")
     body = json.dumps(error.body()).encode()
     await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _internal_error(send) -> None:
+    error = APIError(500, "internal server error; the request id in the X-Request-Id header finds it in the log",
+                     code="internal_error")
+    body = json.dumps(error.body()).encode()
+    await send({"type": "http.response.start", "status": 500,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
 

@@ -44,12 +44,26 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     if first.get("type") == "json_invalid":
         return APIError(400, f"the request body is not valid JSON: {first.get('ctx', {}).get('error', 'parse error')}",
                         code="invalid_json")
+    if tuple(first.get("loc", ())) == ("body",):  # the body as a whole: missing, or not an object
+        return APIError(400, "the request body must be a JSON object (Content-Type: application/json), "
+                             f"e.g. {{\"model\": ..., \"input\": ...}}; got {_kind(first.get('input'))}",
+                        code="invalid_body")
     location = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
     param = ".".join(location) or None
     message = first.get("msg", "invalid request")
     if param:
         message = f"{param}: {message}"
     return APIError(400, message, code="invalid_parameter", param=param)
+
+
+def _kind(value: Any) -> str:
+    """What a body that is not a JSON object is, in words."""
+    if value is None:
+        return "no body"
+    if isinstance(value, (bytes, bytearray)):
+        return "a body that is not JSON"
+    return {list: "a JSON array", str: "a JSON string", bool: "a JSON boolean", int: "a JSON number",
+            float: "a JSON number"}.get(type(value), "something else")
 
 
 def _allowed_methods(request: Request) -> str:

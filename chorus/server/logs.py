@@ -1,4 +1,5 @@
-"""Structured logs: one JSON object per line, with the request id of the request being served.
+"""Structured logs: one JSON object per line (or a line of text), with the request id of the
+request being served.
 
 The request id comes from the client's ``X-Request-Id`` header (when it is a short token) or is
 made up, is returned in the response's ``X-Request-Id`` and rides a context variable, so every
@@ -41,11 +42,46 @@ class JsonFormatter(logging.Formatter):
                                for k, v in data.items()}, ensure_ascii=False)
 
 
+class TextFormatter(logging.Formatter):
+    """For people: ``time LEVEL logger [request id] message key=value ...``; the same request id
+    and extra fields as the JSON lines (nested data, such as the start-up config, as JSON)."""
+
+    def __init__(self):
+        super().__init__("%(asctime)s %(levelname)s %(name)s%(request_tag)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        request_id = getattr(record, "request_id", None) or request_id_var.get()
+        record.request_tag = f" [{request_id}]" if request_id else ""
+        try:
+            line = super().format(record)
+        finally:
+            del record.request_tag
+        fields = []
+        for key, value in vars(record).items():
+            if key in _STANDARD or key in ("request_id", "request_tag") or value is None:
+                continue
+            if not isinstance(value, (str, int, float, bool)):
+                try:
+                    value = json.dumps(value, ensure_ascii=False, default=str)
+                except (TypeError, ValueError):
+                    value = str(value)
+            fields.append(f"{key}={value}")
+        if fields:
+            head, sep, tail = line.partition("\n")  # a traceback stays below the line
+            line = f"{head} {' '.join(fields)}{sep}{tail}"
+        return line
+
+
+def formatter(fmt: str) -> logging.Formatter:
+    """The formatter of ``--log-format`` (``json`` or ``text``)."""
+    return JsonFormatter() if fmt == "json" else TextFormatter()
+
+
 def setup_logging(fmt: str = "json", level: str = "info") -> None:
-    """Send Chorus's and uvicorn's logs to stderr as JSON lines (or plain text)."""
+    """Send Chorus's and uvicorn's logs to stderr as JSON lines (or plain text); both carry the
+    request id of the request being served."""
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if fmt == "json" else
-                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(formatter(fmt))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

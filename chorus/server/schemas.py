@@ -32,6 +32,9 @@ class SpeechBody(BaseModel):
         "audio", description="'audio': the encoded audio as chunked bytes; 'sse': server-sent events "
                              "speech.audio.delta (base64 audio) then speech.audio.done")
     instructions: str | None = Field(None, description="not supported by Chatterbox; must be empty")
+    stream: bool | None = Field(None, description="send the audio while it is generated (true) or as one "
+                                                  "complete file once it is done (false); default: false for "
+                                                  "wav and flac (complete headers), true otherwise")
     # Chatterbox
     exaggeration: float | None = Field(None, ge=0.0, le=2.0, description="emotion intensity (original and multilingual)")
     cfg_weight: float | None = Field(None, ge=0.0, le=5.0, description="classifier-free guidance weight; 0 turns it off")

@@ -42,9 +42,9 @@ async def open_speech(service: "SpeechService", body: SpeechBody, priority_heade
     service.require_serving()
     service.check_model(body.model)
     priority = service.priority(body.priority, priority_header)
-    voice = await asyncio.to_thread(voice_call, service.voices.get, body.voice, param="voice")
+    voice = await asyncio.to_thread(_request_voice, service.voices, body.voice)
     try:
-        encoder = StreamEncoder(body.response_format, SAMPLE_RATE, speed=body.speed)
+        encoder = StreamEncoder(body.response_format, SAMPLE_RATE, speed=body.speed, streaming=streams(body))
     except ValueError as exc:
         raise APIError(400, str(exc), code="invalid_parameter", param="speed") from None
     ticket = service.admit(priority)
@@ -75,6 +75,18 @@ async def open_speech(service: "SpeechService", body: SpeechBody, priority_heade
     if body.stream_format == "sse":
         return SpeechResponse("text/event-stream", headers, session.sse())
     return SpeechResponse(media_type(body.response_format), headers, session.bytes())
+
+
+WHOLE_BY_DEFAULT = ("wav", "flac")  # formats whose headers carry the length: sent complete unless streamed
+
+
+def streams(body: SpeechBody) -> bool:
+    """Whether the response streams: the body's ``stream``, else true except for wav and flac
+    (whose streamed headers must say "length unknown"; docs/audio-formats.md). SSE streams
+    unless ``stream`` is false."""
+    if body.stream is not None:
+        return body.stream
+    return body.stream_format == "sse" or body.response_format not in WHOLE_BY_DEFAULT
 
 
 class _Session:
@@ -158,6 +170,27 @@ class _Session:
 
 _VOICE_STATUS = {"too_large": 413, "reserved_voice": 409, "damaged_voice": 500, "id_collision": 500,
                  "voice_store_unavailable": 503}
+
+
+def _request_voice(store, voice: str):
+    """The request's voice by id. A voice is named by its id (what POST /v1/voices returns),
+    not by the name it was uploaded with: an unknown id that is a voice's name says so."""
+    try:
+        return voice_call(store.get, voice, param="voice")
+    except APIError as error:
+        if error.code != "voice_not_found":
+            raise
+        try:
+            ids = [info.id for info in store.list() if info.name == voice and info.id != voice]
+        except Exception:  # noqa: BLE001 - only a hint: the original error stands
+            ids = []
+        if ids:
+            named = " or ".join(repr(i) for i in ids)
+            error.message = (f"{voice!r} is the name of a voice, not its id; synthesis takes the voice id that "
+                             f"POST /v1/voices returned: \"voice\": {named}")
+        else:
+            error.message += " (the voice field takes a voice id from POST /v1/voices or GET /v1/voices)"
+        raise
 
 
 def voice_call(fn, *args, param: str = "voice_id", **kwargs):

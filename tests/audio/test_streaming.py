@@ -219,3 +219,23 @@ def test_abort_drops_the_stream_without_flushing():
     encoder.write(_tone(SR))
     encoder.abort()
     assert encoder.closed and encoder.close() == b""
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_whole_file_is_sent_at_close_with_complete_headers(fmt):
+    import wave
+
+    import soundfile
+
+    pieces = [_tone(2400, start=i * 2400) for i in range(5)]
+    encoder = StreamEncoder(fmt, SR, streaming=False)
+    assert [encoder.write(piece) for piece in pieces] == [b""] * 5
+    data = encoder.close()
+    assert 12000 <= _decode(data, fmt).size <= 12000 + EXTRA[fmt][1]  # mp3's LAME header lets decoders trim
+    if fmt in ("wav", "pcm"):  # the same samples as a stream, only the header differs
+        assert data[-24000:] == _encode(fmt, pieces)[-24000:]
+    if fmt == "wav":
+        with wave.open(io.BytesIO(data)) as wav:
+            assert wav.getnframes() == 12000
+    if fmt == "flac":
+        assert soundfile.info(io.BytesIO(data)).frames == 12000

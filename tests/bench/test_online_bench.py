@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from chorus.bench.online_bench import STATUSES, OnlineBenchConfig, Playback, parse_metrics, run_online
+from chorus.bench.online_bench import (STATUSES, OnlineBenchConfig, Playback, parse_metrics, request_body,
+                                         run_online)
 from chorus.cli import main
 from chorus.server.service import CANARY_TOKENS
 from tests.server.live import TOKENS, LiveServer, server_config, tiny_loader
@@ -15,8 +16,8 @@ TEXT = "Hello there, this is a load test."
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    config = server_config(tmp_path_factory.mktemp("voices"))
+def live(module_tmp_path_factory):
+    config = server_config(module_tmp_path_factory.mktemp("voices"))
     with LiveServer(config, tiny_loader(config)) as server:
         yield server
 
@@ -134,3 +135,11 @@ def test_server_figures_of_a_scaled_out_server_count_each_replica_once():
         "chorus_front_retries_total 1.0",
     ])
     assert parse_metrics(text) == {"chorus_requests_in_flight": 7.0, "chorus_front_retries_total": 1.0}
+
+
+def test_a_wav_level_measures_a_stream_not_a_whole_file():
+    """The server sends wav and flac whole unless asked to stream; the bench measures the
+    stream's time to first audio."""
+    for fmt in ("wav", "flac", "pcm"):
+        body = request_body(OnlineBenchConfig(url="http://127.0.0.1:1", response_format=fmt), "chatterbox-turbo")
+        assert body["stream"] is True, fmt

@@ -55,10 +55,10 @@ def reference(oracle):
 
 
 @pytest.fixture(scope="module")
-def s3gen_file(reference, tmp_path_factory):
+def s3gen_file(reference, module_tmp_path_factory):
     from safetensors.torch import save_file
 
-    path = tmp_path_factory.mktemp("s3gen") / "s3gen.safetensors"
+    path = module_tmp_path_factory.mktemp("s3gen") / "s3gen.safetensors"
     state = {f"speaker_encoder.{k}": v.contiguous() for k, v in reference.state_dict().items()}
     state["tokenizer.window"] = torch.hann_window(400)  # other S3Gen keys are ignored
     save_file(state, str(path))

@@ -71,11 +71,11 @@ def reference(oracle):
 
 
 @pytest.fixture(scope="module")
-def s3gen_file(reference, tmp_path_factory):
+def s3gen_file(reference, module_tmp_path_factory):
     """The tokenizer part of an s3gen.safetensors, lacking ``_mel_filters`` like some real files."""
     from safetensors.torch import save_file
 
-    path = tmp_path_factory.mktemp("s3gen") / "s3gen.safetensors"
+    path = module_tmp_path_factory.mktemp("s3gen") / "s3gen.safetensors"
     state = {f"tokenizer.{k}": v.contiguous() for k, v in reference.state_dict().items() if k != "_mel_filters"}
     state["flow.input_embedding.weight"] = torch.zeros(4, 4)  # other S3Gen keys are ignored
     save_file(state, str(path))

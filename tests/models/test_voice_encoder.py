@@ -51,10 +51,10 @@ def reference(oracle):
 
 
 @pytest.fixture(scope="module")
-def checkpoint_dir(reference, tmp_path_factory):
+def checkpoint_dir(reference, module_tmp_path_factory):
     from safetensors.torch import save_file
 
-    directory = tmp_path_factory.mktemp("ve")
+    directory = module_tmp_path_factory.mktemp("ve")
     state = {k: v.contiguous() for k, v in reference.state_dict().items()}
     save_file(state, str(directory / "ve.safetensors"))
     torch.save(state, directory / "ve.pt")

@@ -2,10 +2,7 @@
 and engine code, at sizes that run in milliseconds on the CPU."""
 from __future__ import annotations
 
-import atexit
 import functools
-import shutil
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +12,7 @@ from chorus.pipeline.models import SpeechModels
 from chorus.text import load_text_encoder
 from chorus.voices import Voice
 from tests.engine.tiny_models import tiny
-from tests.voices.checkpoints import BASE
+from tests.voices.checkpoints import scratch_dir
 from tests.vocoder.models import random_s3gen
 
 tiny_s3gen = functools.cache(random_s3gen)
@@ -33,10 +30,14 @@ def short_voice(name: str, seed: int = 0) -> Voice:
 @functools.cache
 def _checkpoint_dir(name: str) -> Path:
     variant, _ = tiny(name)
-    directory = Path(tempfile.mkdtemp(prefix=f"chorus-tiny-{name}-", dir=BASE[0] if BASE else None))
-    atexit.register(shutil.rmtree, directory, True)
+    directory = Path(scratch_dir(f"chorus-tiny-{name}-"))  # under pytest's temp dir, also in Ray replicas
     write_random_checkpoint(variant, directory, components=("tokenizer", "conds"))
     return directory
+
+
+def forget_checkpoints() -> None:
+    """Forget the cached checkpoint directories (tests/voices/checkpoints.remove_shared removed them)."""
+    _checkpoint_dir.cache_clear()
 
 
 def tiny_models(name: str) -> SpeechModels:

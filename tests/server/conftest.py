@@ -11,8 +11,8 @@ from tests.server.live import LiveServer, server_config, tiny_loader
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    config = server_config(tmp_path_factory.mktemp("voices"))
+def server(module_tmp_path_factory):
+    config = server_config(module_tmp_path_factory.mktemp("voices"))
     with LiveServer(config, tiny_loader(config)) as live:
         yield live
 

@@ -115,3 +115,21 @@ def test_api_keys_are_required_when_configured(tmp_path):
         _error(live.client.get("/v1/models", headers={"Authorization": "Bearer wrong-key-0"}), 401, "invalid_api_key")
         _error(live.client.get("/v1/models", headers={"Authorization": ""}), 401, "invalid_api_key")
         assert live.client.get("/health", headers={"Authorization": ""}).status_code == 200  # probes need no key
+
+
+def test_malformed_multipart_upload_is_invalid_multipart(server):
+    response = server.client.post("/v1/voices", content=b"--nope\r\nbroken",
+                                  headers={"content-type": "multipart/form-data; boundary=b"})
+    _error(response, 400, "invalid_multipart")
+
+
+@pytest.mark.parametrize("content, content_type", [
+    (b'["Hi."]', "application/json"),
+    (b'"Hi."', "application/json"),
+    (b"model=chatterbox-turbo&input=Hi.", "application/x-www-form-urlencoded"),
+    (b"", "application/json"),
+])
+def test_a_body_that_is_not_a_json_object_is_invalid_body(server, content, content_type):
+    response = server.client.post("/v1/audio/speech", content=content, headers={"content-type": content_type})
+    error = _error(response, 400, "invalid_body", None)
+    assert "JSON object" in error["message"]

@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import concurrent.futures
+import io
 import json
 import logging
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 
-from chorus.server.logs import JsonFormatter, request_id_var
+from chorus.server.logs import JsonFormatter, request_id_var, setup_logging
 from chorus.server.service import Loaded
 from tests.server.live import EnginePause, LiveServer, metric, server_config, tiny_loader
 
@@ -112,3 +114,24 @@ def test_openapi_schema_describes_the_api(server):
     for path in ("/v1/audio/speech", "/v1/voices", "/v1/voices/{voice_id}", "/v1/models", "/health", "/ready",
                  "/metrics"):
         assert path in schema["paths"], path
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_every_log_format_carries_the_request_id(server, fmt):
+    """``--log-format text`` (what scripts/serve.sh uses) as well as JSON: the request's lines,
+    the access line among them, name the client's X-Request-Id."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    stream = io.StringIO()
+    try:
+        setup_logging(fmt, "info")
+        root.handlers[0].setStream(stream)
+        response = server.client.post(
+            "/v1/audio/speech", json={"model": "chatterbox-turbo", "input": "Hi.", "voice": "missing"},
+            headers={"X-Request-Id": "my-req-1"})
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+    assert response.headers["x-request-id"] == "my-req-1"
+    lines = [line for line in stream.getvalue().splitlines() if "POST /v1/audio/speech 400" in line]
+    assert lines and all("my-req-1" in line for line in lines), stream.getvalue()

@@ -26,8 +26,8 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.filterwarnings("ignore::Depr
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    config = server_config(tmp_path_factory.mktemp("voices"), max_upload_bytes=2 << 20, stall_timeout_s=30.0)
+def cluster(module_tmp_path_factory):
+    config = server_config(module_tmp_path_factory.mktemp("voices"), max_upload_bytes=2 << 20, stall_timeout_s=30.0)
     with serve_cluster(config, ready=2, replicas=2) as client:
         yield client
 

@@ -34,8 +34,8 @@ schema = schemathesis.openapi.from_dict(OPENAPI)
 
 
 @pytest.fixture(scope="module")
-def fuzz_server(tmp_path_factory):
-    config = _config(tmp_path_factory.mktemp("voices"))
+def fuzz_server(module_tmp_path_factory):
+    config = _config(module_tmp_path_factory.mktemp("voices"))
     with LiveServer(config, tiny_loader(config, front_end=tiny_front_end(tiny("turbo")[0]))) as live:
         yield live
 

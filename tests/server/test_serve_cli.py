@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -104,15 +105,15 @@ def serving(tmp_path: Path, checkpoint: str, *flags: str, **env: str):
 
 
 @pytest.fixture(scope="module")
-def light_turbo(tmp_path_factory) -> str:
-    return light_checkpoint("turbo", tmp_path_factory.mktemp("turbo"))
+def light_turbo(module_tmp_path_factory) -> str:
+    return light_checkpoint("turbo", module_tmp_path_factory.mktemp("turbo"))
 
 
 @pytest.fixture(scope="module")
-def failed_server(tmp_path_factory, light_turbo):
+def failed_server(module_tmp_path_factory, light_turbo):
     """One server over the light checkpoint: port and max_queue from the environment, JSON logs
     from the flag."""
-    with serving(tmp_path_factory.mktemp("served"), light_turbo, "--log-format", "json",
+    with serving(module_tmp_path_factory.mktemp("served"), light_turbo, "--log-format", "json",
                  CHORUS_MAX_QUEUE="17") as served:
         served.wait_state("failed")
         yield served
@@ -204,3 +205,13 @@ def test_a_bad_env_value_exits_2_with_one_line():
                             env=_env(CHORUS_WARMUP="perhaps"), cwd=ROOT)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and "warmup must be true or false" in lines[0], result.stderr
+
+
+def test_help_gives_each_setting_one_default():
+    result = subprocess.run(_chorus("serve", "--help"), capture_output=True, text=True, timeout=60, env=_env(),
+                            cwd=ROOT)
+    blocks = [" ".join(block.split()) for block in re.split(r"\n  (?=--)", result.stdout)]
+    twice = [block for block in blocks if block.count("default:") > 1]
+    assert not twice, twice
+    checkpoint = next(block for block in blocks if block.startswith("--checkpoint"))
+    assert "official repo" in checkpoint and "env CHORUS_CHECKPOINT" in checkpoint

@@ -3,10 +3,13 @@ not, SSE events, speed, seeds and response headers."""
 from __future__ import annotations
 
 import base64
+import io
 import json
+import wave
 
 import numpy as np
 import pytest
+import soundfile
 from openai import OpenAI
 
 from tests.server.conftest import decode
@@ -104,3 +107,26 @@ def test_a_long_text_is_spoken_in_chunks_in_one_response(server):
 def test_models_lists_the_served_model(client):
     ids = [m.id for m in client.models.list()]
     assert ids == ["chatterbox-turbo", "turbo"]
+
+
+def test_a_wav_response_has_complete_headers(server):
+    """What the README's `curl ... -o hello.wav` gets: a file whose header gives its length."""
+    response = server.speech(input="Hello there.", response_format="wav", seed=3)
+    assert response.status_code == 200, response.text
+    with wave.open(io.BytesIO(response.content)) as wav:
+        frames = wav.getnframes()
+    assert frames == (len(response.content) - 44) // 2 > 0
+
+
+def test_a_flac_response_has_complete_headers(server):
+    response = server.speech(input="Hello there.", response_format="flac", seed=3)
+    samples, rate = soundfile.read(io.BytesIO(response.content), dtype="int16")
+    wav = server.speech(input="Hello there.", response_format="wav", seed=3).content
+    assert rate == 24_000 and samples.tobytes() == wav[44:]
+
+
+def test_a_streamed_wav_keeps_the_open_ended_header(server):
+    response = server.speech(input="Hello there.", response_format="wav", seed=3, stream=True)
+    assert response.content[4:8] == b"\xff\xff\xff\xff" and response.content[40:44] == b"\xff\xff\xff\xff"
+    whole = server.speech(input="Hello there.", response_format="wav", seed=3, stream=False).content
+    assert response.content[44:] == whole[44:]

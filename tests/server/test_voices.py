@@ -24,8 +24,8 @@ def _server(voices_dir: Path, **overrides) -> LiveServer:
 
 
 @pytest.fixture(scope="module")
-def voices_server(tmp_path_factory):
-    with _server(tmp_path_factory.mktemp("voices"), max_upload_bytes=2 << 20) as live:
+def voices_server(module_tmp_path_factory):
+    with _server(module_tmp_path_factory.mktemp("voices"), max_upload_bytes=2 << 20) as live:
         yield live
 
 
@@ -126,3 +126,16 @@ def test_an_upload_that_is_not_multipart(voices_server):
 def test_a_malformed_voice_id_is_not_found(voices_server):
     assert voices_server.client.get("/v1/voices/..%2F..%2Fetc").status_code == 404
     assert voices_server.client.get("/v1/voices/UPPER").status_code == 404
+
+
+def test_speaking_with_a_voice_name_says_to_use_its_id(voices_server):
+    """The README's flow: upload with a name, then speak with it; the name is not the id."""
+    samples, rate = soundfile.read(Path(DATA_DIR) / "sample-01-02.flac")
+    buffer = io.BytesIO()
+    soundfile.write(buffer, 0.9 * samples, rate, format="WAV")  # a clip no other test uploads
+    voice_id = _upload(voices_server, buffer.getvalue(), name="readme-voice", filename="clip.wav").json()["id"]
+    response = voices_server.speech(input="Hello.", voice="readme-voice")
+    assert response.status_code == 400 and response.json()["error"]["code"] == "voice_not_found"
+    message = response.json()["error"]["message"]
+    assert "name" in message and voice_id in message
+    assert voices_server.speech(input="Hello.", voice=voice_id, response_format="pcm").status_code == 200

@@ -18,15 +18,15 @@ def en_tokenizer_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def mtl_dir(tmp_path_factory) -> Path:
-    directory = tmp_path_factory.mktemp("mtl_tokenizer")
+def mtl_dir(session_tmp_path_factory) -> Path:
+    directory = session_tmp_path_factory.mktemp("mtl_tokenizer")
     write_standin_tokenizer_files("mtl", directory)
     return directory
 
 
 @pytest.fixture(scope="session")
-def gpt2_dir(tmp_path_factory) -> Path:
-    directory = tmp_path_factory.mktemp("gpt2_tokenizer")
+def gpt2_dir(session_tmp_path_factory) -> Path:
+    directory = session_tmp_path_factory.mktemp("gpt2_tokenizer")
     write_standin_tokenizer_files("gpt2", directory)
     return directory
 

@@ -20,10 +20,10 @@ from chorus.text import (
 
 
 @pytest.fixture(scope="module")
-def checkpoint_dirs(tmp_path_factory):
+def checkpoint_dirs(module_tmp_path_factory):
     dirs = {}
     for kind in ("en", "mtl", "gpt2"):
-        dirs[kind] = tmp_path_factory.mktemp(f"ckpt_{kind}")
+        dirs[kind] = module_tmp_path_factory.mktemp(f"ckpt_{kind}")
         write_standin_tokenizer_files(kind, dirs[kind])
     return dirs
 

@@ -63,11 +63,11 @@ def reference_models(oracle):
 
 
 @pytest.fixture(scope="module")
-def checkpoint_dir(reference_models, tmp_path_factory):
+def checkpoint_dir(reference_models, module_tmp_path_factory):
     """``ve.safetensors`` and the voice part of ``s3gen.safetensors`` / ``s3gen_meanflow.safetensors``."""
     from safetensors.torch import save_file
 
-    directory = tmp_path_factory.mktemp("voice-ckpt")
+    directory = module_tmp_path_factory.mktemp("voice-ckpt")
     save_file({k: v.contiguous() for k, v in reference_models.voice_encoder.state_dict().items()},
               str(directory / "ve.safetensors"))
     s3gen = {f"tokenizer.{k}": v.contiguous() for k, v in reference_models.tokenizer.state_dict().items()}

@@ -35,10 +35,10 @@ class Pair:
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["standard", "meanflow"])
-def pair(request, oracle, tmp_path_factory):
+def pair(request, oracle, module_tmp_path_factory):
     meanflow = request.param
     reference = build_oracle_s3gen(meanflow=meanflow, seed=1 + meanflow)
-    path = save_official(reference, str(tmp_path_factory.mktemp("s3gen")), meanflow)
+    path = save_official(reference, str(module_tmp_path_factory.mktemp("s3gen")), meanflow)
     ours = FlowDecoder.from_state_dict(FlowConfig(meanflow=meanflow), load_official(path),
                                        prefix="flow.", source=path)
     os.remove(path)

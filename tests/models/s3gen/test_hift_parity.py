@@ -72,13 +72,13 @@ def run_reference_recording_draws(model, mel: torch.Tensor) -> tuple[torch.Tenso
 
 
 @pytest.fixture(scope="module")
-def parity(oracle, tmp_path_factory):
+def parity(oracle, module_tmp_path_factory):
     soundfile = pytest.importorskip("soundfile")
     from safetensors.torch import load_file, save_file
     from chatterbox.models.s3gen.utils.mel import mel_spectrogram
 
     reference = build_reference_hift()
-    path = tmp_path_factory.mktemp("hift") / "s3gen.safetensors"
+    path = module_tmp_path_factory.mktemp("hift") / "s3gen.safetensors"
     save_file({f"mel2wav.{k}": v.contiguous() for k, v in reference.state_dict().items()}, str(path))
     checkpoint = load_file(str(path))
     ours = HiFTGenerator.from_state_dict(

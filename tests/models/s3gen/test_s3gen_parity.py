@@ -58,14 +58,14 @@ def _voice(prompt_tokens: int, mel_frames: int, seed: int, offset_s: float = 1.0
 
 
 @pytest.fixture(scope="module", params=["original", "turbo"])
-def pair(request, oracle, tmp_path_factory):
+def pair(request, oracle, module_tmp_path_factory):
     variant = get_variant(request.param)
     meanflow = variant.s3gen.meanflow
     reference = build_oracle_s3gen(meanflow=meanflow, seed=11 + meanflow)
     with torch.no_grad():
         reference.mel2wav.f0_predictor.classifier.weight.mul_(F0_READOUT_SCALE)
         reference.mel2wav.f0_predictor.classifier.bias.mul_(F0_READOUT_SCALE)
-    directory = tmp_path_factory.mktemp(f"s3gen-{variant.name}")
+    directory = module_tmp_path_factory.mktemp(f"s3gen-{variant.name}")
     path = save_official(reference, str(directory), meanflow)
     assert os.path.basename(path) == variant.files.s3gen
     ours = S3Gen.from_checkpoint(Checkpoint(variant, directory), voice_models=False)

@@ -42,13 +42,13 @@ class Results:
 
 
 @pytest.fixture(scope="module", params=list(SCENARIOS))
-def results(request, oracle) -> Results:
+def results(request, oracle, tmp_path_factory) -> Results:
     name = request.param
     variant = get_variant(name)
     config = variant.t3
     inputs = make_request(config, seed=1, text_len=12, steps=20)
     scenarios = SCENARIOS[name]
-    with tempfile.TemporaryDirectory(prefix="chorus-t3-parity-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="chorus-t3-parity-", dir=tmp_path_factory.getbasetemp()) as tmp:
         path = os.path.join(tmp, variant.files.t3)
         t3 = build_oracle_t3(config, seed=0)
         save_official(t3, path)

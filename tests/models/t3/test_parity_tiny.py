@@ -47,9 +47,9 @@ _CASES: dict[str, Case] = {}
 
 
 @pytest.fixture(scope="module")
-def case_for(oracle):
+def case_for(oracle, tmp_path_factory):
     # a temporary directory that goes away (pytest's tmp dirs keep the ~100 MB of files)
-    with tempfile.TemporaryDirectory(prefix="chorus-t3-tiny-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="chorus-t3-tiny-", dir=tmp_path_factory.getbasetemp()) as tmp:
 
         def get(name: str) -> Case:
             if name not in _CASES:
