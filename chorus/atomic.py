@@ -4,17 +4,24 @@ Every file or directory a command produces is first written under a temporary na
 directory (``.NAME.tmp-XXXX``, hidden) and renamed into place only when complete, so an
 interrupted or failed run leaves either the previous output or nothing: never something that
 looks like output but is cut short. The temporary is removed on every exit path, Ctrl-C included.
+
+Tests of that last promise need the signal to arrive while a write is under way, whatever the
+machine's speed: with ``CHORUS_TEST_HOLD_WRITES=FILE`` in the environment (a test-only switch,
+unset in normal use), :func:`atomic_directory` writes FILE once the temporary directory is
+complete and then waits, before the rename, until a signal interrupts it.
 """
 from __future__ import annotations
 
 import os
 import secrets
 import shutil
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 TEMP_MARK = ".tmp-"
+HOLD_WRITES_ENV = "CHORUS_TEST_HOLD_WRITES"  # test-only: see the module docstring
 
 
 def temporary_sibling(path: str | os.PathLike) -> Path:
@@ -73,6 +80,7 @@ def atomic_directory(path: str | os.PathLike, *, replaceable=lambda existing: Fa
     old: Path | None = None
     try:
         yield tmp
+        _hold_for_tests()
         if path.is_dir() and any(path.iterdir()):
             old = temporary_sibling(path)
             os.replace(path, old)
@@ -86,6 +94,17 @@ def atomic_directory(path: str | os.PathLike, *, replaceable=lambda existing: Fa
     finally:
         if old is not None:
             _remove(old)
+
+
+def _hold_for_tests() -> None:
+    """With ``CHORUS_TEST_HOLD_WRITES=FILE``: announce (by writing FILE) that a write is under
+    way and wait until a signal (e.g. SIGINT -> KeyboardInterrupt) ends the wait."""
+    marker = os.environ.get(HOLD_WRITES_ENV)
+    if not marker:
+        return
+    Path(marker).write_text("writing\n")
+    while True:
+        time.sleep(3600)
 
 
 def check_directory_target(path: str | os.PathLike, replaceable=lambda existing: False) -> None:
