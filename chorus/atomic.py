@@ -5,10 +5,12 @@ directory (``.NAME.tmp-XXXX``, hidden) and renamed into place only when complete
 interrupted or failed run leaves either the previous output or nothing: never something that
 looks like output but is cut short. The temporary is removed on every exit path, Ctrl-C included.
 
-Tests of that last promise need the signal to arrive while a write is under way, whatever the
-machine's speed: with ``CHORUS_TEST_HOLD_WRITES=FILE`` in the environment (a test-only switch,
-unset in normal use), :func:`atomic_directory` writes FILE once the temporary directory is
-complete and then waits, before the rename, until a signal interrupts it.
+Tests of that last promise need a crash or a signal to arrive while a write is under way,
+whatever the machine's speed: with ``CHORUS_TEST_HOLD_WRITES=FILE`` in the environment (a
+test-only switch, unset in normal use), a write that reaches a hold point (:func:`hold_for_tests`:
+:func:`atomic_directory` before its rename, the voice store's writes and deletes) writes the
+point's name to FILE and waits there until a signal interrupts it or the process is killed.
+``CHORUS_TEST_HOLD_POINT=NAME`` limits the hold to one point.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from typing import Iterator
 
 TEMP_MARK = ".tmp-"
 HOLD_WRITES_ENV = "CHORUS_TEST_HOLD_WRITES"  # test-only: see the module docstring
+HOLD_POINT_ENV = "CHORUS_TEST_HOLD_POINT"
 
 
 def temporary_sibling(path: str | os.PathLike) -> Path:
@@ -80,7 +83,7 @@ def atomic_directory(path: str | os.PathLike, *, replaceable=lambda existing: Fa
     old: Path | None = None
     try:
         yield tmp
-        _hold_for_tests()
+        hold_for_tests("directory")
         if path.is_dir() and any(path.iterdir()):
             old = temporary_sibling(path)
             os.replace(path, old)
@@ -96,13 +99,14 @@ def atomic_directory(path: str | os.PathLike, *, replaceable=lambda existing: Fa
             _remove(old)
 
 
-def _hold_for_tests() -> None:
-    """With ``CHORUS_TEST_HOLD_WRITES=FILE``: announce (by writing FILE) that a write is under
-    way and wait until a signal (e.g. SIGINT -> KeyboardInterrupt) ends the wait."""
+def hold_for_tests(point: str) -> None:
+    """With ``CHORUS_TEST_HOLD_WRITES=FILE`` (tests only; see the module docstring): write
+    ``point`` to FILE and wait until a signal (e.g. SIGINT -> KeyboardInterrupt in the main
+    thread) or a kill ends the wait. Without it: nothing, at the cost of one lookup."""
     marker = os.environ.get(HOLD_WRITES_ENV)
-    if not marker:
+    if not marker or os.environ.get(HOLD_POINT_ENV, point) != point:
         return
-    Path(marker).write_text("writing\n")
+    atomic_write_text(marker, point + "\n")  # whole when it appears: the test reads it at once
     while True:
         time.sleep(3600)
 

@@ -27,7 +27,8 @@ logger = logging.getLogger("chorus.server")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 _MULTIPART_OVERHEAD = 64 << 10  # boundaries and part headers around an upload
 ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 404, 413, 429, 500, 503, 504)}
-UPLOAD_ERRORS = {**ERRORS, 415: {"model": ErrorBody}}  # POST /v1/voices: a body that is not multipart
+UPLOAD_ERRORS = {**ERRORS, 415: {"model": ErrorBody},  # POST /v1/voices: a body that is not multipart
+                 507: {"model": ErrorBody}}  # and a voice store out of space
 DELETE_ERRORS = {**ERRORS, 409: {"model": ErrorBody}}  # the built-in voice cannot be deleted
 
 
