@@ -35,7 +35,7 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from chorus.audio.errors import AudioError, ReferenceAudioError
+from chorus.audio.errors import AudioError, AudioTooLongError, ReferenceAudioError
 from chorus.voices.blobs import BlobStore, DirectoryBlobs, Stamp
 from chorus.voices.records import (  # the store's public names, re-exported
     DEFAULT_VOICE_ID, ID_HEX_CHARS, ID_RE, MAX_ID_CHARS, MAX_NAME_CHARS, METADATA_FORMAT, InvalidVoiceIdError,
@@ -153,6 +153,8 @@ class VoiceStore:
             except ReferenceAudioError as exc:
                 code = exc.reason if exc.reason in ("empty", "too_short", "silent") else "invalid_audio"
                 raise VoiceUploadError(str(exc), code=code) from exc
+            except AudioTooLongError as exc:
+                raise VoiceUploadError(str(exc), code="too_long") from exc
             except AudioError as exc:  # AudioDecodeError and any other unusable audio
                 raise VoiceUploadError(str(exc), code="invalid_audio") from exc
             record = {
