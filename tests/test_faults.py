@@ -135,3 +135,13 @@ def test_a_raising_pass_fails_its_jobs_and_the_next_pass_runs(tiny_turbo):
     stage.add("b", random_voice(10, seed=1), seed=3, streaming=True, n_steps=2)
     stage.push("b", random_tokens(12, seed=2), final=True)
     assert all(o.error is None for o in drain(stage)["b"])
+
+
+def test_chorus_faults_reaches_the_engine_and_the_vocoder_of_a_new_process(monkeypatch, tiny_turbo):
+    """How a subprocess server gets its faults: the environment, read when the stages are built."""
+    monkeypatch.setenv("CHORUS_FAULTS", "t3_step:raise:@1,vocoder_pass:nan:0.5")
+    monkeypatch.setenv("CHORUS_FAULTS_SEED", "3")
+    engine, stage = _engine()[2], VocoderStage(tiny_turbo)
+    assert engine.runner.faults.config.seed == 3 and len(stage.faults.config.rules) == 2
+    monkeypatch.delenv("CHORUS_FAULTS")
+    assert _engine()[2].runner.faults is None and VocoderStage(tiny_turbo).faults is None

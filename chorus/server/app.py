@@ -295,7 +295,8 @@ class _BodyLimit:
             if body_done:  # after the body only a disconnect can come: wait for it as long as it takes
                 return await receive()
             try:
-                message = await asyncio.wait_for(receive(), max(deadline - asyncio.get_running_loop().time(), 0))
+                left = deadline - asyncio.get_running_loop().time()
+                message = await asyncio.wait_for(receive(), max(left, 0.05))  # a message already there gets in
             except asyncio.TimeoutError:
                 scope.setdefault("state", {})["error_code"] = "body_timeout"
                 raise _BodyTimeout(self.timeout_s) from None
