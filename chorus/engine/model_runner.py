@@ -57,9 +57,10 @@ class _SamplingState:
 # (3,200 reads saved) lose 6%, 256 rows x 32 (8,192) gain 7%, 64 rows x 400 (25,600) gain 2.1x;
 # the prefix kernel and the merge cost about what ~9,000 token reads do (~15 us a layer).
 SHARED_PREFIX_MIN_ROWS = 32
-NAN_LOGITS = -2  # ``collect``'s mark of a request whose logits held a NaN (never a token)
 SHARED_PREFIX_MAX_GROUPS = 8
 SHARED_PREFIX_MIN_SAVED_TOKENS = 8192
+
+NAN_LOGITS = -2  # ``collect``'s mark of a request whose logits held a NaN (never a token)
 
 
 @dataclass(eq=False)
