@@ -4,17 +4,27 @@ Every file or directory a command produces is first written under a temporary na
 directory (``.NAME.tmp-XXXX``, hidden) and renamed into place only when complete, so an
 interrupted or failed run leaves either the previous output or nothing: never something that
 looks like output but is cut short. The temporary is removed on every exit path, Ctrl-C included.
+
+Tests of that last promise need a crash or a signal to arrive while a write is under way,
+whatever the machine's speed: with ``CHORUS_TEST_HOLD_WRITES=FILE`` in the environment (a
+test-only switch, unset in normal use), a write that reaches a hold point (:func:`hold_for_tests`:
+:func:`atomic_directory` before its rename, the voice store's writes and deletes) writes the
+point's name to FILE and waits there until a signal interrupts it or the process is killed.
+``CHORUS_TEST_HOLD_POINT=NAME`` limits the hold to one point.
 """
 from __future__ import annotations
 
 import os
 import secrets
 import shutil
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 TEMP_MARK = ".tmp-"
+HOLD_WRITES_ENV = "CHORUS_TEST_HOLD_WRITES"  # test-only: see the module docstring
+HOLD_POINT_ENV = "CHORUS_TEST_HOLD_POINT"
 
 
 def temporary_sibling(path: str | os.PathLike) -> Path:
@@ -73,6 +83,7 @@ def atomic_directory(path: str | os.PathLike, *, replaceable=lambda existing: Fa
     old: Path | None = None
     try:
         yield tmp
+        hold_for_tests("directory")
         if path.is_dir() and any(path.iterdir()):
             old = temporary_sibling(path)
             os.replace(path, old)
@@ -86,6 +97,18 @@ def atomic_directory(path: str | os.PathLike, *, replaceable=lambda existing: Fa
     finally:
         if old is not None:
             _remove(old)
+
+
+def hold_for_tests(point: str) -> None:
+    """With ``CHORUS_TEST_HOLD_WRITES=FILE`` (tests only; see the module docstring): write
+    ``point`` to FILE and wait until a signal (e.g. SIGINT -> KeyboardInterrupt in the main
+    thread) or a kill ends the wait. Without it: nothing, at the cost of one lookup."""
+    marker = os.environ.get(HOLD_WRITES_ENV)
+    if not marker or os.environ.get(HOLD_POINT_ENV, point) != point:
+        return
+    atomic_write_text(marker, point + "\n")  # whole when it appears: the test reads it at once
+    while True:
+        time.sleep(3600)
 
 
 def check_directory_target(path: str | os.PathLike, replaceable=lambda existing: False) -> None:

@@ -150,22 +150,33 @@ def test_a_hub_that_never_answers_fails_fast_with_one_line(tmp_path):
 # ---- Ctrl-C ------------------------------------------------------------------------------------
 
 def test_ctrl_c_prints_one_line_exits_130_and_leaves_no_checkpoint(tmp_path):
-    out = tmp_path / "ckpt"
+    """The writer is held before its rename (``CHORUS_TEST_HOLD_WRITES``) and announces it, so
+    SIGINT always lands while the temporary checkpoint exists, however fast the machine."""
+    work, writing = tmp_path / "work", tmp_path / "writing"
+    work.mkdir()
     proc = subprocess.Popen([sys.executable, "-m", "chorus.cli", "checkpoint", "random", "--variant", "original",
-                             "--only", "t3", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=_env(), cwd=ROOT)
+                             "--only", "t3", "--out", str(work / "ckpt")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env(CHORUS_TEST_HOLD_WRITES=str(writing)),
+                            cwd=ROOT)
     try:
-        deadline = time.monotonic() + 120
-        while not any(p.name.startswith(".ckpt.tmp-") for p in tmp_path.iterdir()):  # writing has begun
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
+        _wait_for(writing.exists, proc, timeout_s=120)
+        assert any(p.name.startswith(".ckpt.tmp-") for p in work.iterdir())  # the write is under way
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode == 130
     assert err.strip() == "chorus: interrupted"
-    assert list(tmp_path.iterdir()) == []
+    assert list(work.iterdir()) == []
+
+
+def _wait_for(condition, proc: subprocess.Popen, timeout_s: float) -> None:
+    """Poll ``condition`` until it holds; fail at once if ``proc`` exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert proc.poll() is None, f"the process exited with {proc.returncode}"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
 
 
 # ---- checkpoint check opens every file ---------------------------------------------------------

@@ -10,6 +10,12 @@ class AudioDecodeError(AudioError):
     """The bytes are not audio we can decode (corrupt, truncated, unknown container or codec)."""
 
 
+class AudioTooLongError(AudioDecodeError):
+    """The audio is longer than the caller accepts at all (e.g. a decompression bomb: a small
+    file that decodes to hours). Found from the header when it states a length, else while
+    decoding, which stops there; the samples past the limit are never kept."""
+
+
 class ReferenceAudioError(AudioError):
     """Decodable audio that is unusable as a voice reference (empty, silent, too short).
 

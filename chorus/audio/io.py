@@ -14,7 +14,7 @@ from typing import BinaryIO, Union
 import numpy as np
 import soundfile
 
-from chorus.audio.errors import AudioDecodeError
+from chorus.audio.errors import AudioDecodeError, AudioTooLongError
 from chorus.audio.resample import resample
 
 AudioSource = Union[str, os.PathLike, bytes, bytearray, BinaryIO]
@@ -33,22 +33,32 @@ class DecodedAudio:
         return len(self.samples) / self.sample_rate
 
 
-def decode_audio(source: AudioSource, *, max_seconds: float | None = None) -> DecodedAudio:
+MAX_SAMPLE_RATE = 384_000  # above any real recording: a larger rate is a hostile or broken header
+_BLOCK_FRAMES = 1 << 16
+
+
+def decode_audio(source: AudioSource, *, max_seconds: float | None = None,
+                 refuse_seconds: float | None = None) -> DecodedAudio:
     """Decode ``source`` (path, bytes or binary file object) to mono float32.
 
-    Channels are averaged. ``max_seconds`` bounds how much is decoded (the rest of the file is not
-    read). Raises ``FileNotFoundError`` for a missing path and :class:`AudioDecodeError` when
-    neither decoder can read the data or the samples are not finite.
+    Channels are averaged block by block (memory holds mono samples only). ``max_seconds``
+    bounds what is kept (the file is cut there, ``truncated``). ``refuse_seconds`` bounds what is
+    accepted at all: a longer file raises :class:`AudioTooLongError`, judged from the header
+    when it states a length (nothing is decoded) and otherwise by decoding, which stops just
+    past the limit, so a decompression bomb costs at most ``refuse_seconds`` of decoding.
+    Raises ``FileNotFoundError`` for a missing path and :class:`AudioDecodeError` when neither
+    decoder can read the data, the sample rate is over :data:`MAX_SAMPLE_RATE`, or the samples
+    are not finite.
     """
     if isinstance(source, (str, os.PathLike)) and not os.path.exists(source):
         raise FileNotFoundError(f"audio file not found: {os.fspath(source)}")
     if isinstance(source, (bytes, bytearray)) and len(source) == 0:
         raise AudioDecodeError("the audio data is empty (0 bytes)")
-    max_frames_at = (lambda sr: -1) if max_seconds is None else (lambda sr: int(max_seconds * sr))
+    limits = _Limits(max_seconds, refuse_seconds)
     try:
-        samples, sample_rate, truncated = _decode_with_soundfile(source, max_frames_at)
+        samples, sample_rate, truncated = _decode_with_soundfile(source, limits)
     except (soundfile.SoundFileError, RuntimeError, TypeError) as sf_error:
-        samples, sample_rate, truncated = _decode_with_pyav(source, max_seconds, sf_error)
+        samples, sample_rate, truncated = _decode_with_pyav(source, limits, sf_error)
     if samples.size and not np.isfinite(samples).all():
         raise AudioDecodeError("the audio contains NaN or infinite sample values")
     return DecodedAudio(samples=samples, sample_rate=sample_rate, truncated=truncated)
@@ -73,16 +83,75 @@ def _as_file(source: AudioSource):
     return source
 
 
-def _decode_with_soundfile(source: AudioSource, max_frames_at) -> tuple[np.ndarray, int, bool]:
+@dataclass(frozen=True)
+class _Limits:
+    keep_s: float | None  # samples past this are dropped (the result is truncated)
+    refuse_s: float | None  # a source past this is refused
+
+    def check_rate(self, sample_rate: int) -> None:
+        if not 0 < sample_rate <= MAX_SAMPLE_RATE:
+            raise AudioDecodeError(f"could not decode the audio: a sample rate of {sample_rate} Hz is not "
+                                   f"supported (at most {MAX_SAMPLE_RATE})")
+
+    def check_length(self, seconds: float, *, declared: bool) -> None:
+        if self.refuse_s is not None and seconds > self.refuse_s:
+            how = "its header says it lasts" if declared else "it lasts more than"
+            raise AudioTooLongError(f"the audio is too long: {how} {seconds:.0f} s; the limit is "
+                                    f"{self.refuse_s:g} s")
+
+    def keep_frames(self, sample_rate: int) -> int | None:
+        return None if self.keep_s is None else int(self.keep_s * sample_rate)
+
+
+class _Collector:
+    """Mono blocks kept up to the keep limit; every decoded frame counted against the refusal."""
+
+    def __init__(self, limits: _Limits, sample_rate: int):
+        self.limits, self.rate = limits, sample_rate
+        self.keep = limits.keep_frames(sample_rate)
+        self.blocks: list[np.ndarray] = []
+        self.kept = self.seen = 0
+
+    def add(self, mono: np.ndarray) -> bool:
+        """Take one block; False once nothing more needs decoding."""
+        self.seen += mono.shape[0]
+        self.limits.check_length(self.seen / self.rate, declared=False)
+        if self.keep is None or self.kept < self.keep:
+            part = mono if self.keep is None else mono[: self.keep - self.kept]
+            self.blocks.append(part)
+            self.kept += part.shape[0]
+        return self.limits.refuse_s is not None or self.keep is None or self.seen <= self.keep
+
+    def result(self) -> tuple[np.ndarray, bool]:
+        samples = np.concatenate(self.blocks) if self.blocks else np.zeros(0, dtype=np.float32)
+        return np.ascontiguousarray(samples, dtype=np.float32), self.seen > self.kept
+
+
+def _decode_with_soundfile(source: AudioSource, limits: _Limits) -> tuple[np.ndarray, int, bool]:
     with soundfile.SoundFile(_as_file(source)) as f:
-        limit = max_frames_at(f.samplerate)
-        data = f.read(frames=limit, dtype="float32", always_2d=True)
-        # A file whose header does not report its length (e.g. some MP3s) reports frames == 0.
-        truncated = limit >= 0 and data.shape[0] == limit and (f.frames == 0 or f.frames > limit)
-        return _to_mono(data), int(f.samplerate), truncated
+        rate = int(f.samplerate)
+        limits.check_rate(rate)
+        stated = 0 < f.frames < 1 << 62  # libsndfile says 0 or 2^63 - 1 when the header does not tell
+        if stated:  # a stated length is judged before anything is decoded
+            limits.check_length(f.frames / rate, declared=True)
+        keep = limits.keep_frames(rate)
+        refuse = None if limits.refuse_s is None else int(limits.refuse_s * rate) + 1
+        # what is kept is read in one call, as the reference reads it (libsndfile's MP3 decoder
+        # gives slightly different samples when read in pieces); the rest only counted, by blocks
+        first = keep if keep is not None else (refuse if refuse is not None else -1)
+        collector = _Collector(limits, rate)
+        data = f.read(frames=first, dtype="float32", always_2d=True)
+        collector.add(_to_mono(data))
+        if refuse is None or data.shape[0] < first:
+            truncated = keep is not None and data.shape[0] == keep and (not stated or f.frames > keep)
+            return collector.result()[0], rate, truncated
+        for block in f.blocks(blocksize=_BLOCK_FRAMES, dtype="float32", always_2d=True):
+            collector.add(_to_mono(block))  # raises once past the refusal limit
+        samples, truncated = collector.result()
+        return samples, rate, truncated
 
 
-def _decode_with_pyav(source: AudioSource, max_seconds: float | None, sf_error: Exception):
+def _decode_with_pyav(source: AudioSource, limits: _Limits, sf_error: Exception):
     try:
         import av
     except ImportError:
@@ -96,20 +165,21 @@ def _decode_with_pyav(source: AudioSource, max_seconds: float | None, sf_error: 
                 raise AudioDecodeError("could not decode the audio: the file contains no audio stream")
             stream = container.streams.audio[0]
             sample_rate = int(stream.codec_context.sample_rate or stream.rate)
-            limit = None if max_seconds is None else int(max_seconds * sample_rate)
+            limits.check_rate(sample_rate)
+            if container.duration:  # microseconds, when the container states it
+                limits.check_length(container.duration / 1_000_000, declared=True)
+            collector = _Collector(limits, sample_rate)
             # Convert every frame to planar float32 at the native rate and channel layout.
             to_float = av.AudioResampler(format="fltp")
-            chunks, total, truncated = [], 0, False
+            going = True
             for frame in container.decode(stream):
                 for converted in to_float.resample(frame):
-                    chunk = converted.to_ndarray()  # (channels, samples)
-                    chunks.append(chunk)
-                    total += chunk.shape[1]
-                if limit is not None and total >= limit:
-                    truncated = True
+                    going = collector.add(_to_mono(converted.to_ndarray().T))  # (samples, channels)
+                if not going:
                     break
-            if not truncated:
-                chunks.extend(c.to_ndarray() for c in to_float.resample(None))
+            if going:
+                for converted in to_float.resample(None):
+                    collector.add(_to_mono(converted.to_ndarray().T))
     except AudioDecodeError:
         raise
     except Exception as exc:  # PyAV raises many error types (InvalidDataError, ValueError, ...)
@@ -117,13 +187,8 @@ def _decode_with_pyav(source: AudioSource, max_seconds: float | None, sf_error: 
             f"could not decode the audio: not a supported audio format, or the data is corrupt or "
             f"truncated (libsndfile: {sf_error}; FFmpeg: {exc})"
         ) from exc
-    if not chunks:
-        return np.zeros(0, dtype=np.float32), sample_rate, False
-    data = np.concatenate(chunks, axis=1).T  # (samples, channels)
-    if limit is not None:
-        truncated = truncated and data.shape[0] > limit
-        data = data[:limit]
-    return _to_mono(np.ascontiguousarray(data, dtype=np.float32)), sample_rate, truncated
+    samples, truncated = collector.result()
+    return samples, sample_rate, truncated
 
 
 def _to_mono(data: np.ndarray) -> np.ndarray:

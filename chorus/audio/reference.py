@@ -11,6 +11,9 @@ Rules Chorus adds (the reference crashes or silently produces garbage instead):
   above 0.001 in magnitude) and is rejected;
 - a variant's ``min_reference_seconds`` is enforced with the reference's strict ">" (Turbo and
   Nano need more than 5 s);
+- clips longer than :data:`MAX_SOURCE_SECONDS` (10 minutes) are refused (``AudioTooLongError``)
+  from the header's stated length, or while decoding, which stops there: a small file that
+  decodes to hours (a decompression bomb) costs at most that much decoding;
 - clips longer than ``max_seconds`` (default :data:`MAX_REFERENCE_SECONDS`, 60 s) are cut to
   their first ``max_seconds`` while decoding and flagged ``truncated``. Only the VoiceEncoder
   embedding sees audio past 15 s, so results for such clips differ slightly from the reference,
@@ -32,6 +35,7 @@ S3GEN_SAMPLE_RATE = 24000
 TOKENIZER_SAMPLE_RATE = 16000
 MIN_REFERENCE_SECONDS = 0.5
 MAX_REFERENCE_SECONDS = 60.0
+MAX_SOURCE_SECONDS = 600.0  # longer sources are refused, not cut (see the module docstring)
 SILENCE_PEAK_DBFS = -60.0
 
 
@@ -92,7 +96,7 @@ def prepare_reference(source: AudioSource | DecodedAudio, policy: ReferencePolic
             raise ValueError(f"DecodedAudio.samples must be mono (1-D), got shape {source.samples.shape}")
         decoded = _cut(source, policy.max_seconds)
     else:
-        decoded = decode_audio(source, max_seconds=policy.max_seconds)
+        decoded = decode_audio(source, max_seconds=policy.max_seconds, refuse_seconds=MAX_SOURCE_SECONDS)
     wav = resample(decoded.samples, decoded.sample_rate, S3GEN_SAMPLE_RATE)
     check_reference(wav, S3GEN_SAMPLE_RATE, policy)
     measured = None

@@ -16,7 +16,8 @@ import torch
 
 from chorus.engine.config import EngineConfig
 from chorus.engine.kv_cache_manager import KVCacheManager
-from chorus.engine.model_runner import SHARED_PREFIX_MAX_GROUPS, SHARED_PREFIX_MIN_ROWS, LaunchedStep, ModelRunner
+from chorus.engine.model_runner import (NAN_LOGITS, SHARED_PREFIX_MAX_GROUPS, SHARED_PREFIX_MIN_ROWS, LaunchedStep,
+                                       ModelRunner)
 from chorus.engine.paged_cache import PagedKVCache, kv_bytes_per_block, resolve_kv_cache_dtype
 from chorus.engine.sampler_graphs import SamplerGraphs
 from chorus.engine.request import FinishReason, Priority, Request, T3Prompt
@@ -311,6 +312,8 @@ class T3Engine:
         if error is not None:
             # fail the step's requests (their blocks are freed), keep serving the others
             message = f"{type(error).__name__}: {error}"
+            if isinstance(error, torch.cuda.OutOfMemoryError) and self.model.device.type == "cuda":
+                torch.cuda.empty_cache()  # give the failed step's memory back before the next one
             for request_id, request in out.requests.items():
                 if not request.is_finished and self.scheduler.abort(request_id, FinishReason.ERROR, message):
                     results.append(RequestOutput(request_id, None, FinishReason.ERROR, message))
@@ -321,6 +324,13 @@ class T3Engine:
                 del sampled[request_id]
                 self.scheduler.abort(request_id, FinishReason.EOS)
                 results.append(RequestOutput(request_id, None, FinishReason.EOS))
+            elif token == NAN_LOGITS:
+                # NaN logits: this request fails (its blocks are freed); the rest of the step goes on
+                del sampled[request_id]
+                message = "the model produced NaN logits"
+                if not out.requests[request_id].is_finished and \
+                        self.scheduler.abort(request_id, FinishReason.ERROR, message):
+                    results.append(RequestOutput(request_id, None, FinishReason.ERROR, message))
         results.extend(self.scheduler.update_from_output(out, sampled))
         for result in results:
             if result.finish_reason is not None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from chorus import faults
 from chorus.engine.attention import SharedPrefixPlan, SharedPrefixTensors, plan_shared_prefixes
 from chorus.engine.paged_cache import AttentionMetadata, PagedKVCache
 from chorus.engine.request import Branch
@@ -59,6 +60,8 @@ SHARED_PREFIX_MIN_ROWS = 32
 SHARED_PREFIX_MAX_GROUPS = 8
 SHARED_PREFIX_MIN_SAVED_TOKENS = 8192
 
+NAN_LOGITS = -2  # ``collect``'s mark of a request whose logits held a NaN (never a token)
+
 
 @dataclass(eq=False)
 class LaunchedStep:
@@ -73,6 +76,9 @@ class LaunchedStep:
     tokens: torch.Tensor | None
     host: torch.Tensor | None = None
     ready: torch.cuda.Event | None = None
+    # each request's logits rows (cond, uncond; equal without CFG): ``host`` holds the tokens,
+    # then one NaN flag per logits row, so a request with NaN logits is found at collect
+    logit_rows: tuple[list[int], list[int]] = ((), ())
 
 
 @dataclass
@@ -89,6 +95,7 @@ class ModelRunner:
     into sampled tokens."""
 
     def __init__(self, model: T3Model, variant: Variant, cache: PagedKVCache, *, shared_prefix: bool = True):
+        self.faults = faults.from_env()  # test-only fault injection (chorus/faults.py); None in use
         self.model = model
         self.variant = variant
         self.cache = cache
@@ -288,6 +295,9 @@ class ModelRunner:
             return LaunchedStep(out, {}, None)
         inputs = self.prepare(out, pending)
         logits = self.forward_logits(inputs)
+        if self.faults is not None and self.faults.check("t3_step"):
+            logits = logits.clone()
+            logits[0] = float("nan")
         # rows needing logits: one per plain request, two adjacent ones per CFG pair (read from
         # the sequences directly: building the step's row objects costs more than the loop)
         seqs = out.seqs
@@ -314,24 +324,36 @@ class ModelRunner:
             processed = process_logits(cond, state.batch, state.seen, state.steps, uncond_logits=uncond)
             tokens = sample_next_tokens(processed, state.batch, state.steps)
             record_sampled_tokens(self.variant, state.seen, tokens, state.steps)
-        step = LaunchedStep(out, {rid: i for i, rid in enumerate(request_ids)}, tokens)
+        step = LaunchedStep(out, {rid: i for i, rid in enumerate(request_ids)}, tokens,
+                            logit_rows=(cond_idx, uncond_idx))
+        # NaN logits must never become a token: flag the rows (argmax would pick a NaN's index)
+        flagged = torch.cat([tokens, torch.isnan(logits).any(dim=-1).to(tokens.dtype)])
         if self.device.type == "cuda":  # the copy to the host runs behind the step, on its stream
-            step.host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-            step.host.copy_(tokens, non_blocking=True)
+            step.host = torch.empty(flagged.shape, dtype=flagged.dtype, pin_memory=True)
+            step.host.copy_(flagged, non_blocking=True)
             step.ready = torch.cuda.Event()
             step.ready.record()
         else:
-            step.host = tokens.clone()  # ``tokens`` may be a buffer the next step rewrites
+            step.host = flagged  # a new tensor: ``tokens`` may be a buffer the next step rewrites
         return step
 
     def collect(self, step: LaunchedStep) -> dict[str, int]:
-        """Wait for ``step``'s tokens: ``{request_id: token}`` (the step's one host sync)."""
+        """Wait for ``step``'s tokens: ``{request_id: token}`` (the step's one host sync);
+        ``NAN_LOGITS`` marks a request whose logits (either CFG row) held a NaN."""
         if step.host is None:
             return {}
         if step.ready is not None:
             step.ready.synchronize()
         values = step.host.tolist()
-        return {rid: (NO_TOKEN if v == NO_TOKEN else int(v)) for rid, v in zip(step.row_of, values)}
+        count = len(step.row_of)
+        tokens, nan_rows = values[:count], values[count:]
+        result = {rid: (NO_TOKEN if v == NO_TOKEN else int(v)) for rid, v in zip(step.row_of, tokens)}
+        if any(nan_rows):
+            cond, uncond = step.logit_rows
+            for i, rid in enumerate(step.row_of):
+                if nan_rows[cond[i]] or nan_rows[uncond[i]]:
+                    result[rid] = NAN_LOGITS
+        return result
 
     def _sampling_state(self, out: SchedulerOutput, request_ids: list[str], cond_rows: list[int],
                         cond_idx: list[int], uncond_idx: list[int], has_uncond: bool) -> "_SamplingState":

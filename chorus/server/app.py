@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from chorus.server.errors import APIError, install_error_handlers
-from chorus.server.logs import request_id_var
+from chorus.server.logs import MAX_LOGGED_PATH, clean_for_log, request_id_var
 from chorus.server.schemas import (ErrorBody, Health, ModelCard, ModelList, Readiness, SpeechBody, VoiceCard,
                                    VoiceDeleted, VoiceList)
 from chorus.server.backend import Backend
@@ -27,7 +27,8 @@ logger = logging.getLogger("chorus.server")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 _MULTIPART_OVERHEAD = 64 << 10  # boundaries and part headers around an upload
 ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 404, 413, 429, 500, 503, 504)}
-UPLOAD_ERRORS = {**ERRORS, 415: {"model": ErrorBody}}  # POST /v1/voices: a body that is not multipart
+UPLOAD_ERRORS = {**ERRORS, 415: {"model": ErrorBody},  # POST /v1/voices: a body that is not multipart
+                 507: {"model": ErrorBody}}  # and a voice store out of space
 DELETE_ERRORS = {**ERRORS, 409: {"model": ErrorBody}}  # the built-in voice cannot be deleted
 
 
@@ -52,7 +53,8 @@ def create_app(service: Backend) -> FastAPI:
     app.state.service = service
     install_error_handlers(app)
     app.add_middleware(_BodyLimit, default=config.max_body_bytes,
-                       uploads=config.max_upload_bytes + _MULTIPART_OVERHEAD)
+                       uploads=config.max_upload_bytes + _MULTIPART_OVERHEAD, timeout_s=config.body_timeout_s,
+                       header_limit=config.max_header_bytes)
     if config.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -73,7 +75,11 @@ def create_app(service: Backend) -> FastAPI:
         if not config.api_keys:
             return
         scheme, _, key = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not any(hmac.compare_digest(key.strip(), k) for k in config.api_keys):
+        given = key.strip().encode("utf-8", "surrogateescape")
+        matched = False
+        for known in config.api_keys:  # every key is compared, in constant time, as bytes (any header is safe)
+            matched |= hmac.compare_digest(given, known.encode("utf-8"))
+        if scheme.lower() != "bearer" or not matched:
             raise APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
@@ -255,23 +261,33 @@ class _RequestContext:
             request_id_var.reset(token)
             code = state.get("error_code")
             probe = scope["path"] in ("/health", "/ready", "/metrics")  # polled often: not logged at info
-            logger.log(logging.DEBUG if probe else logging.INFO, "%s %s %d", scope["method"], scope["path"],
-                       status[0], extra={"request_id": request_id, "status": status[0], "error_code": code,
+            logger.log(logging.DEBUG if probe else logging.INFO, "%s %s %d", scope["method"],
+                       clean_for_log(scope["path"], MAX_LOGGED_PATH), status[0], extra={"request_id": request_id, "status": status[0], "error_code": code,
                                          "ms": round(1000 * (time.perf_counter() - started), 1)})
             if status[0] >= 400 and not probe:  # a 503 from /ready is an answer, not an error
                 self.record_error(code or str(status[0]))
 
 
 class _BodyLimit:
-    """Reject bodies over the limit (413) before they are read: by Content-Length, and by
-    counting for chunked bodies. Uploads (POST /v1/voices) have their own, larger limit."""
+    """Reject a request line and headers over ``header_limit`` bytes (431), and bodies over the
+    limit (413) before they are read: by Content-Length, and by
+    counting for chunked bodies. Uploads (POST /v1/voices) have their own, larger limit. A body
+    must also arrive in full within ``timeout_s`` of the request (408 otherwise), so a client
+    that trickles it (slowloris) cannot hold a connection and a worker for long."""
 
-    def __init__(self, app, default: int, uploads: int):
-        self.app, self.default, self.uploads = app, default, uploads
+    def __init__(self, app, default: int, uploads: int, timeout_s: float, header_limit: int):
+        self.app, self.default, self.uploads, self.timeout_s = app, default, uploads, timeout_s
+        self.header_limit = header_limit
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        head = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + sum(
+            len(k) + len(v) + 4 for k, v in scope.get("headers") or [])
+        if head > self.header_limit:  # h11 bounds what it buffers; this bounds what a request may carry
+            scope.setdefault("state", {})["error_code"] = "headers_too_large"
+            return await _send_error(APIError(431, f"the request line and headers exceed {self.header_limit} bytes",
+                                              code="headers_too_large", headers={"Connection": "close"}), send)
         limit = self.uploads if scope["path"].rstrip("/") == "/v1/voices" else self.default
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
@@ -280,15 +296,27 @@ class _BodyLimit:
             return await _too_large(limit, send)
         seen = 0
         started = False
+        body_done = False
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
 
         async def counting_receive():
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, body_done
+            if body_done:  # after the body only a disconnect can come: wait for it as long as it takes
+                return await receive()
+            try:
+                left = deadline - asyncio.get_running_loop().time()
+                message = await asyncio.wait_for(receive(), max(left, 0.05))  # a message already there gets in
+            except asyncio.TimeoutError:
+                scope.setdefault("state", {})["error_code"] = "body_timeout"
+                raise _BodyTimeout(self.timeout_s) from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
+                body_done = not message.get("more_body", False)
                 if seen > limit:
                     scope.setdefault("state", {})["error_code"] = "body_too_large"
                     raise _TooLarge()
+            else:
+                body_done = True
             return message
 
         async def tracking_send(message):
@@ -302,6 +330,9 @@ class _BodyLimit:
         except _TooLarge:
             if not started:
                 await _too_large(limit, send)
+        except _BodyTimeout as exc:
+            if not started:
+                await _send_error(exc.error, send)
 
 
 class _TooLarge(StarletteHTTPException):
@@ -312,11 +343,24 @@ class _TooLarge(StarletteHTTPException):
         super().__init__(413, "the request body is too large")
 
 
+class _BodyTimeout(StarletteHTTPException):
+    """Raised from ``receive`` when the body has not arrived in time (answered 408)."""
+
+    def __init__(self, timeout_s: float):
+        message = f"the request body did not arrive within {timeout_s:g} s"
+        super().__init__(408, message, headers={"Connection": "close"})
+        self.error = APIError(408, message, code="body_timeout", headers={"Connection": "close"})
+
+
 async def _too_large(limit: int, send) -> None:
-    error = APIError(413, f"the request body is larger than {limit} bytes", code="body_too_large")
+    await _send_error(APIError(413, f"the request body is larger than {limit} bytes", code="body_too_large"), send)
+
+
+async def _send_error(error: APIError, send) -> None:
     body = json.dumps(error.body()).encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               *((k.lower().encode(), v.encode()) for k, v in error.headers.items())]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -82,6 +82,8 @@ class ServerConfig:
     max_input_chars: int = 4096  # OpenAI's limit on `input`
     max_new_tokens: int | None = None  # cap on speech tokens per text chunk; None: the variant's
     max_body_bytes: int = 1 << 20  # JSON bodies (uploads have max_upload_bytes)
+    max_header_bytes: int = 16 << 10  # the request line and headers together (uvicorn's h11 limit)
+    body_timeout_s: float = 60.0  # a request body must arrive in full within this (slow-body attacks)
     default_deadline_s: float = 30.0
     max_deadline_s: float = 300.0
     memory_pressure: float = 0.98  # KV pool use above which new requests get 503 while others wait
@@ -107,7 +109,7 @@ class ServerConfig:
 
         object.__setattr__(self, "variant", get_variant(self.variant).name)
         for name in ("max_queue", "max_input_chars", "max_body_bytes", "max_upload_bytes", "voice_cache_size",
-                     "max_num_seqs", "max_chars", "retry_after_s"):
+                     "max_num_seqs", "max_chars", "retry_after_s", "max_header_bytes"):
             value = getattr(self, name)
             _require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
                      f"{name} must be a positive integer, got {value!r}")
@@ -120,7 +122,8 @@ class ServerConfig:
         _require(self.kv_cache_dtype in KV_CACHE_DTYPES,
                  f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         _require(0 < self.port < 65536, f"port must be in 1..65535, got {self.port!r}")
-        for name in ("default_deadline_s", "max_deadline_s", "canary_interval_s", "canary_timeout_s", "stall_timeout_s"):
+        for name in ("default_deadline_s", "max_deadline_s", "canary_interval_s", "canary_timeout_s", "stall_timeout_s",
+                     "body_timeout_s"):
             value = getattr(self, name)
             _require(isinstance(value, (int, float)) and value > 0, f"{name} must be a positive number, got {value!r}")
         _require(self.default_deadline_s <= self.max_deadline_s,
@@ -186,6 +189,8 @@ FIELD_HELP = {
     "max_new_tokens": "cap on speech tokens per text chunk, 25 per second of audio (default: the variant's; "
                       "100 on a random-weight checkpoint)",
     "max_body_bytes": "largest JSON request body in bytes",
+    "max_header_bytes": "largest request line plus headers in bytes (larger: the connection is refused with 400)",
+    "body_timeout_s": "seconds within which a request body must arrive in full (slower: 408)",
     "default_deadline_s": "seconds a request may take before it is aborted, unless it asks for another",
     "max_deadline_s": "the longest deadline a request may ask for",
     "memory_pressure": "KV-cache use (0-1) above which new requests get 503 while others wait for memory",

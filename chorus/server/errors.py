@@ -17,8 +17,8 @@ from starlette.routing import Match
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error",
-          415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
-          500: "server_error", 503: "service_unavailable", 504: "timeout_error"}
+          415: "invalid_request_error", 431: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+          500: "server_error", 503: "service_unavailable", 504: "timeout_error", 507: "server_error"}
 
 
 class APIError(Exception):
@@ -104,7 +104,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
+        code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large", 408: "body_timeout",
                 400: "invalid_body"}.get(exc.status_code, "http_error")
         request.state.error_code = code
         headers = dict(getattr(exc, "headers", None) or {})

@@ -11,10 +11,24 @@ import contextvars
 import json
 import logging
 import time
+import unicodedata
 
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("chorus_request_id", default=None)
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
+MAX_LOGGED_PATH = 256  # characters of a request path in the access line
+
+
+def clean_for_log(text: str, limit: int | None = None) -> str:
+    """``text`` safe to put in a log line: control, format (e.g. bidi overrides) and line or
+    paragraph separator characters escaped as ``\\uXXXX`` (a client cannot start a fake log
+    line or hide text), cut to ``limit`` characters with a mark."""
+    if limit is not None and len(text) > limit:
+        text = text[:limit] + f"...[{len(text) - limit} more]"
+    if text.isprintable():
+        return text
+    return "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp", "Cs") else c
+                   for c in text)
 
 
 class JsonFormatter(logging.Formatter):
@@ -25,7 +39,7 @@ class JsonFormatter(logging.Formatter):
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": clean_for_log(record.getMessage()),
         }
         request_id = getattr(record, "request_id", None) or request_id_var.get()
         if request_id:
@@ -44,10 +58,15 @@ class JsonFormatter(logging.Formatter):
 
 class TextFormatter(logging.Formatter):
     """For people: ``time LEVEL logger [request id] message key=value ...``; the same request id
-    and extra fields as the JSON lines (nested data, such as the start-up config, as JSON)."""
+    and extra fields as the JSON lines (nested data, such as the start-up config, as JSON). The
+    message stays on one line (control characters escaped; a traceback follows on its own lines)."""
 
     def __init__(self):
         super().__init__("%(asctime)s %(levelname)s %(name)s%(request_tag)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = clean_for_log(record.message)
+        return super().formatMessage(record)
 
     def format(self, record: logging.LogRecord) -> str:
         request_id = getattr(record, "request_id", None) or request_id_var.get()
@@ -65,7 +84,7 @@ class TextFormatter(logging.Formatter):
                     value = json.dumps(value, ensure_ascii=False, default=str)
                 except (TypeError, ValueError):
                     value = str(value)
-            fields.append(f"{key}={value}")
+            fields.append(f"{key}={clean_for_log(str(value))}")
         if fields:
             head, sep, tail = line.partition("\n")  # a traceback stays below the line
             line = f"{head} {' '.join(fields)}{sep}{tail}"

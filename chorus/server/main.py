@@ -60,6 +60,14 @@ def effective_config(config: ServerConfig) -> ServerConfig:
     return dataclasses.replace(config, max_new_tokens=cap)
 
 
+def uvicorn_options(config: ServerConfig) -> dict:
+    """uvicorn's settings that are part of the server's limits (tests run uvicorn with these too).
+    HTTP is parsed by h11, whose size limit on the request line and headers is configurable (the
+    faster httptools parser has none); its cost is small beside a model's."""
+    return dict(log_config=None, timeout_graceful_shutdown=10, http="h11",
+                h11_max_incomplete_event_size=config.max_header_bytes)
+
+
 def serve(config: ServerConfig) -> None:
     import uvicorn
 
@@ -69,5 +77,5 @@ def serve(config: ServerConfig) -> None:
     config = effective_config(config)
     logger.info("starting", extra={"config": describe(config)})
     service = SpeechService(config, lambda: load_models(config))
-    uvicorn.run(create_app(service), host=config.host, port=config.port, log_config=None,
-                log_level=config.log_level.lower(), timeout_graceful_shutdown=10)
+    uvicorn.run(create_app(service), host=config.host, port=config.port, log_level=config.log_level.lower(),
+                **uvicorn_options(config))

@@ -169,7 +169,7 @@ class _Session:
 
 
 _VOICE_STATUS = {"too_large": 413, "reserved_voice": 409, "damaged_voice": 500, "id_collision": 500,
-                 "voice_store_unavailable": 503}
+                 "voice_store_unavailable": 503, "insufficient_storage": 507}
 
 
 def _request_voice(store, voice: str):

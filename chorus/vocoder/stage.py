@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from chorus import faults
 from chorus.models.s3gen.hift import SourceNoise, draw_source_noise
 from chorus.models.s3gen.postprocess import apply_trim_fade
 from chorus.models.s3gen.s3gen import SAMPLE_RATE, SAMPLES_PER_TOKEN, S3Gen, item_generators
@@ -36,6 +37,7 @@ class VocoderStage:
         self.s3gen = s3gen
         self._clock = clock
         self.config = config or VocoderConfig()
+        self.faults = faults.from_env()  # test-only fault injection (chorus/faults.py); None in use
         self.voices = VoiceCache(s3gen.flow, self.config.voice_cache_size)
         self._jobs: dict[str, Job] = {}
         self._generators: dict[str, tuple[torch.Generator, torch.Generator]] = {}
@@ -97,7 +99,8 @@ class VocoderStage:
         batch = self._select(ready)
         start = time.perf_counter()
         try:
-            out += self._run_pass(batch)
+            poison = self.faults is not None and self.faults.check("vocoder_pass")  # tests only
+            out += self._finite(self._run_pass(batch), poison)
         except Exception as exc:  # one bad pass fails its own jobs only
             logger.exception("vocoder pass over %d job(s) failed", len(batch))
             self._stats.failed_passes += 1
@@ -186,6 +189,19 @@ class VocoderStage:
     def _forget(self, job_id: str) -> None:
         self._jobs.pop(job_id, None)
         self._generators.pop(job_id, None)
+
+    def _finite(self, pieces: list[AudioOut], poison: bool) -> list[AudioOut]:
+        """NaN or inf audio is never sent: such a piece fails its own job, the others go on.
+        ``poison``: a test's fault rule turns the first non-empty piece to NaN."""
+        for i, piece in enumerate(pieces):
+            if poison and piece.samples.numel():
+                piece = pieces[i] = AudioOut(piece.job_id, torch.full_like(piece.samples, float("nan")), piece.final)
+                poison = False
+            if piece.samples.numel() and not bool(torch.isfinite(piece.samples).all()):
+                logger.error("vocoder job %s produced non-finite audio; failing it", piece.job_id)
+                self._forget(piece.job_id)
+                pieces[i] = AudioOut(piece.job_id, torch.zeros(0), final=True, error="non-finite (NaN) audio")
+        return pieces
 
     def _finish_empty(self, job: Job) -> AudioOut:
         stream = job.stream

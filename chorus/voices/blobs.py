@@ -6,8 +6,10 @@ The store sees a flat namespace of small files (``<id>.safetensors``, ``<id>.jso
 
 * :class:`DirectoryBlobs`: a directory, possibly mounted by several machines. Writes go to a
   hidden temporary name in the same directory (``.NAME.tmp-PID-XXXX``), are fsynced, then
-  renamed into place; :meth:`DirectoryBlobs.create` publishes with a hard link, which fails when
-  the name exists, so concurrent writers agree on the first file.
+  renamed into place and the directory fsynced; :meth:`DirectoryBlobs.create` publishes with a
+  hard link, which fails when the name exists, so concurrent writers agree on the first file.
+  Every file is created with mode :data:`FILE_MODE` (0600: a voice can imitate a person, so
+  only the server's user may read it), whatever the writer's library or umask would give.
 * :class:`chorus.voices.objectstore.CachedObjectStore`: an object store (any fsspec URL) with a
   local directory caching the voice files that this process used.
 
@@ -22,11 +24,12 @@ import time
 from pathlib import Path
 from typing import Callable, Hashable, Protocol
 
-from chorus.atomic import TEMP_MARK, temporary_sibling
+from chorus.atomic import TEMP_MARK, hold_for_tests, temporary_sibling
 
 logger = logging.getLogger(__name__)
 
 STALE_TEMP_SECONDS = 3600.0  # temporaries older than this are left by interrupted writes
+FILE_MODE = 0o600  # every voice file and record: owner read/write only
 
 Stamp = Hashable
 """What a file looked like when listed: equal stamps mean unchanged content ((mtime_ns, size) in a
@@ -153,7 +156,9 @@ class DirectoryBlobs:
         tmp = temporary_sibling(path)
         try:
             fill(tmp)
+            os.chmod(tmp, FILE_MODE)
             _fsync_file(tmp)
+            hold_for_tests("blob-write")
             os.replace(tmp, path)
             _fsync_directory(self.root)
         finally:
@@ -166,10 +171,12 @@ class DirectoryBlobs:
         path = self.root / name
         tmp = temporary_sibling(path)
         try:
-            with open(tmp, "wb") as f:
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE), "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
+            os.chmod(tmp, FILE_MODE)  # the umask may have taken bits away; never added
+            hold_for_tests("blob-create")
             try:
                 os.link(tmp, path)  # fails if the file exists: the first writer wins
             except FileExistsError:
@@ -183,7 +190,9 @@ class DirectoryBlobs:
 
     def delete(self, *names: str) -> bool:
         removed = False
-        for name in names:
+        for i, name in enumerate(names):
+            if i:
+                hold_for_tests("blob-delete")  # between two removals (tests only)
             removed = _unlink(self.root / name) or removed
         if removed:
             _fsync_directory(self.root)

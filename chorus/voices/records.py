@@ -70,7 +70,8 @@ class VoiceUploadError(VoiceStoreError, ValueError):
 
     ``too_large`` (more than ``max_upload_bytes``), ``empty`` (no bytes, or audio without
     samples), ``invalid_audio`` (not decodable: not audio, corrupt, truncated), ``too_short``
-    (under 0.5 s, or the variant's own minimum), ``silent``, ``invalid_name``,
+    (under 0.5 s, or the variant's own minimum), ``too_long`` (over 10 minutes of audio, e.g. a
+    decompression bomb: refused before it is decoded), ``silent``, ``invalid_name``,
     ``too_many_voices`` (the store holds ``max_voices`` voices).
     """
 

@@ -26,6 +26,7 @@ The id ``default`` is reserved for the checkpoint's built-in voice.
 from __future__ import annotations
 
 import builtins
+import errno
 import json
 import logging
 import os
@@ -34,7 +35,7 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from chorus.audio.errors import AudioError, ReferenceAudioError
+from chorus.audio.errors import AudioError, AudioTooLongError, ReferenceAudioError
 from chorus.voices.blobs import BlobStore, DirectoryBlobs, Stamp
 from chorus.voices.records import (  # the store's public names, re-exported
     DEFAULT_VOICE_ID, ID_HEX_CHARS, ID_RE, MAX_ID_CHARS, MAX_NAME_CHARS, METADATA_FORMAT, InvalidVoiceIdError,
@@ -56,6 +57,7 @@ logger = logging.getLogger(__name__)
 
 METADATA_SUFFIX = ".json"
 DEFAULT_MAX_UPLOAD_BYTES = 25 * 1024 * 1024  # a 60 s float32 stereo 48 kHz WAV is 23 MB
+STORAGE_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # writes that fail for want of room
 
 
 class VoiceStore:
@@ -116,7 +118,8 @@ class VoiceStore:
         before for this variant family) is answered from the store without building: its info
         is returned unchanged, first name kept. Raises :class:`VoiceUploadError` (nothing
         written) for unusable uploads, :class:`VoiceStoreError` (code
-        ``voice_models_not_loaded``) when there is no front end.
+        ``voice_models_not_loaded``) when there is no front end, or (code
+        ``insufficient_storage``, nothing left behind) when the store has no room.
         """
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"an upload is bytes, got {type(data).__name__}")
@@ -150,6 +153,8 @@ class VoiceStore:
             except ReferenceAudioError as exc:
                 code = exc.reason if exc.reason in ("empty", "too_short", "silent") else "invalid_audio"
                 raise VoiceUploadError(str(exc), code=code) from exc
+            except AudioTooLongError as exc:
+                raise VoiceUploadError(str(exc), code="too_long") from exc
             except AudioError as exc:  # AudioDecodeError and any other unusable audio
                 raise VoiceUploadError(str(exc), code="invalid_audio") from exc
             record = {
@@ -157,9 +162,18 @@ class VoiceStore:
                 "duration_s": round(reference.duration, 3), "variant": self.variant.name, "family": self.family,
                 "content_hash": digest, "voice_hash": voice.content_hash, "bytes": size,
             }
-            # a leftover voice file of the same clip is overwritten with the same content
-            self.files.write_file(_voice_name(voice_id), voice.save)
-            info = self._publish(voice_id, record)
+            try:
+                # a leftover voice file of the same clip is overwritten with the same content
+                self.files.write_file(_voice_name(voice_id), voice.save)
+                info = self._publish(voice_id, record)
+            except OSError as exc:
+                if exc.errno not in STORAGE_FULL:
+                    raise
+                if self._record(voice_id, warn=False) is None:
+                    self.files.delete(_voice_name(voice_id))  # unpublished: leave nothing behind
+                raise VoiceStoreError(f"the voice store at {self.files.location} is out of space "
+                                      f"({os.strerror(exc.errno)}); nothing was stored: free space or raise the "
+                                      "quota, then upload again", code="insufficient_storage") from exc
         with self._lock:
             self._remember(voice_id, voice)
         logger.info("voice %s added (%s, %.1f s, %d bytes)", voice_id, name or "unnamed", reference.duration, size)

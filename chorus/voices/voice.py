@@ -123,7 +123,7 @@ class Voice:
     # ---- Chorus voice files -------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike) -> Path:
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
         tensors = {k: getattr(self, k).contiguous() for k in _TENSORS}
         if self.t3_prompt_embeds is not None:
@@ -133,8 +133,9 @@ class Voice:
         metadata = {"format": FORMAT, "name": self.name, "sample_rate": str(SAMPLE_RATE)}
         if self.variant is not None:
             metadata["variant"] = self.variant
-        with atomic_file(path) as tmp:
-            save_file(tensors, str(tmp), metadata=metadata)
+        data = save(tensors, metadata=metadata)  # serialised here, written by Python: a full disk is an
+        with atomic_file(path) as tmp:  # OSError(ENOSPC), not safetensors' own error type
+            tmp.write_bytes(data)
         return Path(path)
 
     @classmethod

@@ -111,3 +111,40 @@ def test_non_finite_samples_are_rejected(tmp_path):
     soundfile.write(path, data, 16000, subtype="FLOAT")
     with pytest.raises(AudioDecodeError, match="NaN"):
         decode_audio(path)
+
+
+# ---- decompression bombs ------------------------------------------------------------------------
+
+def _silent_flac(minutes: int, *, stated: bool, rate: int = 8000) -> bytes:
+    """``minutes`` of silence as FLAC (about 1.4 KB a minute); ``stated=False`` blanks the
+    STREAMINFO length, so only decoding can tell the duration."""
+    import io
+
+    buffer = io.BytesIO()
+    with soundfile.SoundFile(buffer, "w", samplerate=rate, channels=1, format="FLAC", subtype="PCM_16") as f:
+        for _ in range(minutes):
+            f.write(np.zeros(rate * 60, dtype=np.float32))
+    data = bytearray(buffer.getvalue())
+    if not stated:
+        head = int.from_bytes(data[18:26], "big")
+        data[18:26] = (head & ~((1 << 36) - 1)).to_bytes(8, "big")
+    return bytes(data)
+
+
+def test_a_stated_length_over_the_limit_is_refused_before_decoding():
+    from chorus.audio.errors import AudioTooLongError
+
+    with pytest.raises(AudioTooLongError, match="header says it lasts 660 s"):
+        decode_audio(_silent_flac(11, stated=True), max_seconds=60, refuse_seconds=600)
+
+
+def test_a_hidden_length_is_refused_once_decoding_passes_the_limit():
+    from chorus.audio.errors import AudioTooLongError
+
+    with pytest.raises(AudioTooLongError, match="lasts more than 6[0-9] s"):
+        decode_audio(_silent_flac(3, stated=False), max_seconds=30, refuse_seconds=60)
+
+
+def test_under_the_refusal_limit_a_long_clip_is_still_cut_to_max_seconds():
+    decoded = decode_audio(_silent_flac(2, stated=False), max_seconds=30, refuse_seconds=600)
+    assert decoded.truncated and decoded.samples.shape[0] == 30 * 8000

@@ -16,6 +16,7 @@ from chorus.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chorus.pipeline.pipeline import Pipeline, PipelineConfig
 from chorus.server.app import create_app
 from chorus.server.config import DegradationConfig, ServerConfig
+from chorus.server.main import uvicorn_options
 from chorus.server.service import Loaded, SpeechService
 from chorus.voices.objectstore import open_blob_store
 from chorus.voices.store import VoiceStore
@@ -70,8 +71,8 @@ class LiveServer:
         self.url = f"http://127.0.0.1:{self.port}"
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.Client(base_url=self.url, timeout=60.0, headers=headers)
-        self._server = uvicorn.Server(uvicorn.Config(create_app(self.service), log_config=None, lifespan="on",
-                                                     timeout_graceful_shutdown=5))
+        options = {**uvicorn_options(config), "timeout_graceful_shutdown": 5}
+        self._server = uvicorn.Server(uvicorn.Config(create_app(self.service), lifespan="on", **options))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
 
     def __enter__(self) -> "LiveServer":

@@ -71,9 +71,9 @@ def test_a_client_that_disconnects_mid_stream_frees_every_block(tmp_path):
                 "model": "chatterbox-turbo", "input": LONG_TEXT, "response_format": "pcm"}) as response:
             assert response.status_code == 200
             next(response.iter_raw())  # the first audio arrived; now hang up
-        started = time.monotonic()
-        server.wait_idle(timeout=5)
-        assert time.monotonic() - started < 5
+        server.wait_idle(timeout=60)  # a bound for a loaded machine, not the claim: the claim is below
+        # aborted, not run to the end: the 12 sentences' chunks would take 800 tokens each
+        assert server.pipeline.t3_tokens < 4000
         metrics = server.client.get("/metrics").text
         assert metric(metrics, "chorus_requests_total", 'status="client_disconnected"') == 1  # cut, not finished
         assert server.service.admission.in_flight == 0

@@ -29,8 +29,10 @@ def test_ready_fails_while_the_engine_is_stalled_and_recovers(tmp_path):
             future = pool.submit(httpx.post, f"{server.url}/v1/audio/speech", timeout=60,
                                  json={"model": "chatterbox-turbo", "input": "Hi.", "response_format": "pcm"})
             assert pause.entered.wait(10)
-            time.sleep(0.5)
-            ready = server.client.get("/ready")
+            deadline = time.monotonic() + 30  # the step is held: /ready must turn 503 after stall_timeout_s
+            while (ready := server.client.get("/ready")).status_code == 200:
+                assert time.monotonic() < deadline, "/ready never reported the stalled step"
+                time.sleep(0.05)
             assert ready.status_code == 503
             assert "T3 step" in ready.json()["reason"] and ready.json()["ready"] is False
             assert server.client.get("/health").status_code == 200  # alive, just not ready
