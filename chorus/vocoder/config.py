@@ -33,6 +33,13 @@ class VocoderConfig:
     crossfade_frames: int = 4
     """Mel frames (480 samples each) of audio held back at a window's end and cross-faded with
     the next window's audio of the same frames. At most ``hift_context_frames``."""
+    stream_context_tokens: int | None = None
+    """Left-context cap of a stream's passes (None: unbounded). A pass's flow reads the prompt,
+    at most this many tokens before the first token its HiFT re-reads (``hift_context_frames``),
+    then the window and its held-back tokens; earlier tokens are left out, so a pass's cost stops
+    growing with the stream (linear total cost instead of quadratic). Every frame keeps the noise
+    of its absolute position. Non-streaming jobs are not affected (docs/vocoder.md, "Left context
+    and prompt length")."""
     noise_block_frames: int = 50
     """Streams draw their noise in blocks of this many frames, so the noise of a frame does not
     depend on how the stream was cut into windows."""
@@ -76,6 +83,11 @@ class VocoderConfig:
             raise ValueError("holdback_tokens must be >= 1")
         if not 0 <= self.crossfade_frames <= self.hift_context_frames:
             raise ValueError("need 0 <= crossfade_frames <= hift_context_frames")
+        if self.stream_context_tokens is not None and (
+                isinstance(self.stream_context_tokens, bool) or not isinstance(self.stream_context_tokens, int)
+                or self.stream_context_tokens < 0):
+            raise ValueError(f"stream_context_tokens must be None (unbounded) or an int >= 0, "
+                             f"got {self.stream_context_tokens!r}")
         if self.noise_block_frames < 1 or self.voice_cache_size < 1:
             raise ValueError("noise_block_frames and voice_cache_size must be positive")
         if self.max_graph_rows < 1 or self.capture_after < 1:

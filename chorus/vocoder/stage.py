@@ -20,7 +20,7 @@ from chorus.models.s3gen.postprocess import apply_trim_fade
 from chorus.models.s3gen.s3gen import SAMPLE_RATE, SAMPLES_PER_TOKEN, S3Gen, item_generators
 from chorus.vocoder.batching import Candidate, select_batch
 from chorus.vocoder.config import AudioOut, VocoderConfig, VocoderStats
-from chorus.vocoder.job import SAMPLES_PER_FRAME, Job, new_stream, raised_cosine, trim_fade_gains
+from chorus.vocoder.job import SAMPLES_PER_FRAME, FlowWindow, Job, new_stream, raised_cosine, trim_fade_gains
 from chorus.vocoder.solver_graphs import GraphedSolver, frame_bucket, row_bucket
 from chorus.vocoder.voice_cache import VoiceCache, VoicePrompt
 from chorus.voices import Voice
@@ -199,9 +199,9 @@ class VocoderStage:
     def _select(self, ready: list[Job]) -> list[Job]:
         margin = self.config.playback_margin_s
         ready.sort(key=lambda j: (j.priority, j.deadline(margin), j.order))  # then earliest deadline
-        hold = self.config.holdback_tokens
-        candidates = [Candidate(i, self.voices.get(j.voice).num_tokens + len(j.next_pass(hold)[0]),
-                                self._solver_key(j)) for i, j in enumerate(ready)]
+        prompts = [self.voices.get(j.voice) for j in ready]
+        candidates = [Candidate(i, p.num_tokens + len(self._flow_window(j, p).tokens), self._solver_key(j))
+                      for i, (j, p) in enumerate(zip(ready, prompts))]
         cfg = self.config
         chosen = select_batch(candidates, cfg.max_batch_items, cfg.max_batch_tokens, cfg.batching)
         return [ready[i] for i in chosen]
@@ -211,15 +211,15 @@ class VocoderStage:
         s3gen, device = self.s3gen, self.s3gen.device
         flow, hift, stats = s3gen.flow, s3gen.mel2wav, self._stats
         prompts = [self.voices.get(job.voice) for job in jobs]
-        passes = [job.next_pass(self.config.holdback_tokens) for job in jobs]
-        items = [tokens for tokens, _ in passes]
-        finals = [final for _, final in passes]
+        windows = [self._flow_window(job, p) for job, p in zip(jobs, prompts)]
+        items = [w.tokens for w in windows]
+        finals = [w.final for w in windows]
         n_steps, cfg_rate = self._solver_key(jobs[0])
         tokens, token_lengths = _pad_rows([torch.tensor(t, dtype=torch.long) for t in items], device)
         prompt_tokens, prompt_lengths = _pad_rows([p.tokens for p in prompts], device)
         prompt_mel, mel_lengths = _pad_rows([p.mel for p in prompts], device)
-        noise, _ = _pad_rows([self._flow_noise(job, p, len(t)).transpose(0, 1)
-                              for job, p, t in zip(jobs, prompts, items)], device)
+        noise, _ = _pad_rows([self._flow_noise(job, p, w).transpose(0, 1)
+                              for job, p, w in zip(jobs, prompts, windows)], device)
         lengths = (prompt_lengths + token_lengths).tolist()
         stats.padded_tokens += len(jobs) * max(lengths)
         stats.real_tokens += sum(lengths)
@@ -234,12 +234,15 @@ class VocoderStage:
             self._sync()
         flow_seconds = time.perf_counter() - started
 
-        spans = [self._hift_span(job, int(f), last) for job, f, last in zip(jobs, frames.tolist(), finals)]
+        spans = [self._hift_span(job, w.frame_offset + int(f), w.final)
+                 for job, f, w in zip(jobs, frames.tolist(), windows)]
         vocode = [i for i, (a, b) in enumerate(spans) if b > a]
         started = time.perf_counter()
         wav = f0 = None
         if vocode:
-            hift_mel, counts = _pad_rows([mel[i, :, spans[i][0]:spans[i][1]].transpose(0, 1) for i in vocode], device)
+            at = [w.frame_offset for w in windows]  # the pass's mel frame 0 is the job's frame `at`
+            hift_mel, counts = _pad_rows([mel[i, :, spans[i][0] - at[i]:spans[i][1] - at[i]].transpose(0, 1)
+                                          for i in vocode], device)
             phases, source_noise = zip(*(self._source_noise(jobs[i], *spans[i]) for i in vocode))
             excitation_noise, _ = _pad_rows([n.transpose(0, 1) for n in source_noise], device)
             f0 = hift.predict_f0(hift_mel.transpose(1, 2), counts)
@@ -256,12 +259,12 @@ class VocoderStage:
             piece = wav[rows[i], :(end - start) * SAMPLES_PER_FRAME] if i in rows else torch.zeros(0)
             if job.stream is None:
                 samples = apply_trim_fade(piece)
-                limit = job.sample_limit(len(items[i]))
+                limit = job.sample_limit(windows[i].end)
                 out.append(AudioOut(job.job_id, samples[:limit] if limit is not None else samples, final=True))
                 self._forget(job.job_id)
             elif i in rows or finals[i]:
                 f0_row = f0[rows[i], :end - start] if i in rows else torch.zeros(0)
-                piece_out = self._emit(job, piece, start, end, f0_row, len(items[i]), finals[i])
+                piece_out = self._emit(job, piece, start, end, f0_row, windows[i].end, finals[i])
                 if piece_out is not None:
                     out.append(piece_out)
             else:  # no settled frames yet (a prompt mel longer than 2 Tp): a larger window
@@ -273,12 +276,26 @@ class VocoderStage:
         stats.audio_seconds += sum(o.samples.shape[0] for o in out) / SAMPLE_RATE
         return out
 
-    def _flow_noise(self, job: Job, prompt: VoicePrompt, num_tokens: int) -> torch.Tensor:
-        """The solver's starting noise [80, 2 (Tp + N)] (prompt frames, then new frames)."""
+    def _flow_window(self, job: Job, prompt: VoicePrompt) -> FlowWindow:
+        """The job's next flow input (its left-context cap applied to a stream)."""
         ratio = self.s3gen.flow.config.token_mel_ratio
+        return job.flow_window(self.config.holdback_tokens, self.config.stream_context_tokens,
+                               prompt.mel_frames - ratio * prompt.num_tokens)
+
+    def _flow_noise(self, job: Job, prompt: VoicePrompt, window: FlowWindow) -> torch.Tensor:
+        """The solver's starting noise [80, 2 (Tp + N)] (prompt frames, then new frames). A
+        stream's comes from its noise tape by absolute column: the prompt's columns ``[0, 2 Tp)``,
+        then those of the window's tokens, ``[2 (Tp + first_token), 2 (Tp + end))``."""
+        ratio = self.s3gen.flow.config.token_mel_ratio
+        num_tokens = len(window.tokens)
         total = ratio * (prompt.num_tokens + num_tokens)
         if job.stream is not None:
-            return job.stream.flow_noise.slice(0, total)
+            tape = job.stream.flow_noise
+            if window.first_token == 0:
+                return tape.slice(0, total)
+            prompt_end = ratio * prompt.num_tokens
+            first, end = prompt_end + ratio * window.first_token, prompt_end + ratio * window.end
+            return torch.cat([tape.slice(0, prompt_end), tape.slice(first, end)], dim=1)
         # Non-streaming: drawn as FlowDecoder.inference draws it from a generator.
         generator = self._generators[job.job_id][0]
         like = dict(generator=generator, device=self.s3gen.device, dtype=self.s3gen.dtype)
