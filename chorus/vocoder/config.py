@@ -40,6 +40,14 @@ class VocoderConfig:
     growing with the stream (linear total cost instead of quadratic). Every frame keeps the noise
     of its absolute position. Non-streaming jobs are not affected (docs/vocoder.md, "Left context
     and prompt length")."""
+    prompt_tokens: int | None = None
+    """Use only the last this many tokens of each voice's S3Gen prompt (None: the whole prompt,
+    the reference behaviour) and the prompt-mel frames that belong to them: with ``d`` tokens
+    dropped from the start, the mel's first ``2 d`` frames go too, so frames ``2 t`` and
+    ``2 t + 1`` stay those of token ``t`` and an odd last frame (``Tm = 2 Tp +- 1``) stays at the
+    end. Shortens every pass's flow (streams and non-streaming jobs alike) at the price of less
+    voice context; it changes the audio of every job against the reference
+    (docs/vocoder.md, "Left context and prompt length")."""
     noise_block_frames: int = 50
     """Streams draw their noise in blocks of this many frames, so the noise of a frame does not
     depend on how the stream was cut into windows."""
@@ -88,6 +96,11 @@ class VocoderConfig:
                 or self.stream_context_tokens < 0):
             raise ValueError(f"stream_context_tokens must be None (unbounded) or an int >= 0, "
                              f"got {self.stream_context_tokens!r}")
+        if self.prompt_tokens is not None and (
+                isinstance(self.prompt_tokens, bool) or not isinstance(self.prompt_tokens, int)
+                or self.prompt_tokens < 1):
+            raise ValueError(f"prompt_tokens must be None (the whole voice prompt) or an int >= 1, "
+                             f"got {self.prompt_tokens!r}")
         if self.noise_block_frames < 1 or self.voice_cache_size < 1:
             raise ValueError("noise_block_frames and voice_cache_size must be positive")
         if self.max_graph_rows < 1 or self.capture_after < 1:

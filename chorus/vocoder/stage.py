@@ -37,7 +37,7 @@ class VocoderStage:
         self.s3gen = s3gen
         self._clock = clock
         self.config = config or VocoderConfig()
-        self.voices = VoiceCache(s3gen.flow, self.config.voice_cache_size)
+        self.voices = VoiceCache(s3gen.flow, self.config.voice_cache_size, self.config.prompt_tokens)
         self._jobs: dict[str, Job] = {}
         self._generators: dict[str, tuple[torch.Generator, torch.Generator]] = {}
         self._order = 0
@@ -137,7 +137,7 @@ class VocoderStage:
         nothing (returns 0) on the CPU or with ``cuda_graphs`` off; returns the graphs captured.
 
         Shapes: passes over a voice prompt of ``prompt_tokens`` (default: the variant's S3Gen
-        prompt length, 10 s = 250 tokens) plus at most ``chunk_tokens`` new tokens. The frame
+        prompt length, 10 s = 250 tokens, or ``VocoderConfig.prompt_tokens`` if smaller) plus at most ``chunk_tokens`` new tokens. The frame
         bucket of the first window goes first, then those of the later window ends, then every
         other bucket up to the last window end (final passes land anywhere in between); each at
         row buckets 1, 2, 4, ... up to ``max_items`` (default ``max_batch_items``, at most
@@ -152,6 +152,8 @@ class VocoderStage:
         settings, ratio = self.s3gen.variant.s3gen, self.s3gen.flow.config.token_mel_ratio
         if prompt_tokens is None:
             prompt_tokens = int(self.s3gen.variant.s3gen_prompt_seconds * SAMPLE_RATE / SAMPLES_PER_TOKEN)
+            if cfg.prompt_tokens is not None:
+                prompt_tokens = min(prompt_tokens, cfg.prompt_tokens)
         n_steps = settings.flow_steps if n_steps is None else n_steps
         cfg_rate = settings.cfg_rate if cfg_rate is None else cfg_rate
         ends, window = [cfg.first_window_tokens], cfg.first_window_tokens
