@@ -286,18 +286,19 @@ class VocoderStage:
 
     def _flow_noise(self, job: Job, prompt: VoicePrompt, window: FlowWindow) -> torch.Tensor:
         """The solver's starting noise [80, 2 (Tp + N)] (prompt frames, then new frames). A
-        stream's comes from its noise tape by absolute column: the prompt's columns ``[0, 2 Tp)``,
-        then those of the window's tokens, ``[2 (Tp + first_token), 2 (Tp + end))``."""
+        stream's comes from its noise tape by absolute column, in the layout of the voice's whole
+        prompt (``d`` tokens cut by ``prompt_tokens``): the prompt's columns ``[2 d, 2 (d + Tp))``,
+        then those of the window's tokens, ``[2 (d + Tp + first_token), 2 (d + Tp + end))``."""
         ratio = self.s3gen.flow.config.token_mel_ratio
         num_tokens = len(window.tokens)
         total = ratio * (prompt.num_tokens + num_tokens)
         if job.stream is not None:
-            tape = job.stream.flow_noise
+            tape, start = job.stream.flow_noise, ratio * prompt.dropped_tokens
+            prompt_end = start + ratio * prompt.num_tokens
             if window.first_token == 0:
-                return tape.slice(0, total)
-            prompt_end = ratio * prompt.num_tokens
+                return tape.slice(start, start + total)
             first, end = prompt_end + ratio * window.first_token, prompt_end + ratio * window.end
-            return torch.cat([tape.slice(0, prompt_end), tape.slice(first, end)], dim=1)
+            return torch.cat([tape.slice(start, prompt_end), tape.slice(first, end)], dim=1)
         # Non-streaming: drawn as FlowDecoder.inference draws it from a generator.
         generator = self._generators[job.job_id][0]
         like = dict(generator=generator, device=self.s3gen.device, dtype=self.s3gen.dtype)

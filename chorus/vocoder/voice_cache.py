@@ -23,6 +23,10 @@ class VoicePrompt:
     mel: torch.Tensor  # [Tm, 80] float32 (the flow casts the condition itself)
     xvector: torch.Tensor  # [192] float32
     speaker: torch.Tensor  # [80] in the flow's dtype: the projected, normalised x-vector
+    dropped_tokens: int = 0
+    """Tokens cut from the start of the voice's prompt (``VocoderConfig.prompt_tokens``): a
+    stream's noise tape keeps the full prompt's columns, so its new frames get the same noise
+    with or without the cap."""
 
     @property
     def num_tokens(self) -> int:
@@ -86,6 +90,7 @@ class VoiceCache:
             mel=mel.to(device=device, dtype=torch.float32),
             xvector=xvector[0],
             speaker=self.flow.speaker_projection(xvector)[0],
+            dropped_tokens=voice.s3gen_prompt_tokens.shape[1] - tokens.shape[0],
         )
         self._entries[key] = entry
         while len(self._entries) > self.capacity:

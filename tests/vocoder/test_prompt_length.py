@@ -10,6 +10,7 @@ from chorus.vocoder.voice_cache import VoiceCache, last_prompt_tokens
 from chorus.voices import Voice
 from tests.vocoder.conftest import drain, joined
 from tests.vocoder.models import random_tokens, random_voice
+from tests.vocoder.test_stream_context import _local_flow
 
 
 def _audio(s3gen, voice, tokens, config, streaming):
@@ -52,6 +53,18 @@ def test_capped_prompt_equals_a_voice_trimmed_by_hand(tiny_models, name):
     by_hand, _ = _audio(tiny_models[name], _trimmed_by_hand(voice, 12), tokens, VocoderConfig(), False)
     assert stats.real_tokens == 12 + 40 + tiny_models[name].variant.append_silence_tokens
     assert torch.equal(capped, by_hand)
+
+
+@pytest.mark.parametrize("odd_mel", [False, True])
+def test_capped_prompt_keeps_the_noise_of_a_streams_frames(tiny_turbo, monkeypatch, odd_mel):
+    """A stream's new frames keep their noise columns under the cap: with a flow without
+    attention (only the prompt's context is cut) the audio is bitwise the full prompt's."""
+    monkeypatch.setattr(tiny_turbo.flow, "inference", _local_flow(tiny_turbo))
+    voice, tokens = random_voice(30, seed=1, odd_mel=odd_mel), random_tokens(90, seed=2)
+    whole, whole_stats = _audio(tiny_turbo, voice, tokens, VocoderConfig(), True)
+    capped, stats = _audio(tiny_turbo, voice, tokens, VocoderConfig(prompt_tokens=8), True)
+    assert stats.real_tokens == whole_stats.real_tokens - stats.passes * (30 - 8)  # 8 prompt tokens a pass
+    assert torch.equal(whole, capped)
 
 
 def test_cache_key_includes_the_cap(tiny_turbo):
