@@ -33,12 +33,14 @@ class VocoderConfig:
     crossfade_frames: int = 4
     """Mel frames (480 samples each) of audio held back at a window's end and cross-faded with
     the next window's audio of the same frames. At most ``hift_context_frames``."""
-    stream_context_tokens: int | None = None
-    """Left-context cap of a stream's passes (None: unbounded). A pass's flow reads the prompt,
-    at most this many tokens before the first token its HiFT re-reads (``hift_context_frames``),
-    then the window and its held-back tokens; earlier tokens are left out, so a pass's cost stops
-    growing with the stream (linear total cost instead of quadratic). Every frame keeps the noise
-    of its absolute position. Non-streaming jobs are not affected (docs/vocoder.md, "Left context
+    stream_context_tokens: int | None = 100
+    """Left-context cap of a stream's passes (None: unbounded, every token so far). A pass's flow
+    reads the prompt, at most this many tokens before the first token its HiFT re-reads
+    (``hift_context_frames``), then the window and its held-back tokens; earlier tokens are left
+    out, so a pass's cost stops growing with the stream (linear total cost instead of quadratic).
+    Every frame keeps the noise of its absolute position. Non-streaming jobs are not affected.
+    100 tokens (4 s): on random weights the audio SNR against one pass does not change and the
+    mel SNR of 400-token streams stays within 1.2 dB of unbounded (docs/vocoder.md, "Left context
     and prompt length")."""
     prompt_tokens: int | None = None
     """Use only the last this many tokens of each voice's S3Gen prompt (None: the whole prompt,

@@ -72,7 +72,8 @@ class FlowWindow:
     length ``Tm`` on of a flow over all tokens). That holds for an odd prompt mel too: dropping
     ``first_token`` tokens removes ``2 first_token`` frames after the prompt region, wherever its
     end ``Tm`` falls. The noise of token frames is read from the job's noise tape at their
-    absolute columns (``2 (Tp + t)`` for token ``t``), so it does not change between windows.
+    absolute columns (``2 (Tp + t)`` for token ``t``, ``Tp`` the voice's whole prompt), so it does
+    not change between windows.
     """
 
     tokens: list[int]

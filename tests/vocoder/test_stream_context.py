@@ -1,8 +1,9 @@
 """The left-context cap of streams (``VocoderConfig.stream_context_tokens``): a pass's flow reads
 the prompt, at most L tokens before its HiFT context, the window and the held-back tokens.
 
-Bounds come from scripts/measure_vocoder_streaming.py on these tiny random models (docs/vocoder.md,
-"Left context and prompt length").
+Bounds come from these tiny random models (docs/vocoder.md, "Left context and prompt length"):
+a 300-token stream capped at L = 25 measures 15.7 dB (turbo) and 15.2 dB (original) against its
+one-pass audio (unbounded: 15.5 and 15.0 dB); the test requires 12 dB, as the streaming tests do.
 """
 from __future__ import annotations
 
