@@ -132,7 +132,8 @@ def context_rows(s3gen, *, tiny: bool, tokens: list[int], voice, steps: int | No
                     "one_pass_snr_db": None if prompt is None else round(snr_db(reference, one_pass_k), 2),
                     "mel_snr_db": round(mel_snr_db(reference_mel, mel), 2),
                     "mel_snr_vs_same_prompt_one_pass_db": round(mel_snr_db(one_pass_k_mel, mel), 2),
-                    "one_pass_mel_snr_db": None if prompt is None else round(mel_snr_db(reference_mel, one_pass_k_mel), 2),
+                    "one_pass_mel_snr_db":
+                        None if prompt is None else round(mel_snr_db(reference_mel, one_pass_k_mel), 2),
                     "flow_tokens": stats.real_tokens,
                     "flow_tokens_per_audio_token": round(stats.real_tokens / len(tokens), 2),
                     "flow_s_per_audio_s": round(flow / seconds, 3),

@@ -138,8 +138,10 @@ class VocoderStage:
 
         Shapes: passes over a voice prompt of ``prompt_tokens`` (default: the variant's S3Gen
         prompt length, 10 s = 250 tokens, or ``VocoderConfig.prompt_tokens`` if smaller) plus at
-        most ``chunk_tokens`` new tokens. The frame bucket of the first window goes first, then those of the later window ends, then every
-        other bucket up to the last window end (final passes land anywhere in between); each at
+        most ``chunk_tokens`` new tokens. The frame bucket of the first window goes first, then
+        those of the later window ends, then every other bucket up to the last window end (final
+        passes land anywhere in between; under the default left-context cap a stream's passes
+        read at most prompt + 215 tokens, inside these buckets with the default 240); each at
         row buckets 1, 2, 4, ... up to ``max_items`` (default ``max_batch_items``, at most
         ``max_graph_rows``); with the
         variant's solver settings unless ``n_steps``/``cfg_rate`` are given. It stops once

@@ -1,4 +1,5 @@
-"""Random-weight S3Gen models and voices for the vocoder-stage tests and measurements.
+"""Random-weight S3Gen models and voices for the vocoder-stage tests and measurements, and an
+attention-free stand-in for the flow (:func:`local_flow`) that checks frame bookkeeping exactly.
 
 Tiny models shrink the flow's encoder depth and estimator width and HiFT's channels; they are
 built as plain modules, saved as state dicts and loaded back through the real loading code
@@ -70,3 +71,26 @@ def random_voice(prompt_tokens: int = 30, seed: int = 0, odd_mel: bool = False) 
 
 def random_tokens(count: int, seed: int) -> list[int]:
     return torch.randint(0, 6561, (count,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def local_flow(s3gen: S3Gen):
+    """A stand-in for ``FlowDecoder.inference`` whose frame at flow column ``c`` depends only on
+    the token there and the noise of that column (no attention): what a pass leaves out (earlier
+    tokens, the start of the prompt) must then not change any frame HiFT reads, bitwise. The
+    frames' values are a fixed random table per token plus a tenth of the noise."""
+    table = torch.randn(6561, 2, 80, generator=torch.Generator().manual_seed(0)) * 0.5 - 5.0
+
+    def inference(tokens, token_lengths, prompt_tokens, prompt_lengths, prompt_mel, mel_lengths, xvector, *,
+                  noise, **_):
+        rows = []
+        for b in range(tokens.shape[0]):
+            ids = torch.cat([prompt_tokens[b, :prompt_lengths[b]], tokens[b, :token_lengths[b]]])
+            frames = table[ids].reshape(-1, 80).transpose(0, 1) + 0.1 * noise[b, :, :2 * ids.shape[0]]
+            rows.append(frames[:, int(mel_lengths[b]):])
+        lengths = torch.tensor([r.shape[1] for r in rows])
+        mel = torch.zeros(len(rows), 80, int(lengths.max()), dtype=s3gen.dtype)
+        for b, r in enumerate(rows):
+            mel[b, :, :r.shape[1]] = r
+        return mel, lengths
+
+    return inference

@@ -9,8 +9,7 @@ from chorus.vocoder import VocoderConfig, VocoderStage
 from chorus.vocoder.voice_cache import VoiceCache, last_prompt_tokens
 from chorus.voices import Voice
 from tests.vocoder.conftest import drain, joined
-from tests.vocoder.models import random_tokens, random_voice
-from tests.vocoder.test_stream_context import _local_flow
+from tests.vocoder.models import local_flow, random_tokens, random_voice
 
 
 def _audio(s3gen, voice, tokens, config, streaming):
@@ -59,7 +58,7 @@ def test_capped_prompt_equals_a_voice_trimmed_by_hand(tiny_models, name):
 def test_capped_prompt_keeps_the_noise_of_a_streams_frames(tiny_turbo, monkeypatch, odd_mel):
     """A stream's new frames keep their noise columns under the cap: with a flow without
     attention (only the prompt's context is cut) the audio is bitwise the full prompt's."""
-    monkeypatch.setattr(tiny_turbo.flow, "inference", _local_flow(tiny_turbo))
+    monkeypatch.setattr(tiny_turbo.flow, "inference", local_flow(tiny_turbo))
     voice, tokens = random_voice(30, seed=1, odd_mel=odd_mel), random_tokens(90, seed=2)
     whole, whole_stats = _audio(tiny_turbo, voice, tokens, VocoderConfig(), True)
     capped, stats = _audio(tiny_turbo, voice, tokens, VocoderConfig(prompt_tokens=8), True)

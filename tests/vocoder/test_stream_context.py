@@ -15,8 +15,8 @@ import torch
 from chorus.vocoder import VocoderConfig, VocoderStage
 from chorus.vocoder.quality import one_pass_config, snr_db
 from chorus.voices import Voice
-from tests.vocoder.conftest import drain, joined
-from tests.vocoder.models import random_tokens, random_voice
+from tests.vocoder.conftest import joined
+from tests.vocoder.models import local_flow, random_tokens, random_voice
 
 MIN_SNR_DB = 12.0
 CONFIG = VocoderConfig(first_window_tokens=10, max_window_tokens=20, stream_context_tokens=8)
@@ -49,28 +49,6 @@ def _stream(s3gen, tokens, voice, config, push_sizes=(7,), seed=7, per_pass=None
     return pieces
 
 
-def _local_flow(s3gen):
-    """A stand-in for ``FlowDecoder.inference`` whose frame at flow column ``c`` depends only on
-    the token there and the noise of that column (no attention), so a capped stream must give
-    exactly the unbounded stream's mel wherever HiFT reads it."""
-    table = torch.randn(6561, 2, 80, generator=torch.Generator().manual_seed(0)) * 0.5 - 5.0
-
-    def inference(tokens, token_lengths, prompt_tokens, prompt_lengths, prompt_mel, mel_lengths, xvector, *,
-                  noise, **_):
-        rows = []
-        for b in range(tokens.shape[0]):
-            ids = torch.cat([prompt_tokens[b, :prompt_lengths[b]], tokens[b, :token_lengths[b]]])
-            frames = table[ids].reshape(-1, 80).transpose(0, 1) + 0.1 * noise[b, :, :2 * ids.shape[0]]
-            rows.append(frames[:, int(mel_lengths[b]):])
-        lengths = torch.tensor([r.shape[1] for r in rows])
-        mel = torch.zeros(len(rows), 80, int(lengths.max()), dtype=s3gen.dtype)
-        for b, r in enumerate(rows):
-            mel[b, :, :r.shape[1]] = r
-        return mel, lengths
-
-    return inference
-
-
 @pytest.mark.parametrize("name", ["turbo", "original"])
 def test_cap_longer_than_the_stream_gives_the_unbounded_audio(tiny_models, name):
     voice, tokens = random_voice(30, seed=1, odd_mel=name == "turbo"), random_tokens(120, seed=2)
@@ -83,7 +61,7 @@ def test_cap_longer_than_the_stream_gives_the_unbounded_audio(tiny_models, name)
 def test_capped_stream_reads_each_frame_where_the_unbounded_stream_does(tiny_turbo, monkeypatch, shift):
     """Frame bookkeeping and noise addressing: with a flow without attention, a capped stream's
     audio is bitwise the unbounded stream's, for prompt mels of 2 Tp - 1, 2 Tp and 2 Tp + 1 frames."""
-    monkeypatch.setattr(tiny_turbo.flow, "inference", _local_flow(tiny_turbo))
+    monkeypatch.setattr(tiny_turbo.flow, "inference", local_flow(tiny_turbo))
     voice, tokens = _voice(25, shift), random_tokens(150, seed=3)
     unbounded = joined(_stream(tiny_turbo, tokens, voice, replace(CONFIG, stream_context_tokens=None)))
     passes: list[int] = []
