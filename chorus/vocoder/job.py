@@ -5,6 +5,10 @@ frame ``s // 480`` of the new (non-prompt) frames. Each pass vocodes mel frames
 ``[hift_start, mel_end)`` and yields audio for samples ``[480 hift_start, 480 mel_end)``; the job
 has sent samples ``[0, sent)`` and holds ``tail``, the previous pass's audio of
 ``[sent, sent + len(tail))``, which is cross-faded into the next pass's audio of the same samples.
+
+With a left-context cap (``VocoderConfig.stream_context_tokens``) a pass's flow reads the prompt and
+the job's tokens from ``FlowWindow.first_token`` on, not from the first token; its mel frame ``i``
+is then the stream's new frame ``i + FlowWindow.frame_offset`` (see :class:`FlowWindow`).
 """
 from __future__ import annotations
 
@@ -55,6 +59,39 @@ class NoiseTape:
 
 
 _ROW_SALTS = (0x165667B1, 0xD3A2646C)
+
+
+@dataclass(frozen=True)
+class FlowWindow:
+    """What one job's pass gives the flow: its tokens ``[first_token, end)`` after the prompt.
+
+    Without a left-context cap (and for non-streaming jobs) ``first_token`` is 0. With one, the
+    tokens before ``first_token`` are left out: the flow's new frame ``i`` of this pass is the
+    job's new frame ``i + frame_offset`` (the stream's timeline, the frames from the prompt-mel
+    length ``Tm`` on of a flow over all tokens). That holds for an odd prompt mel too: dropping
+    ``first_token`` tokens removes ``2 first_token`` frames after the prompt region, wherever its
+    end ``Tm`` falls. The noise of token frames is read from the job's noise tape at their
+    absolute columns (``2 (Tp + t)`` for token ``t``, ``Tp`` the voice's whole prompt), so it does
+    not change between windows.
+    """
+
+    tokens: list[int]
+    """The flow's new tokens: the job's tokens ``first_token .. end`` (a final pass's silence
+    tokens included)."""
+    first_token: int
+    """Index of ``tokens[0]`` among the job's tokens."""
+    final: bool
+    """The job's last pass."""
+
+    @property
+    def end(self) -> int:
+        """Tokens of the job this pass has read (its absolute end)."""
+        return self.first_token + len(self.tokens)
+
+    @property
+    def frame_offset(self) -> int:
+        """The job's new frame of this pass's mel frame 0 (2 mel frames per token)."""
+        return 2 * self.first_token
 
 
 @dataclass
@@ -139,6 +176,25 @@ class Job:
             return self.tokens[:stream.next_threshold + holdback], False
         assert self.final
         return self.tokens + [SILENCE_TOKEN] * self.rules.silence_tokens, True
+
+    def flow_window(self, holdback: int, context_tokens: int | None, prompt_shift: int) -> FlowWindow:
+        """The flow input of the job's next pass (:meth:`next_pass`'s tokens), left-capped.
+
+        ``context_tokens`` (L, None: no cap) bounds the tokens a stream's pass re-reads before
+        the first token whose frames its HiFT reads (``hift_start``): the flow gets the tokens
+        from ``max(0, h - L)`` on, where ``h`` is the token of frame ``hift_start``. Token ``t``
+        owns new frames ``2 t - prompt_shift`` and ``2 t + 1 - prompt_shift``, where
+        ``prompt_shift = Tm - 2 Tp`` (the prompt mel's frames beyond two per prompt token: 0, or
+        +-1 for an odd prompt mel). The first token is also kept at or before frame
+        ``hift_start`` itself (``2 first_token <= hift_start``), so every frame HiFT reads is in
+        the pass's mel."""
+        tokens, final = self.next_pass(holdback)
+        stream = self.stream
+        if stream is None or context_tokens is None or stream.hift_start == 0:
+            return FlowWindow(tokens, 0, final)
+        first_read = (stream.hift_start + prompt_shift) // 2
+        first = max(0, min(first_read - context_tokens, stream.hift_start // 2))
+        return FlowWindow(tokens[first:], first, final)
 
     def deadline(self, margin_s: float) -> float:
         """When this job's next pass is due, on the stage clock (earliest deadline first): a

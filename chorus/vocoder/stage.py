@@ -20,7 +20,7 @@ from chorus.models.s3gen.postprocess import apply_trim_fade
 from chorus.models.s3gen.s3gen import SAMPLE_RATE, SAMPLES_PER_TOKEN, S3Gen, item_generators
 from chorus.vocoder.batching import Candidate, PassCostModel, select_batch
 from chorus.vocoder.config import AudioOut, VocoderConfig, VocoderStats
-from chorus.vocoder.job import SAMPLES_PER_FRAME, Job, new_stream, raised_cosine, trim_fade_gains
+from chorus.vocoder.job import SAMPLES_PER_FRAME, FlowWindow, Job, new_stream, raised_cosine, trim_fade_gains
 from chorus.vocoder.pass_graphs import FlowCall, HiFTCall, PassGraphs, row_bucket
 from chorus.vocoder.voice_cache import VoiceCache, VoicePrompt
 from chorus.voices import Voice
@@ -38,7 +38,7 @@ class VocoderStage:
         self._clock = clock
         self.config = config or VocoderConfig()
         self.faults = faults.from_env()  # test-only fault injection (chorus/faults.py); None in use
-        self.voices = VoiceCache(s3gen.flow, self.config.voice_cache_size)
+        self.voices = VoiceCache(s3gen.flow, self.config.voice_cache_size, self.config.prompt_tokens)
         self._jobs: dict[str, Job] = {}
         self._generators: dict[str, tuple[torch.Generator, torch.Generator]] = {}
         self._order = 0
@@ -141,11 +141,13 @@ class VocoderStage:
         (returns 0) on the CPU or with ``cuda_graphs`` off; returns the graphs captured.
 
         Shapes: passes over a voice prompt of ``prompt_tokens`` (default: the variant's S3Gen
-        prompt length, 10 s = 250 tokens) plus at most ``chunk_tokens`` new tokens. HiFT graphs:
-        the frame buckets of window spans (a window's new frames plus the HiFT context); flow
-        graphs: the frame bucket of the first window, then those of the later window ends, then
-        every other bucket up to the last window end (final passes land anywhere in between).
-        Each at row buckets 1, 2, 4, ... up to ``max_items`` (default ``max_batch_items``, at most
+        prompt length, 10 s = 250 tokens, or ``VocoderConfig.prompt_tokens`` if smaller) plus at
+        most ``chunk_tokens`` new tokens (under the default left-context cap a stream's passes read
+        at most prompt + 215 tokens, inside these buckets with the default 240). HiFT graphs: the
+        frame buckets of window spans (a window's new frames plus the HiFT context); flow graphs:
+        the frame bucket of the first window, then those of the later window ends, then every
+        other bucket up to the last window end (final passes land anywhere in between). Each at
+        row buckets 1, 2, 4, ... up to ``max_items`` (default ``max_batch_items``, at most
         ``max_graph_rows``); with the variant's solver settings unless ``n_steps``/``cfg_rate``
         are given. Captures stop once ``time_budget_s`` seconds have passed (a capture already
         started finishes) or ``max_pass_graphs`` graphs of a kind are held, so warm-up never
@@ -157,6 +159,8 @@ class VocoderStage:
         settings, ratio = self.s3gen.variant.s3gen, self.s3gen.flow.config.token_mel_ratio
         if prompt_tokens is None:
             prompt_tokens = int(self.s3gen.variant.s3gen_prompt_seconds * SAMPLE_RATE / SAMPLES_PER_TOKEN)
+            if cfg.prompt_tokens is not None:
+                prompt_tokens = min(prompt_tokens, cfg.prompt_tokens)
         n_steps = settings.flow_steps if n_steps is None else n_steps
         cfg_rate = settings.cfg_rate if cfg_rate is None else cfg_rate
         ends, window, windows = [cfg.first_window_tokens], cfg.first_window_tokens, [cfg.first_window_tokens]
@@ -220,10 +224,10 @@ class VocoderStage:
         ratio = self.s3gen.flow.config.token_mel_ratio
         candidates = []
         for i, job in enumerate(ready):
-            tokens = len(job.next_pass(cfg.holdback_tokens)[0])
-            frames = ratio * tokens - (job.stream.hift_start if job.stream is not None else 0)
-            candidates.append(Candidate(i, self.voices.get(job.voice).num_tokens + tokens, self._solver_key(job),
-                                        frames))
+            prompt = self.voices.get(job.voice)
+            window = self._flow_window(job, prompt)
+            frames = ratio * window.end - (job.stream.hift_start if job.stream is not None else 0)  # HiFT's
+            candidates.append(Candidate(i, prompt.num_tokens + len(window.tokens), self._solver_key(job), frames))
         chosen = select_batch(candidates, cfg.max_batch_items, cfg.max_batch_tokens, cfg.batching,
                               self.cost, self._pass_budget())
         return [ready[i] for i in chosen]
@@ -245,9 +249,9 @@ class VocoderStage:
         flow, stats = s3gen.flow, self._stats
         ratio = flow.config.token_mel_ratio
         prompts = [self.voices.get(job.voice) for job in jobs]
-        passes = [job.next_pass(self.config.holdback_tokens) for job in jobs]
-        items = [tokens for tokens, _ in passes]
-        finals = [final for _, final in passes]
+        windows = [self._flow_window(job, p) for job, p in zip(jobs, prompts)]
+        items = [w.tokens for w in windows]
+        finals = [w.final for w in windows]
         n_steps, cfg_rate = self._solver_key(jobs[0])
         lengths = [p.num_tokens + len(t) for p, t in zip(prompts, items)]
         width, batch = max(lengths), len(jobs)
@@ -261,25 +265,26 @@ class VocoderStage:
             host_tokens[i, :lengths[i]] = torch.tensor(p.host_tokens + t, dtype=torch.long)
         cond = torch.zeros(batch, 80, ratio * width, device=device, dtype=flow.dtype)
         noise = torch.zeros_like(cond)
-        for i, (job, p, t) in enumerate(zip(jobs, prompts, items)):
+        for i, (job, p) in enumerate(zip(jobs, prompts)):
             cond[i, :, :p.mel_frames] = p.cond
-            noise[i, :, :ratio * lengths[i]] = self._flow_noise(job, p, len(t))
+            noise[i, :, :ratio * lengths[i]] = self._flow_noise(job, p, windows[i])
         call = FlowCall(host_tokens.to(device), torch.tensor(lengths).to(device), cond, noise,
                         torch.stack([p.speaker for p in prompts]), n_steps, cfg_rate)
         timer = _PassTimer(device)
         mel = self._graphs.run_flow(call)
         timer.mark()
 
-        # Item i's new frames start where its prompt mel ends (odd prompt mels: see FlowDecoder).
+        # Item i's pass starts at its job's frame `frame_offset` (the left-context cap); its new
+        # frames start where its prompt mel ends (odd prompt mels: see FlowDecoder).
         new_frames = [ratio * n - p.mel_frames for n, p in zip(lengths, prompts)]
-        spans = [self._hift_span(job, f, last) for job, f, last in zip(jobs, new_frames, finals)]
+        spans = [self._hift_span(job, w.frame_offset + f, w.final) for job, f, w in zip(jobs, new_frames, windows)]
         vocode = [i for i, (a, b) in enumerate(spans) if b > a]
         wav = f0 = None
         if vocode:
             counts = [spans[i][1] - spans[i][0] for i in vocode]
             hift_mel = torch.zeros(len(vocode), 80, max(counts), device=device, dtype=mel.dtype)
             for row, i in enumerate(vocode):
-                start = prompts[i].mel_frames + spans[i][0]
+                start = prompts[i].mel_frames + spans[i][0] - windows[i].frame_offset
                 hift_mel[row, :, :counts[row]] = mel[i, :, start:start + counts[row]]
             phases, source_noise = zip(*(self._source_noise(jobs[i], *spans[i]) for i in vocode))
             excitation_noise, _ = _pad_rows([n.transpose(0, 1) for n in source_noise], device)
@@ -295,12 +300,12 @@ class VocoderStage:
             piece = wav[rows[i], :(end - start) * SAMPLES_PER_FRAME] if i in rows else torch.zeros(0)
             if job.stream is None:
                 samples = apply_trim_fade(piece)
-                limit = job.sample_limit(len(items[i]))
+                limit = job.sample_limit(windows[i].end)
                 out.append(AudioOut(job.job_id, samples[:limit] if limit is not None else samples, final=True))
                 self._forget(job.job_id)
             elif i in rows or finals[i]:
                 f0_row = f0[rows[i], :end - start] if i in rows else torch.zeros(0)
-                piece_out = self._emit(job, piece, start, end, f0_row, len(items[i]), finals[i])
+                piece_out = self._emit(job, piece, start, end, f0_row, windows[i].end, finals[i])
                 if piece_out is not None:
                     out.append(piece_out)
             else:  # no settled frames yet (a prompt mel longer than 2 Tp): a larger window
@@ -313,12 +318,27 @@ class VocoderStage:
         stats.audio_seconds += sum(o.samples.shape[0] for o in out) / SAMPLE_RATE
         return out
 
-    def _flow_noise(self, job: Job, prompt: VoicePrompt, num_tokens: int) -> torch.Tensor:
-        """The solver's starting noise [80, 2 (Tp + N)] (prompt frames, then new frames)."""
+    def _flow_window(self, job: Job, prompt: VoicePrompt) -> FlowWindow:
+        """The job's next flow input (its left-context cap applied to a stream)."""
         ratio = self.s3gen.flow.config.token_mel_ratio
+        return job.flow_window(self.config.holdback_tokens, self.config.stream_context_tokens,
+                               prompt.mel_frames - ratio * prompt.num_tokens)
+
+    def _flow_noise(self, job: Job, prompt: VoicePrompt, window: FlowWindow) -> torch.Tensor:
+        """The solver's starting noise [80, 2 (Tp + N)] (prompt frames, then new frames). A
+        stream's comes from its noise tape by absolute column, in the layout of the voice's whole
+        prompt (``d`` tokens cut by ``prompt_tokens``): the prompt's columns ``[2 d, 2 (d + Tp))``,
+        then those of the window's tokens, ``[2 (d + Tp + first_token), 2 (d + Tp + end))``."""
+        ratio = self.s3gen.flow.config.token_mel_ratio
+        num_tokens = len(window.tokens)
         total = ratio * (prompt.num_tokens + num_tokens)
         if job.stream is not None:
-            return job.stream.flow_noise.slice(0, total)
+            tape, start = job.stream.flow_noise, ratio * prompt.dropped_tokens
+            prompt_end = start + ratio * prompt.num_tokens
+            if window.first_token == 0:
+                return tape.slice(start, start + total)
+            first, end = prompt_end + ratio * window.first_token, prompt_end + ratio * window.end
+            return torch.cat([tape.slice(start, prompt_end), tape.slice(first, end)], dim=1)
         # Non-streaming: drawn as FlowDecoder.inference draws it from a generator.
         generator = self._generators[job.job_id][0]
         like = dict(generator=generator, device=self.s3gen.device, dtype=self.s3gen.dtype)

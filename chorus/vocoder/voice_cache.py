@@ -25,6 +25,10 @@ class VoicePrompt:
     cond: torch.Tensor  # [80, Tm] in the flow's dtype: the solver's condition over the prompt's frames
     xvector: torch.Tensor  # [192] float32
     speaker: torch.Tensor  # [80] in the flow's dtype: the projected, normalised x-vector
+    dropped_tokens: int = 0
+    """Tokens cut from the start of the voice's prompt (``VocoderConfig.prompt_tokens``): a
+    stream's noise tape keeps the full prompt's columns, so its new frames get the same noise
+    with or without the cap."""
 
     @property
     def num_tokens(self) -> int:
@@ -35,24 +39,45 @@ class VoicePrompt:
         return self.mel.shape[0]
 
 
-class VoiceCache:
-    """Bounded LRU of :class:`VoicePrompt` keyed by ``Voice.content_hash``."""
+def last_prompt_tokens(tokens: torch.Tensor, mel: torch.Tensor, keep: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The last ``keep`` prompt tokens ``[Tp]`` and their mel frames ``[Tm, 80]`` (None: all).
 
-    def __init__(self, flow: FlowDecoder, capacity: int):
-        assert capacity >= 1
-        self.flow, self.capacity = flow, capacity
-        self._entries: OrderedDict[str, VoicePrompt] = OrderedDict()
+    Dropping ``d = Tp - keep`` tokens from the start drops the mel's first ``2 d`` frames (two
+    frames per token), so the kept mel stays aligned with the kept tokens and keeps the prompt's
+    parity: ``Tm - 2 Tp`` is unchanged (an odd last frame stays at the end). A mel shorter than
+    ``2 d`` frames (not a well-formed prompt) loses all its frames.
+    """
+    drop = 0 if keep is None else max(0, tokens.shape[0] - keep)
+    if not drop:
+        return tokens, mel
+    return tokens[drop:], mel[min(2 * drop, mel.shape[0]):]
+
+
+class VoiceCache:
+    """Bounded LRU of :class:`VoicePrompt` keyed by ``Voice.content_hash`` and the prompt cap.
+
+    ``prompt_tokens`` (``VocoderConfig.prompt_tokens``) keeps only the last that many prompt
+    tokens and their mel frames (:func:`last_prompt_tokens`); None keeps the whole prompt.
+    """
+
+    def __init__(self, flow: FlowDecoder, capacity: int, prompt_tokens: int | None = None):
+        assert capacity >= 1 and (prompt_tokens is None or prompt_tokens >= 1)
+        self.flow, self.capacity, self.prompt_tokens = flow, capacity, prompt_tokens
+        self._entries: OrderedDict[tuple[str, int | None], VoicePrompt] = OrderedDict()
         self.hits = self.misses = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def __contains__(self, voice: Voice) -> bool:
-        return voice.content_hash in self._entries
+        return self._key(voice) in self._entries
+
+    def _key(self, voice: Voice) -> tuple[str, int | None]:
+        return voice.content_hash, self.prompt_tokens
 
     @torch.inference_mode()
     def get(self, voice: Voice) -> VoicePrompt:
-        key = voice.content_hash
+        key = self._key(voice)
         entry = self._entries.get(key)
         if entry is not None:
             self.hits += 1
@@ -61,13 +86,15 @@ class VoiceCache:
         self.misses += 1
         device = self.flow.encoder_proj.weight.device
         xvector = voice.xvector.to(device=device, dtype=torch.float32)
-        mel = voice.s3gen_prompt_mel[0].to(device=device, dtype=torch.float32)
+        tokens, mel = last_prompt_tokens(voice.s3gen_prompt_tokens[0], voice.s3gen_prompt_mel[0], self.prompt_tokens)
+        mel = mel.to(device=device, dtype=torch.float32)
         entry = VoicePrompt(
-            tokens=voice.s3gen_prompt_tokens[0].to(device=device, dtype=torch.long),
-            host_tokens=[int(t) for t in voice.s3gen_prompt_tokens[0].tolist()],
+            tokens=tokens.to(device=device, dtype=torch.long),
+            host_tokens=[int(t) for t in tokens.tolist()],
             mel=mel, cond=mel.transpose(0, 1).to(self.flow.dtype).contiguous(),
             xvector=xvector[0],
             speaker=self.flow.speaker_projection(xvector)[0],
+            dropped_tokens=voice.s3gen_prompt_tokens.shape[1] - tokens.shape[0],
         )
         self._entries[key] = entry
         while len(self._entries) > self.capacity:

@@ -1,4 +1,5 @@
-"""Random-weight S3Gen models and voices for the vocoder-stage tests and measurements.
+"""Random-weight S3Gen models and voices for the vocoder-stage tests and measurements, and an
+attention-free stand-in for the flow (:func:`local_flow`) that checks frame bookkeeping exactly.
 
 Tiny models shrink the flow's encoder depth and estimator width and HiFT's channels; they are
 built as plain modules, saved as state dicts and loaded back through the real loading code
@@ -70,3 +71,17 @@ def random_voice(prompt_tokens: int = 30, seed: int = 0, odd_mel: bool = False) 
 
 def random_tokens(count: int, seed: int) -> list[int]:
     return torch.randint(0, 6561, (count,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def local_flow(s3gen: S3Gen):
+    """A stand-in for ``FlowDecoder.generate_mel`` whose frame at flow column ``c`` depends only on
+    the token there and the noise of that column (no attention): what a pass leaves out (earlier
+    tokens, the start of the prompt) must then not change any frame HiFT reads, bitwise. The
+    frames' values are a fixed random table per token plus a tenth of the noise."""
+    table = torch.randn(6561, 2, 80, generator=torch.Generator().manual_seed(0)) * 0.5 - 5.0
+
+    def generate_mel(tokens, lengths, cond, noise, speaker, n_steps, guidance):
+        frames = table[tokens.cpu()].reshape(tokens.shape[0], -1, 80).transpose(1, 2)  # [B, 80, 2 L]
+        return (frames.to(noise.device, noise.dtype) + 0.1 * noise).to(s3gen.dtype)
+
+    return generate_mel

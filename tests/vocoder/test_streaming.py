@@ -2,7 +2,7 @@
 noise layout), exact lengths, no clicks at piece boundaries, push granularity not mattering.
 
 Bounds come from scripts/measure_vocoder_streaming.py on these tiny random models (docs/vocoder.md):
-SNR 15.2-15.6 dB and boundary/interior jump ratios 0.80-0.89 with the default config.
+SNR 15.3-15.5 dB and boundary/interior jump ratios 0.83-0.89 with the default config.
 """
 from __future__ import annotations
 
