@@ -60,10 +60,10 @@ class VocoderConfig:
     max_pass_seconds: float | None = 0.2
     """While streams are running, a pass is filled only while its predicted device time (from
     earlier passes, ``VocoderStage.cost``) stays under this many seconds, or under the time until
-    the most urgent playing stream runs out of audio if that is sooner: a stream that arrives
-    during a pass waits at most about this long for its first window, and passes end before
-    playing streams run dry. The most urgent job always runs. None: no time budget (passes
-    without streams never have one)."""
+    the most urgent playing stream runs out of audio if that is sooner (but never under half of
+    this): a stream that arrives during a pass waits at most about this long for its first
+    window, and passes end before playing streams run dry. The most urgent job always runs.
+    None: no time budget (passes without streams never have one)."""
     voice_cache_size: int = 16
     """Voices whose prompt tensors are kept on the device (LRU)."""
     cuda_graphs: bool = True

@@ -233,15 +233,19 @@ class VocoderStage:
         return [ready[i] for i in chosen]
 
     def _pass_budget(self) -> float | None:
-        """Seconds a pass may take while streams are running: ``max_pass_seconds``, or less when
-        a playing stream would run out of audio sooner. None (no limit) without streams."""
+        """Seconds a pass may take while streams are running: ``max_pass_seconds``, or less (down
+        to half of it) when a playing stream would run out of audio sooner. None (no limit)
+        without streams or without ``max_pass_seconds``."""
         limit = self.config.max_pass_seconds
         streams = [job.stream for job in self._jobs.values() if job.stream is not None]
         if limit is None or not streams:
             return None
         now = self._clock()
         slack = [s.first_sent_at + s.sent / SAMPLE_RATE - now for s in streams if s.first_sent_at is not None]
-        return min([limit] + slack)
+        # a stream with less in hand than half a pass cannot be saved by a smaller pass, and
+        # passes of a few items would starve every other stream (measured: at 256 streams a
+        # budget that followed the slack down shrank passes to single items and every stream stalled)
+        return min([limit] + [max(s, limit / 2) for s in slack])
 
     @torch.inference_mode()
     def _run_pass(self, jobs: list[Job]) -> list[AudioOut]:
