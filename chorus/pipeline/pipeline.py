@@ -374,9 +374,11 @@ class Pipeline:
         if reason in (FinishReason.EOS, FinishReason.LENGTH):
             job.t3_reason = reason.value
             touched.add(event.request_id)
-        elif reason is not FinishReason.ABORTED:  # ERROR, DEADLINE
-            why = "deadline" if reason is FinishReason.DEADLINE else "error"
-            self._fail(job.request, why, event.error or f"T3 {reason.value} in chunk {job.index}")
+        elif reason is FinishReason.DEADLINE:  # T3 has the total deadline only
+            self._fail(job.request, "deadline", job.request.deadlines.expired(float("inf"), True)
+                       or f"T3 deadline in chunk {job.index}")
+        elif reason is not FinishReason.ABORTED:  # ERROR
+            self._fail(job.request, "error", event.error or f"T3 {reason.value} in chunk {job.index}")
 
     def _push(self, job_id: str, job: _Job) -> None:
         final = job.t3_reason is not None

@@ -59,12 +59,17 @@ class LiveServer:
     """``with LiveServer(config, loader) as server:`` -> ``server.url``, ``server.client`` (httpx),
     ``server.service``; waits until /ready answers 200 (unless ``wait_ready=False``)."""
 
-    def __init__(self, config: ServerConfig, loader, *, wait_ready: bool = True, api_key: str | None = None):
+    def __init__(self, config: ServerConfig, loader, *, wait_ready: bool = True, api_key: str | None = None,
+                 send_buffer_bytes: int | None = None):
+        """``send_buffer_bytes``: a fixed kernel send buffer for every connection (the default
+        grows to megabytes on loopback, which hides a client that stops reading)."""
         self.service = SpeechService(config, loader)
         self.config = config
         self._wait_ready = wait_ready
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if send_buffer_bytes is not None:  # accepted sockets inherit it (Linux)
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_bytes)
         self._socket.bind(("127.0.0.1", 0))
         self.port = self._socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -90,6 +95,10 @@ class LiveServer:
         self._server.should_exit = True
         self._thread.join(30)
         self._socket.close()
+
+    def begin_shutdown(self) -> None:
+        """What SIGTERM does: stop listening and drain (``__exit__`` then waits for the end)."""
+        self._server.should_exit = True
 
     @property
     def loop(self):
