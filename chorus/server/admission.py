@@ -85,7 +85,7 @@ class Admission:
 
     def _retry_after(self, seconds: float) -> dict[str, str]:
         value = self.retry_after_s if not math.isfinite(seconds) else \
-            min(self.max_retry_after_s, max(self.retry_after_s, math.ceil(seconds)))
+            min(self.max_retry_after_s, max(self.retry_after_s, math.ceil(seconds - 1e-6)))
         return {"Retry-After": str(value)}
 
     def admit(self, priority: Priority, *, tokens: float, chars: int, start_deadline_s: float,
