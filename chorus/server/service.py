@@ -237,6 +237,8 @@ class SpeechService:
         for priority, count in self.admission.in_flight_by_priority().items():
             m.in_flight.labels(priority.name.lower()).set(count)
         m.ready.set(1 if self.readiness()[0] else 0)
+        m.admission_rate.set(self.capacity.rate or 0.0)
+        m.admission_drain.set(self.admission.drain_s())
         due = self.last_canary_ok is None or now - self.last_canary_ok >= self.config.canary_interval_s
         if self.state == "ready" and due and not self._canary_running:
             asyncio.create_task(self.run_canary())
