@@ -89,9 +89,9 @@ class Admission:
         return {"Retry-After": str(value)}
 
     def admit(self, priority: Priority, *, tokens: float, chars: int, start_deadline_s: float,
-              queue_limit: int, kv_usage: float, waiting: int) -> Ticket:
-        """A ticket for a request of ``tokens`` predicted speech tokens, or an ``APIError``
-        (503 memory pressure, 429 queue full or overloaded)."""
+              queue_limit: int, kv_usage: float, waiting: int, rows: int = 1) -> Ticket:
+        """A ticket for a request of ``tokens`` predicted speech tokens holding ``rows`` T3 rows,
+        or an ``APIError`` (503 memory pressure, 429 queue full or overloaded)."""
         if waiting > 0 and kv_usage >= self.memory_pressure:
             raise APIError(503, f"the server is short of KV-cache memory ({kv_usage:.0%} in use, "
                                 f"{waiting} request(s) waiting for it); retry after {self.retry_after_s} s",
@@ -101,7 +101,7 @@ class Admission:
         name = priority.name.lower()
         with self._lock:
             work = [t.work for t in self._tickets]
-            estimate = self.capacity.estimate(tokens, work)
+            estimate = self.capacity.estimate(tokens, work, rows)
             if len(work) >= limit:
                 rate = estimate.rate
                 first_done = min(w.remaining for w in work) * len(work) / rate if rate > 0 else math.inf
@@ -120,7 +120,7 @@ class Admission:
                                     f"{estimate.start_s:.1f} s for its first audio, beyond the {budget:g} s "
                                     f"{name} priority may wait; retry after {headers['Retry-After']} s",
                                code="overloaded", headers=headers)
-            ticket = Ticket(priority, Work(tokens), alone=not work, estimate=estimate, chars=chars)
+            ticket = Ticket(priority, Work(tokens, rows), alone=not work, estimate=estimate, chars=chars)
             self._tickets.add(ticket)
         return ticket
 

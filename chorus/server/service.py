@@ -87,9 +87,8 @@ class SpeechService:
             loaded = await asyncio.to_thread(self._loader)
             self.pipeline, self.voices = loaded.pipeline, loaded.voices
             self.start_deadline_s = self.config.start_deadline_for(self.pipeline.models.device.type)
-            vocoder_config = getattr(self.pipeline.vocoder, "config", None)
-            if vocoder_config is not None:
-                self.capacity.first_window_tokens = vocoder_config.first_window_tokens
+            self.capacity.first_window_tokens = self.pipeline.vocoder.config.first_window_tokens
+            self.capacity.max_rows = self.pipeline.engine.config.scheduler.max_num_seqs
             if self.config.warmup:
                 self.state = "warming"
                 warmup = getattr(self.pipeline, "warmup", None)
@@ -327,10 +326,14 @@ class SpeechService:
         config = self.config
         chars = len(body.input)
         cap = body.max_new_tokens if body.max_new_tokens is not None else config.max_new_tokens
-        tokens = self.capacity.predict_tokens(chars, chunks=-(-chars // config.max_chars), max_new_tokens=cap)
+        chunks = -(-chars // config.max_chars)
+        tokens = self.capacity.predict_tokens(chars, chunks=chunks, max_new_tokens=cap)
+        variant = self.pipeline.models.variant
+        cfg_weight = body.cfg_weight if body.cfg_weight is not None else variant.sampling.cfg_weight
+        rows = chunks * (2 if variant.t3.supports_cfg and cfg_weight > 0 else 1)
         return self.admission.admit(priority, tokens=tokens, chars=chars, start_deadline_s=self.start_deadline_s,
                                     queue_limit=self.degradation.queue_limit(config.max_queue),
-                                    kv_usage=self.snapshot.kv_usage, waiting=self.snapshot.t3_waiting)
+                                    kv_usage=self.snapshot.kv_usage, waiting=self.snapshot.t3_waiting, rows=rows)
 
     def speech_request(self, body: SpeechBody, voice, priority: Priority, request_id: str
                        ) -> tuple[SpeechRequest, Applied]:

@@ -65,6 +65,8 @@ async def open_speech(service: "SpeechService", body: SpeechBody, priority_heade
     except PipelineError as exc:
         service.admission.release(ticket)
         encoder.abort()
+        if exc.reason == "deadline":  # a miss: the prediction was at least this wrong
+            service.capacity.observe_start(ticket.estimate.start_s, time.perf_counter() - arrived)
         error = pipeline_error(exc)
         service.metrics.requests.labels(error.code).inc()
         raise error from None
@@ -73,8 +75,11 @@ async def open_speech(service: "SpeechService", body: SpeechBody, priority_heade
         service.admission.release(ticket)
         encoder.abort()
         raise
-    if ticket.alone and first is not None:
-        service.capacity.observe_solo_start(time.perf_counter() - arrived)
+    waited = time.perf_counter() - arrived
+    if first is not None:
+        service.capacity.observe_start(ticket.estimate.start_s, waited)
+        if ticket.alone:
+            service.capacity.observe_solo_start(waited)
     headers = {"X-Chorus-Degradation": str(applied.level), "X-Chorus-Degraded": applied.header(),
                "X-Chorus-Seed": str(stream.plan.seed), "Cache-Control": "no-store"}
     cheap = body.response_format in ("wav", "pcm") and body.speed == 1.0  # no codec: encode inline

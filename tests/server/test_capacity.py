@@ -87,3 +87,25 @@ def test_the_queue_policy_ignores_predictions():
     for _ in range(5):
         _admit(admission)
     assert admission.in_flight == 5
+
+
+def test_predictions_are_calibrated_by_their_own_errors():
+    model = _model(rate=100.0, solo=0.5)
+    in_flight = [Work(tokens=500)]
+    raw = model.estimate(100, in_flight).start_s  # 0.7 s
+    model.observe_start(raw, 2 * raw)  # the first audio came twice as late as predicted
+    assert model.bias == pytest.approx(1.3)  # EWMA 0.3
+    assert model.estimate(100, in_flight).start_s == pytest.approx(1.3 * raw)
+    for _ in range(50):
+        model.observe_start(model.estimate(100, in_flight).start_s, 100 * raw)
+    assert model.bias == 4.0  # bounded
+
+
+def test_a_full_t3_batch_adds_the_wait_for_rows():
+    model = _model(rate=100.0, solo=0.5)
+    model.max_rows = 2
+    in_flight = [Work(tokens=300), Work(tokens=100)]  # both rows taken
+    # a row frees when the shorter finishes: 100 tokens of each by then (200), plus a window of each
+    assert model.estimate(50, in_flight).start_s == pytest.approx(0.5 + (200 + 40) / 100)
+    model.max_rows = 3
+    assert model.estimate(50, in_flight).start_s == pytest.approx(0.5 + 40 / 100)
