@@ -447,7 +447,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _add_serve_parser(sub) -> None:
     from dataclasses import fields
 
-    from chorus.server.config import ENV_PREFIX, FIELD_HELP, ServerConfig
+    from chorus.server.config import ENV_PREFIX, FIELD_HELP, SHOWN_DEFAULTS, ServerConfig
 
     p = _add_command(sub, "serve", help="run the voice server (OpenAI-compatible HTTP API)",
                      description="Load a checkpoint and serve it over HTTP: POST /v1/audio/speech (OpenAI-"
@@ -462,7 +462,7 @@ def _add_serve_parser(sub) -> None:
             continue
         flag = "--" + f.name.replace("_", "-")
         default = defaults[f.name].default if f.default is not dataclasses_MISSING else None
-        shown = "none" if default in (None, ()) else default
+        shown = SHOWN_DEFAULTS.get(f.name, "none" if default in (None, ()) else default)
         text = f"{FIELD_HELP[f.name]} (default: {shown}; env {ENV_PREFIX}{f.name.upper()})"
         kind = str(f.type)
         if kind == "bool":

@@ -206,9 +206,9 @@ FIELD_HELP = {
                       "100 on a random-weight checkpoint)",
     "max_body_bytes": "largest JSON request body in bytes",
     "start_deadline_s": "seconds a request may wait for its first audio byte (then 504 deadline_exceeded); "
-                        "admission refuses requests predicted to miss it (default: 10 on CUDA, 60 on the CPU)",
+                        "admission refuses requests predicted to miss it",
     "default_deadline_s": "total seconds a request may take, even while its audio flows, unless it asks for "
-                          "another (default: none: a stream that flows and is read is never cut)",
+                          "another (none: a stream that flows and is read is never cut)",
     "max_deadline_s": "the longest total deadline a request may ask for",
     "write_stall_s": "seconds a response may wait for its client to read before the client is dropped and "
                      "its work freed",
@@ -231,6 +231,10 @@ FIELD_HELP = {
     "log_format": "json (one object per line) or text",
     "log_level": "debug, info, warning or error",
 }
+
+
+# what --help shows as the default where the field's own default (None) means more
+SHOWN_DEFAULTS = {"start_deadline_s": "10 on CUDA, 60 on the CPU"}
 
 
 # -- building a config -------------------------------------------------------------------------
