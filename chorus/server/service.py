@@ -335,9 +335,9 @@ class SpeechService:
                                     queue_limit=self.degradation.queue_limit(config.max_queue),
                                     kv_usage=self.snapshot.kv_usage, waiting=self.snapshot.t3_waiting, rows=rows)
 
-    def speech_request(self, body: SpeechBody, voice, priority: Priority, request_id: str
-                       ) -> tuple[SpeechRequest, Applied]:
-        """The pipeline request of an API body, with the current degradation applied."""
+    def check_body(self, body: SpeechBody) -> None:
+        """The body's checks against this server's limits (cheap: run before admission, so a
+        request too long to serve is a 400, not a 429)."""
         config = self.config
         if len(body.input) > config.max_input_chars:
             raise APIError(400, f"input is {len(body.input)} characters; the limit is {config.max_input_chars} "
@@ -353,11 +353,18 @@ class SpeechService:
         if cap is not None and body.max_new_tokens is not None and body.max_new_tokens > cap:
             raise APIError(400, f"max_new_tokens must be at most {cap} on this server, got {body.max_new_tokens}",
                            code="invalid_parameter", param="max_new_tokens")
-        max_new_tokens = body.max_new_tokens if body.max_new_tokens is not None else cap
         deadline = body.deadline_s if body.deadline_s is not None else config.default_deadline_s
         if deadline is not None and deadline > config.max_deadline_s:
             raise APIError(400, f"deadline_s must be at most {config.max_deadline_s:g}, got {deadline:g}",
                            code="invalid_parameter", param="deadline_s")
+
+    def speech_request(self, body: SpeechBody, voice, priority: Priority, request_id: str
+                       ) -> tuple[SpeechRequest, Applied]:
+        """The pipeline request of a checked API body (:meth:`check_body`), with the current
+        degradation applied."""
+        config = self.config
+        max_new_tokens = body.max_new_tokens if body.max_new_tokens is not None else config.max_new_tokens
+        deadline = body.deadline_s if body.deadline_s is not None else config.default_deadline_s
         request = SpeechRequest(
             body.input, voice=voice, language=body.language, exaggeration=body.exaggeration,
             cfg_weight=body.cfg_weight, temperature=body.temperature, top_p=body.top_p, min_p=body.min_p,

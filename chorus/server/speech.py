@@ -45,6 +45,7 @@ async def open_speech(service: "SpeechService", body: SpeechBody, priority_heade
     service.require_serving()
     service.check_model(body.model)
     priority = service.priority(body.priority, priority_header)
+    service.check_body(body)
     ticket = service.admit(priority, body)  # before any thread-pool or model work
     encoder = None
     try:

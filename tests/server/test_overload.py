@@ -193,3 +193,15 @@ def test_a_client_that_stops_reading_is_dropped_and_its_work_freed(tmp_path):
             assert server.service.admission.in_flight == 0
         finally:
             client.close()
+
+
+def test_a_request_the_server_could_never_serve_is_a_400_even_when_it_is_full(tmp_path):
+    config = server_config(tmp_path, max_queue=1, max_input_chars=100)
+    with LiveServer(config, tiny_loader(config)) as server, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with EnginePause(server):
+            held = pool.submit(_post, server.url, input=TEXT, response_format="pcm")
+            _until(lambda: server.service.admission.in_flight == 1, what="the first request's admission")
+            assert server.speech(input=TEXT, response_format="pcm").status_code == 429  # full
+            too_long = server.speech(input="x" * 101, response_format="pcm")
+            assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "input_too_long"
+        assert held.result()[0].status_code == 200
