@@ -225,7 +225,15 @@ class _StallBoundedResponse(StreamingResponse):
 
     def __init__(self, response, stall_s: float):
         super().__init__(response.chunks, media_type=response.media_type, headers=response.headers)
-        self._stall_s, self._on_stall = stall_s, response.on_stall
+        self._stall_s, self._on_stall, self._on_close = stall_s, response.on_stall, response.on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:  # however it ended, the body is closed now (not when it is collected) and its work freed
+            await self.body_iterator.aclose()
+            if self._on_close is not None:
+                self._on_close()
 
     async def stream_response(self, send) -> None:
         async def bounded_send(message) -> None:

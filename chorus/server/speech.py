@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import time
@@ -30,12 +31,15 @@ logger = logging.getLogger("chorus.server")
 class SpeechResponse:
     """What the HTTP layer sends: a media type, headers, and the body as it is produced.
     ``on_stall`` (if any) is called when the client stopped reading for ``write_stall_s`` and
-    is being dropped, before ``chunks`` is closed."""
+    is being dropped, before ``chunks`` is closed. ``on_close`` (if any) is called once the
+    response is over, however it ended, after ``chunks`` was closed: it frees what a body that
+    never started (a client gone before the first write) still holds."""
 
     media_type: str
     headers: dict[str, str]
     chunks: AsyncIterator[bytes]
     on_stall: Callable[[], None] | None = None
+    on_close: Callable[[], None] | None = None
 
 
 async def open_speech(service: "SpeechService", body: SpeechBody, priority_header: str | None, request_id: str,
@@ -86,8 +90,9 @@ async def open_speech(service: "SpeechService", body: SpeechBody, priority_heade
     cheap = body.response_format in ("wav", "pcm") and body.speed == 1.0  # no codec: encode inline
     session = _Session(service, stream, encoder, ticket, first, arrived, cheap)
     if body.stream_format == "sse":
-        return SpeechResponse("text/event-stream", headers, session.sse(), session.stalled)
-    return SpeechResponse(media_type(body.response_format), headers, session.bytes(), session.stalled)
+        return SpeechResponse("text/event-stream", headers, session.sse(), session.stalled, session.abandon)
+    return SpeechResponse(media_type(body.response_format), headers, session.bytes(), session.stalled,
+                          session.abandon)
 
 
 class _Session:
@@ -100,10 +105,22 @@ class _Session:
         self.audio_samples = 0
         self.closed = False
         self.client_stalled = False
+        self.ended = False  # the bookkeeping at the end ran (in _encoded, or in abandon)
 
     def stalled(self) -> None:
         """The client stopped reading and is being dropped (the HTTP layer closes the body next)."""
         self.client_stalled = True
+
+    def abandon(self) -> None:
+        """The response is over: if its body never started (the client left before the first
+        write), do the bookkeeping ``_encoded`` would have done."""
+        if self.ended:
+            return
+        self.ended = True
+        self.stream.cancel()
+        self.encoder.abort()
+        self.service.admission.release(self.ticket)
+        self.service.metrics.requests.labels("client_disconnected").inc()
 
     async def _encode(self, fn, *args) -> bytes:
         """Run an encoder call: a codec on a worker thread (the event loop must not spend its
@@ -154,6 +171,7 @@ class _Session:
             logger.exception("stream failed: %s", exc)
             raise
         finally:
+            self.ended = True
             if not self.stream.finished:
                 self.stream.cancel()
             if not self.closed:
@@ -163,13 +181,15 @@ class _Session:
             metrics.audio_seconds.inc(self.audio_samples / SAMPLE_RATE)
 
     async def bytes(self) -> AsyncIterator[bytes]:
-        async for data in self._encoded():
-            yield data
+        async with contextlib.aclosing(self._encoded()) as chunks:  # closing this closes it at once
+            async for data in chunks:
+                yield data
 
     async def sse(self) -> AsyncIterator[bytes]:
-        async for data in self._encoded():
-            event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")}
-            yield f"data: {json.dumps(event)}\n\n".encode()
+        async with contextlib.aclosing(self._encoded()) as chunks:
+            async for data in chunks:
+                event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")}
+                yield f"data: {json.dumps(event)}\n\n".encode()
         plan = self.stream.plan
         result = self.stream._result
         text_tokens = sum(len(c.text_ids) for c in plan.chunks)
