@@ -104,9 +104,9 @@ class ServerConfig:
     cuda_graphs: bool = True
     # operations
     warmup: bool = True
-    canary_interval_s: float = 60.0  # /ready needs a canary that passed within 2x this
+    canary_interval_s: float = 60.0  # canaries re-run this often (a failed one fails /ready; a late one not)
     canary_timeout_s: float = 60.0
-    stall_timeout_s: float = 15.0  # a T3 step or vocoder pass longer than this: not ready
+    stall_timeout_s: float = 15.0  # a step this long, or work and no progress this long: not ready
     shutdown_grace_s: float = 30.0  # on SIGTERM, streams in flight get this long to finish
     log_format: str = "json"  # "json" or "text"
     log_level: str = "info"
@@ -224,9 +224,11 @@ FIELD_HELP = {
     "gpu_memory_utilization": "fraction of GPU memory the process may use",
     "cuda_graphs": "capture CUDA graphs (T3 decode and the S3Gen solver)",
     "warmup": "warm up (capture CUDA graphs) before reporting ready",
-    "canary_interval_s": "seconds between canary syntheses; /ready needs one that passed within twice this",
+    "canary_interval_s": "seconds between canary syntheses; one that fails in a model step makes /ready fail "
+                         "until one passes (one that is late under load does not)",
     "canary_timeout_s": "deadline of a canary synthesis",
-    "stall_timeout_s": "a T3 step or S3Gen pass running longer than this makes /ready fail",
+    "stall_timeout_s": "a T3 step or S3Gen pass running longer than this, or requests in the pipeline and no "
+                       "T3 token nor S3Gen pass for this long, makes /ready fail",
     "shutdown_grace_s": "on SIGTERM, seconds the streams in flight get to finish before they are cut",
     "log_format": "json (one object per line) or text",
     "log_level": "debug, info, warning or error",
