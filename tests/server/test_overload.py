@@ -205,3 +205,20 @@ def test_a_request_the_server_could_never_serve_is_a_400_even_when_it_is_full(tm
             too_long = server.speech(input="x" * 101, response_format="pcm")
             assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "input_too_long"
         assert held.result()[0].status_code == 200
+
+
+def test_a_client_that_hangs_up_mid_stream_is_one_access_line(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    config = server_config(tmp_path, max_new_tokens=800)
+    with LiveServer(config, tiny_loader(config)) as server:
+        with server.client.stream("POST", "/v1/audio/speech", json={
+                "model": "chatterbox-turbo", "input": LONG_TEXT, "response_format": "pcm"}) as response:
+            next(response.iter_raw())  # the first audio arrived; now hang up
+        request_id = response.headers["x-request-id"]
+        _until(lambda: any(getattr(r, "request_id", None) == request_id and getattr(r, "outcome", None)
+                           for r in caplog.records), what="the access line")
+        server.wait_idle()
+    lines = [r for r in caplog.records if getattr(r, "request_id", None) == request_id]
+    assert [(r.levelno, r.outcome) for r in lines] == [(logging.INFO, "client_disconnected")]
+    assert lines[0].bytes > 0 and "went away" in lines[0].getMessage()
+    assert not _tracebacks(caplog)
