@@ -286,12 +286,22 @@ def _cmd_bench_online(args: argparse.Namespace) -> int:
         concurrency = tuple(int(c) for c in args.concurrency.split(","))
     except ValueError:
         raise CliError(f"--concurrency must be comma-separated integers, got {args.concurrency!r}") from None
+    overload = None
+    if args.arrival_rate is not None or args.overload_multiple is not None:
+        from chorus.bench.overload_bench import OverloadConfig
+
+        try:
+            overload = OverloadConfig(arrival_rate=args.arrival_rate, overload_multiple=args.overload_multiple,
+                                      requests=args.overload_requests, duration_s=args.overload_duration_s,
+                                      seed=args.arrival_seed)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
     cfg = OnlineBenchConfig(
         url=args.url, api_key=args.api_key, model=args.model, voice=args.voice, concurrency=concurrency,
         requests_per_level=args.requests_per_level, duration_s=args.duration_s,
         text=DEFAULT_TEXT if args.text is None else args.text,
         response_format=args.response_format, max_new_tokens=args.max_new_tokens, warmup=args.warmup,
-        timeout_s=args.timeout_s, honor_retry_after=args.honor_retry_after)
+        timeout_s=args.timeout_s, honor_retry_after=args.honor_retry_after, overload=overload)
     try:
         report = run_online(cfg, progress=not args.quiet)
     except OnlineBenchError as exc:
@@ -339,6 +349,19 @@ def _add_online_bench_parser(bench_sub) -> None:
     p.add_argument("--honor-retry-after", action="store_true",
                    help="after a 429 or 503, a client waits the answer's Retry-After before its next request "
                         "(default: it sends the next one at once)")
+    rate = p.add_mutually_exclusive_group()
+    rate.add_argument("--arrival-rate", type=float, default=None, metavar="PER_S",
+                      help="overload mode: open-loop Poisson arrivals at this many requests per second instead of "
+                           "the closed-loop levels; reports goodput, rejections and their latency, deadline misses "
+                           "after admission, KV blocks and memory over time")
+    rate.add_argument("--overload-multiple", type=float, default=None, metavar="X",
+                      help="overload mode at X times the capacity the closed-loop levels measured (completed "
+                           "requests per second of the best level), run after them")
+    p.add_argument("--overload-requests", type=int, default=200, metavar="N",
+                   help="overload mode: requests to send at most (default 200)")
+    p.add_argument("--overload-duration-s", type=float, default=60.0, metavar="SECONDS",
+                   help="overload mode: stop sending after this long (default 60); requests in flight finish")
+    p.add_argument("--arrival-seed", type=int, default=0, help="overload mode: seed of the arrival times")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
     p.add_argument("--out", "-o", default=None, help="also write the JSON report to this file (atomically)")
     p.set_defaults(handler=_cmd_bench_online)
@@ -525,7 +548,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _add_serve_parser(sub) -> None:
     from dataclasses import fields
 
-    from chorus.server.config import ENV_PREFIX, FIELD_HELP, ServerConfig
+    from chorus.server.config import ENV_PREFIX, FIELD_HELP, SHOWN_DEFAULTS, ServerConfig
 
     p = _add_command(sub, "serve", help="run the voice server (OpenAI-compatible HTTP API)",
                      description="Load a checkpoint and serve it over HTTP: POST /v1/audio/speech (OpenAI-"
@@ -540,7 +563,7 @@ def _add_serve_parser(sub) -> None:
             continue
         flag = "--" + f.name.replace("_", "-")
         default = defaults[f.name].default if f.default is not dataclasses_MISSING else None
-        shown = "none" if default in (None, ()) else default
+        shown = SHOWN_DEFAULTS.get(f.name, "none" if default in (None, ()) else default)
         env = f"env {ENV_PREFIX}{f.name.upper()}"
         described = FIELD_HELP[f.name]
         if "(default:" in described and described.endswith(")"):  # the help says the default in words

@@ -324,8 +324,10 @@ class RemoteBackend:
     # -- speech
     async def speech(self, body, priority_header: str | None, request_id: str, *, arrived: float) -> SpeechResponse:
         self.require_serving()
-        deadline = body.deadline_s if body.deadline_s is not None else self.config.default_deadline_s
-        wait_s = min(deadline, self.config.max_deadline_s) + FIRST_ANSWER_GRACE_S
+        # a replica answers (first audio or an error) within the start deadline (replicas run on
+        # GPUs unless the device says otherwise) or the request's own shorter total deadline
+        start_s = self.config.start_deadline_for("cpu" if self.config.device == "cpu" else "cuda")
+        wait_s = min(start_s, body.deadline_s or start_s) + FIRST_ANSWER_GRACE_S
         for attempt in (1, 2):
             stream = self.handle.options(stream=True).speech_stream.remote(body, priority_header, request_id)
             try:

@@ -24,9 +24,13 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import httpx
 import numpy as np
+
+if TYPE_CHECKING:
+    from chorus.bench.overload_bench import OverloadConfig
 
 SAMPLE_RATE = 24_000  # the server's output rate; pcm is 16-bit little-endian mono
 WAV_HEADER_BYTES = 44  # the streamed wav header (open-ended sizes), then pcm
@@ -74,6 +78,7 @@ class OnlineBenchConfig:
     metrics_interval_s: float = 0.5  # /metrics polling during a level (gauge peaks)
     settle_s: float = 0.5  # wait before the closing scrape: engine metrics refresh every 0.25 s
     extra_body: dict = field(default_factory=dict)  # more request fields (e.g. seed, priority)
+    overload: "OverloadConfig | None" = None  # an open-loop overload run (overload_bench.py)
 
     def __post_init__(self):
         self.url = self.url.rstrip("/")
@@ -429,12 +434,38 @@ async def run_async(cfg: OnlineBenchConfig, progress=None) -> dict:
     }
     report["warmup"] = await _warm_up(cfg, body)
     report["levels"] = []
-    for n in cfg.concurrency:
-        level = await run_level(cfg, body, n)
-        report["levels"].append(level)
+    overload = cfg.overload
+    if overload is None or overload.arrival_rate is None:  # closed loop (also measures capacity for a multiple)
+        for n in cfg.concurrency:
+            level = await run_level(cfg, body, n)
+            report["levels"].append(level)
+            if progress is not None:
+                progress(level)
+    if overload is not None:
+        from chorus.bench.overload_bench import capacity_of, run_overload
+
+        rate = overload.arrival_rate
+        if rate is None:
+            capacity = capacity_of(report["levels"])
+            if capacity <= 0:
+                raise OnlineBenchError("the closed-loop levels completed no request, so there is no capacity "
+                                       "to multiply; pass --arrival-rate instead")
+            rate = overload.overload_multiple * capacity
+            report["capacity_requests_per_s"] = round(capacity, 4)
+        report["overload"] = await run_overload(cfg, overload, body, rate)
         if progress is not None:
-            progress(level)
+            _overload_line(report["overload"])
     return report
+
+
+def _overload_line(result: dict) -> None:
+    rejections = result["rejections"]
+    p99 = rejections["latency_s"]["p99"]
+    misses = result["deadline_misses_after_admission"]
+    print(f"overload at {result['arrival_rate']:g} req/s: {result['completed']}/{result['sent']} completed, "
+          f"goodput {result['goodput_audio_s_per_s']} audio s/s, {rejections['count']} refused (p99 "
+          f"{'-' if p99 is None else f'{1000 * p99:.0f} ms'}), {misses['504']} 504 and {misses['cut']} cut "
+          f"after admission; {result['wall_s']:.1f} s", file=sys.stderr)
 
 
 def _progress_line(level: dict) -> None:

@@ -47,15 +47,19 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    """engine: the T3 engine (its ``default_deadline_s`` is overridden by ``default_deadline_s``
-    here, which covers the whole request, T3 and S3Gen). vocoder: the S3Gen stage.
-    max_chars: chunk length bound. default_deadline_s: None = no deadline (batch jobs).
+    """engine: the T3 engine (its ``default_deadline_s`` is overridden: the pipeline owns a
+    request's deadlines, which cover T3 and S3Gen). vocoder: the S3Gen stage.
+    max_chars: chunk length bound.
+    default_deadline_s: the total deadline of requests that bring none (submission to the
+    end); None = none (batch jobs). default_start_deadline_s: the start deadline of requests
+    that bring none (submission to the first audio piece); None = none.
     """
 
     engine: EngineConfig | None = None
     vocoder: VocoderConfig | None = None
     max_chars: int = DEFAULT_MAX_CHARS
     default_deadline_s: float | None = None
+    default_start_deadline_s: float | None = None
     conditioning_cache_size: int = 256
     cuda_graphs: bool = True
 
@@ -96,17 +100,37 @@ class _Job:
         return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
 
+@dataclass(frozen=True)
+class _Deadlines:
+    """A request's two deadlines, in seconds from ``submitted`` (``time.monotonic()``): the
+    start deadline until its first audio piece is delivered (it stops applying then), the
+    total deadline until its end. None: no such deadline."""
+
+    submitted: float
+    start_s: float | None
+    total_s: float | None
+
+    def expired(self, now: float, audio_started: bool) -> str | None:
+        """Why the request must be failed now, or None."""
+        if self.start_s is not None and not audio_started and now > self.submitted + self.start_s:
+            return f"no audio within its start deadline ({self.start_s:g} s)"
+        if self.total_s is not None and now > self.submitted + self.total_s:
+            return f"not finished within its total deadline ({self.total_s:g} s)"
+        return None
+
+
 @dataclass
 class _RequestState:
     plan: SpeechPlan
     stream: SpeechStream
     jobs: list[_Job]
-    deadline: float | None
+    deadlines: _Deadlines
     submitted: float
     progress: Callable[[Progress], None] | None = None
     next_chunk: int = 0  # first chunk not yet fully delivered
     first_token: float | None = None  # T3's first token of the first chunk
     first_audio: float | None = None
+    audio_started: bool = False  # a piece with samples was delivered to the stream
 
     def job_id(self, index: int) -> str:
         return f"{self.plan.request_id}#{index}"
@@ -239,8 +263,9 @@ class Pipeline:
             self._active_ids.add(plan.request_id)
         stream = SpeechStream(plan, self.abort)
         deadline_s = plan.deadline_s if plan.deadline_s is not None else self.config.default_deadline_s
+        start_s = plan.start_deadline_s if plan.start_deadline_s is not None else self.config.default_start_deadline_s
         now = time.monotonic()
-        state = _RequestState(plan, stream, [], None if deadline_s is None else now + deadline_s, now, progress)
+        state = _RequestState(plan, stream, [], _Deadlines(now, start_s, deadline_s), now, progress)
         state.jobs = [_Job(state, c.index) for c in plan.chunks]
         self._inbox.put(("add", state))  # before T3 can report on its chunks
         self._t3.submit([T3Request(c.text_ids, conditioning, c.params, priority=plan.priority,
@@ -349,9 +374,11 @@ class Pipeline:
         if reason in (FinishReason.EOS, FinishReason.LENGTH):
             job.t3_reason = reason.value
             touched.add(event.request_id)
-        elif reason is not FinishReason.ABORTED:  # ERROR, DEADLINE
-            why = "deadline" if reason is FinishReason.DEADLINE else "error"
-            self._fail(job.request, why, event.error or f"T3 {reason.value} in chunk {job.index}")
+        elif reason is FinishReason.DEADLINE:  # T3 has the total deadline only
+            self._fail(job.request, "deadline", job.request.deadlines.expired(float("inf"), True)
+                       or f"T3 deadline in chunk {job.index}")
+        elif reason is not FinishReason.ABORTED:  # ERROR
+            self._fail(job.request, "error", event.error or f"T3 {reason.value} in chunk {job.index}")
 
     def _push(self, job_id: str, job: _Job) -> None:
         final = job.t3_reason is not None
@@ -392,6 +419,7 @@ class Pipeline:
             for i, samples in enumerate(job.pieces):
                 final = job.done and i == len(job.pieces) - 1 and state.next_chunk == last
                 if samples.size or final:
+                    state.audio_started = state.audio_started or samples.size > 0
                     state.stream._put_audio(AudioPiece(samples, job.index, final))
             job.delivered += job.pieces
             job.pieces = []
@@ -443,9 +471,10 @@ class Pipeline:
 
     def _expire_deadlines(self) -> None:
         now = time.monotonic()
-        for state in [s for s in self._requests.values() if s.deadline is not None and now > s.deadline]:
-            self._fail(state, "deadline", f"not finished within its deadline "
-                                          f"({state.deadline - state.submitted:g} s)")
+        for state in list(self._requests.values()):
+            why = state.deadlines.expired(now, state.audio_started)
+            if why is not None:
+                self._fail(state, "deadline", why)
 
 
 class _on_stream:

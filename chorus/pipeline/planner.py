@@ -57,7 +57,8 @@ class SpeechPlan:
     exaggeration: float  # 0.0 for variants without the emotion input
     flow_steps: int | None  # None: the variant's default
     priority: Priority
-    deadline_s: float | None
+    deadline_s: float | None  # total: submission to the end (SpeechRequest)
+    start_deadline_s: float | None  # submission to the first audio piece (SpeechRequest)
     stream: bool
     watermark: str | None
     seed: int  # the base seed; chunk i uses seed + i
@@ -177,8 +178,10 @@ class RequestPlanner:
             exaggeration = 0.0
         if request.priority not in tuple(Priority):
             raise ValueError(f"priority must be 0 (high), 1 (normal) or 2 (low), got {request.priority!r}")
-        if request.deadline_s is not None and _number("deadline_s", request.deadline_s, 0.0) <= 0:
-            raise ValueError(f"deadline_s must be positive, got {request.deadline_s!r}")
+        for name in ("deadline_s", "start_deadline_s"):
+            value = getattr(request, name)
+            if value is not None and _number(name, value, 0.0) <= 0:
+                raise ValueError(f"{name} must be positive, got {value!r}")
         if request.watermark is not None:
             if request.stream:
                 raise ValueError("a watermark needs the whole waveform; it cannot be applied to a streamed request")
@@ -191,6 +194,6 @@ class RequestPlanner:
         return dict(
             request_id=request.request_id or f"speech-{next(_ids)}", chunks=planned,
             exaggeration=exaggeration, flow_steps=flow_steps, priority=Priority(request.priority),
-            deadline_s=request.deadline_s, stream=bool(request.stream), watermark=request.watermark,
+            deadline_s=request.deadline_s, start_deadline_s=request.start_deadline_s, stream=bool(request.stream), watermark=request.watermark,
             seed=base_seed, ignored=tuple(sorted(set(ignored))),
         )

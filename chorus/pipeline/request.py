@@ -28,8 +28,13 @@ class SpeechRequest:
     seed: chunk ``i`` of the text is sampled with ``seed + i`` (T3 and S3Gen); None draws one.
     max_new_tokens / min_new_tokens bound each chunk's speech tokens (25 per second of audio).
     flow_steps: S3Gen solver steps (default: the variant's, 10 or meanflow's 2).
-    deadline_s: seconds from submission until the request is failed (None: the pipeline's
-    default). stream: deliver audio while it is generated (see ``SpeechStream``).
+    deadline_s: the *total* deadline: seconds from submission until the request is failed
+    wherever it is, even while its audio flows (None: the pipeline's ``default_deadline_s``).
+    start_deadline_s: the *start* deadline: seconds from submission until its first audio piece
+    is delivered; once audio flows it no longer applies (None: the pipeline's
+    ``default_start_deadline_s``). A non-streaming request delivers its audio at the end, so
+    for it the start deadline bounds the whole request.
+    stream: deliver audio while it is generated (see ``SpeechStream``).
     normalize: spell out numbers and abbreviations the model would misread (English only).
     """
 
@@ -50,6 +55,7 @@ class SpeechRequest:
     watermark: str | None = None
     priority: int = Priority.NORMAL
     deadline_s: float | None = None
+    start_deadline_s: float | None = None
     stream: bool = False
     normalize: bool = True
     request_id: str | None = None

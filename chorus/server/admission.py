@@ -1,65 +1,137 @@
-"""Admission control: a bounded number of requests in flight, shared by three priorities.
+"""Admission: the one decision, taken before any thread-pool or model work, whether a request
+may start. Input: the request's predicted cost and the server's state (``capacity.py``); output:
+a :class:`Ticket`, or an ``APIError`` with ``Retry-After``.
 
-A request holds a :class:`Ticket` from admission until its response ends (or fails). Low
-priority may fill only part of the queue, normal a larger part, high all of it, so under
-contention there is always room for more urgent work. When the queue is full the answer is 429;
-when the KV pool is nearly full and requests are already waiting for it, 503 — both with
-``Retry-After`` and before any work is done.
+In order:
+
+1. **Memory pressure**: the KV pool is nearly full and requests already wait for it: 503
+   ``memory_pressure``.
+2. **A bounded queue**: at most ``queue_limit`` requests in flight, shared by priorities (low
+   may fill 60% of it, normal 90%, high all): 429 ``queue_full``. The hard bound.
+3. **Predicted start**: a request whose predicted time to its first audio is beyond its start
+   deadline would be admitted only to fail later (a 504 after a long wait), so it is refused
+   now: 429 ``overloaded``. Priorities keep their shares here too (low must be predicted to
+   start within 60% of the start deadline, normal 90%, high 100%), so urgent work finds room.
+   A request that finds nothing in flight is always admitted (the estimates may be stale; it
+   has the whole server).
+
+``Retry-After`` comes from the estimates: for ``overloaded``, how long until enough of the work
+in flight has drained for the prediction to fit; for ``queue_full``, until the first request in
+flight is predicted to finish; never below ``retry_after_s`` nor above ``max_retry_after_s``.
+A request holds its ticket from admission until its response ends (or fails).
 """
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 
 from chorus.engine.request import Priority
+from chorus.server.capacity import CapacityModel, Estimate, TOKENS_PER_SECOND, Work
 from chorus.server.errors import APIError
 
-# the share of the queue each priority may fill
+# the share of the queue (and of the start deadline) each priority may use
 PRIORITY_SHARE = {Priority.HIGH: 1.0, Priority.NORMAL: 0.9, Priority.LOW: 0.6}
+POLICIES = ("predicted", "queue")  # "queue": only the bounded queue and memory pressure
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Ticket:
+    """One admitted request, from admission to the end of its response."""
+
     priority: Priority
+    work: Work  # predicted tokens and audio delivered
+    alone: bool  # nothing else was in flight when it was admitted
+    estimate: Estimate  # what was predicted at admission
+    chars: int  # characters of its input
 
 
 class Admission:
-    """Counts requests in flight (one owner of that number; thread-safe)."""
+    """The requests in flight (one owner of that set; thread-safe) and the admission decision."""
 
-    def __init__(self, max_queue: int, memory_pressure: float, retry_after_s: int):
+    def __init__(self, max_queue: int, memory_pressure: float, retry_after_s: int, *,
+                 capacity: CapacityModel, policy: str = "predicted", max_retry_after_s: int = 60):
+        assert policy in POLICIES, policy
+        assert 0 < retry_after_s <= max_retry_after_s
         self.max_queue = max_queue
         self.memory_pressure = memory_pressure
         self.retry_after_s = retry_after_s
+        self.max_retry_after_s = max_retry_after_s
+        self.capacity = capacity
+        self.policy = policy
         self._lock = threading.Lock()
-        self._in_flight = {p: 0 for p in Priority}
+        self._tickets: set[Ticket] = set()
+        self.delivered_tokens = 0.0  # speech tokens of audio delivered, all requests, ever
 
     @property
     def in_flight(self) -> int:
         with self._lock:
-            return sum(self._in_flight.values())
+            return len(self._tickets)
 
     def in_flight_by_priority(self) -> dict[Priority, int]:
+        counts = {p: 0 for p in Priority}
         with self._lock:
-            return dict(self._in_flight)
+            for ticket in self._tickets:
+                counts[ticket.priority] += 1
+        return counts
 
-    def admit(self, priority: Priority, *, queue_limit: int, kv_usage: float, waiting: int) -> Ticket:
-        """A ticket, or an ``APIError`` (429 queue full, 503 memory pressure)."""
-        headers = {"Retry-After": str(self.retry_after_s)}
+    def drain_s(self) -> float:
+        """Predicted seconds until everything in flight is delivered (inf: no rate measured)."""
+        with self._lock:
+            work = [t.work for t in self._tickets]
+        if not work:
+            return 0.0
+        return self.capacity.estimate(0.0, work).drain_s
+
+    def _retry_after(self, seconds: float) -> dict[str, str]:
+        value = self.retry_after_s if not math.isfinite(seconds) else \
+            min(self.max_retry_after_s, max(self.retry_after_s, math.ceil(seconds - 1e-6)))
+        return {"Retry-After": str(value)}
+
+    def admit(self, priority: Priority, *, tokens: float, chars: int, start_deadline_s: float,
+              queue_limit: int, kv_usage: float, waiting: int, rows: int = 1) -> Ticket:
+        """A ticket for a request of ``tokens`` predicted speech tokens holding ``rows`` T3 rows,
+        or an ``APIError`` (503 memory pressure, 429 queue full or overloaded)."""
         if waiting > 0 and kv_usage >= self.memory_pressure:
             raise APIError(503, f"the server is short of KV-cache memory ({kv_usage:.0%} in use, "
                                 f"{waiting} request(s) waiting for it); retry after {self.retry_after_s} s",
-                           code="memory_pressure", headers=headers)
-        limit = max(1, int(queue_limit * PRIORITY_SHARE[priority]))
+                           code="memory_pressure", headers={"Retry-After": str(self.retry_after_s)})
+        share = PRIORITY_SHARE[priority]
+        limit = max(1, int(queue_limit * share))
+        name = priority.name.lower()
         with self._lock:
-            total = sum(self._in_flight.values())
-            if total >= limit:
-                raise APIError(429, f"the server is at capacity ({total} requests in flight; "
-                                    f"{priority.name.lower()} priority may use {limit}); retry after "
-                                    f"{self.retry_after_s} s", code="queue_full", headers=headers)
-            self._in_flight[priority] += 1
-        return Ticket(priority)
+            work = [t.work for t in self._tickets]
+            estimate = self.capacity.estimate(tokens, work, rows)
+            if len(work) >= limit:
+                rate = estimate.rate
+                first_done = min(w.remaining for w in work) * len(work) / rate if rate > 0 else math.inf
+                headers = self._retry_after(first_done)
+                raise APIError(429, f"the server is at capacity ({len(work)} requests in flight; {name} "
+                                    f"priority may use {limit}); retry after {headers['Retry-After']} s",
+                               code="queue_full", headers=headers)
+            budget = share * start_deadline_s
+            if self.policy == "predicted" and work and estimate.start_s > budget:
+                # the prediction fits once (start_s - budget) seconds' worth of first windows have
+                # drained: that many requests finishing, each with the mean remaining work
+                mean_remaining = sum(w.remaining for w in work) / len(work)
+                wait = (estimate.start_s - budget) * mean_remaining / self.capacity.first_window_tokens
+                headers = self._retry_after(wait)
+                raise APIError(429, f"the server is overloaded: a new request would wait about "
+                                    f"{estimate.start_s:.1f} s for its first audio, beyond the {budget:g} s "
+                                    f"{name} priority may wait; retry after {headers['Retry-After']} s",
+                               code="overloaded", headers=headers)
+            ticket = Ticket(priority, Work(tokens, rows), alone=not work, estimate=estimate, chars=chars)
+            self._tickets.add(ticket)
+        return ticket
+
+    def delivered(self, ticket: Ticket, samples: int, sample_rate: int) -> None:
+        """``samples`` of the ticket's audio went out."""
+        tokens = samples / sample_rate * TOKENS_PER_SECOND
+        with self._lock:
+            ticket.work.delivered += tokens
+            self.delivered_tokens += tokens
 
     def release(self, ticket: Ticket) -> None:
         with self._lock:
-            assert self._in_flight[ticket.priority] > 0, ticket
-            self._in_flight[ticket.priority] -= 1
+            assert ticket in self._tickets, ticket
+            self._tickets.discard(ticket)

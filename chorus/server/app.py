@@ -17,7 +17,7 @@ from fastapi import Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from chorus.server.errors import APIError, install_error_handlers
+from chorus.server.errors import APIError, StreamCut, install_error_handlers
 from chorus.server.logs import MAX_LOGGED_PATH, clean_for_log, request_id_var
 from chorus.server.schemas import (ErrorBody, Health, ModelCard, ModelList, Readiness, SpeechBody, VoiceCard,
                                    VoiceDeleted, VoiceList)
@@ -48,6 +48,7 @@ def create_app(service: Backend) -> FastAPI:
                 await starting
             await service.stop()
 
+    logging.getLogger("uvicorn.error").addFilter(_EXPECTED_CUT)
     app = FastAPI(title="Chorus", summary="A voice server for the Chatterbox TTS family (OpenAI-compatible)",
                   version=_version(), lifespan=lifespan)
     app.state.service = service
@@ -159,7 +160,7 @@ def create_app(service: Backend) -> FastAPI:
                      x_chorus_priority: str | None = Header(None, description="high, normal or low")):
         """Speak ``input``: OpenAI-compatible, plus Chatterbox's and Chorus's fields."""
         response = await service.speech(body, x_chorus_priority, request.state.request_id, arrived=time.perf_counter())
-        return StreamingResponse(response.chunks, media_type=response.media_type, headers=response.headers)
+        return _StallBoundedResponse(response, config.write_stall_s)
 
     return app
 
@@ -223,11 +224,57 @@ async def _read_upload(request: Request, limit: int) -> tuple[bytes, str | None]
     return data, name  # the store checks the name itself
 
 
+class _StallBoundedResponse(StreamingResponse):
+    """A streamed speech response whose client must keep reading: a write that waits longer
+    than ``stall_s`` for the client (uvicorn holds writes while its buffer is full) drops the
+    client: the session is told, the body closed (its pipeline request aborted) and the stream
+    cut. Server-side buffering per response is then bounded by the transport's buffer and the
+    request's own audio."""
+
+    def __init__(self, response, stall_s: float):
+        super().__init__(response.chunks, media_type=response.media_type, headers=response.headers)
+        self._stall_s, self._on_stall, self._on_close = stall_s, response.on_stall, response.on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:  # however it ended, the body is closed now (not when it is collected) and its work freed
+            await self.body_iterator.aclose()
+            if self._on_close is not None:
+                self._on_close()
+
+    async def stream_response(self, send) -> None:
+        async def bounded_send(message) -> None:
+            try:
+                await asyncio.wait_for(send(message), self._stall_s)
+            except asyncio.TimeoutError:
+                if self._on_stall is not None:
+                    self._on_stall()
+                await self.body_iterator.aclose()
+                raise StreamCut("slow_reader", f"the client read nothing for {self._stall_s:g} s") from None
+
+        await super().stream_response(bounded_send)
+
+
+class _ExpectedCutFilter(logging.Filter):
+    """Drops uvicorn's line for a response that ended without its terminator: the server cuts
+    streams on purpose (``StreamCut``) and its access line already says so, with the request id."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != "ASGI callable returned without completing response."
+
+
+_EXPECTED_CUT = _ExpectedCutFilter()
+
+
 class _RequestContext:
     """Per request: its id (the client's ``X-Request-Id`` when it is a short token, else a new
-    one) in a context variable and the response header, one access-log line, and the error
-    counter. Pure ASGI, so streamed responses pass through untouched and a client disconnect
-    reaches the route at once."""
+    one) in a context variable and the response header, one access-log line saying what the
+    client got (``outcome``: complete, cut, client_disconnected; ``bytes`` of body), and the
+    error counter. A stream cut after its first byte (a ``StreamCut``, or the task cancelled at
+    shutdown) is an expected event: it ends the connection without the chunked terminator and
+    is logged on the access line, never as a traceback. Pure ASGI, so streamed responses pass
+    through untouched and a client disconnect reaches the route at once."""
 
     def __init__(self, app, record_error):
         self.app, self.record_error = app, record_error
@@ -240,19 +287,40 @@ class _RequestContext:
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         token = request_id_var.set(request_id)
-        started, status, responded = time.perf_counter(), [500], [False]
+        started, status = time.perf_counter(), [500]
+        sent = {"started": False, "complete": False, "bytes": 0}
 
         async def send_with_id(message):
             if message["type"] == "http.response.start":
-                status[0], responded[0] = message["status"], True
+                status[0] = message["status"]
                 message = {**message, "headers": [*message.get("headers", []),
                                                   (b"x-request-id", request_id.encode())]}
             await send(message)
+            if message["type"] == "http.response.start":
+                sent["started"] = True
+            elif message["type"] == "http.response.body":
+                sent["bytes"] += len(message.get("body", b""))
+                sent["complete"] = sent["complete"] or not message.get("more_body", False)
 
+        cut: StreamCut | None = None
         try:
             await self.app(scope, receive, send_with_id)
+        except StreamCut as exc:
+            if not sent["started"]:
+                raise
+            cut = exc
+        except asyncio.CancelledError:  # the server stopped before the response ended
+            if sent["started"]:
+                cut = StreamCut("shutdown", "the server stopped before the stream ended")
+            else:
+                cut = StreamCut("shutdown", "the server stopped before the response started")
+                error = APIError(503, "the server is shutting down", code="shutting_down",
+                                 headers={"Retry-After": "5"})
+                state["error_code"] = error.code
+                with contextlib.suppress(Exception):
+                    await error.response()(scope, receive, send_with_id)
         except Exception:  # a bug: answer, log and count it here, where the request id is known
-            if responded[0]:
+            if sent["started"]:
                 raise  # the response has started: only the connection can be cut
             state["error_code"] = "internal_error"
             logger.exception("internal error")
@@ -261,9 +329,20 @@ class _RequestContext:
             request_id_var.reset(token)
             code = state.get("error_code")
             probe = scope["path"] in ("/health", "/ready", "/metrics")  # polled often: not logged at info
-            logger.log(logging.DEBUG if probe else logging.INFO, "%s %s %d", scope["method"],
-                       clean_for_log(scope["path"], MAX_LOGGED_PATH), status[0], extra={"request_id": request_id, "status": status[0], "error_code": code,
-                                         "ms": round(1000 * (time.perf_counter() - started), 1)})
+            path = clean_for_log(scope["path"], MAX_LOGGED_PATH)
+            outcome = "complete" if sent["complete"] else "cut" if cut is not None else "client_disconnected"
+            extra = {"request_id": request_id, "status": status[0], "error_code": code, "outcome": outcome,
+                     "bytes": sent["bytes"], "ms": round(1000 * (time.perf_counter() - started), 1)}
+            if outcome == "complete":
+                logger.log(logging.DEBUG if probe else logging.INFO, "%s %s %d", scope["method"], path,
+                           status[0], extra=extra)
+            elif cut is not None:
+                extra["cut_reason"] = cut.reason
+                logger.warning("%s %s %d cut after %d bytes (%s)", scope["method"], path, status[0],
+                               sent["bytes"], cut, extra=extra)
+            else:
+                logger.info("%s %s %d: the client went away after %d bytes", scope["method"], path,
+                            status[0], sent["bytes"], extra=extra)
             if status[0] >= 400 and not probe:  # a 503 from /ready is an answer, not an error
                 self.record_error(code or str(status[0]))
 

@@ -53,6 +53,13 @@ class DegradationConfig:
                  f"level3_queue_fraction must be in (0, 1], got {self.level3_queue_fraction!r}")
 
 
+# The default start deadline (seconds to the first audio byte) by device. On a GPU the first
+# audio of an unloaded server comes in well under a second; 10 s leaves room for a full queue.
+# On a CPU one request's first audio takes seconds (a random-weight Turbo speaks a 4 s clip in
+# 20-40 s on 2 cores), so the bound is looser there.
+START_DEADLINE_S = {"cuda": 10.0, "cpu": 60.0}
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """Everything ``chorus serve`` can be told. See docs/server.md for each field."""
@@ -79,15 +86,20 @@ class ServerConfig:
     max_upload_bytes: int = 10 << 20
     # limits and admission
     max_queue: int = 256  # requests in flight (queued or running) before 429
+    admission: str = "predicted"  # "predicted": also refuse what cannot start in time; "queue": max_queue only
+    tokens_per_char: float = 1.7  # admission's prior of speech tokens per input character (then learned)
     max_input_chars: int = 4096  # OpenAI's limit on `input`
     max_new_tokens: int | None = None  # cap on speech tokens per text chunk; None: the variant's
     max_body_bytes: int = 1 << 20  # JSON bodies (uploads have max_upload_bytes)
     max_header_bytes: int = 16 << 10  # the request line and headers together (uvicorn's h11 limit)
     body_timeout_s: float = 60.0  # a request body must arrive in full within this (slow-body attacks)
-    default_deadline_s: float = 30.0
+    start_deadline_s: float | None = None  # to the first audio byte; None: START_DEADLINE_S by device
+    default_deadline_s: float | None = None  # total; None: none (a flowing stream is never cut)
     max_deadline_s: float = 300.0
+    write_stall_s: float = 30.0  # a client that reads nothing for this long is dropped
     memory_pressure: float = 0.98  # KV pool use above which new requests get 503 while others wait
-    retry_after_s: int = 1
+    retry_after_s: int = 1  # the least Retry-After of 429 and 503
+    max_retry_after_s: int = 60
     # engine and pipeline
     max_num_seqs: int = 256
     max_chars: int = 300  # chunk length bound of long texts
@@ -97,9 +109,10 @@ class ServerConfig:
     cuda_graphs: bool = True
     # operations
     warmup: bool = True
-    canary_interval_s: float = 60.0  # /ready needs a canary that passed within 2x this
+    canary_interval_s: float = 60.0  # canaries re-run this often (a failed one fails /ready; a late one not)
     canary_timeout_s: float = 60.0
-    stall_timeout_s: float = 15.0  # a T3 step or vocoder pass longer than this: not ready
+    stall_timeout_s: float = 15.0  # a step this long, or work and no progress this long: not ready
+    shutdown_grace_s: float = 30.0  # on SIGTERM, streams in flight get this long to finish
     log_format: str = "json"  # "json" or "text"
     log_level: str = "info"
     degradation: DegradationConfig = field(default_factory=DegradationConfig)
@@ -109,7 +122,7 @@ class ServerConfig:
 
         object.__setattr__(self, "variant", get_variant(self.variant).name)
         for name in ("max_queue", "max_input_chars", "max_body_bytes", "max_upload_bytes", "voice_cache_size",
-                     "max_num_seqs", "max_chars", "retry_after_s", "max_header_bytes"):
+                     "max_num_seqs", "max_chars", "retry_after_s", "max_retry_after_s", "max_header_bytes"):
             value = getattr(self, name)
             _require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
                      f"{name} must be a positive integer, got {value!r}")
@@ -122,12 +135,21 @@ class ServerConfig:
         _require(self.kv_cache_dtype in KV_CACHE_DTYPES,
                  f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         _require(0 < self.port < 65536, f"port must be in 1..65535, got {self.port!r}")
-        for name in ("default_deadline_s", "max_deadline_s", "canary_interval_s", "canary_timeout_s", "stall_timeout_s",
-                     "body_timeout_s"):
+        for name in ("max_deadline_s", "canary_interval_s", "canary_timeout_s", "stall_timeout_s", "write_stall_s",
+                     "shutdown_grace_s", "tokens_per_char", "body_timeout_s"):
             value = getattr(self, name)
             _require(isinstance(value, (int, float)) and value > 0, f"{name} must be a positive number, got {value!r}")
-        _require(self.default_deadline_s <= self.max_deadline_s,
+        for name in ("start_deadline_s", "default_deadline_s"):
+            value = getattr(self, name)
+            _require(value is None or (isinstance(value, (int, float)) and value > 0),
+                     f"{name} must be a positive number or unset, got {value!r}")
+        _require(self.default_deadline_s is None or self.default_deadline_s <= self.max_deadline_s,
                  f"default_deadline_s ({self.default_deadline_s}) must be <= max_deadline_s ({self.max_deadline_s})")
+        _require(self.retry_after_s <= self.max_retry_after_s,
+                 f"retry_after_s ({self.retry_after_s}) must be <= max_retry_after_s ({self.max_retry_after_s})")
+        from chorus.server.admission import POLICIES
+
+        _require(self.admission in POLICIES, f"admission must be one of {', '.join(POLICIES)}, got {self.admission!r}")
         _require(0 < self.memory_pressure <= 1, f"memory_pressure must be in (0, 1], got {self.memory_pressure!r}")
         _require(0 < self.gpu_memory_utilization <= 1,
                  f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
@@ -151,6 +173,13 @@ class ServerConfig:
             object.__setattr__(self, "voices_url", url)
             if url is not None:
                 check_voices_url(url)
+
+    def start_deadline_for(self, device_type: str) -> float:
+        """The start deadline on a device of ``device_type`` ("cuda", "cpu", ...): the one
+        configured, else ``START_DEADLINE_S``'s (the CPU is tens of times slower)."""
+        if self.start_deadline_s is not None:
+            return float(self.start_deadline_s)
+        return START_DEADLINE_S.get(device_type, START_DEADLINE_S["cpu"])
 
     @property
     def model_id(self) -> str:
@@ -185,16 +214,26 @@ FIELD_HELP = {
     "voice_cache_size": "voices kept in memory (LRU)",
     "max_upload_bytes": "largest voice upload in bytes",
     "max_queue": "requests in flight (queued or running) before new ones get 429",
+    "admission": "predicted (also refuse at once, 429 overloaded, a request predicted not to reach its first "
+                 "audio within its start deadline) or queue (only max_queue and memory pressure)",
+    "tokens_per_char": "admission's first guess of speech tokens per input character, until it has measured it",
     "max_input_chars": "longest input text in characters",
     "max_new_tokens": "cap on speech tokens per text chunk, 25 per second of audio (default: the variant's; "
                       "100 on a random-weight checkpoint)",
     "max_body_bytes": "largest JSON request body in bytes",
     "max_header_bytes": "largest request line plus headers in bytes (larger: the connection is refused with 400)",
     "body_timeout_s": "seconds within which a request body must arrive in full (slower: 408)",
-    "default_deadline_s": "seconds a request may take before it is aborted, unless it asks for another",
-    "max_deadline_s": "the longest deadline a request may ask for",
+    "start_deadline_s": "seconds a request may wait for its first audio byte (then 504 deadline_exceeded); "
+                        "admission refuses requests predicted to miss it",
+    "default_deadline_s": "total seconds a request may take, even while its audio flows, unless it asks for "
+                          "another (none: a stream that flows and is read is never cut)",
+    "max_deadline_s": "the longest total deadline a request may ask for",
+    "write_stall_s": "seconds a response may wait for its client to read before the client is dropped and "
+                     "its work freed",
     "memory_pressure": "KV-cache use (0-1) above which new requests get 503 while others wait for memory",
-    "retry_after_s": "the Retry-After of 429 and 503 answers",
+    "retry_after_s": "the least Retry-After of 429 and 503 answers (429s derive theirs from the server's "
+                     "estimates)",
+    "max_retry_after_s": "the largest Retry-After of a 429",
     "max_num_seqs": "rows of the T3 batch (a CFG request takes two)",
     "max_chars": "longest text chunk in characters (long texts are split at sentences)",
     "kv_cache_bytes": "bytes of the KV-cache pool (default: from gpu_memory_utilization on CUDA, 1 GiB on the CPU)",
@@ -203,12 +242,19 @@ FIELD_HELP = {
     "gpu_memory_utilization": "fraction of GPU memory the process may use",
     "cuda_graphs": "capture CUDA graphs (T3 decode and the S3Gen solver)",
     "warmup": "warm up (capture CUDA graphs) before reporting ready",
-    "canary_interval_s": "seconds between canary syntheses; /ready needs one that passed within twice this",
+    "canary_interval_s": "seconds between canary syntheses; one that fails in a model step makes /ready fail "
+                         "until one passes (one that is late under load does not)",
     "canary_timeout_s": "deadline of a canary synthesis",
-    "stall_timeout_s": "a T3 step or S3Gen pass running longer than this makes /ready fail",
+    "stall_timeout_s": "a T3 step or S3Gen pass running longer than this, or requests in the pipeline and no "
+                       "T3 token nor S3Gen pass for this long, makes /ready fail",
+    "shutdown_grace_s": "on SIGTERM, seconds the streams in flight get to finish before they are cut",
     "log_format": "json (one object per line) or text",
     "log_level": "debug, info, warning or error",
 }
+
+
+# what --help shows as the default where the field's own default (None) means more
+SHOWN_DEFAULTS = {"start_deadline_s": "10 on CUDA, 60 on the CPU"}
 
 
 # -- building a config -------------------------------------------------------------------------
@@ -233,6 +279,8 @@ def _convert(name: str, kind: Any, raw: Any) -> Any:
         _require(lowered in ("1", "0", "true", "false", "yes", "no", "on", "off"),
                  f"{name} must be true or false, got {raw!r}")
         return lowered in ("1", "true", "yes", "on")
+    if text and "None" in kind and raw.strip().lower() in ("", "none"):
+        return None  # an optional number given as "none" (env var or flag)
     if "int" in kind and "float" not in kind:
         # a file's value must already be an integer: true or 80.5 must not become 1 or 80
         _require(text or (isinstance(raw, int) and not isinstance(raw, bool)),

@@ -78,11 +78,20 @@ def _allowed_methods(request: Request) -> str:
     return ", ".join(sorted(methods))
 
 
+class StreamCut(Exception):
+    """A response that already sent audio ends early (a deadline, a failed step, shutdown, a
+    client that stopped reading): the HTTP layer ends the body without its terminator, so the
+    client sees a broken transfer, and logs one line. An expected event, not a bug."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(f"{reason}: {message}")
+        self.reason, self.message = reason, message
+
+
 def pipeline_error(error: PipelineError) -> APIError:
     """The API error of a request that failed inside the pipeline before sending audio."""
     if error.reason == "deadline":
-        return APIError(504, f"the request did not finish within its deadline: {error.message}",
-                        code="deadline_exceeded")
+        return APIError(504, f"the request was aborted: {error.message}", code="deadline_exceeded")
     if error.reason == "stopped":
         return APIError(503, "the server is shutting down", code="shutting_down", headers={"Retry-After": "5"})
     return APIError(500, f"synthesis failed: {error.message}", code="synthesis_failed")

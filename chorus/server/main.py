@@ -1,6 +1,7 @@
 """``chorus serve``: load a checkpoint behind the HTTP API and run uvicorn."""
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from pathlib import Path
@@ -38,6 +39,8 @@ def load_models(config: ServerConfig) -> Loaded:
                                     gpu_memory_utilization=config.gpu_memory_utilization)
     pipeline = Pipeline(models, PipelineConfig(engine=engine, max_chars=config.max_chars,
                                                default_deadline_s=config.default_deadline_s,
+                                               default_start_deadline_s=config.start_deadline_for(
+                                                   models.device.type),
                                                cuda_graphs=config.cuda_graphs))
     builtin = models.builtin_voice() if models.checkpoint.has_builtin_voice() else None
     files = open_blob_store(config.voices_dir, config.voices_url)
@@ -60,22 +63,47 @@ def effective_config(config: ServerConfig) -> ServerConfig:
     return dataclasses.replace(config, max_new_tokens=cap)
 
 
+# uvicorn's own grace, past the service's: a backstop that cancels what the drain did not end
+UVICORN_GRACE_MARGIN_S = 5.0
+
+
 def uvicorn_options(config: ServerConfig) -> dict:
     """uvicorn's settings that are part of the server's limits (tests run uvicorn with these too).
     HTTP is parsed by h11, whose size limit on the request line and headers is configurable (the
     faster httptools parser has none); its cost is small beside a model's."""
-    return dict(log_config=None, timeout_graceful_shutdown=10, http="h11",
-                h11_max_incomplete_event_size=config.max_header_bytes)
+    return dict(http="h11", h11_max_incomplete_event_size=config.max_header_bytes)
 
 
-def serve(config: ServerConfig) -> None:
+def uvicorn_server(service: SpeechService, **options):
+    """A ``uvicorn.Server`` for ``service`` whose shutdown drains it: on SIGTERM/SIGINT the
+    listener closes and, at once, the service starts draining (``/ready`` 503, new requests 503
+    ``shutting_down``, streams in flight get ``shutdown_grace_s`` to finish, then are ended with
+    one log line each); uvicorn waits for the connections meanwhile. ``options``: uvicorn.Config's
+    (the server's limits, :func:`uvicorn_options`, are added)."""
     import uvicorn
 
     from chorus.server.app import create_app
 
+    grace = service.config.shutdown_grace_s
+
+    class _DrainingServer(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            draining = asyncio.create_task(service.drain(grace))
+            try:
+                await super().shutdown(sockets)
+            finally:
+                if not draining.done():
+                    draining.cancel()
+
+    config = uvicorn.Config(create_app(service), log_config=None,
+                            timeout_graceful_shutdown=grace + UVICORN_GRACE_MARGIN_S,
+                            **{**uvicorn_options(service.config), **options})
+    return _DrainingServer(config)
+
+
+def serve(config: ServerConfig) -> None:
     setup_logging(config.log_format, config.log_level)
     config = effective_config(config)
     logger.info("starting", extra={"config": describe(config)})
     service = SpeechService(config, lambda: load_models(config))
-    uvicorn.run(create_app(service), host=config.host, port=config.port, log_level=config.log_level.lower(),
-                **uvicorn_options(config))
+    uvicorn_server(service, host=config.host, port=config.port, log_level=config.log_level.lower()).run()

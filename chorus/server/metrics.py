@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 LATENCY_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
@@ -62,6 +62,13 @@ class ServerMetrics:
         self.degraded = Counter("chorus_degraded_requests", "Requests whose settings degradation changed, by change",
                                 ["change"], registry=registry)
         self.ready = Gauge("chorus_ready", "1 when /ready answers 200", registry=registry)
+        self.admission_rate = Gauge("chorus_admission_tokens_per_second",
+                                    "Admission's estimate of the speech tokens delivered per second (busy time)",
+                                    registry=registry)
+        self.admission_drain = Gauge("chorus_admission_drain_seconds",
+                                     "Admission's predicted seconds until everything in flight is delivered",
+                                     registry=registry)
+        ProcessCollector(registry=registry)  # process_resident_memory_bytes, CPU seconds, open fds (Linux)
         registry.register(_EngineCollector(snapshot))
 
     def render(self) -> bytes:

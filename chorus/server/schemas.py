@@ -47,8 +47,9 @@ class SpeechBody(BaseModel):
     language: str | None = Field(None, min_length=2, max_length=8, description="ISO 639-1 code (multilingual)")
     # Chorus
     priority: PriorityName | None = Field(None, description="overrides the X-Chorus-Priority header; default normal")
-    deadline_s: float | None = Field(None, gt=0.0, description="seconds until the request is aborted "
-                                                               "(default: the server's; at most its max)")
+    deadline_s: float | None = Field(None, gt=0.0, description="total deadline: seconds until the request is "
+                                                               "aborted, even while its audio flows (default: "
+                                                               "the server's, none unless set; at most its max)")
     flow_steps: int | None = Field(None, ge=1, le=50, description="S3Gen solver steps (default: the variant's)")
     max_new_tokens: int | None = Field(None, ge=1, le=4096, description="speech tokens per text chunk "
                                                                         "(25 per second of audio)")

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from chorus.engine.request import Priority
+from chorus.pipeline.errors import PipelineError
 from chorus.pipeline.request import SpeechRequest
 from chorus.server.admission import Admission, Ticket
+from chorus.server.capacity import CapacityModel
 from chorus.server.config import ServerConfig
 from chorus.server.degradation import Applied, DegradationPolicy
 from chorus.server.errors import APIError
@@ -53,28 +55,40 @@ class SpeechService:
         self._clock = clock
         self.pipeline = None
         self.voices = None
-        self.state = "starting"  # starting -> loading -> warming -> ready | failed
+        self.state = "starting"  # starting -> loading -> warming -> ready | failed; ready -> draining
         self.failure: str | None = None
         self.started_at = time.time()
-        self.admission = Admission(config.max_queue, config.memory_pressure, config.retry_after_s)
+        self.capacity = CapacityModel(prior_tokens_per_char=config.tokens_per_char)
+        self.admission = Admission(config.max_queue, config.memory_pressure, config.retry_after_s,
+                                   capacity=self.capacity, policy=config.admission,
+                                   max_retry_after_s=config.max_retry_after_s)
+        self.start_deadline_s = config.start_deadline_for("cpu")  # set for the loaded device by start()
         self.degradation = DegradationPolicy(config.degradation)
         self.snapshot = EngineSnapshot()
         self.metrics = ServerMetrics(lambda: self.snapshot)
         self.last_canary_ok: float | None = None
         self.last_canary_error: str | None = None
+        self.canary_broken = False  # the last canary failed in a model step (not merely late under load)
+        self._progress: tuple[float, int, int] | None = None  # (last progress, T3 tokens, vocoder passes)
         self._canary_running = False
         self._monitor: asyncio.Task | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._last_tokens: tuple[float, int] | None = None
         self._last_passes: tuple[int, int] = (0, 0)
+        self._last_delivery: tuple[float, float, bool] | None = None  # (time, tokens delivered, busy)
 
     # ------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         """Load, warm up, run the canary; failures leave the service in state ``failed`` (the
         process stays up so /health and /ready can say why)."""
+        self.loop = asyncio.get_running_loop()  # the loop that serves it (threads post canaries here)
         try:
             self.state = "loading"
             loaded = await asyncio.to_thread(self._loader)
             self.pipeline, self.voices = loaded.pipeline, loaded.voices
+            self.start_deadline_s = self.config.start_deadline_for(self.pipeline.models.device.type)
+            self.capacity.first_window_tokens = self.pipeline.vocoder.config.first_window_tokens
+            self.capacity.max_rows = self.pipeline.engine.config.scheduler.max_num_seqs
             if self.config.warmup:
                 self.state = "warming"
                 warmup = getattr(self.pipeline, "warmup", None)
@@ -100,21 +114,62 @@ class SpeechService:
         if self.pipeline is not None:
             await asyncio.to_thread(self.pipeline.close)
 
+    async def drain(self, grace_s: float) -> None:
+        """Shutting down: stop taking requests (``/ready`` says draining, new requests get 503
+        ``shutting_down``), give the streams in flight up to ``grace_s`` to finish, then end the
+        rest (their clients see a cut, logged as one line each) and close the pipeline."""
+        if self.state == "ready":
+            self.state = "draining"
+        deadline = self._clock() + grace_s
+        in_flight = self.admission.in_flight
+        if in_flight:
+            logger.info("draining: %d request(s) in flight get up to %g s to finish", in_flight, grace_s)
+        while self.admission.in_flight and self._clock() < deadline:
+            await asyncio.sleep(0.05)
+        if self.admission.in_flight:
+            logger.warning("shutdown grace of %g s is over: ending %d request(s) still in flight", grace_s,
+                           self.admission.in_flight)
+        if self.pipeline is not None:
+            await asyncio.to_thread(self.pipeline.close)  # remaining requests fail with "stopped"
+
     # ------------------------------------------------------------------------------ readiness
     def readiness(self) -> tuple[bool, str | None]:
-        """(ready, why not)."""
+        """(ready, why not): "send me traffic". False while loading or warming, after a failed
+        start, while draining, when the pipeline is stalled (a dead thread, a step running longer
+        than ``stall_timeout_s``, or work in the pipeline and no T3 token nor vocoder pass for
+        that long), or when the last canary failed in a model step. Load is not a reason: a
+        canary that is merely slow or late under load does not count."""
         if self.state != "ready":
             return False, self.failure or f"the server is {self.state}"
-        stall = self.pipeline.stall(self.config.stall_timeout_s)
+        stall = self.pipeline.stall(self.config.stall_timeout_s) or self._no_progress()
         if stall is not None:
             return False, stall
-        if self.last_canary_ok is None or self._clock() - self.last_canary_ok > 2 * self.config.canary_interval_s:
-            return False, f"no canary passed in the last {2 * self.config.canary_interval_s:g} s" + (
-                f" (last error: {self.last_canary_error})" if self.last_canary_error else "")
+        if self.canary_broken:
+            return False, f"the last canary failed: {self.last_canary_error}"
         return True, None
 
+    def _no_progress(self) -> str | None:
+        now = self._clock()
+        self._track_progress(now)
+        since = now - self._progress[0]
+        if since > self.config.stall_timeout_s:
+            return (f"no T3 token and no vocoder pass for {since:.1f} s with {self.pipeline.active_requests} "
+                    f"request(s) in the pipeline")
+        return None
+
+    def _track_progress(self, now: float) -> None:
+        """Note when the pipeline last made progress (an idle pipeline counts as progressing)."""
+        pipe = self.pipeline
+        tokens, passes = pipe.t3_tokens, pipe.vocoder.stats.passes
+        if self._progress is None or pipe.active_requests == 0 or (tokens, passes) != self._progress[1:]:
+            self._progress = (now, tokens, passes)
+
     def require_serving(self) -> None:
-        """Raise 503 unless the model is loaded and the start-up canary passed."""
+        """Raise 503 unless the model is loaded, the start-up canary passed and the server is
+        not shutting down."""
+        if self.state == "draining":
+            raise APIError(503, "the server is shutting down; retry on another replica", code="shutting_down",
+                           headers={"Retry-After": "5"})
         if self.state != "ready":
             reason = self.failure or f"the model is {self.state}"
             raise APIError(503, f"not ready: {reason}", code="not_ready",
@@ -128,13 +183,25 @@ class SpeechService:
         try:
             request = SpeechRequest(CANARY_TEXT, seed=0, max_new_tokens=CANARY_TOKENS, priority=Priority.HIGH,
                                     deadline_s=self.config.canary_timeout_s, request_id=f"canary-{time.time_ns()}")
+            alone = self.admission.in_flight == 0
             stream = await asyncio.to_thread(self.pipeline.submit, request)
             result = await stream.aresult()
             if result.wav.size == 0 and result.chunks[0].speech_tokens > 0:
                 raise RuntimeError("the canary produced tokens but no audio")
-            self.last_canary_ok, self.last_canary_error = self._clock(), None
+            self.last_canary_ok, self.last_canary_error, self.canary_broken = self._clock(), None, False
+            if alone:  # a first measure of the server, before any request
+                tokens = sum(c.speech_tokens for c in result.chunks)
+                self.capacity.observe_solo_run(tokens, result.timings["total_s"])
+                if "first_audio_s" in result.timings:
+                    self.capacity.observe_solo_start(result.timings["first_audio_s"])
+        except PipelineError as exc:
+            self.last_canary_error = f"{type(exc).__name__}: {exc}"
+            # late under load or stopped at shutdown: the stall checks judge the pipeline, not this
+            self.canary_broken = exc.reason == "error"
+            (logger.error if self.canary_broken else logger.warning)("canary failed: %s", self.last_canary_error)
         except Exception as exc:  # noqa: BLE001 - readiness reports it
             self.last_canary_error = f"{type(exc).__name__}: {exc}"
+            self.canary_broken = True
             logger.error("canary failed: %s", self.last_canary_error)
         finally:
             self._canary_running = False
@@ -153,6 +220,7 @@ class SpeechService:
         if self.pipeline is None:
             return
         now = self._clock()
+        self._track_progress(now)
         if self.pipeline.stall(self.config.stall_timeout_s) is None:
             try:
                 stats = await asyncio.to_thread(self.pipeline.engine_stats, 2.0)
@@ -160,6 +228,7 @@ class SpeechService:
                 stats = None
             if stats is not None:
                 self.snapshot = self._snapshot(stats, now)
+        self._observe_delivery(now)
         pressure = max(self.admission.in_flight / self.config.max_queue, self.snapshot.kv_usage)
         level = self.degradation.update(pressure, now)
         m = self.metrics
@@ -167,9 +236,19 @@ class SpeechService:
         for priority, count in self.admission.in_flight_by_priority().items():
             m.in_flight.labels(priority.name.lower()).set(count)
         m.ready.set(1 if self.readiness()[0] else 0)
+        m.admission_rate.set(self.capacity.rate or 0.0)
+        m.admission_drain.set(self.admission.drain_s())
         due = self.last_canary_ok is None or now - self.last_canary_ok >= self.config.canary_interval_s
         if self.state == "ready" and due and not self._canary_running:
             asyncio.create_task(self.run_canary())
+
+    def _observe_delivery(self, now: float) -> None:
+        """Feed the capacity model the audio delivered since the last refresh (busy time only)."""
+        delivered, busy = self.admission.delivered_tokens, self.admission.in_flight > 0
+        if self._last_delivery is not None:
+            then, before, was_busy = self._last_delivery
+            self.capacity.observe_delivery(now - then, delivered - before, busy and was_busy)
+        self._last_delivery = (now, delivered, busy)
 
     def _snapshot(self, stats, now: float) -> EngineSnapshot:
         pipe = self.pipeline
@@ -241,13 +320,24 @@ class SpeechService:
                            param="priority")
         return PRIORITIES[name]
 
-    def admit(self, priority: Priority) -> Ticket:
-        return self.admission.admit(priority, queue_limit=self.degradation.queue_limit(self.config.max_queue),
-                                    kv_usage=self.snapshot.kv_usage, waiting=self.snapshot.t3_waiting)
+    def admit(self, priority: Priority, body: SpeechBody) -> Ticket:
+        """Admit ``body`` or raise a 429/503 ``APIError``: arithmetic on the latest estimates, no
+        thread-pool or model work (the text is not even tokenized: its length predicts its cost)."""
+        config = self.config
+        chars = len(body.input)
+        cap = body.max_new_tokens if body.max_new_tokens is not None else config.max_new_tokens
+        chunks = -(-chars // config.max_chars)
+        tokens = self.capacity.predict_tokens(chars, chunks=chunks, max_new_tokens=cap)
+        variant = self.pipeline.models.variant
+        cfg_weight = body.cfg_weight if body.cfg_weight is not None else variant.sampling.cfg_weight
+        rows = chunks * (2 if variant.t3.supports_cfg and cfg_weight > 0 else 1)
+        return self.admission.admit(priority, tokens=tokens, chars=chars, start_deadline_s=self.start_deadline_s,
+                                    queue_limit=self.degradation.queue_limit(config.max_queue),
+                                    kv_usage=self.snapshot.kv_usage, waiting=self.snapshot.t3_waiting, rows=rows)
 
-    def speech_request(self, body: SpeechBody, voice, priority: Priority, request_id: str
-                       ) -> tuple[SpeechRequest, Applied]:
-        """The pipeline request of an API body, with the current degradation applied."""
+    def check_body(self, body: SpeechBody) -> None:
+        """The body's checks against this server's limits (cheap: run before admission, so a
+        request too long to serve is a 400, not a 429)."""
         config = self.config
         if len(body.input) > config.max_input_chars:
             raise APIError(400, f"input is {len(body.input)} characters; the limit is {config.max_input_chars} "
@@ -263,17 +353,24 @@ class SpeechService:
         if cap is not None and body.max_new_tokens is not None and body.max_new_tokens > cap:
             raise APIError(400, f"max_new_tokens must be at most {cap} on this server, got {body.max_new_tokens}",
                            code="invalid_parameter", param="max_new_tokens")
-        max_new_tokens = body.max_new_tokens if body.max_new_tokens is not None else cap
         deadline = body.deadline_s if body.deadline_s is not None else config.default_deadline_s
-        if deadline > config.max_deadline_s:
+        if deadline is not None and deadline > config.max_deadline_s:
             raise APIError(400, f"deadline_s must be at most {config.max_deadline_s:g}, got {deadline:g}",
                            code="invalid_parameter", param="deadline_s")
+
+    def speech_request(self, body: SpeechBody, voice, priority: Priority, request_id: str
+                       ) -> tuple[SpeechRequest, Applied]:
+        """The pipeline request of a checked API body (:meth:`check_body`), with the current
+        degradation applied."""
+        config = self.config
+        max_new_tokens = body.max_new_tokens if body.max_new_tokens is not None else config.max_new_tokens
+        deadline = body.deadline_s if body.deadline_s is not None else config.default_deadline_s
         request = SpeechRequest(
             body.input, voice=voice, language=body.language, exaggeration=body.exaggeration,
             cfg_weight=body.cfg_weight, temperature=body.temperature, top_p=body.top_p, min_p=body.min_p,
             top_k=body.top_k, repetition_penalty=body.repetition_penalty, seed=body.seed,
             max_new_tokens=max_new_tokens, flow_steps=body.flow_steps, priority=priority,
-            deadline_s=deadline, stream=True, request_id=request_id)
+            deadline_s=deadline, start_deadline_s=self.start_deadline_s, stream=True, request_id=request_id)
         request, applied = self.degradation.apply(request, self.pipeline.models.variant)
         for change in applied.changes:
             self.metrics.degraded.labels(change.split("=")[0]).inc()

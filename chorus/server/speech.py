@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 from chorus.models.s3gen.s3gen import SAMPLE_RATE
 from chorus.pipeline.errors import PipelineError
-from chorus.server.errors import APIError, pipeline_error
+from chorus.server.errors import APIError, StreamCut, pipeline_error
 from chorus.server.schemas import SpeechBody
 
 if TYPE_CHECKING:
@@ -28,11 +29,17 @@ logger = logging.getLogger("chorus.server")
 
 @dataclass
 class SpeechResponse:
-    """What the HTTP layer sends: a media type, headers, and the body as it is produced."""
+    """What the HTTP layer sends: a media type, headers, and the body as it is produced.
+    ``on_stall`` (if any) is called when the client stopped reading for ``write_stall_s`` and
+    is being dropped, before ``chunks`` is closed. ``on_close`` (if any) is called once the
+    response is over, however it ended, after ``chunks`` was closed: it frees what a body that
+    never started (a client gone before the first write) still holds."""
 
     media_type: str
     headers: dict[str, str]
     chunks: AsyncIterator[bytes]
+    on_stall: Callable[[], None] | None = None
+    on_close: Callable[[], None] | None = None
 
 
 async def open_speech(service: "SpeechService", body: SpeechBody, priority_header: str | None, request_id: str,
@@ -42,24 +49,29 @@ async def open_speech(service: "SpeechService", body: SpeechBody, priority_heade
     service.require_serving()
     service.check_model(body.model)
     priority = service.priority(body.priority, priority_header)
-    voice = await asyncio.to_thread(_request_voice, service.voices, body.voice)
+    service.check_body(body)
+    ticket = service.admit(priority, body)  # before any thread-pool or model work
+    encoder = None
     try:
-        encoder = StreamEncoder(body.response_format, SAMPLE_RATE, speed=body.speed, streaming=streams(body))
-    except ValueError as exc:
-        raise APIError(400, str(exc), code="invalid_parameter", param="speed") from None
-    ticket = service.admit(priority)
-    try:
+        voice = await asyncio.to_thread(_request_voice, service.voices, body.voice)
+        try:
+            encoder = StreamEncoder(body.response_format, SAMPLE_RATE, speed=body.speed, streaming=streams(body))
+        except ValueError as exc:
+            raise APIError(400, str(exc), code="invalid_parameter", param="speed") from None
         pipeline_request, applied = service.speech_request(body, voice, priority, request_id)
         stream = await asyncio.to_thread(service.submit, pipeline_request)
     except BaseException:
         service.admission.release(ticket)
-        encoder.abort()
+        if encoder is not None:
+            encoder.abort()
         raise
     try:  # wait for the first audio, so that a failure before it is still a JSON error
         first = await stream._anext()
     except PipelineError as exc:
         service.admission.release(ticket)
         encoder.abort()
+        if exc.reason == "deadline":  # a miss: the prediction was at least this wrong
+            service.capacity.observe_start(ticket.estimate.start_s, time.perf_counter() - arrived)
         error = pipeline_error(exc)
         service.metrics.requests.labels(error.code).inc()
         raise error from None
@@ -68,13 +80,19 @@ async def open_speech(service: "SpeechService", body: SpeechBody, priority_heade
         service.admission.release(ticket)
         encoder.abort()
         raise
+    waited = time.perf_counter() - arrived
+    if first is not None:
+        service.capacity.observe_start(ticket.estimate.start_s, waited)
+        if ticket.alone:
+            service.capacity.observe_solo_start(waited)
     headers = {"X-Chorus-Degradation": str(applied.level), "X-Chorus-Degraded": applied.header(),
                "X-Chorus-Seed": str(stream.plan.seed), "Cache-Control": "no-store"}
     cheap = body.response_format in ("wav", "pcm") and body.speed == 1.0  # no codec: encode inline
     session = _Session(service, stream, encoder, ticket, first, arrived, cheap)
     if body.stream_format == "sse":
-        return SpeechResponse("text/event-stream", headers, session.sse())
-    return SpeechResponse(media_type(body.response_format), headers, session.bytes())
+        return SpeechResponse("text/event-stream", headers, session.sse(), session.stalled, session.abandon)
+    return SpeechResponse(media_type(body.response_format), headers, session.bytes(), session.stalled,
+                          session.abandon)
 
 
 WHOLE_BY_DEFAULT = ("wav", "flac")  # formats whose headers carry the length: sent complete unless streamed
@@ -98,6 +116,23 @@ class _Session:
         self.first, self.arrived, self.cheap = first, arrived, cheap
         self.audio_samples = 0
         self.closed = False
+        self.client_stalled = False
+        self.ended = False  # the bookkeeping at the end ran (in _encoded, or in abandon)
+
+    def stalled(self) -> None:
+        """The client stopped reading and is being dropped (the HTTP layer closes the body next)."""
+        self.client_stalled = True
+
+    def abandon(self) -> None:
+        """The response is over: if its body never started (the client left before the first
+        write), do the bookkeeping ``_encoded`` would have done."""
+        if self.ended:
+            return
+        self.ended = True
+        self.stream.cancel()
+        self.encoder.abort()
+        self.service.admission.release(self.ticket)
+        self.service.metrics.requests.labels("client_disconnected").inc()
 
     async def _encode(self, fn, *args) -> bytes:
         """Run an encoder call: a codec on a worker thread (the event loop must not spend its
@@ -111,6 +146,7 @@ class _Session:
             piece = self.first
             while piece is not None:
                 self.audio_samples += piece.samples.size
+                service.admission.delivered(self.ticket, piece.samples.size, SAMPLE_RATE)
                 data = await self._encode(self.encoder.write, piece.samples)
                 if data:
                     if not sent_any:
@@ -125,16 +161,21 @@ class _Session:
                     metrics.ttfa.observe(time.perf_counter() - self.arrived)
                 yield tail
             result = self.stream._result
-            if result is not None and "first_token_s" in result.timings:
-                metrics.queue_time.observe(result.timings["first_token_s"])
+            if result is not None:
+                if "first_token_s" in result.timings:
+                    metrics.queue_time.observe(result.timings["first_token_s"])
+                service.capacity.observe_cost(self.ticket.chars, sum(c.speech_tokens for c in result.chunks),
+                                              capped=any(c.finish_reason == "length" for c in result.chunks))
             metrics.e2e.observe(time.perf_counter() - self.arrived)
-        except PipelineError as exc:  # after the first byte: cut the stream, log and count
+        except PipelineError as exc:  # after the first byte: cut the stream (the HTTP layer logs it)
             status = pipeline_error(exc).code
             metrics.stream_cuts.labels(exc.reason).inc()
-            logger.error("stream cut after audio was sent: %s", exc, extra={"reason": exc.reason})
-            raise
+            raise StreamCut(exc.reason, exc.message) from None
         except (asyncio.CancelledError, GeneratorExit):
             status = "client_disconnected"
+            if self.client_stalled:
+                status = "slow_reader"
+                metrics.stream_cuts.labels("slow_reader").inc()
             raise
         except Exception as exc:
             status = "internal_error"
@@ -142,6 +183,7 @@ class _Session:
             logger.exception("stream failed: %s", exc)
             raise
         finally:
+            self.ended = True
             if not self.stream.finished:
                 self.stream.cancel()
             if not self.closed:
@@ -151,13 +193,15 @@ class _Session:
             metrics.audio_seconds.inc(self.audio_samples / SAMPLE_RATE)
 
     async def bytes(self) -> AsyncIterator[bytes]:
-        async for data in self._encoded():
-            yield data
+        async with contextlib.aclosing(self._encoded()) as chunks:  # closing this closes it at once
+            async for data in chunks:
+                yield data
 
     async def sse(self) -> AsyncIterator[bytes]:
-        async for data in self._encoded():
-            event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")}
-            yield f"data: {json.dumps(event)}\n\n".encode()
+        async with contextlib.aclosing(self._encoded()) as chunks:
+            async for data in chunks:
+                event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")}
+                yield f"data: {json.dumps(event)}\n\n".encode()
         plan = self.stream.plan
         result = self.stream._result
         text_tokens = sum(len(c.text_ids) for c in plan.chunks)

@@ -8,6 +8,7 @@ import pytest
 
 from chorus.bench.online_bench import (STATUSES, OnlineBenchConfig, Playback, parse_metrics, request_body,
                                          run_online)
+from chorus.bench.overload_bench import OverloadConfig, arrival_times
 from chorus.cli import main
 from chorus.server.service import CANARY_TOKENS
 from tests.server.live import TOKENS, LiveServer, server_config, tiny_loader
@@ -143,3 +144,53 @@ def test_a_wav_level_measures_a_stream_not_a_whole_file():
     for fmt in ("wav", "flac", "pcm"):
         body = request_body(OnlineBenchConfig(url="http://127.0.0.1:1", response_format=fmt), "chatterbox-turbo")
         assert body["stream"] is True, fmt
+
+
+def test_overload_mode_reports_goodput_rejections_and_memory(tmp_path):
+    # requests of 8 s of audio, a 3 s start deadline: a burst at 40/s is far beyond what the server
+    # can start in time, so most are refused at once and what is admitted finishes
+    config = server_config(tmp_path, max_new_tokens=200, start_deadline_s=3.0)
+    with LiveServer(config, tiny_loader(config)) as server:
+        overload = OverloadConfig(arrival_rate=40.0, requests=60, duration_s=30.0, seed=1)
+        cfg = OnlineBenchConfig(url=server.url, text=TEXT, warmup=0, overload=overload, metrics_interval_s=0.2)
+        report = run_online(cfg)
+        server.wait_idle()
+    assert report["levels"] == []  # an arrival rate replaces the closed-loop levels
+    result = report["overload"]
+    assert json.loads(json.dumps(result)) == result
+    assert result["sent"] == 60 and result["arrival_rate"] == 40.0
+    assert result["completed"] >= 1 and result["rejections"]["count"] >= 1, result["status"]
+    misses = result["deadline_misses_after_admission"]
+    # what was admitted finishes; a shared 2-core test machine may delay one first audio past a
+    # deadline that was predicted to fit, so one miss in ten is tolerated here (none on a GPU)
+    assert misses["504"] + misses["cut"] <= max(1, result["completed"] // 10), result["status"]
+    assert result["completed"] + result["rejections"]["count"] + misses["504"] + misses["cut"] == 60, \
+        result["status"]  # nothing else happened: no client errors
+    assert result["rejections"]["codes"].get("overloaded", 0) >= 1
+    assert result["rejections"]["with_retry_after"] == 1.0
+    latency = result["rejections"]["latency_s"]
+    assert 0 < latency["p50"] <= latency["p99"] <= latency["max"]
+    assert result["goodput_audio_s_per_s"] == pytest.approx(result["completed_audio_s"] / result["wall_s"], rel=0.01)
+    assert result["completed_audio_s"] == pytest.approx(result["completed"] * 8.0, rel=0.05)
+    timeline = result["timeline"]
+    assert len(timeline) >= 2 and [s["t_s"] for s in timeline] == sorted(s["t_s"] for s in timeline)
+    assert result["kv_blocks_used_max"] > 0 and result["resident_memory_bytes_max"] > 10 << 20
+
+
+def test_poisson_arrivals_are_bounded_in_count_and_time():
+    times = arrival_times(10.0, 1000, 5.0, seed=3)
+    assert times == sorted(times) and times[-1] < 5.0 and 25 < len(times) < 80  # about 50
+    assert len(arrival_times(1000.0, 7, 5.0, seed=3)) == 7
+    assert arrival_times(10.0, 1000, 5.0, seed=3) == times  # the seed fixes them
+
+
+def test_an_overload_multiple_runs_after_the_closed_loop_levels(live, capsys):
+    assert main(["bench", "online", "--url", live.url, "--concurrency", "2", "--requests-per-level", "4",
+                 "--max-new-tokens", str(TOKENS), "--text", TEXT, "--overload-multiple", "2",
+                 "--overload-requests", "6", "--warmup", "0"]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert len(report["levels"]) == 1 and report["capacity_requests_per_s"] > 0
+    assert report["overload"]["arrival_rate"] == pytest.approx(2 * report["capacity_requests_per_s"], rel=1e-3)
+    assert report["overload"]["sent"] == 6 and "overload at" in captured.err
+    live.wait_idle()

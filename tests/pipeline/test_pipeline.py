@@ -109,6 +109,67 @@ def test_a_deadline_fails_the_request_and_frees_its_work(pipe):
     _wait_idle(pipe)
 
 
+class _Gate:
+    """Holds every T3 step while closed (``with _Gate(pipe) as gate``); the vocoder thread runs on."""
+
+    def __init__(self, pipe: Pipeline):
+        self.engine, self.open = pipe.engine, threading.Event()
+        self.open.set()
+        self._step = self.engine.step
+
+    def _step_when_open(self):
+        assert self.open.wait(60), "the gate was never opened"
+        return self._step()
+
+    def __enter__(self) -> "_Gate":
+        self.engine.step = self._step_when_open
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.engine.step = self._step
+        self.open.set()
+
+
+def test_a_start_deadline_fails_a_request_with_no_audio_yet(pipe):
+    with _Gate(pipe) as gate:
+        gate.open.clear()  # no T3 token, so no audio, until the request has failed
+        stream = pipe.submit(_request(tokens=100, stream=True, start_deadline_s=0.05))
+        with pytest.raises(PipelineError) as info:
+            stream.result(timeout=60)
+    assert info.value.reason == "deadline"
+    assert info.value.message == "no audio within its start deadline (0.05 s)"
+    _wait_idle(pipe)
+
+
+def test_a_start_deadline_does_not_cut_a_stream_whose_audio_flows(pipe):
+    start_s = 3.0
+    with _Gate(pipe) as gate:
+        submitted = time.monotonic()
+        stream = pipe.submit(_request(tokens=200, stream=True, start_deadline_s=start_s))
+        pieces = iter(stream)
+        next(pieces)  # audio flows (well before the start deadline on tiny models)
+        gate.open.clear()
+        while time.monotonic() <= submitted + start_s:  # the start deadline passes mid-stream
+            time.sleep(0.05)
+        gate.open.set()
+        rest = list(pieces)  # every later piece passes the vocoder thread's deadline check
+    assert rest and rest[-1].final
+    assert stream.result().chunks[0].speech_tokens == 200
+
+
+def test_a_total_deadline_cuts_a_flowing_stream(pipe):
+    with _Gate(pipe) as gate:
+        stream = pipe.submit(_request(tokens=400, stream=True, deadline_s=1.0))
+        pieces = iter(stream)
+        next(pieces)
+        gate.open.clear()  # the rest cannot come before the total deadline
+        with pytest.raises(PipelineError) as info:
+            list(pieces)
+    assert info.value.reason == "deadline"
+    assert info.value.message == "not finished within its total deadline (1 s)"
+    _wait_idle(pipe)
+
+
 def test_a_failed_t3_chunk_fails_its_request_only(pipe, monkeypatch):
     bad = _request(tokens=10, request_id="bad-one")
     good = _request("A good request.", tokens=10)

@@ -10,13 +10,11 @@ import time
 from pathlib import Path
 
 import httpx
-import uvicorn
 
 from chorus.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chorus.pipeline.pipeline import Pipeline, PipelineConfig
-from chorus.server.app import create_app
 from chorus.server.config import DegradationConfig, ServerConfig
-from chorus.server.main import uvicorn_options
+from chorus.server.main import uvicorn_server
 from chorus.server.service import Loaded, SpeechService
 from chorus.voices.objectstore import open_blob_store
 from chorus.voices.store import VoiceStore
@@ -27,7 +25,7 @@ TOKENS = 12  # speech tokens per chunk in server tests: about half a second of a
 
 def server_config(voices_dir: Path, **overrides) -> ServerConfig:
     base = dict(variant="turbo", voices_dir=str(voices_dir), max_new_tokens=TOKENS, canary_interval_s=30.0,
-                stall_timeout_s=5.0, warmup=False, log_format="text",
+                stall_timeout_s=5.0, shutdown_grace_s=5.0, warmup=False, log_format="text",
                 degradation=DegradationConfig(enabled=False))
     base.update(overrides)
     return ServerConfig(**base)
@@ -46,7 +44,8 @@ def tiny_loader(config: ServerConfig, *, front_end=None, max_num_seqs: int = 16,
                               scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=1024,
                                                         max_model_len=1024))
         pipeline = Pipeline(models, PipelineConfig(engine=engine, max_chars=max_chars,
-                                                   default_deadline_s=config.default_deadline_s))
+                                                   default_deadline_s=config.default_deadline_s,
+                                                   default_start_deadline_s=config.start_deadline_for("cpu")))
         files = open_blob_store(config.voices_dir, config.voices_url)
         voices = VoiceStore(files, models.front_end, models.variant,
                             builtin=models.builtin_voice(), cache_size=config.voice_cache_size,
@@ -60,19 +59,23 @@ class LiveServer:
     """``with LiveServer(config, loader) as server:`` -> ``server.url``, ``server.client`` (httpx),
     ``server.service``; waits until /ready answers 200 (unless ``wait_ready=False``)."""
 
-    def __init__(self, config: ServerConfig, loader, *, wait_ready: bool = True, api_key: str | None = None):
+    def __init__(self, config: ServerConfig, loader, *, wait_ready: bool = True, api_key: str | None = None,
+                 send_buffer_bytes: int | None = None):
+        """``send_buffer_bytes``: a fixed kernel send buffer for every connection (the default
+        grows to megabytes on loopback, which hides a client that stops reading)."""
         self.service = SpeechService(config, loader)
         self.config = config
         self._wait_ready = wait_ready
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if send_buffer_bytes is not None:  # accepted sockets inherit it (Linux)
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_bytes)
         self._socket.bind(("127.0.0.1", 0))
         self.port = self._socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.Client(base_url=self.url, timeout=60.0, headers=headers)
-        options = {**uvicorn_options(config), "timeout_graceful_shutdown": 5}
-        self._server = uvicorn.Server(uvicorn.Config(create_app(self.service), lifespan="on", **options))
+        self._server = uvicorn_server(self.service, lifespan="on")  # the limits and drain of `chorus serve`
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
 
     def __enter__(self) -> "LiveServer":
@@ -92,6 +95,15 @@ class LiveServer:
         self._server.should_exit = True
         self._thread.join(30)
         self._socket.close()
+
+    def begin_shutdown(self) -> None:
+        """What SIGTERM does: stop listening and drain (``__exit__`` then waits for the end)."""
+        self._server.should_exit = True
+
+    @property
+    def loop(self):
+        """The server's event loop (``asyncio.run_coroutine_threadsafe(..., server.loop)``)."""
+        return self.service.loop
 
     @property
     def pipeline(self) -> Pipeline:

@@ -119,6 +119,11 @@ def test_a_file_value_of_the_wrong_type_is_not_coerced(key, value):
     ({"env": {"CHORUS_KV_CACHE_BYTES": "-5"}}, "kv_cache_bytes"),
     ({"env": {"CHORUS_DEFAULT_DEADLINE_S": "400", "CHORUS_MAX_DEADLINE_S": "300"}}, "default_deadline_s"),
     ({"env": {"CHORUS_CANARY_INTERVAL_S": "0"}}, "canary_interval_s"),
+    ({"env": {"CHORUS_START_DEADLINE_S": "-1"}}, "start_deadline_s"),
+    ({"flags": {"write_stall_s": "0"}}, "write_stall_s"),
+    ({"flags": {"shutdown_grace_s": "0"}}, "shutdown_grace_s"),
+    ({"flags": {"admission": "lottery"}}, "admission"),
+    ({"flags": {"retry_after_s": "90"}}, "retry_after_s"),
     ({"env": {"CHORUS_MEMORY_PRESSURE": "1.5"}}, "memory_pressure"),
     ({"env": {"CHORUS_GPU_MEMORY_UTILIZATION": "0"}}, "gpu_memory_utilization"),
     ({"flags": {"log_format": "xml"}}, "log_format"),
@@ -232,3 +237,15 @@ def test_language_steps_default_to_lenient():
 
 def test_an_unknown_language_steps_mode_is_refused():
     _error("language_steps must be 'lenient' or 'strict'", env={"CHORUS_LANGUAGE_STEPS": "loose"})
+
+
+def test_the_start_deadline_depends_on_the_device_unless_set():
+    config = _build()
+    assert config.start_deadline_s is None and config.default_deadline_s is None  # no total deadline
+    assert config.start_deadline_for("cuda") == 10.0 and config.start_deadline_for("cpu") == 60.0
+    assert _build(flags={"start_deadline_s": "4"}).start_deadline_for("cuda") == 4.0
+
+
+def test_an_optional_number_can_be_unset_with_none():
+    config = _build(file_values={"default_deadline_s": 20.0}, env={"CHORUS_DEFAULT_DEADLINE_S": "none"})
+    assert config.default_deadline_s is None

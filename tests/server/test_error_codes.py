@@ -18,7 +18,7 @@ KEY = "secret-key-1"
 
 # Documented codes whose causes need their own set-up: where each is checked, or why not yet.
 ELSEWHERE = {
-    "queue_full": "test_admission.py", "memory_pressure": "test_admission.py", "not_ready": "test_operations.py",
+    "queue_full": "test_admission.py", "overloaded": "test_overload.py", "memory_pressure": "test_admission.py", "not_ready": "test_operations.py",
     "deadline_exceeded": "test_admission.py", "voice_store_unavailable": "tests/voices/test_objectstore_s3.py",
     "too_many_voices": "tests/voices/test_store.py", "voice_models_not_loaded": "tests/voices/test_store.py",
     "damaged_voice": "tests/voices/test_objectstore.py",

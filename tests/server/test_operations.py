@@ -1,6 +1,7 @@
 """Health, readiness (canary, stalled engine, failed start-up), metrics and logs."""
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import io
 import json
@@ -56,15 +57,26 @@ def test_a_failed_start_up_is_reported_not_hidden(tmp_path):
         assert "retry-after" in speech.headers
 
 
-def test_ready_needs_a_recent_canary(server):
-    service = server.service
-    passed = service.last_canary_ok
-    try:
-        service.last_canary_ok = passed - 10 * service.config.canary_interval_s
+def test_a_canary_that_fails_in_a_model_step_makes_ready_fail_until_one_passes(tmp_path):
+    config = server_config(tmp_path)
+    with LiveServer(config, tiny_loader(config)) as server:
+        runner = server.pipeline.engine.runner
+        original = runner.add_request
+
+        def fail_canaries(request_id, *args, **kwargs):
+            if request_id.startswith("canary-"):
+                raise ValueError("injected canary failure")
+            return original(request_id, *args, **kwargs)
+
+        runner.add_request = fail_canaries
+        try:
+            asyncio.run_coroutine_threadsafe(server.service.run_canary(), server.loop).result(30)
+        finally:
+            runner.add_request = original
         ready = server.client.get("/ready")
         assert ready.status_code == 503 and "canary" in ready.json()["reason"]
-    finally:
-        service.last_canary_ok = passed
+        asyncio.run_coroutine_threadsafe(server.service.run_canary(), server.loop).result(30)
+        assert server.client.get("/ready").status_code == 200
 
 
 def test_metrics_move_with_requests(server):

@@ -1,0 +1,156 @@
+"""``chorus bench online --arrival-rate R`` (or ``--overload-multiple X``): an open-loop overload run.
+
+Closed-loop clients (online_bench.py) slow down when the server does, so they never overload
+it. Here requests arrive on their own clock, as independent users do: a Poisson process at
+``arrival_rate`` requests per second (or ``overload_multiple`` times the capacity the closed-loop
+levels measured), until ``requests`` were sent or ``duration_s`` passed, whichever comes first;
+the requests in flight then finish (each within ``timeout_s``). What a server that keeps its
+promises shows: goodput (audio seconds per second of the requests that completed) holds near its
+capacity, the excess is refused at once (429/503 in milliseconds, with ``Retry-After``), and
+what was admitted finishes (no 504 and no cut after admission). ``/metrics`` is polled
+meanwhile: KV blocks in use, the process's resident memory and the requests in flight, as a
+timeline. docs/benchmarks.md ("Overload mode") explains every field.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from chorus.bench.online_bench import (MEASURED_FORMATS, OnlineBenchConfig, Outcome, _pct, parse_metrics,
+                                       speak_once)
+
+REFUSALS = ("429", "503")  # answered before any work: admission, memory pressure, not ready
+_KV_USED = re.compile(r'^chorus_kv_blocks\{([^}]*)\}\s+(\S+)', re.M)
+
+
+@dataclass(frozen=True)
+class OverloadConfig:
+    """The open-loop run: ``arrival_rate`` (requests/s) or ``overload_multiple`` (of the measured
+    capacity, in requests/s), bounded by ``requests`` and ``duration_s``; ``seed`` fixes the
+    arrival times."""
+
+    arrival_rate: float | None = None
+    overload_multiple: float | None = None
+    requests: int = 200
+    duration_s: float = 60.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if (self.arrival_rate is None) == (self.overload_multiple is None):
+            raise ValueError("give --arrival-rate or --overload-multiple (one of them)")
+        for name in ("arrival_rate", "overload_multiple", "duration_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+        if self.requests < 1:
+            raise ValueError(f"--overload-requests must be >= 1, got {self.requests}")
+
+
+def capacity_of(levels: list[dict]) -> float:
+    """Completed requests per second of the best closed-loop level (0 when none completed)."""
+    return max((level["ok"] / level["wall_s"] for level in levels if level["wall_s"] > 0), default=0.0)
+
+
+def arrival_times(rate: float, count: int, duration_s: float, seed: int) -> list[float]:
+    """Poisson arrivals (seconds from the start) at ``rate``, at most ``count``, before ``duration_s``."""
+    rng = random.Random(seed)
+    times, now = [], 0.0
+    while len(times) < count:
+        now += rng.expovariate(rate)
+        if now >= duration_s:
+            break
+        times.append(now)
+    return times
+
+
+def kv_blocks_used(text: str) -> float:
+    """``chorus_kv_blocks{state="used"}`` summed over replicas (their ``total`` series skipped)."""
+    return sum(float(value) for labels, value in _KV_USED.findall(text)
+               if 'state="used"' in labels and 'replica="total"' not in labels)
+
+
+async def _timeline(client: httpx.AsyncClient, begin: float, interval_s: float, stop: asyncio.Event,
+                    samples: list[dict]) -> None:
+    while not stop.is_set():
+        try:
+            response = await client.get("/metrics")
+            response.raise_for_status()
+        except httpx.HTTPError:
+            pass
+        else:
+            values = parse_metrics(response.text)
+            samples.append({"t_s": round(time.perf_counter() - begin, 3),
+                            "kv_blocks_used": kv_blocks_used(response.text),
+                            "resident_memory_bytes": values.get("process_resident_memory_bytes"),
+                            "in_flight": values.get("chorus_requests_in_flight", 0.0)})
+        try:
+            await asyncio.wait_for(stop.wait(), interval_s)
+        except asyncio.TimeoutError:
+            pass
+
+
+def summarize(outcomes: list[Outcome], rate: float, wall_s: float, fmt: str, timeline: list[dict]) -> dict:
+    """The overload section of the report."""
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o.status] = counts.get(o.status, 0) + 1
+    ok = [o for o in outcomes if o.status == "ok"]
+    refused = [o for o in outcomes if o.status in REFUSALS]
+    latency = [o.e2e_s for o in refused if o.e2e_s is not None]
+    codes: dict[str, int] = {}
+    for o in refused:
+        codes[o.code or f"http_{o.http_status}"] = codes.get(o.code or f"http_{o.http_status}", 0) + 1
+    audio = sum(o.audio_s or 0.0 for o in ok) if fmt in MEASURED_FORMATS else None
+    ttfa = [o.ttfa_s for o in ok if o.ttfa_s is not None]
+    memory = [s["resident_memory_bytes"] for s in timeline if s["resident_memory_bytes"] is not None]
+    return {
+        "arrival_rate": round(rate, 4), "sent": len(outcomes), "wall_s": round(wall_s, 3), "status": counts,
+        "completed": len(ok),
+        "goodput_audio_s_per_s": round(audio / wall_s, 3) if audio is not None and wall_s > 0 else None,
+        "completed_audio_s": None if audio is None else round(audio, 3),
+        "ttfa_s": {"p50": _pct(ttfa, 50), "p99": _pct(ttfa, 99), "max": _pct(ttfa, 100)},
+        "rejections": {
+            "count": len(refused), "codes": codes,
+            "latency_s": {"p50": _pct(latency, 50), "p99": _pct(latency, 99), "max": _pct(latency, 100)},
+            "with_retry_after": round(sum(1 for o in refused if o.retry_after_s is not None) / len(refused), 4)
+            if refused else None,
+        },
+        # admitted, then not delivered whole: a 504 (deadline before the first byte) or a cut stream
+        "deadline_misses_after_admission": {"504": counts.get("504", 0), "cut": counts.get("cut", 0)},
+        "client_errors": counts.get("client_error", 0) + counts.get("other", 0),
+        "kv_blocks_used_max": max((s["kv_blocks_used"] for s in timeline), default=None),
+        "resident_memory_bytes_max": max(memory, default=None),
+        "timeline": timeline,
+    }
+
+
+async def run_overload(cfg: OnlineBenchConfig, overload: OverloadConfig, body: dict, rate: float) -> dict:
+    """Send requests at ``rate`` (Poisson), read every answer, poll /metrics; the overload report."""
+    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)  # open loop: no client queue
+    timeout = httpx.Timeout(cfg.timeout_s, connect=min(cfg.timeout_s, 30.0), pool=None)
+    times = arrival_times(rate, overload.requests, overload.duration_s, overload.seed)
+    timeline: list[dict] = []
+    async with httpx.AsyncClient(base_url=cfg.url, headers=headers, limits=limits, timeout=timeout) as client, \
+            httpx.AsyncClient(base_url=cfg.url, headers=headers, timeout=10.0) as scraper:
+        stop = asyncio.Event()
+        begin = time.perf_counter()
+        poller = asyncio.create_task(_timeline(scraper, begin, cfg.metrics_interval_s, stop, timeline))
+        tasks = []
+        try:
+            for at in times:
+                delay = begin + at - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(speak_once(client, cfg, body)))
+            outcomes = list(await asyncio.gather(*tasks))
+        finally:
+            wall = time.perf_counter() - begin
+            stop.set()
+            await poller
+    return summarize(outcomes, rate, wall, cfg.response_format, timeline)

@@ -1,0 +1,163 @@
+"""What the server can do, learned online from what it measures: the estimates admission decides by.
+
+The model is processor sharing over one token rate. The server delivers audio at ``rate``
+speech tokens per second (25 tokens are one second of audio), measured while it is busy, so the
+rate already includes how well the current concurrency batches; requests in flight share it.
+A new request's first audio needs its first vocoder window (``first_window_tokens``); while it
+is being made, every request in flight progresses as much (or finishes first), so the
+predicted time to the first audio is::
+
+    start_s = solo_start_s + (sum over requests in flight of min(remaining_i, W)) / rate
+
+When the T3 batch is full (``max_rows``: a request takes a row per text chunk, two with CFG),
+a new request first waits for rows: under processor sharing, the k-th request in flight to
+finish (by remaining work) is done after ``sum_i min(remaining_i, remaining_k) / rate``, and
+that wait is added for the first k whose rows make room.
+``solo_start_s`` is the first-audio latency of a request alone (planning, the prompt, one
+vocoder pass), learned from requests that found the server idle (and the start-up canary);
+``remaining_i`` is a request's predicted speech tokens minus the audio it has delivered. A
+request's tokens are predicted from its characters (``tokens_per_char``, learned from finished
+requests) and capped by its token budget. ``drain_s`` (everything in flight, finished) is the
+total remaining work over the rate. The model is then calibrated by its own errors: ``bias`` is
+the EWMA of observed over predicted first-audio times of admitted requests (kept within
+``BIAS_RANGE``), and ``start_s`` is the prediction times it, so a machine that turns out slower
+than measured (other work on it, a batch that scales worse) tightens admission by itself. Every estimate is an EWMA (``EWMA_ALPHA``); the rate is
+sampled over ``RATE_WINDOW_S`` of busy time, so an idle server keeps its last estimate.
+
+docs/server.md ("Admission") explains the policy built on this and why.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+TOKENS_PER_SECOND = 25  # speech tokens per second of audio (every Chatterbox variant)
+EWMA_ALPHA = 0.3  # weight of a new observation
+RATE_WINDOW_S = 1.0  # busy seconds per sample of the delivery rate
+BIAS_RANGE = (0.5, 4.0)  # the calibration of predicted start times stays within this
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A request's predicted cost and the server's state when it arrived."""
+
+    tokens: float  # the request's predicted speech tokens
+    start_s: float  # seconds until its first audio, if admitted now
+    drain_s: float  # seconds until everything in flight (this request included) is delivered
+    rate: float  # speech tokens per second the server delivers now (estimate)
+
+
+@dataclass
+class Work:
+    """One admitted request as the capacity model sees it (its admission ticket holds it)."""
+
+    tokens: float  # predicted speech tokens
+    rows: int = 1  # T3 batch rows it holds (a row per text chunk; two with CFG)
+    delivered: float = 0.0  # speech tokens of audio delivered so far
+
+    @property
+    def remaining(self) -> float:
+        return max(0.0, self.tokens - self.delivered)
+
+
+def _ewma(old: float | None, new: float) -> float:
+    return new if old is None else (1 - EWMA_ALPHA) * old + EWMA_ALPHA * new
+
+
+class CapacityModel:
+    """The learned estimates (thread-safe). ``prior_tokens_per_char`` and ``prior_rate`` hold
+    until the first observations; ``first_window_tokens`` is the vocoder's first window."""
+
+    def __init__(self, *, prior_tokens_per_char: float, prior_rate: float | None = None,
+                 first_window_tokens: int = 20, max_rows: int | None = None):
+        assert prior_tokens_per_char > 0 and first_window_tokens > 0
+        self.max_rows = max_rows  # rows of the T3 batch (None: unbounded)
+        self.tokens_per_char = prior_tokens_per_char
+        self.rate: float | None = prior_rate  # None: not measured yet
+        self.solo_start_s: float | None = None
+        self.bias = 1.0  # observed / predicted first-audio time (EWMA)
+        self.first_window_tokens = first_window_tokens
+        self._lock = threading.Lock()
+        self._window_s = 0.0
+        self._window_tokens = 0.0
+
+    # -- predictions ------------------------------------------------------------------------------
+    def predict_tokens(self, chars: int, *, chunks: int, max_new_tokens: int | None) -> float:
+        """Speech tokens of a text of ``chars`` characters in ``chunks`` chunks, at most
+        ``max_new_tokens`` per chunk (None: no cap)."""
+        tokens = max(1.0, chars * self.tokens_per_char)
+        return tokens if max_new_tokens is None else min(tokens, float(max_new_tokens * max(1, chunks)))
+
+    def estimate(self, tokens: float, in_flight: list[Work], rows: int = 1) -> Estimate:
+        """The prediction for a request of ``tokens`` holding ``rows`` T3 rows, arriving while
+        ``in_flight`` runs."""
+        with self._lock:
+            rate, solo, bias = self.rate, self.solo_start_s or 0.0, self.bias
+        w = self.first_window_tokens
+        if rate is None or rate <= 0:  # nothing measured yet: only the solo latency is known
+            return Estimate(tokens, solo * bias, math.inf if in_flight else solo, 0.0)
+        ahead = sum(min(work.remaining, w) for work in in_flight)
+        total = sum(work.remaining for work in in_flight) + tokens
+        return Estimate(tokens, (solo + (self._row_wait(in_flight, rows) + ahead) / rate) * bias, total / rate, rate)
+
+    def _row_wait(self, in_flight: list[Work], rows: int) -> float:
+        """Tokens delivered (by everyone) before ``rows`` rows are free, under processor sharing."""
+        if self.max_rows is None:
+            return 0.0
+        free = self.max_rows - sum(work.rows for work in in_flight)
+        if free >= min(rows, self.max_rows):
+            return 0.0
+        by_remaining = sorted(in_flight, key=lambda work: work.remaining)
+        remaining = [work.remaining for work in by_remaining]
+        for k, work in enumerate(by_remaining):
+            free += work.rows
+            if free >= min(rows, self.max_rows):
+                return sum(min(r, remaining[k]) for r in remaining)
+        return sum(remaining)
+
+    # -- observations -----------------------------------------------------------------------------
+    def observe_delivery(self, seconds: float, tokens: float, busy: bool) -> None:
+        """``tokens`` of audio were delivered over ``seconds``; ``busy``: requests were in flight
+        all along (idle time says nothing about capacity and is skipped)."""
+        if not busy or seconds <= 0:
+            return
+        with self._lock:
+            self._window_s += seconds
+            self._window_tokens += tokens
+            if self._window_s >= RATE_WINDOW_S:
+                self.rate = _ewma(self.rate, self._window_tokens / self._window_s)
+                self._window_s = self._window_tokens = 0.0
+
+    def observe_cost(self, chars: int, tokens: int, capped: bool) -> None:
+        """A finished request: ``tokens`` speech tokens for ``chars`` characters. A request cut
+        by its token cap says only that the ratio is at least this, so it raises the estimate
+        but never lowers it."""
+        if chars <= 0 or tokens <= 0:
+            return
+        ratio = tokens / chars
+        with self._lock:
+            if not capped or ratio > self.tokens_per_char:
+                self.tokens_per_char = _ewma(self.tokens_per_char, ratio)
+
+    def observe_solo_start(self, seconds: float) -> None:
+        """The first-audio latency of a request that had the server to itself."""
+        with self._lock:
+            self.solo_start_s = _ewma(self.solo_start_s, seconds)
+
+    def observe_start(self, predicted_s: float, observed_s: float) -> None:
+        """An admitted request's first audio came after ``observed_s``; ``predicted_s`` was its
+        (calibrated) prediction at admission."""
+        if predicted_s <= 0 or observed_s <= 0:
+            return
+        with self._lock:
+            ratio = self.bias * observed_s / predicted_s  # the uncalibrated prediction's error
+            self.bias = min(BIAS_RANGE[1], max(BIAS_RANGE[0], _ewma(self.bias, ratio)))
+
+    def observe_solo_run(self, tokens: int, seconds: float) -> None:
+        """A request alone delivered ``tokens`` in ``seconds``: a first rate (one stream's)
+        when none was measured under load yet."""
+        if tokens > 0 and seconds > 0:
+            with self._lock:
+                if self.rate is None:
+                    self.rate = tokens / seconds

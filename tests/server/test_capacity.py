@@ -1,0 +1,111 @@
+"""The admission policy's arithmetic (chorus/server/capacity.py, admission.py) on known numbers;
+tests/server/test_overload.py checks it on a live server."""
+from __future__ import annotations
+
+import pytest
+
+from chorus.engine.request import Priority
+from chorus.server.admission import Admission
+from chorus.server.capacity import RATE_WINDOW_S, CapacityModel, Work
+from chorus.server.errors import APIError
+
+
+def _model(rate: float | None = 100.0, solo: float | None = 0.5) -> CapacityModel:
+    model = CapacityModel(prior_tokens_per_char=2.0, prior_rate=rate, first_window_tokens=20)
+    if solo is not None:
+        model.observe_solo_start(solo)
+    return model
+
+
+def test_a_requests_tokens_come_from_its_characters_capped_by_its_budget():
+    model = _model()
+    assert model.predict_tokens(50, chunks=1, max_new_tokens=None) == 100
+    assert model.predict_tokens(50, chunks=2, max_new_tokens=30) == 60
+
+
+def test_the_predicted_start_is_the_solo_latency_plus_a_first_window_of_each_request_in_flight():
+    model = _model(rate=100.0, solo=0.5)
+    in_flight = [Work(tokens=500), Work(tokens=10), Work(tokens=500, delivered=495)]
+    estimate = model.estimate(100, in_flight)
+    assert estimate.start_s == pytest.approx(0.5 + (20 + 10 + 5) / 100)
+    assert estimate.drain_s == pytest.approx((500 + 10 + 5 + 100) / 100)
+
+
+def test_the_rate_is_learned_from_busy_time_only():
+    model = _model(rate=None)
+    model.observe_delivery(10.0, 0.0, busy=False)  # idle: says nothing
+    assert model.rate is None
+    model.observe_delivery(RATE_WINDOW_S, 300.0 * RATE_WINDOW_S, busy=True)
+    assert model.rate == pytest.approx(300.0)
+
+
+def test_a_request_cut_by_its_token_cap_never_lowers_tokens_per_char():
+    model = _model()
+    model.observe_cost(100, 50, capped=True)
+    assert model.tokens_per_char == 2.0
+    model.observe_cost(100, 50, capped=False)
+    assert model.tokens_per_char < 2.0
+
+
+def _admission(model: CapacityModel) -> Admission:
+    return Admission(100, 0.98, 1, capacity=model, max_retry_after_s=30)
+
+
+def _admit(admission: Admission, priority=Priority.NORMAL, tokens=500.0):
+    return admission.admit(priority, tokens=tokens, chars=100, start_deadline_s=1.0, queue_limit=100,
+                           kv_usage=0.0, waiting=0)
+
+
+def test_a_request_predicted_to_miss_its_start_deadline_is_refused_with_a_retry_after():
+    admission = _admission(_model(rate=100.0, solo=0.5))
+    tickets = [_admit(admission) for _ in range(3)]  # the third: 0.5 + 2 * 20 / 100 = 0.9 s <= 0.9 x 1 s
+    with pytest.raises(APIError) as info:
+        _admit(admission)  # 0.5 + 3 * 20 / 100 = 1.1 s
+    assert info.value.status == 429 and info.value.code == "overloaded"
+    # 0.2 s over 0.9 s; 500 tokens left per request, 20 per first window: 5 s
+    assert info.value.headers["Retry-After"] == "5"
+    admission.release(tickets[0])
+    _admit(admission)
+
+
+def test_high_priority_may_use_the_whole_start_deadline_and_low_only_part_of_it():
+    admission = _admission(_model(rate=100.0, solo=0.5))
+    _admit(admission)  # 0.7 s predicted for the next one
+    with pytest.raises(APIError):
+        _admit(admission, Priority.LOW)  # beyond 0.6 x 1 s
+    _admit(admission, Priority.HIGH)
+
+
+def test_a_request_that_finds_nothing_in_flight_is_always_admitted():
+    admission = _admission(_model(rate=100.0, solo=5.0))  # alone it is predicted to miss the deadline
+    assert _admit(admission).alone
+
+
+def test_the_queue_policy_ignores_predictions():
+    model = _model(rate=1.0, solo=5.0)
+    admission = Admission(100, 0.98, 1, capacity=model, policy="queue")
+    for _ in range(5):
+        _admit(admission)
+    assert admission.in_flight == 5
+
+
+def test_predictions_are_calibrated_by_their_own_errors():
+    model = _model(rate=100.0, solo=0.5)
+    in_flight = [Work(tokens=500)]
+    raw = model.estimate(100, in_flight).start_s  # 0.7 s
+    model.observe_start(raw, 2 * raw)  # the first audio came twice as late as predicted
+    assert model.bias == pytest.approx(1.3)  # EWMA 0.3
+    assert model.estimate(100, in_flight).start_s == pytest.approx(1.3 * raw)
+    for _ in range(50):
+        model.observe_start(model.estimate(100, in_flight).start_s, 100 * raw)
+    assert model.bias == 4.0  # bounded
+
+
+def test_a_full_t3_batch_adds_the_wait_for_rows():
+    model = _model(rate=100.0, solo=0.5)
+    model.max_rows = 2
+    in_flight = [Work(tokens=300), Work(tokens=100)]  # both rows taken
+    # a row frees when the shorter finishes: 100 tokens of each by then (200), plus a window of each
+    assert model.estimate(50, in_flight).start_s == pytest.approx(0.5 + (200 + 40) / 100)
+    model.max_rows = 3
+    assert model.estimate(50, in_flight).start_s == pytest.approx(0.5 + 40 / 100)

@@ -1,0 +1,224 @@
+"""The server keeps its promises under overload, on a live server: what cannot start in time is
+refused at once and what is admitted finishes; the start deadline is a 504 before the first
+byte and never cuts a flowing stream; /ready stays up under load; cuts, hang-ups and shutdown
+are one log line each, never a traceback; shutdown drains what can finish."""
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import socket
+import time
+
+import httpx
+import pytest
+
+from tests.server.live import EnginePause, LiveServer, metric, server_config, tiny_loader
+
+pytestmark = pytest.mark.timeout(180)
+
+TEXT = "Hello there, this is a test."
+LONG_TEXT = " ".join(f"This is sentence number {i} of a long text." for i in range(12))
+
+
+def _post(url: str, **body) -> tuple[httpx.Response, float]:
+    body.setdefault("model", "chatterbox-turbo")
+    started = time.monotonic()
+    response = httpx.post(f"{url}/v1/audio/speech", json=body, timeout=120)
+    return response, time.monotonic() - started
+
+
+def _until(condition, timeout: float = 30.0, what: str = "the condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def _tracebacks(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.exc_info or "Exception in ASGI" in r.getMessage()
+            or "without completing response" in r.getMessage()]
+
+
+def test_a_burst_beyond_capacity_is_refused_at_once_and_what_is_admitted_finishes(tmp_path):
+    config = server_config(tmp_path, max_new_tokens=200, start_deadline_s=2.0)
+    with LiveServer(config, tiny_loader(config)) as server, concurrent.futures.ThreadPoolExecutor(30) as pool:
+        submitted: list[str] = []
+        submit = server.pipeline.submit
+
+        def counting_submit(request, **kwargs):
+            submitted.append(request.request_id)
+            return submit(request, **kwargs)
+
+        server.pipeline.submit = counting_submit
+        answers = list(pool.map(lambda i: _post(server.url, input=TEXT, response_format="pcm", seed=i), range(30)))
+    ok = [r for r, _ in answers if r.status_code == 200]
+    refused = [r for r, _ in answers if r.status_code == 429]
+    assert ok and refused and len(ok) + len(refused) == 30, [r.status_code for r, _ in answers]  # no 504
+    assert all(len(r.content) == len(ok[0].content) for r in ok)  # every admitted request finished whole
+    for r in refused:
+        assert r.json()["error"]["code"] == "overloaded" and int(r.headers["retry-after"]) >= 1
+    ids = {r.headers["x-request-id"] for r in refused}
+    assert not ids & set(submitted)  # refused before any pipeline work
+    assert len([i for i in submitted if not i.startswith("canary")]) == len(ok)
+
+
+def test_ready_stays_200_through_a_10x_burst(tmp_path):
+    # canaries every 0.2 s: under the burst they are late, which must not make /ready fail
+    config = server_config(tmp_path, max_new_tokens=40, canary_interval_s=0.2)
+    with LiveServer(config, tiny_loader(config, max_num_seqs=4)) as server, \
+            concurrent.futures.ThreadPoolExecutor(41) as pool:
+        burst = [pool.submit(_post, server.url, input=TEXT, response_format="pcm", seed=i) for i in range(40)]
+        canary_before = server.service.last_canary_ok
+        answers = []
+        while not all(f.done() for f in burst):
+            answers.append(server.client.get("/ready").status_code)
+        statuses = [f.result()[0].status_code for f in burst]
+        assert server.service.last_canary_ok != canary_before  # canaries ran during the burst
+    assert len(answers) >= 5 and set(answers) == {200}, answers
+    assert set(statuses) <= {200, 429}
+
+
+def test_the_start_deadline_passing_before_the_first_byte_is_a_504(tmp_path):
+    config = server_config(tmp_path, start_deadline_s=0.3)
+    with LiveServer(config, tiny_loader(config)) as server:
+        with EnginePause(server):  # no token, so no audio, until the deadline has passed
+            response = server.speech(input=TEXT, response_format="pcm")
+        assert response.status_code == 504
+        error = response.json()["error"]
+        assert error["code"] == "deadline_exceeded"
+        assert error["message"] == "the request was aborted: no audio within its start deadline (0.3 s)"
+        server.wait_idle()
+
+
+def test_a_flowing_stream_outlives_the_start_deadline(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    config = server_config(tmp_path, max_new_tokens=300, start_deadline_s=1.0)
+    with LiveServer(config, tiny_loader(config)) as server:
+        started = time.monotonic()
+        with server.client.stream("POST", "/v1/audio/speech", json={
+                "model": "chatterbox-turbo", "input": LONG_TEXT, "response_format": "pcm"}) as response:
+            chunks = response.iter_raw()
+            body = next(chunks)
+            with EnginePause(server) as pause:  # hold T3 mid-stream until the start deadline has passed
+                assert pause.entered.wait(10)
+                _until(lambda: time.monotonic() > started + 1.5, what="the start deadline to pass")
+            body += b"".join(chunks)  # raises if the server cut the stream
+        assert response.status_code == 200 and len(body) > 0
+    access = [r for r in caplog.records if getattr(r, "outcome", None) and r.request_id ==
+              response.headers["x-request-id"]]
+    assert [r.outcome for r in access] == ["complete"]
+
+
+def test_a_total_deadline_cut_is_one_log_line_not_a_traceback(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    config = server_config(tmp_path, max_new_tokens=300)
+    with LiveServer(config, tiny_loader(config)) as server:
+        with server.client.stream("POST", "/v1/audio/speech", json={
+                "model": "chatterbox-turbo", "input": LONG_TEXT, "response_format": "pcm",
+                "deadline_s": 1.0}) as response:
+            chunks = response.iter_raw()
+            next(chunks)
+            with EnginePause(server), pytest.raises(httpx.RemoteProtocolError):
+                for _ in chunks:  # the rest cannot come before the total deadline: the stream is cut
+                    pass
+        request_id = response.headers["x-request-id"]
+        _until(lambda: any(getattr(r, "request_id", None) == request_id and getattr(r, "outcome", None)
+                           for r in caplog.records), what="the access line")
+        server.wait_idle()
+        assert metric(server.client.get("/metrics").text, "chorus_stream_cuts_total", 'reason="deadline"') == 1
+    lines = [r for r in caplog.records if getattr(r, "request_id", None) == request_id]
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING
+    assert lines[0].outcome == "cut" and lines[0].cut_reason == "deadline" and lines[0].status == 200
+    assert "not finished within its total deadline (1 s)" in lines[0].getMessage()
+    assert not _tracebacks(caplog)
+
+
+def test_shutdown_lets_a_stream_in_flight_finish(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    config = server_config(tmp_path, max_new_tokens=300, shutdown_grace_s=60.0)
+    with LiveServer(config, tiny_loader(config)) as server:
+        with server.client.stream("POST", "/v1/audio/speech", json={
+                "model": "chatterbox-turbo", "input": LONG_TEXT, "response_format": "pcm"}) as response:
+            chunks = response.iter_raw()
+            body = next(chunks)
+            with EnginePause(server) as pause:  # the stream is mid-way when shutdown begins
+                assert pause.entered.wait(10)
+                server.begin_shutdown()
+                _until(lambda: server.service.state == "draining", what="draining")
+                assert server.service.readiness() == (False, "the server is draining")
+            body += b"".join(chunks)  # finishes whole: no cut
+        assert response.status_code == 200
+        assert server.service.admission.in_flight == 0
+    outcomes = [r.outcome for r in caplog.records if getattr(r, "outcome", None)
+                and r.request_id == response.headers["x-request-id"]]
+    assert outcomes == ["complete"]
+    assert not _tracebacks(caplog)
+
+
+def test_shutdown_past_the_grace_period_cuts_with_one_line_each(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    config = server_config(tmp_path, max_new_tokens=300, shutdown_grace_s=0.5)
+    with LiveServer(config, tiny_loader(config)) as server:
+        with server.client.stream("POST", "/v1/audio/speech", json={
+                "model": "chatterbox-turbo", "input": LONG_TEXT, "response_format": "pcm"}) as response:
+            chunks = response.iter_raw()
+            next(chunks)
+            with EnginePause(server) as pause, pytest.raises(httpx.RemoteProtocolError):
+                assert pause.entered.wait(10)
+                server.begin_shutdown()  # the stream cannot finish within 0.5 s: it is cut
+                for _ in chunks:
+                    pass
+        request_id = response.headers["x-request-id"]
+        _until(lambda: any(getattr(r, "outcome", None) and r.request_id == request_id for r in caplog.records),
+               what="the access line")
+    lines = [r for r in caplog.records if getattr(r, "request_id", None) == request_id]
+    assert [(r.outcome, r.cut_reason) for r in lines if hasattr(r, "outcome")] == [("cut", "stopped")]
+    assert not _tracebacks(caplog)
+
+
+def test_a_client_that_stops_reading_is_dropped_and_its_work_freed(tmp_path):
+    config = server_config(tmp_path, max_new_tokens=900, write_stall_s=0.5)
+    with LiveServer(config, tiny_loader(config), send_buffer_bytes=4096) as server:
+        client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: writes block soon
+        client.connect(("127.0.0.1", server.port))
+        body = b'{"model": "chatterbox-turbo", "input": "Hello there.", "response_format": "pcm"}'
+        client.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n"
+                       b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        assert client.recv(64).startswith(b"HTTP/1.1 200")  # then read nothing more
+        try:
+            _until(lambda: metric(server.client.get("/metrics").text, "chorus_requests_total",
+                                  'status="slow_reader"') == 1, timeout=60, what="the slow reader to be dropped")
+            server.wait_idle(timeout=10)
+            assert server.service.admission.in_flight == 0
+        finally:
+            client.close()
+
+
+def test_a_request_the_server_could_never_serve_is_a_400_even_when_it_is_full(tmp_path):
+    config = server_config(tmp_path, max_queue=1, max_input_chars=100)
+    with LiveServer(config, tiny_loader(config)) as server, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with EnginePause(server):
+            held = pool.submit(_post, server.url, input=TEXT, response_format="pcm")
+            _until(lambda: server.service.admission.in_flight == 1, what="the first request's admission")
+            assert server.speech(input=TEXT, response_format="pcm").status_code == 429  # full
+            too_long = server.speech(input="x" * 101, response_format="pcm")
+            assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "input_too_long"
+        assert held.result()[0].status_code == 200
+
+
+def test_a_client_that_hangs_up_mid_stream_is_one_access_line(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    config = server_config(tmp_path, max_new_tokens=800)
+    with LiveServer(config, tiny_loader(config)) as server:
+        with server.client.stream("POST", "/v1/audio/speech", json={
+                "model": "chatterbox-turbo", "input": LONG_TEXT, "response_format": "pcm"}) as response:
+            next(response.iter_raw())  # the first audio arrived; now hang up
+        request_id = response.headers["x-request-id"]
+        _until(lambda: any(getattr(r, "request_id", None) == request_id and getattr(r, "outcome", None)
+                           for r in caplog.records), what="the access line")
+        server.wait_idle()
+    lines = [r for r in caplog.records if getattr(r, "request_id", None) == request_id]
+    assert [(r.levelno, r.outcome) for r in lines] == [(logging.INFO, "client_disconnected")]
+    assert lines[0].bytes > 0 and "went away" in lines[0].getMessage()
+    assert not _tracebacks(caplog)
