@@ -197,10 +197,10 @@ FIELD_HELP = {
     "language_steps": "multilingual language steps (Chinese segmentation, Japanese readings, Hebrew diacritics): "
                       "lenient speaks a language whose package or model is missing as the reference does "
                       "(plain text, one warning); strict refuses to start instead (docs/text.md)",
-    "dicta_model": "Hebrew: Dicta's ONNX model file (dicta-1.0.onnx; default: the cached copy, downloaded "
-                   "once unless HF_HUB_OFFLINE is set; needs chorus-tts[he])",
-    "pkuseg_model": "Chinese: a spacy-pkuseg model directory (default: spacy-pkuseg's spacy_ontonotes model in "
-                    "PKUSEG_HOME, downloaded once unless HF_HUB_OFFLINE is set; needs chorus-tts[zh])",
+    "dicta_model": "Hebrew: Dicta's ONNX model file dicta-1.0.onnx, needs chorus-tts[he] (default: the cached "
+                   "copy, downloaded once unless HF_HUB_OFFLINE is set)",
+    "pkuseg_model": "Chinese: a spacy-pkuseg model directory, needs chorus-tts[zh] (default: spacy-pkuseg's "
+                    "spacy_ontonotes model in PKUSEG_HOME, downloaded once unless HF_HUB_OFFLINE is set)",
     "replicas": "engine replicas: a number, or auto for one per visible GPU; above 1 runs on a local Ray "
                 "Serve cluster (needs chorus-tts[ray]; docs/scaling.md)",
     "host": "address to listen on",

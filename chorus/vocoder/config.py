@@ -57,13 +57,16 @@ class VocoderConfig:
     """Passes go earliest deadline first; a playing stream is due this many seconds before its
     listener would run out of audio, so streams that have started keep this much in hand before
     new streams get their first audio (a stall is worse than a later start)."""
-    max_pass_seconds: float | None = 0.2
+    max_pass_seconds: float | None = None
     """While streams are running, a pass is filled only while its predicted device time (from
     earlier passes, ``VocoderStage.cost``) stays under this many seconds, or under the time until
     the most urgent playing stream runs out of audio if that is sooner (but never under half of
     this): a stream that arrives during a pass waits at most about this long for its first
     window, and passes end before playing streams run dry. The most urgent job always runs.
-    None: no time budget (passes without streams never have one)."""
+    None (the default): no time budget (passes without streams never have one). With a budget,
+    which streams share a pass follows measured times, so a stream's audio can differ between
+    runs in the last bits (batch mates change kernels' rounding); without one, passes are a
+    function of the tokens. Measured on an H200 (docs/vocoder.md, "Pass sizing")."""
     voice_cache_size: int = 16
     """Voices whose prompt tensors are kept on the device (LRU)."""
     cuda_graphs: bool = True
