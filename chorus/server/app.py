@@ -205,7 +205,7 @@ async def _read_upload(request: Request, limit: int) -> tuple[bytes, str | None]
     try:
         form = await request.form(max_files=1, max_fields=4, max_part_size=limit)
     except StarletteHTTPException as exc:
-        if exc.status_code == 413:  # the body limit, answered as body_too_large
+        if exc.status_code in (408, 413):  # the body's time and size limits answer for themselves
             raise
         raise APIError(400, f"could not read the multipart body: {exc.detail}", code="invalid_multipart") from None
     except Exception as exc:  # noqa: BLE001 - malformed multipart of any kind
