@@ -15,7 +15,10 @@ import unicodedata
 
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("chorus_request_id", default=None)
 
-_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
+# record attributes that are not extra fields (uvicorn's color_message repeats the message with
+# terminal colour codes)
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName",
+                                                                        "color_message"}
 MAX_LOGGED_PATH = 256  # characters of a request path in the access line
 
 

@@ -123,6 +123,15 @@ def test_json_logs_keep_nested_extra_data_as_json():
     assert line["path"] == "/tmp"
 
 
+def test_uvicorns_coloured_copy_of_a_message_is_not_logged_as_a_field():
+    from chorus.server.logs import TextFormatter
+
+    record = logging.LogRecord("uvicorn.error", logging.INFO, __file__, 1, "Started server process [%d]", (7,), None)
+    record.color_message = "Started server process [\x1b[36m%d\x1b[0m]"
+    assert "color_message" not in TextFormatter().format(record)
+    assert "color_message" not in json.loads(JsonFormatter().format(record))
+
+
 def test_openapi_schema_describes_the_api(server):
     schema = server.client.get("/openapi.json").json()
     for path in ("/v1/audio/speech", "/v1/voices", "/v1/voices/{voice_id}", "/v1/models", "/health", "/ready",
