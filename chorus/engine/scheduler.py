@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -32,6 +33,11 @@ from chorus.engine.config import cdiv, SchedulerConfig
 from chorus.engine.kv_cache_manager import KVCacheManager
 from chorus.engine.request import FinishReason, Request, RequestQueue, RequestStatus
 from chorus.engine.scheduler_output import RequestOutput, ScheduledSequence, SchedulerOutput
+from chorus.engine.step_cost import StepCostModel
+
+# Prefill positions a step may always take, even when its decode rows alone reach the step-time
+# target: waiting requests keep advancing (slowly) instead of waiting for running ones to end.
+MIN_PREFILL_TOKENS = 16
 
 __all__ = ["AdmissionError", "RequestOutput", "ScheduledSequence", "Scheduler", "SchedulerOutput", "SchedulerStats"]
 
@@ -61,9 +67,14 @@ class Scheduler:
 
     def __init__(
         self, config: SchedulerConfig, kv_cache: KVCacheManager,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic, *, step_time_target_s: float = math.inf,
     ):
+        """``step_time_target_s``: seconds a step's predicted time should stay under (the
+        engine resolves ``config.step_time_target_s`` for its device; inf: no time bound). The
+        caller times steps and feeds ``step_cost`` (``StepCostModel.observe``)."""
         self.config = config
+        self.step_time_target_s = step_time_target_s
+        self.step_cost = StepCostModel()
         self.kv = kv_cache
         self.clock = clock
         self.waiting = RequestQueue()
@@ -143,6 +154,8 @@ class Scheduler:
         else:
             decoding, prefilling = list(self.running), []  # a copy: admission inserts into running
         decode_starts = self._allocate_decode_slots(decoding)
+        # prefill positions that fit the step-time target beside the decode rows (which always run)
+        prefill_time = self.prefill_time_budget(self.num_running_rows - sum(r.num_rows for r in prefilling))
         if decode_starts is not None:
             scheduled = dict.fromkeys([r.request_id for r in decoding], 1)
             budget -= self.num_running_rows - sum(r.num_rows for r in prefilling)
@@ -153,13 +166,17 @@ class Scheduler:
         for request in rest:
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            n = min(self._remaining(request), budget // request.num_rows)
+            remaining = self._remaining(request)
+            limit = budget if remaining <= 1 else min(budget, prefill_time)  # a decode row always runs
+            n = min(remaining, limit // request.num_rows)
             if n <= 0:
                 continue
             while request.status is RequestStatus.RUNNING:
                 if self.kv.allocate_slots(request, n) is not None:
                     scheduled[request.request_id] = n
                     budget -= n * request.num_rows
+                    if remaining > 1:
+                        prefill_time -= n * request.num_rows
                     break
                 preempt(self.running[-1])
 
@@ -172,7 +189,8 @@ class Scheduler:
                 break
             computed = self.kv.get_computed_blocks(request)
             remaining = request.num_tokens - computed.num_tokens
-            n = min(remaining, budget // request.num_rows)
+            limit = budget if remaining <= 1 else min(budget, prefill_time)
+            n = min(remaining, limit // request.num_rows)
             if n <= 0 or (n < remaining and not self.config.enable_chunked_prefill):
                 break
             if self.kv.allocate_slots(request, n, computed) is None:
@@ -186,6 +204,8 @@ class Scheduler:
             self._add_running(request)
             scheduled[request.request_id] = n
             budget -= n * request.num_rows
+            if remaining > 1:
+                prefill_time -= n * request.num_rows
 
         if decode_starts is not None and not preempted and len(scheduled) == len(decoding):
             out = self._decode_output(decoding, decode_starts, finished)  # the steady state
@@ -193,6 +213,19 @@ class Scheduler:
             out = self._build_output(scheduled, preempted, finished)
         self._in_flight.append(out)
         return out
+
+    def prefill_time_budget(self, decode_rows: int) -> int:
+        """Prefill positions a step with ``decode_rows`` decode rows may take under the
+        step-time target: what ``step_cost`` predicts fits, at least ``MIN_PREFILL_TOKENS``;
+        ``config.initial_prefill_tokens`` until a step with prefill has been timed; unbounded
+        (the token budget decides) without a target."""
+        target = self.step_time_target_s
+        if math.isinf(target):
+            return self.config.max_num_batched_tokens
+        fits = self.step_cost.prefill_budget(target, decode_rows)
+        if fits is None:
+            return self.config.initial_prefill_tokens
+        return max(min(fits, self.config.max_num_batched_tokens), MIN_PREFILL_TOKENS)
 
     def schedule_ahead(self) -> SchedulerOutput | None:
         """The next step, scheduled while the one in flight has not been committed: its
