@@ -35,8 +35,11 @@ from chorus.engine.request import FinishReason, Request, RequestQueue, RequestSt
 from chorus.engine.scheduler_output import RequestOutput, ScheduledSequence, SchedulerOutput
 from chorus.engine.step_cost import StepCostModel
 
-# Prefill positions a step may always take, even when its decode rows alone reach the step-time
-# target: waiting requests keep advancing (slowly) instead of waiting for running ones to end.
+# Prefill a step may always take, even when its decode rows alone reach the step-time target:
+# this share of the target's time (by the learned rate), and at least this many positions, so
+# waiting requests keep advancing instead of waiting for running ones to end. An overloaded
+# device's step then takes its decode rows' time plus at most half the target.
+MIN_PREFILL_TARGET_SHARE = 0.5
 MIN_PREFILL_TOKENS = 16
 
 __all__ = ["AdmissionError", "RequestOutput", "ScheduledSequence", "Scheduler", "SchedulerOutput", "SchedulerStats"]
@@ -216,16 +219,19 @@ class Scheduler:
 
     def prefill_time_budget(self, decode_rows: int) -> int:
         """Prefill positions a step with ``decode_rows`` decode rows may take under the
-        step-time target: what ``step_cost`` predicts fits, at least ``MIN_PREFILL_TOKENS``;
+        step-time target: what ``step_cost`` predicts fits, at least what fits in
+        ``MIN_PREFILL_TARGET_SHARE`` of the target alone and ``MIN_PREFILL_TOKENS``;
         ``config.initial_prefill_tokens`` until a step with prefill has been timed; unbounded
         (the token budget decides) without a target."""
         target = self.step_time_target_s
         if math.isinf(target):
             return self.config.max_num_batched_tokens
-        fits = self.step_cost.prefill_budget(target, decode_rows)
+        cost = self.step_cost
+        fits = cost.prefill_budget(target, decode_rows)
         if fits is None:
             return self.config.initial_prefill_tokens
-        return max(min(fits, self.config.max_num_batched_tokens), MIN_PREFILL_TOKENS)
+        floor = max(MIN_PREFILL_TOKENS, cost.prefill_budget(MIN_PREFILL_TARGET_SHARE * target, 0) or 0)
+        return min(max(fits, floor), self.config.max_num_batched_tokens)
 
     def schedule_ahead(self) -> SchedulerOutput | None:
         """The next step, scheduled while the one in flight has not been committed: its

@@ -98,6 +98,14 @@ def test_decode_rows_beyond_the_target_still_run_and_prefill_keeps_a_minimum():
     assert rows["late"] == MIN_PREFILL_TOKENS
 
 
+def test_an_overloaded_step_still_gives_prefill_half_the_target():
+    s = scheduler(0.2)
+    s.step_cost.observe(4, 0, 0.5)  # decode rows alone take longer than the target
+    s.step_cost.observe(8, 0, 0.6)
+    s.step_cost.observe(0, 100, 0.1)  # 1 ms a prefill position
+    assert s.prefill_time_budget(8) == pytest.approx(100, abs=1)  # 0.1 s of prefill: half the target
+
+
 def test_without_a_target_the_token_budget_alone_decides():
     s = scheduler(math.inf, budget=512)
     s.add_request(make_request("long", text_len=1000, max_tokens=4))
