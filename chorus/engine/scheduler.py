@@ -230,7 +230,9 @@ class Scheduler:
         fits = cost.prefill_budget(target, decode_rows)
         if fits is None:
             return self.config.initial_prefill_tokens
-        floor = max(MIN_PREFILL_TOKENS, cost.prefill_budget(MIN_PREFILL_TARGET_SHARE * target, 0) or 0)
+        rate = cost.prefill_token_s
+        share = MIN_PREFILL_TARGET_SHARE * target / rate if rate > 0 else math.inf
+        floor = max(MIN_PREFILL_TOKENS, int(min(share, self.config.max_num_batched_tokens)))
         return min(max(fits, floor), self.config.max_num_batched_tokens)
 
     def schedule_ahead(self) -> SchedulerOutput | None:

@@ -1,49 +1,53 @@
 """How long a T3 step will take, learned from the steps the engine has timed.
 
 A step's time is modelled as ``overhead + decode_row_s x decode rows + prefill_token_s x
-prefill positions``:
+prefill positions``, the three rates fitted together by exponentially weighted least squares
+over the timed steps (the newest weighs most, so the fit follows the device and its load), each
+kept >= 0. Fitting them together matters: in a burst nearly every step mixes decode rows and
+prefill chunks, so a per-position rate taken from such steps alone would charge the decode rows
+to the prefill. The intercept matters too: on a CPU a small decode step is mostly the fixed
+cost of reading the weights once.
 
-- ``overhead`` and ``decode_row_s`` come from steps that computed only decode rows: an
-  exponentially weighted least-squares line through (rows, seconds), both terms kept >= 0. On a
-  CPU a small decode step is mostly the fixed cost of reading the weights once, so the intercept
-  matters: dividing a one-row step's time by its one row would price every decode row as a whole
-  step.
-- ``prefill_token_s`` is an exponentially weighted mean over steps with prefill positions of
-  ``(seconds - predicted decode part) / positions``; the decode part's share is capped so a
-  decode model that overestimates can never make prefill look free.
-
-The scheduler asks ``prefill_budget(target_s, decode_rows)``: how many prefill positions fit in
-``target_s`` next to the decode rows. Until a step with prefill positions has been timed it
-returns None and the scheduler uses a small safe default.
+A direction the recent steps do not determine keeps its earlier estimate: the fit is pulled
+toward the previous coefficients (ridge regression toward the last solution), the overhead more
+than the rates. So while the steps cannot tell them apart (the first steps: one size of prefill
+chunk, no decode rows) the time is charged to the rates, which errs on the safe side: a high
+per-position rate means small chunks until the data says otherwise. The scheduler asks ``prefill_budget(target_s, decode_rows)``: how many prefill
+positions fit in ``target_s`` next to the decode rows. Until a step with prefill positions has
+been timed it returns None and the scheduler uses a small safe default.
 """
 from __future__ import annotations
 
 import math
 
-# A prefill's measured time is at least this share of its step, whatever the decode model says.
-MIN_PREFILL_SHARE = 0.25
+import numpy as np
+
+# pull toward the previous solution (overhead, per row, per position), in units of one
+# observation's weight: the overhead is held firmly, the rates only where nothing determines them
+_RIDGE = np.array([0.02, 1e-4, 1e-6])
 
 
 class StepCostModel:
     """See the module docstring. ``smoothing``: weight of the newest observation (0, 1]."""
 
-    def __init__(self, smoothing: float = 0.2):
+    def __init__(self, smoothing: float = 0.1):
         if not 0 < smoothing <= 1:
             raise ValueError(f"smoothing must be in (0, 1], got {smoothing!r}")
         self.smoothing = smoothing
-        self.prefill_token_s: float | None = None
         self.overhead_s: float | None = None
         self.decode_row_s: float | None = None
-        # exponentially weighted sums over decode-only steps: weight, rows, rows^2, s, rows x s
-        self._w = self._x = self._xx = self._y = self._xy = 0.0
+        self.prefill_token_s: float | None = None
+        self._xx = np.zeros((3, 3))
+        self._xy = np.zeros(3)
+        self._coef = np.zeros(3)  # [overhead, per decode row, per prefill position]
         self.observations = 0
 
     # -- predictions ---------------------------------------------------------------------------
     def decode_seconds(self, decode_rows: int) -> float:
-        """Predicted seconds of ``decode_rows`` decode rows alone (0 before any decode step)."""
-        if self.overhead_s is None or decode_rows <= 0:
+        """Predicted seconds of a step of ``decode_rows`` decode rows alone (0 before any step)."""
+        if self.overhead_s is None:
             return 0.0
-        return self.overhead_s + self.decode_row_s * decode_rows
+        return self.overhead_s + self.decode_row_s * max(decode_rows, 0)
 
     def predict(self, decode_rows: int, prefill_tokens: int) -> float | None:
         """Predicted seconds of a step; None while the prefill rate is unknown and the step has
@@ -59,14 +63,12 @@ class StepCostModel:
         within ``target_s`` (0 when the decode rows alone reach it); None while unknown."""
         if self.prefill_token_s is None:
             return None
-        if math.isinf(target_s):
-            return None if self.prefill_token_s == 0 else 1 << 62
         left = target_s - self.decode_seconds(decode_rows)
         if left <= 0:
             return 0
-        if self.prefill_token_s <= 0:
+        if self.prefill_token_s <= 0 or math.isinf(left):
             return 1 << 62
-        return int(left / self.prefill_token_s)
+        return int(min(left / self.prefill_token_s, 1 << 62))
 
     # -- learning ------------------------------------------------------------------------------
     def observe(self, decode_rows: int, prefill_tokens: int, seconds: float) -> None:
@@ -74,27 +76,29 @@ class StepCostModel:
         of the other rows, ``seconds`` from its launch until its tokens were read)."""
         if seconds <= 0 or not math.isfinite(seconds) or decode_rows + prefill_tokens <= 0:
             return
-        self.observations += 1
-        if prefill_tokens <= 0:
-            self._observe_decode(decode_rows, seconds)
-            return
-        decode = min(self.decode_seconds(decode_rows), (1 - MIN_PREFILL_SHARE) * seconds)
-        rate = (seconds - decode) / prefill_tokens
-        old = self.prefill_token_s
-        self.prefill_token_s = rate if old is None else old + self.smoothing * (rate - old)
-
-    def _observe_decode(self, rows: int, seconds: float) -> None:
+        x = np.array([1.0, decode_rows, prefill_tokens], dtype=float)
         keep = 1 - self.smoothing
-        self._w = keep * self._w + 1
-        self._x = keep * self._x + rows
-        self._xx = keep * self._xx + rows * rows
-        self._y = keep * self._y + seconds
-        self._xy = keep * self._xy + rows * seconds
-        mean_x, mean_y = self._x / self._w, self._y / self._w
-        var = self._xx / self._w - mean_x * mean_x
-        slope = (self._xy / self._w - mean_x * mean_y) / var if var > 1e-9 * max(1.0, mean_x * mean_x) else 0.0
-        slope = max(slope, 0.0)
-        intercept = mean_y - slope * mean_x
-        if intercept < 0:  # a line through the origin instead
-            intercept, slope = 0.0, self._xy / self._xx
-        self.overhead_s, self.decode_row_s = intercept, slope
+        self._xx = keep * self._xx + np.outer(x, x)
+        self._xy = keep * self._xy + x * seconds
+        self.observations += 1
+        self._coef = self._solve()
+        self.overhead_s, self.decode_row_s = float(self._coef[0]), float(self._coef[1])
+        if prefill_tokens > 0 or self.prefill_token_s is not None:
+            self.prefill_token_s = float(self._coef[2])
+
+    def _solve(self) -> np.ndarray:
+        """Least squares with a ridge toward the previous coefficients, all >= 0 (a
+        coefficient that comes out negative is fixed at 0 and the rest refitted)."""
+        free = [0, 1, 2]
+        while True:
+            a = self._xx[np.ix_(free, free)] + np.diag(_RIDGE[free])
+            b = self._xy[free] + _RIDGE[free] * self._coef[free]
+            solution = np.linalg.solve(a, b)
+            coef = np.zeros(3)
+            coef[free] = solution
+            negative = [i for i, c in zip(free, solution) if c < 0]
+            if not negative:
+                return coef
+            free = [i for i in free if i not in negative]
+            if not free:
+                return coef
