@@ -13,7 +13,8 @@ toward the previous coefficients (ridge regression toward the last solution), th
 than the rates. So while the steps cannot tell them apart (the first steps: one size of prefill
 chunk, no decode rows) the time is charged to the rates, which errs on the safe side: a high
 per-position rate means small chunks until the data says otherwise. The scheduler asks ``prefill_budget(target_s, decode_rows)``: how many prefill
-positions fit in ``target_s`` next to the decode rows. Until a step with prefill positions has
+positions fit in ``target_s`` next to the decode rows, and at most twice the largest prefill
+timed so far (the fit is trusted only near what it has seen). Until a step with prefill positions has
 been timed it returns None and the scheduler uses a small safe default.
 """
 from __future__ import annotations
@@ -21,6 +22,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+# a step's prefill may be at most this many times the largest prefill timed so far: the fit is
+# only trusted near what it has seen (a burst's first chunks are all about one size, so they
+# cannot tell the overhead from the per-position rate, and a rate too low would be
+# extrapolated to a huge chunk: measured, one 741-position step of 8 s against a 1 s target)
+MAX_PREFILL_GROWTH = 2.0
 
 # pull toward the previous solution (overhead, per row, per position), in units of one
 # observation's weight: the overhead is held firmly, the rates only where nothing determines them
@@ -41,6 +48,7 @@ class StepCostModel:
         self._xy = np.zeros(3)
         self._coef = np.zeros(3)  # [overhead, per decode row, per prefill position]
         self.observations = 0
+        self.largest_prefill = 0  # the most prefill positions of a timed step
 
     # -- predictions ---------------------------------------------------------------------------
     def decode_seconds(self, decode_rows: int) -> float:
@@ -66,9 +74,10 @@ class StepCostModel:
         left = target_s - self.decode_seconds(decode_rows)
         if left <= 0:
             return 0
-        if self.prefill_token_s <= 0 or math.isinf(left):
-            return 1 << 62
-        return int(min(left / self.prefill_token_s, 1 << 62))
+        trusted = int(MAX_PREFILL_GROWTH * self.largest_prefill)
+        if self.prefill_token_s <= 0:
+            return trusted
+        return int(min(left / self.prefill_token_s, trusted))
 
     # -- learning ------------------------------------------------------------------------------
     def observe(self, decode_rows: int, prefill_tokens: int, seconds: float) -> None:
@@ -81,6 +90,7 @@ class StepCostModel:
         self._xx = keep * self._xx + np.outer(x, x)
         self._xy = keep * self._xy + x * seconds
         self.observations += 1
+        self.largest_prefill = max(self.largest_prefill, prefill_tokens)
         self._coef = self._solve()
         self.overhead_s, self.decode_row_s = float(self._coef[0]), float(self._coef[1])
         if prefill_tokens > 0 or self.prefill_token_s is not None:

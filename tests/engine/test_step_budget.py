@@ -55,6 +55,14 @@ def test_steps_that_all_mix_decode_and_prefill_do_not_charge_decode_rows_to_pref
     assert cost.decode_row_s == pytest.approx(PER_ROW, rel=0.05)
 
 
+def test_the_budget_grows_at_most_twice_the_largest_timed_prefill():
+    cost = StepCostModel()
+    for _ in range(5):  # chunks of one size: the fit cannot tell overhead from rate
+        cost.observe(0, 100, 1.0)
+    cost.prefill_token_s = 1e-6  # as a fit that charged it all to the overhead would have it
+    assert cost.prefill_budget(10.0, 0) == 200
+
+
 def test_the_first_step_before_any_measurement_takes_the_safe_default():
     s = scheduler(0.2, initial=32)
     s.add_request(make_request("long", text_len=1000, max_tokens=4))
