@@ -16,6 +16,10 @@ samples one token per request whose logits were needed, then
 
 The two rows of a CFG pair always get the same span, both count against the budget, and they
 sit next to each other in the batch (conditional first).
+
+Besides the token budget, a step's prefill positions (prompt chunks and admissions, never the
+decode rows) are bounded by time: what ``step_cost`` predicts fits in ``step_time_target_s``
+beside the decode rows (``prefill_time_budget``; docs/engine.md, "Step time").
 """
 from __future__ import annotations
 
