@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, fields
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 
 # Seconds one T3 step should take at most, by device type (SchedulerConfig.step_time_target_s).
-# A GPU's decode step is milliseconds and a full 4096-position prefill chunk of the full-size
-# models tens of milliseconds on an H200, so 0.25 s only binds on slow devices; on a CPU a
+# A GPU's decode step is milliseconds and a 4096-position chunk of the full-size models ~3 TFLOP
+# (well under 0.25 s on an H200 by its FLOPs), so 0.25 s binds only on slow devices; on a CPU a
 # decode step of the full-size models is a good part of a second (docs/engine.md, "Step time").
 DEFAULT_STEP_TIME_TARGET_S = {"cpu": 1.0, "cuda": 0.25}
 
