@@ -161,8 +161,11 @@ class Scheduler:
         else:
             decoding, prefilling = list(self.running), []  # a copy: admission inserts into running
         decode_starts = self._allocate_decode_slots(decoding)
-        # prefill positions that fit the step-time target beside the decode rows (which always run)
-        prefill_time = self.prefill_time_budget(self.num_running_rows - sum(r.num_rows for r in prefilling))
+        # prefill positions that fit the step-time target beside the decode rows (which always
+        # run); the steady decode step (nothing prefilling or waiting) has no use for them
+        prefill_time = 0
+        if prefilling or self.waiting or decode_starts is None:
+            prefill_time = self.prefill_time_budget(self.num_running_rows - sum(r.num_rows for r in prefilling))
         if decode_starts is not None:
             scheduled = dict.fromkeys([r.request_id for r in decoding], 1)
             budget -= self.num_running_rows - sum(r.num_rows for r in prefilling)
