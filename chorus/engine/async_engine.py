@@ -48,9 +48,17 @@ class TokenEvent:
 class AsyncT3Engine:
     """Owns a ``T3Engine`` and the thread that steps it."""
 
-    def __init__(self, engine: T3Engine, *, idle_wait_s: float = 0.05, on_step: StepListener | None = None):
+    def __init__(self, engine: T3Engine, *, idle_wait_s: float = 0.05, on_step: StepListener | None = None,
+                 intra_op_threads: int | None = None, on_step_time: Callable[[float], None] | None = None):
+        """``intra_op_threads``: torch's intra-op threads for the engine thread's own ops (set
+        when the thread starts; None: leave torch's setting). ``on_step_time``: called on the
+        engine thread with each step's wall seconds."""
+        if intra_op_threads is not None and intra_op_threads < 1:
+            raise ValueError(f"intra_op_threads must be >= 1 or None, got {intra_op_threads!r}")
         self.engine = engine
         self.on_step = on_step
+        self.intra_op_threads = intra_op_threads
+        self.on_step_time = on_step_time
         self.busy_s = 0.0  # time spent inside engine steps (for timing breakdowns)
         self._commands: queue.Queue = queue.Queue()
         self._consumers: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -176,6 +184,10 @@ class AsyncT3Engine:
                 payload.set_result(self.engine.stats())
 
     def _run(self) -> None:
+        if self.intra_op_threads is not None:
+            import torch
+
+            torch.set_num_threads(self.intra_op_threads)  # this thread's parallel ops (OpenMP: per thread)
         try:
             while not self._stopping.is_set():
                 busy = self.engine.has_unfinished_requests()
@@ -196,7 +208,10 @@ class AsyncT3Engine:
                     events = self.engine.step()
                     self.last_step_at = time.monotonic()
                     self.step_started_at = None
-                    self.busy_s += time.perf_counter() - start
+                    elapsed = time.perf_counter() - start
+                    self.busy_s += elapsed
+                    if self.on_step_time is not None:
+                        self.on_step_time(elapsed)
                     self.tokens_generated += sum(1 for event in events if event.new_token is not None)
                     for event in events:
                         self._deliver(event.request_id, TokenEvent(event.new_token, event.finish_reason, event.error))

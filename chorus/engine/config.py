@@ -5,10 +5,17 @@ field, the value and the rule, so a wrong CLI flag or env var fails at start-up,
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 
 
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
+
+# Seconds one T3 step should take at most, by device type (SchedulerConfig.step_time_target_s).
+# A GPU's decode step is milliseconds and a 4096-position chunk of the full-size models ~3 TFLOP
+# (well under 0.25 s on an H200 by its FLOPs), so 0.25 s binds only on slow devices; on a CPU a
+# decode step of the full-size models is a good part of a second (docs/engine.md, "Step time").
+DEFAULT_STEP_TIME_TARGET_S = {"cpu": 1.0, "cuda": 0.25}
 
 
 def cdiv(a: int, b: int) -> int:
@@ -74,6 +81,16 @@ class SchedulerConfig:
         before reading the tokens of the one in flight (``Scheduler.schedule_ahead``), so host
         work overlaps the forward. Tokens are unchanged; a request that stops on EOS costs one
         wasted row in the step after.
+    step_time_target_s: the time one step should take at most. The token budget bounds
+        positions, not seconds, and a position costs very different time on different devices,
+        so a step's prefill positions (beside its decode rows, which always run) are also bounded
+        by what fits this many seconds, predicted from the steps timed so far
+        (``chorus.engine.step_cost``). None: the device's default
+        (``DEFAULT_STEP_TIME_TARGET_S``: 1 s on a CPU, 0.25 s on a GPU); ``math.inf``: no time
+        bound (the token budget only).
+    initial_prefill_tokens: prefill positions a step may take while no step with prefill has
+        been timed yet (the first steps after start-up): small, so the first step is short on
+        any device.
     """
 
     max_num_seqs: int = 64
@@ -81,9 +98,11 @@ class SchedulerConfig:
     max_model_len: int = 4096
     enable_chunked_prefill: bool = True
     async_scheduling: bool = True
+    step_time_target_s: float | None = None
+    initial_prefill_tokens: int = 128
 
     def __post_init__(self):
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "initial_prefill_tokens"):
             value = getattr(self, name)
             _require(isinstance(value, int) and value > 0, f"{name} must be a positive int, got {value!r}")
         _require(self.max_num_batched_tokens >= self.max_num_seqs,
@@ -92,6 +111,22 @@ class SchedulerConfig:
         _require(self.enable_chunked_prefill or self.max_num_batched_tokens >= self.max_model_len,
                  f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) "
                  f"must cover a whole prompt: >= max_model_len ({self.max_model_len})")
+        target = self.step_time_target_s
+        _require(target is None or (isinstance(target, (int, float)) and not isinstance(target, bool) and target > 0),
+                 f"step_time_target_s must be a positive number of seconds (math.inf: no time bound) or None "
+                 f"(the device's default), got {target!r}")
+        _require(target is None or self.enable_chunked_prefill or math.isinf(target),
+                 f"step_time_target_s={target!r} needs enable_chunked_prefill (a step's prompt positions are "
+                 f"cut to fit the time); without it set step_time_target_s=math.inf")
+
+    def resolved_step_time_target(self, device_type: str) -> float:
+        """``step_time_target_s``, or the default of a device of ``device_type`` ("cpu",
+        "cuda", ...) when it is None."""
+        if self.step_time_target_s is not None:
+            return float(self.step_time_target_s)
+        if not self.enable_chunked_prefill:
+            return math.inf
+        return DEFAULT_STEP_TIME_TARGET_S.get(device_type, DEFAULT_STEP_TIME_TARGET_S["cuda"])
 
 
 @dataclass(frozen=True)

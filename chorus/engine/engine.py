@@ -92,6 +92,36 @@ class _FailedStep:
     error: Exception
 
 
+class _StepTimer:
+    """A step's time for the step-cost model. On CUDA, device time between two events recorded
+    around its launch (a step queued behind another starts when that one ends, so the wait is
+    not counted); elsewhere the launch computes the step, and the time is the host's, launch
+    plus collect."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.started = time.perf_counter()
+        self.launch_s = 0.0
+
+    def launched(self) -> None:
+        if self.cuda:
+            self.end.record()
+        else:
+            self.launch_s = time.perf_counter() - self.started
+
+    def collected(self, collect_started: float) -> float:
+        """Seconds of the step; call once its tokens have been read (``collect_started``: the
+        ``perf_counter`` when reading them began)."""
+        if self.cuda:
+            self.end.synchronize()
+            return self.start.elapsed_time(self.end) / 1000
+        return self.launch_s + time.perf_counter() - collect_started
+
+
 class T3Engine:
     """Owns the scheduler, the KV cache and the model runner of one T3 model."""
 
@@ -121,7 +151,10 @@ class T3Engine:
 
             self.kv_cache.set_kv_scales(kv_scales(model, kv_scale_rule or DEFAULT_KV_SCALE_RULE))
         self.kv_manager = KVCacheManager(num_blocks, cache_cfg.block_size, cache_cfg.enable_prefix_caching)
-        self.scheduler = Scheduler(self.config.scheduler, self.kv_manager)
+        self.scheduler = Scheduler(
+            self.config.scheduler, self.kv_manager,
+            step_time_target_s=self.config.scheduler.resolved_step_time_target(model.device.type))
+        self._timers: dict[int, _StepTimer] = {}  # id(LaunchedStep) -> its timer, until committed
         shared_prefix = cache_cfg.shared_prefix_attention
         self.runner = ModelRunner(model, variant, self.kv_cache, shared_prefix=shared_prefix)
         if cuda_graphs and model.device.type == "cuda":
@@ -142,6 +175,7 @@ class T3Engine:
             self.warmup = warm_up_kernels(model, self.kv_cache, limits,
                                           sampler_vocab=model.config.speech_vocab_size, sampler_no_token=NO_TOKEN)
         self.num_steps = 0
+        self.last_step_seconds: float | None = None  # the last timed step (see _StepTimer)
         self.num_steps_ahead = 0  # steps scheduled ahead of the previous one's commit
         self._ahead: LaunchedStep | _FailedStep | None = None  # the step scheduled ahead and queued on the device (async scheduling)
 
@@ -293,10 +327,14 @@ class T3Engine:
     def _launch(self, out: SchedulerOutput, pending: LaunchedStep | None) -> LaunchedStep | _FailedStep:
         """Queue ``out`` on the device; a failure is kept and fails the step's requests at its
         commit (one failed step must not take the engine down)."""
+        timer = _StepTimer(self.model.device)
         try:
-            return self.runner.launch(out, pending)
+            launched = self.runner.launch(out, pending)
         except Exception as exc:  # noqa: BLE001
             return _FailedStep(out, exc)
+        timer.launched()
+        self._timers[id(launched)] = timer
+        return launched
 
     def _commit(self, launched: LaunchedStep | _FailedStep) -> list[RequestOutput]:
         """Read a launched step's tokens and commit it: stops, outputs, freed requests."""
@@ -304,10 +342,14 @@ class T3Engine:
         if isinstance(launched, _FailedStep):
             error = launched.error
         else:
+            timer = self._timers.pop(id(launched), None)
+            collect_started = time.perf_counter()
             try:
                 sampled = self.runner.collect(launched)
             except Exception as exc:  # noqa: BLE001
                 error = exc
+            if error is None and timer is not None:
+                self._observe_step(out, timer.collected(collect_started))
         results = []
         if error is not None:
             # fail the step's requests (their blocks are freed), keep serving the others
@@ -336,6 +378,12 @@ class T3Engine:
             if result.finish_reason is not None:
                 self.runner.remove_request(result.request_id)
         return results
+
+    def _observe_step(self, out: SchedulerOutput, seconds: float) -> None:
+        """Feed a step's measured time to the scheduler's step-cost model."""
+        decode_rows = int((out.row_num_tokens == 1).sum())
+        self.last_step_seconds = seconds
+        self.scheduler.step_cost.observe(decode_rows, out.total_num_tokens - decode_rows, seconds)
 
     def generate(self, requests: Sequence[T3Request]) -> list[T3Result]:
         """Run ``requests`` to completion with continuous batching; results in input order."""

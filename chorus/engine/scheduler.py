@@ -16,11 +16,16 @@ samples one token per request whose logits were needed, then
 
 The two rows of a CFG pair always get the same span, both count against the budget, and they
 sit next to each other in the batch (conditional first).
+
+Besides the token budget, a step's prefill positions (prompt chunks and admissions, never the
+decode rows) are bounded by time: what ``step_cost`` predicts fits in ``step_time_target_s``
+beside the decode rows (``prefill_time_budget``; docs/engine.md, "Step time").
 """
 from __future__ import annotations
 
 import bisect
 import heapq
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -32,6 +37,14 @@ from chorus.engine.config import cdiv, SchedulerConfig
 from chorus.engine.kv_cache_manager import KVCacheManager
 from chorus.engine.request import FinishReason, Request, RequestQueue, RequestStatus
 from chorus.engine.scheduler_output import RequestOutput, ScheduledSequence, SchedulerOutput
+from chorus.engine.step_cost import StepCostModel
+
+# Prefill a step may always take, even when its decode rows alone reach the step-time target:
+# this share of the target's time (by the learned rate), and at least this many positions, so
+# waiting requests keep advancing instead of waiting for running ones to end. An overloaded
+# device's step then takes its decode rows' time plus at most half the target.
+MIN_PREFILL_TARGET_SHARE = 0.5
+MIN_PREFILL_TOKENS = 16
 
 __all__ = ["AdmissionError", "RequestOutput", "ScheduledSequence", "Scheduler", "SchedulerOutput", "SchedulerStats"]
 
@@ -61,9 +74,14 @@ class Scheduler:
 
     def __init__(
         self, config: SchedulerConfig, kv_cache: KVCacheManager,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic, *, step_time_target_s: float = math.inf,
     ):
+        """``step_time_target_s``: seconds a step's predicted time should stay under (the
+        engine resolves ``config.step_time_target_s`` for its device; inf: no time bound). The
+        caller times steps and feeds ``step_cost`` (``StepCostModel.observe``)."""
         self.config = config
+        self.step_time_target_s = step_time_target_s
+        self.step_cost = StepCostModel()
         self.kv = kv_cache
         self.clock = clock
         self.waiting = RequestQueue()
@@ -143,6 +161,11 @@ class Scheduler:
         else:
             decoding, prefilling = list(self.running), []  # a copy: admission inserts into running
         decode_starts = self._allocate_decode_slots(decoding)
+        # prefill positions that fit the step-time target beside the decode rows (which always
+        # run); the steady decode step (nothing prefilling or waiting) has no use for them
+        prefill_time = 0
+        if prefilling or self.waiting or decode_starts is None:
+            prefill_time = self.prefill_time_budget(self.num_running_rows - sum(r.num_rows for r in prefilling))
         if decode_starts is not None:
             scheduled = dict.fromkeys([r.request_id for r in decoding], 1)
             budget -= self.num_running_rows - sum(r.num_rows for r in prefilling)
@@ -153,13 +176,17 @@ class Scheduler:
         for request in rest:
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            n = min(self._remaining(request), budget // request.num_rows)
+            remaining = self._remaining(request)
+            limit = budget if remaining <= 1 else min(budget, prefill_time)  # a decode row always runs
+            n = min(remaining, limit // request.num_rows)
             if n <= 0:
                 continue
             while request.status is RequestStatus.RUNNING:
                 if self.kv.allocate_slots(request, n) is not None:
                     scheduled[request.request_id] = n
                     budget -= n * request.num_rows
+                    if remaining > 1:
+                        prefill_time -= n * request.num_rows
                     break
                 preempt(self.running[-1])
 
@@ -172,7 +199,8 @@ class Scheduler:
                 break
             computed = self.kv.get_computed_blocks(request)
             remaining = request.num_tokens - computed.num_tokens
-            n = min(remaining, budget // request.num_rows)
+            limit = budget if remaining <= 1 else min(budget, prefill_time)
+            n = min(remaining, limit // request.num_rows)
             if n <= 0 or (n < remaining and not self.config.enable_chunked_prefill):
                 break
             if self.kv.allocate_slots(request, n, computed) is None:
@@ -186,6 +214,8 @@ class Scheduler:
             self._add_running(request)
             scheduled[request.request_id] = n
             budget -= n * request.num_rows
+            if remaining > 1:
+                prefill_time -= n * request.num_rows
 
         if decode_starts is not None and not preempted and len(scheduled) == len(decoding):
             out = self._decode_output(decoding, decode_starts, finished)  # the steady state
@@ -193,6 +223,24 @@ class Scheduler:
             out = self._build_output(scheduled, preempted, finished)
         self._in_flight.append(out)
         return out
+
+    def prefill_time_budget(self, decode_rows: int) -> int:
+        """Prefill positions a step with ``decode_rows`` decode rows may take under the
+        step-time target: what ``step_cost`` predicts fits, at least what fits in
+        ``MIN_PREFILL_TARGET_SHARE`` of the target alone and ``MIN_PREFILL_TOKENS``;
+        ``config.initial_prefill_tokens`` until a step with prefill has been timed; unbounded
+        (the token budget decides) without a target."""
+        target = self.step_time_target_s
+        if math.isinf(target):
+            return self.config.max_num_batched_tokens
+        cost = self.step_cost
+        fits = cost.prefill_budget(target, decode_rows)
+        if fits is None:
+            return self.config.initial_prefill_tokens
+        rate = cost.prefill_token_s
+        share = MIN_PREFILL_TARGET_SHARE * target / rate if rate > 0 else math.inf
+        floor = max(MIN_PREFILL_TOKENS, int(min(share, self.config.max_num_batched_tokens)))
+        return min(max(fits, floor), self.config.max_num_batched_tokens)
 
     def schedule_ahead(self) -> SchedulerOutput | None:
         """The next step, scheduled while the one in flight has not been committed: its

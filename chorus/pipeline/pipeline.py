@@ -53,6 +53,10 @@ class PipelineConfig:
     default_deadline_s: the total deadline of requests that bring none (submission to the
     end); None = none (batch jobs). default_start_deadline_s: the start deadline of requests
     that bring none (submission to the first audio piece); None = none.
+    split_cpu_threads: on a CPU, give the T3 thread and the vocoder thread each a share of
+    torch's intra-op threads (T3 the larger half, at least one each) instead of both using all
+    of them: two stages running parallel ops at once on the same cores oversubscribe them, and
+    OpenMP's spinning workers then slow both (docs/engine.md, "Step time"). No effect on a GPU.
     """
 
     engine: EngineConfig | None = None
@@ -62,6 +66,7 @@ class PipelineConfig:
     default_start_deadline_s: float | None = None
     conditioning_cache_size: int = 256
     cuda_graphs: bool = True
+    split_cpu_threads: bool = True
 
 
 @dataclass(frozen=True)
@@ -156,7 +161,11 @@ class Pipeline:
         self.conditioning = ConditioningCache(models.t3, variant, config.conditioning_cache_size)
         self.engine = T3Engine(models.t3, variant, engine_config, cuda_graphs=config.cuda_graphs)
         self.vocoder = VocoderStage(models.s3gen, config.vocoder)
-        self._t3 = AsyncT3Engine(self.engine, on_step=self._on_t3_step)
+        self._threads_at_start = torch.get_num_threads()
+        self._t3_threads, self._vocoder_threads = _thread_shares(models.device, config.split_cpu_threads)
+        self._t3 = AsyncT3Engine(self.engine, on_step=self._on_t3_step, intra_op_threads=self._t3_threads,
+                                 on_step_time=lambda seconds: self._timing("t3", seconds))
+        self._timing_listener: Callable[[str, float], None] | None = None
         self._inbox: queue.Queue = queue.Queue()
         self._requests: dict[str, _RequestState] = {}  # owned by the vocoder thread
         self._jobs: dict[str, _Job] = {}  # owned by the vocoder thread
@@ -195,6 +204,8 @@ class Pipeline:
             self._thread.join(timeout)
             self._thread = None
         self._t3.stop(timeout)
+        if self._t3_threads is not None:  # a stage thread's setting can leak to the process's
+            torch.set_num_threads(self._threads_at_start)
 
     def __enter__(self) -> "Pipeline":
         return self.start()
@@ -302,7 +313,24 @@ class Pipeline:
         self._inbox.put(("t3", events))
 
     # -- vocoder thread --------------------------------------------------------------------------
+    def set_timing_listener(self, listener: Callable[[str, float], None] | None) -> None:
+        """``listener(stage, seconds)`` is called, on the pipeline's threads, with ``"queue"``
+        (a request's submission to its first T3 token), ``"t3"`` (each T3 step) and
+        ``"vocoder"`` (each vocoder pass). It must be quick and thread-safe (e.g. a Prometheus
+        histogram's ``observe``)."""
+        self._timing_listener = listener
+
+    def _timing(self, stage: str, seconds: float) -> None:
+        listener = self._timing_listener
+        if listener is not None:
+            try:
+                listener(stage, seconds)
+            except Exception:  # noqa: BLE001 - metrics must never take a stage down
+                logger.exception("the timing listener failed")
+
     def _run(self) -> None:
+        if self._vocoder_threads is not None:
+            torch.set_num_threads(self._vocoder_threads)  # this thread's parallel ops (OpenMP: per thread)
         try:
             while not self._stopping.is_set():
                 self._drain(block=not self.vocoder.has_work())
@@ -313,7 +341,9 @@ class Pipeline:
                     with _on_stream(self._cuda_stream):
                         outs = self.vocoder.step()
                     self._vocoder_step_started_at = None
-                    self.vocoder_busy_s += time.perf_counter() - start
+                    elapsed = time.perf_counter() - start
+                    self.vocoder_busy_s += elapsed
+                    self._timing("vocoder", elapsed)
                     for out in outs:
                         self._on_audio(out)
         except BaseException as exc:  # noqa: BLE001 - fail every request instead of hanging them
@@ -368,6 +398,7 @@ class Pipeline:
             touched.add(event.request_id)
             if job.index == 0 and job.request.first_token is None:
                 job.request.first_token = time.monotonic()
+                self._timing("queue", job.request.first_token - job.request.submitted)
         reason = event.finish_reason
         if reason is None:
             return
@@ -475,6 +506,14 @@ class Pipeline:
             why = state.deadlines.expired(now, state.audio_started)
             if why is not None:
                 self._fail(state, "deadline", why)
+
+
+def _thread_shares(device: torch.device, split: bool) -> tuple[int | None, int | None]:
+    """Intra-op threads of the T3 thread and of the vocoder thread (None: torch's setting)."""
+    if device.type != "cpu" or not split:
+        return None, None
+    total = torch.get_num_threads()
+    return max(1, total - total // 2), max(1, total // 2)
 
 
 class _on_stream:

@@ -2,16 +2,43 @@
 
 Request-side metrics are updated by the request handlers; engine-side values (KV blocks, batch
 sizes, tokens/s, preemptions) come from the monitor's latest :class:`EngineSnapshot`, read at
-scrape time, so a scrape never waits for the engine.
+scrape time, so a scrape never waits for the engine. Stage times (``chorus_stage_seconds``) are
+observed by the pipeline's threads as they happen (``observe_stage``); GPU utilisation and
+memory are read from NVML at scrape time, only when ``nvidia-ml-py`` is installed and the
+pipeline runs on a CUDA device (``watch_device``): otherwise those metrics are not exported.
 """
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+logger = logging.getLogger("chorus.server")
+
 LATENCY_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+# stage times run from a millisecond (a GPU decode step, encoding a piece) to minutes (a stalled step)
+STAGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+STAGES = ("queue", "t3", "vocoder", "encode")
+# error codes that are admission refusals, and the reason label they count under
+REFUSAL_REASONS = {"queue_full": "queue_full", "overloaded": "overloaded", "memory_pressure": "memory_pressure"}
+DEADLINE_KINDS = ("start", "total")
+# metrics exported only where they can be measured (NVML on a CUDA device)
+OPTIONAL_METRICS = frozenset({"chorus_gpu_utilization_ratio", "chorus_gpu_memory_bytes"})
+
+
+def kv_fragmentation(free_blocks: int, used_blocks: int, running_requests: int) -> float:
+    """The share of free KV blocks that a request of the typical size cannot use: the remainder
+    of the free blocks after as many whole typical requests as fit, over the free blocks. The
+    typical size is the blocks the running requests hold on average (none running: 0). A paged
+    pool has no holes (any free block serves any request), so what strands memory is a remainder
+    smaller than one request: the value reaches 1 when not one more typical request fits."""
+    if free_blocks <= 0 or running_requests <= 0 or used_blocks <= 0:
+        return 0.0
+    typical = math.ceil(used_blocks / running_requests)
+    return (free_blocks % typical) / free_blocks
 
 
 @dataclass(frozen=True)
@@ -30,7 +57,10 @@ class EngineSnapshot:
     vocoder_passes: int = 0
     vocoder_items: int = 0
     vocoder_items_per_pass: float = 0.0
+    vocoder_busy_ratio: float = 0.0
     pipeline_active: int = 0
+    kv_blocks_evictable: int = 0
+    kv_fragmentation: float = 0.0
 
     @property
     def kv_usage(self) -> float:
@@ -69,10 +99,53 @@ class ServerMetrics:
                                      "Admission's predicted seconds until everything in flight is delivered",
                                      registry=registry)
         ProcessCollector(registry=registry)  # process_resident_memory_bytes, CPU seconds, open fds (Linux)
+        self.stage_seconds = Histogram(
+            "chorus_stage_seconds", "Time of one unit of work per stage: queue (a request's submission to its "
+            "first T3 token), t3 (one T3 step), vocoder (one vocoder pass), encode (one audio piece)",
+            ["stage"], buckets=STAGE_BUCKETS, registry=registry)
+        self.refusals = Counter("chorus_admission_refusals", "Requests refused at admission, by reason",
+                                ["reason"], registry=registry)
+        self.deadline_misses = Counter("chorus_deadline_misses", "Requests that missed a deadline, by kind "
+                                       "(start: before their first audio; total: the whole request)",
+                                       ["kind"], registry=registry)
+        for stage in STAGES:  # every series exists from the start (a rate over nothing is 0, not absent)
+            self.stage_seconds.labels(stage)
+        for reason in REFUSAL_REASONS.values():
+            self.refusals.labels(reason)
+        for kind in DEADLINE_KINDS:
+            self.deadline_misses.labels(kind)
         registry.register(_EngineCollector(snapshot))
+        self._gpu = _GpuCollector()
+        registry.register(self._gpu)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def observe_stage(self, stage: str, seconds: float) -> None:
+        """One unit of work of ``stage`` took ``seconds`` (thread-safe: the pipeline's threads
+        call it; ``Pipeline.set_timing_listener``)."""
+        self.stage_seconds.labels(stage).observe(seconds)
+
+    def record_error(self, code: str) -> None:
+        """An error answer with ``code``: counted by type, and as an admission refusal or a
+        deadline miss when it is one."""
+        self.errors.labels(code).inc()
+        if code in REFUSAL_REASONS:
+            self.refusals.labels(REFUSAL_REASONS[code]).inc()
+        elif code == "deadline_exceeded":  # 504 before the first audio: the start deadline (or a shorter total)
+            self.deadline_misses.labels("start").inc()
+
+    def stream_cut(self, reason: str) -> None:
+        """A response cut after its first byte (``reason``: the pipeline's, e.g. ``deadline``, or
+        ``slow_reader``); once audio flows, only a total deadline can pass."""
+        self.stream_cuts.labels(reason).inc()
+        if reason == "deadline":
+            self.deadline_misses.labels("total").inc()
+
+    def watch_device(self, device) -> bool:
+        """Export GPU utilisation and memory of ``device`` (a ``torch.device``) from NVML at
+        scrape time. Returns False, and exports nothing, off CUDA or without ``nvidia-ml-py``."""
+        return self._gpu.watch(device)
 
 
 class _EngineCollector:
@@ -106,3 +179,67 @@ class _EngineCollector:
                                 value=s.vocoder_items_per_pass)
         yield GaugeMetricFamily("chorus_pipeline_active_requests", "Requests inside the pipeline",
                                 value=s.pipeline_active)
+        yield GaugeMetricFamily("chorus_vocoder_busy_ratio",
+                                "Share of the last monitor interval the vocoder thread spent in passes",
+                                value=s.vocoder_busy_ratio)
+        yield GaugeMetricFamily("chorus_kv_evictable_blocks",
+                                "Free KV blocks that still hold prefix-cache content (evicted when reused)",
+                                value=s.kv_blocks_evictable)
+        yield GaugeMetricFamily("chorus_kv_fragmentation",
+                                "Share of free KV blocks a request of the typical size cannot use "
+                                "(docs/server.md)", value=s.kv_fragmentation)
+
+
+class _GpuCollector:
+    """GPU utilisation and memory from NVML (``nvidia-ml-py``), read at scrape time; yields
+    nothing until ``watch`` found NVML and a CUDA device."""
+
+    def __init__(self):
+        self._nvml = None
+        self._handle = None
+
+    def watch(self, device) -> bool:
+        if getattr(device, "type", None) != "cuda":
+            return False
+        try:
+            import pynvml  # the nvidia-ml-py package (optional: chorus-tts[gpu-metrics])
+        except ImportError:
+            logger.info("nvidia-ml-py is not installed: GPU utilisation and memory are not exported")
+            return False
+        try:
+            import torch
+
+            pynvml.nvmlInit()
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            props = torch.cuda.get_device_properties(index)
+            pci = [getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")]
+            if None in pci:  # NVML's numbering matches CUDA's only without CUDA_VISIBLE_DEVICES
+                self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            else:  # the same GPU as CUDA's device, whatever CUDA_VISIBLE_DEVICES reorders
+                self._handle = pynvml.nvmlDeviceGetHandleByPciBusId("{:04x}:{:02x}:{:02x}.0".format(*pci))
+        except Exception as exc:  # noqa: BLE001 - no GPU metrics is better than no server
+            logger.warning("NVML is unavailable (%s): GPU utilisation and memory are not exported", exc)
+            return False
+        self._nvml = pynvml
+        return True
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        if self._nvml is None:
+            return
+        try:
+            utilization = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
+            memory = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
+        except Exception:  # noqa: BLE001 - a failed read must not fail the scrape
+            logger.exception("NVML read failed")
+            return
+        yield GaugeMetricFamily("chorus_gpu_utilization_ratio",
+                                "Share of the last sample period the GPU was running kernels (NVML)",
+                                value=utilization.gpu / 100)
+        memory_family = GaugeMetricFamily("chorus_gpu_memory_bytes", "GPU memory by state (NVML, the whole GPU)",
+                                          labels=["state"])
+        memory_family.add_metric(["used"], memory.used)
+        memory_family.add_metric(["total"], memory.total)
+        yield memory_family

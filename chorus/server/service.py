@@ -24,7 +24,7 @@ from chorus.server.capacity import CapacityModel
 from chorus.server.config import ServerConfig
 from chorus.server.degradation import Applied, DegradationPolicy
 from chorus.server.errors import APIError
-from chorus.server.metrics import EngineSnapshot, ServerMetrics
+from chorus.server.metrics import EngineSnapshot, ServerMetrics, kv_fragmentation
 from chorus.server.schemas import SpeechBody
 from chorus.sampling.params import InvalidSamplingParams
 from chorus.text.errors import MissingLanguagePackageError, TextError, UnsupportedLanguageError
@@ -76,6 +76,7 @@ class SpeechService:
         self._last_tokens: tuple[float, int] | None = None
         self._last_passes: tuple[int, int] = (0, 0)
         self._last_delivery: tuple[float, float, bool] | None = None  # (time, tokens delivered, busy)
+        self._last_vocoder_busy: tuple[float, float] | None = None  # (when, vocoder busy seconds)
 
     # ------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -89,6 +90,7 @@ class SpeechService:
             self.start_deadline_s = self.config.start_deadline_for(self.pipeline.models.device.type)
             self.capacity.first_window_tokens = self.pipeline.vocoder.config.first_window_tokens
             self.capacity.max_rows = self.pipeline.engine.config.scheduler.max_num_seqs
+            self._watch_pipeline()
             if self.config.warmup:
                 self.state = "warming"
                 warmup = getattr(self.pipeline, "warmup", None)
@@ -103,6 +105,14 @@ class SpeechService:
             self.state, self.failure = "failed", f"{type(exc).__name__}: {exc}"
             logger.exception("start-up failed")
         self._monitor = asyncio.create_task(self._monitor_loop())
+
+    def _watch_pipeline(self) -> None:
+        """Stage times and the GPU's gauges for the metrics (pipelines that offer them)."""
+        if hasattr(self.pipeline, "set_timing_listener"):
+            self.pipeline.set_timing_listener(self.metrics.observe_stage)
+        models = getattr(self.pipeline, "models", None)
+        if models is not None:
+            self.metrics.watch_device(models.device)
 
     async def stop(self) -> None:
         if self._monitor is not None:
@@ -260,13 +270,19 @@ class SpeechService:
         vocoder = pipe.vocoder.stats
         passes, items = vocoder.passes - self._last_passes[0], vocoder.items - self._last_passes[1]
         self._last_passes = (vocoder.passes, vocoder.items)
+        busy_s, busy = pipe.vocoder_busy_s, 0.0
+        if self._last_vocoder_busy is not None and now > self._last_vocoder_busy[0]:
+            busy = min(1.0, (busy_s - self._last_vocoder_busy[1]) / (now - self._last_vocoder_busy[0]))
+        self._last_vocoder_busy = (now, busy_s)
         kv = stats.kv
         return EngineSnapshot(
             kv_blocks_used=kv.num_used_blocks, kv_blocks_free=kv.num_free_blocks,
             prefix_hit_rate=kv.prefix_hit_rate, preemptions=stats.num_preemptions,
             t3_waiting=stats.num_waiting, t3_running=stats.num_running, t3_rows=stats.num_running_rows,
             t3_tokens=tokens, t3_tokens_per_s=rate, vocoder_passes=vocoder.passes, vocoder_items=vocoder.items,
-            vocoder_items_per_pass=items / passes if passes else 0.0, pipeline_active=pipe.active_requests)
+            vocoder_items_per_pass=items / passes if passes else 0.0, pipeline_active=pipe.active_requests,
+            vocoder_busy_ratio=busy, kv_blocks_evictable=kv.num_cached_free_blocks,
+            kv_fragmentation=kv_fragmentation(kv.num_free_blocks, kv.num_used_blocks, stats.num_running))
 
     # ------------------------------------------------------- the Backend seam (chorus/server/backend.py)
     @property
@@ -302,7 +318,7 @@ class SpeechService:
         return self.metrics.render()
 
     def record_error(self, code: str) -> None:
-        self.metrics.errors.labels(code).inc()
+        self.metrics.record_error(code)
 
     # ------------------------------------------------------------------------------- requests
     def model_ids(self) -> list[str]:

@@ -137,7 +137,10 @@ class _Session:
     async def _encode(self, fn, *args) -> bytes:
         """Run an encoder call: a codec on a worker thread (the event loop must not spend its
         time in one), PCM and WAV inline."""
-        return fn(*args) if self.cheap else await asyncio.to_thread(fn, *args)
+        started = time.perf_counter()
+        data = fn(*args) if self.cheap else await asyncio.to_thread(fn, *args)
+        self.service.metrics.observe_stage("encode", time.perf_counter() - started)
+        return data
 
     async def _encoded(self) -> AsyncIterator[bytes]:
         service, metrics = self.service, self.service.metrics
@@ -169,13 +172,13 @@ class _Session:
             metrics.e2e.observe(time.perf_counter() - self.arrived)
         except PipelineError as exc:  # after the first byte: cut the stream (the HTTP layer logs it)
             status = pipeline_error(exc).code
-            metrics.stream_cuts.labels(exc.reason).inc()
+            metrics.stream_cut(exc.reason)
             raise StreamCut(exc.reason, exc.message) from None
         except (asyncio.CancelledError, GeneratorExit):
             status = "client_disconnected"
             if self.client_stalled:
                 status = "slow_reader"
-                metrics.stream_cuts.labels("slow_reader").inc()
+                metrics.stream_cut("slow_reader")
             raise
         except Exception as exc:
             status = "internal_error"

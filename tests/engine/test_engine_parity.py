@@ -4,6 +4,8 @@ and the sampler's parity with the reference are tested in tests/models/t3/ (logi
 tests/sampling/ (probabilities)."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -28,13 +30,13 @@ def _model_of(variant):
 
 
 def _engine(variant, model, *, num_blocks=None, max_num_seqs=64, budget=512, prefix=True, max_model_len=1024,
-            kv_cache_dtype="auto"):
+            kv_cache_dtype="auto", step_time_target_s=None):
     config = EngineConfig(
         variant=variant.name, default_deadline_s=None,
         cache=CacheConfig(block_size=16, num_blocks=num_blocks, kv_cache_bytes=64 << 20,
                           enable_prefix_caching=prefix, kv_cache_dtype=kv_cache_dtype),
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-                                  max_model_len=max_model_len),
+                                  max_model_len=max_model_len, step_time_target_s=step_time_target_s),
     )
     return T3Engine(model, variant, config)
 
@@ -183,7 +185,7 @@ def test_a_request_the_runner_rejects_is_not_queued(monkeypatch):
 
 def test_a_failed_step_fails_its_requests_and_frees_their_blocks(monkeypatch):
     variant, model = tiny("turbo")
-    engine = _engine(variant, model)
+    engine = _engine(variant, model, step_time_target_s=math.inf)  # both prompts in the first step
     ids = [engine.add_request(r) for r in _requests(variant, 2, max_tokens=5)]
 
     def broken(out, pending=None):

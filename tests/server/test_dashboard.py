@@ -1,5 +1,6 @@
 """deploy/grafana-dashboard.json stays true to the server: every metric its queries name is one
-a live server exposes, and every metric the server exposes has a panel."""
+a live server exposes (or one exported only where it can be measured: ``OPTIONAL_METRICS``),
+and every metric the server exposes has a panel."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,8 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from chorus.server.metrics import OPTIONAL_METRICS
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana-dashboard.json"
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "summary": ("_sum", "_count"),
@@ -48,8 +51,14 @@ def _exposed(server) -> tuple[set[str], set[str]]:
     return names, families
 
 
+def _optional_names() -> set[str]:
+    """Sample names of the metrics exported only where they can be measured (GPU gauges)."""
+    return {name + suffix for name in OPTIONAL_METRICS for suffix in ("", "_total", "_bucket", "_sum", "_count")}
+
+
 def test_every_metric_the_dashboard_queries_exists(server, dashboard):
     names, _ = _exposed(server)
+    names |= _optional_names()
     used = {name for expr in _queries(dashboard) for name in _NAME.findall(expr)}
     assert used, "the dashboard names no chorus metric"
     assert sorted(used - names) == [], f"not exposed by the server: {sorted(used - names)}"
@@ -57,6 +66,7 @@ def test_every_metric_the_dashboard_queries_exists(server, dashboard):
 
 def test_every_server_metric_has_a_panel(server, dashboard):
     _, families = _exposed(server)
+    families |= OPTIONAL_METRICS
     exprs = " ".join(_queries(dashboard))
     missing = sorted(f for f in families if not re.search(rf"\b{f}(_total|_bucket|_sum|_count)?\b", exprs))
     assert missing == [], f"server metrics without a panel on the dashboard: {missing}"

@@ -117,15 +117,23 @@ def paged_attention_reference(
         assert q_len >= 0 and (lens[s] >= q_len or lens[s] == 0), (s, q_len, lens[s])
         assert lens[s] <= block_tables.shape[1] * block_size, "context longer than its block table"
 
+    q_lens = [starts[s + 1] - starts[s] for s in range(num_seqs)]
     first = 0
     while first < num_seqs:
-        # grow the chunk while its padded gather stays under budget
-        last, max_len = first, 0
+        # Grow the chunk while its padded gather and its padded scores stay under budget, and
+        # while padding every sequence to the chunk's longest query at most doubles the queries:
+        # decode rows (one query) batched with a prefill chunk would each be padded to the chunk's
+        # length, and their scores with it (a step of 16 decode rows and a 4,096-position chunk
+        # computed 17 x 4,096 query rows instead of 4,112).
+        last, max_len, max_q, queries = first, 0, 0, 0
         while last < num_seqs:
-            width = max(max_len, lens[last], 1)
-            if last > first and (last - first + 1) * width * heads * head_dim > _GATHER_BUDGET_ELEMENTS:
+            width, q_width = max(max_len, lens[last], 1), max(max_q, q_lens[last], 1)
+            count = last - first + 1
+            if last > first and (count * width * heads * head_dim > _GATHER_BUDGET_ELEMENTS
+                                 or count * q_width * width * heads > _GATHER_BUDGET_ELEMENTS
+                                 or count * q_width > 2 * (queries + max(q_lens[last], 1))):
                 break
-            max_len = width
+            max_len, max_q, queries = width, q_width, queries + max(q_lens[last], 1)
             last += 1
         _attend_chunk(q, key_cache, value_cache, block_tables, starts, lens, first, last,
                       max_len, scale, out, k_scale, v_scale)

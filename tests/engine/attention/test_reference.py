@@ -30,6 +30,23 @@ def test_reference_handles_many_sequences_in_chunks(monkeypatch):
     assert rel_error(chunked, dense_attention(batch)) < 1e-6
 
 
+def test_decode_rows_are_not_padded_to_a_prefill_chunk(monkeypatch):
+    import chorus.engine.attention.reference as reference
+
+    chunks = []
+    real = reference._attend_chunk
+
+    def attend(q, kc, vc, tables, starts, lens, first, last, *rest):
+        chunks.append([starts[s + 1] - starts[s] for s in range(first, last)])
+        return real(q, kc, vc, tables, starts, lens, first, last, *rest)
+
+    monkeypatch.setattr(reference, "_attend_chunk", attend)
+    batch = make_batch([(40, 1), (33, 1), (57, 1), (64, 48)], heads=2, block_size=8)  # decode first
+    out = paged_attention_reference(*batch.args())
+    assert chunks == [[1, 1, 1], [48]]  # the three decode rows are not padded to 48 queries
+    assert rel_error(out, dense_attention(batch)) < 1e-6
+
+
 def test_padding_sequence_gets_zeros():
     batch = make_batch(scenario("padding_seq", 16))
     out = paged_attention_reference(*batch.args())
