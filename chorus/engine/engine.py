@@ -8,6 +8,7 @@ tokens to asyncio consumers.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -327,13 +328,15 @@ class T3Engine:
     def _launch(self, out: SchedulerOutput, pending: LaunchedStep | None) -> LaunchedStep | _FailedStep:
         """Queue ``out`` on the device; a failure is kept and fails the step's requests at its
         commit (one failed step must not take the engine down)."""
-        timer = _StepTimer(self.model.device)
+        # steps are timed only for a time target (math.inf: none, e.g. a GPU's default)
+        timer = _StepTimer(self.model.device) if math.isfinite(self.scheduler.step_time_target_s) else None
         try:
             launched = self.runner.launch(out, pending)
         except Exception as exc:  # noqa: BLE001
             return _FailedStep(out, exc)
-        timer.launched()
-        self._timers[id(launched)] = timer
+        if timer is not None:
+            timer.launched()
+            self._timers[id(launched)] = timer
         return launched
 
     def _commit(self, launched: LaunchedStep | _FailedStep) -> list[RequestOutput]:

@@ -134,7 +134,7 @@ def test_without_a_target_the_token_budget_alone_decides():
     assert out.total_num_tokens == 512
 
 
-@pytest.mark.parametrize("device, want", [("cpu", 1.0), ("cuda", 0.25)])
+@pytest.mark.parametrize("device, want", [("cpu", 1.0), ("cuda", math.inf)])
 def test_the_default_target_depends_on_the_device(device, want):
     assert SchedulerConfig().resolved_step_time_target(device) == want
     assert SchedulerConfig(step_time_target_s=3.0).resolved_step_time_target(device) == 3.0
@@ -172,3 +172,18 @@ def test_the_engine_times_its_steps_and_bounds_them(monkeypatch):
     assert engine.scheduler.step_cost.prefill_token_s == pytest.approx(PER_TOKEN, rel=0.05)
     assert outputs[0].total_num_tokens <= 16
     assert all(device_seconds(out) <= 0.1 * 1.05 for out in outputs[2:])
+
+
+def test_without_a_target_steps_are_not_timed():
+    """No time target (a GPU's default): the engine keeps no step timers and learns nothing."""
+    from chorus.engine.engine import T3Engine
+    from tests.engine.test_engine_parity import _requests
+    from tests.engine.tiny_models import tiny
+
+    variant, model = tiny("turbo")
+    config = EngineConfig.from_flat(variant="turbo", default_deadline_s=None, kv_cache_bytes=64 << 20,
+                                    max_num_seqs=16, max_num_batched_tokens=1024, max_model_len=1024,
+                                    step_time_target_s=math.inf)
+    engine = T3Engine(model, variant, config)
+    engine.generate(_requests(variant, 2, seed=3, max_tokens=4))
+    assert engine.last_step_seconds is None and engine.scheduler.step_cost.observations == 0
