@@ -21,8 +21,8 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
-def guarded(tmp_path_factory):
-    config = server_config(tmp_path_factory.mktemp("voices"), api_keys=("first-key-0001", "second-key-002"),
+def guarded(module_tmp_path_factory):
+    config = server_config(module_tmp_path_factory.mktemp("voices"), api_keys=("first-key-0001", "second-key-002"),
                            max_header_bytes=4096, body_timeout_s=0.5)
     with LiveServer(config, tiny_loader(config, front_end=tiny_front_end(tiny("turbo")[0])),
                     api_key="second-key-002") as live:

@@ -29,8 +29,9 @@ import pytest
 import soundfile
 
 from chorus.voices.voice import Voice
-from tests.server.live import LiveServer, server_config, tiny_loader
 from tests.engine.tiny_models import tiny
+from tests.server.live import LiveServer, server_config, tiny_loader
+from tests.voices.checkpoints import BASE_ENV
 from tests.voices.front_ends import tiny_front_end
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +60,9 @@ class Process:
     def __init__(self, voices_dir: Path, log: Path, prefix: list[str] | None = None, **env: str):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        environment = {k: v for k, v in os.environ.items() if not k.startswith(("CHORUS_", "HF_"))}
+        # none of the Chorus settings of this process, but the tests' scratch directory
+        environment = {k: v for k, v in os.environ.items()
+                       if not k.startswith(("CHORUS_", "HF_")) or k == BASE_ENV}
         environment.update(PYTHONPATH=str(ROOT), TQDM_DISABLE="1", **env)
         self._log = log.open("ab")
         command = [sys.executable, "-m", "tests.server.tiny_serve", str(voices_dir), str(self.port)]
@@ -122,9 +125,9 @@ def _check_library(server: Process, voices_dir: Path, must_have: set[str], must_
 
 
 @pytest.fixture(scope="module")
-def seeded(tmp_path_factory) -> tuple[Path, list[str]]:
+def seeded(module_tmp_path_factory) -> tuple[Path, list[str]]:
     """A voices directory holding two voices, uploaded through a server that was then killed."""
-    directory = tmp_path_factory.mktemp("seeded") / "voices"
+    directory = module_tmp_path_factory.mktemp("seeded") / "voices"
     server = Process(directory, directory.parent / "log").wait_ready()
     try:
         ids = []

@@ -32,7 +32,7 @@ def gpt2_dir(session_tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def pkuseg_home(tmp_path_factory):
+def pkuseg_home(session_tmp_path_factory):
     """Where spacy-pkuseg keeps its default model, holding a tiny trained one, when spacy-pkuseg
     is installed: the reference calls ``pkuseg()``, which would otherwise download the real model
     (and fail offline), and Chorus's lenient default finds the same model there. None otherwise."""
@@ -43,8 +43,8 @@ def pkuseg_home(tmp_path_factory):
 
     from tests.text.tiny_language_models import install_as_pkuseg_default, train_tiny_pkuseg
 
-    home = tmp_path_factory.mktemp("pkuseg_home")
-    install_as_pkuseg_default(train_tiny_pkuseg(tmp_path_factory.mktemp("pkuseg_train")), home)
+    home = session_tmp_path_factory.mktemp("pkuseg_home")
+    install_as_pkuseg_default(train_tiny_pkuseg(session_tmp_path_factory.mktemp("pkuseg_train")), home)
     saved_env, saved_home = os.environ.get("PKUSEG_HOME"), spacy_pkuseg.config.pkuseg_home
     os.environ["PKUSEG_HOME"] = str(home)
     spacy_pkuseg.config.pkuseg_home = str(home)  # read by spacy-pkuseg at import

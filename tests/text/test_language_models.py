@@ -32,8 +32,9 @@ def no_cached_models(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def mtl_ckpt(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("mtl")
+def mtl_ckpt(tmp_path):
+    directory = tmp_path / "mtl"
+    directory.mkdir()
     write_standin_tokenizer_files("mtl", directory)
     return directory
 
