@@ -263,21 +263,24 @@ def _vocoder_config(args: argparse.Namespace):
 
 
 def _cmd_bench_offline(args: argparse.Namespace) -> int:
-    from chorus.bench.pipeline_bench import run_offline, write_report
+    from chorus.bench.pipeline_bench import run_offline
+    from chorus.bench.report import write_report
 
     write_report(run_offline(_pipeline_bench_config(args)), args.out)
     return 0
 
 
 def _cmd_bench_stream(args: argparse.Namespace) -> int:
-    from chorus.bench.pipeline_bench import run_stream, write_report
+    from chorus.bench.pipeline_bench import run_stream
+    from chorus.bench.report import write_report
 
     write_report(run_stream(_pipeline_bench_config(args)), args.out)
     return 0
 
 
 def _cmd_bench_online(args: argparse.Namespace) -> int:
-    from chorus.bench.online_bench import DEFAULT_TEXT, OnlineBenchConfig, OnlineBenchError, run_online, write_report
+    from chorus.bench.online_bench import DEFAULT_TEXT, OnlineBenchConfig, OnlineBenchError, run_online
+    from chorus.bench.report import write_report
     from chorus.cli_checks import check_output_file
 
     if args.out is not None:

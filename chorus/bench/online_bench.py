@@ -478,13 +478,3 @@ def _progress_line(level: dict) -> None:
 def run_online(cfg: OnlineBenchConfig, *, progress: bool = False) -> dict:
     """Run every level and return the report (a JSON-ready dict)."""
     return asyncio.run(run_async(cfg, _progress_line if progress else None))
-
-
-def write_report(report: dict, out: str | None) -> None:
-    """Print the report as JSON and, with ``out``, write it there atomically."""
-    from chorus.atomic import atomic_write_text
-
-    text = json.dumps(report, indent=2)
-    if out:
-        atomic_write_text(out, text + "\n")
-    print(text)

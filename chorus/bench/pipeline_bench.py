@@ -16,7 +16,6 @@ input character; EOS banned until then), so random weights give a trained model'
 """
 from __future__ import annotations
 
-import json
 import tempfile
 import threading
 import time
@@ -265,10 +264,3 @@ def run_stream(cfg: PipelineBenchConfig) -> dict:
         finally:
             pipe.close()
     return report
-
-
-def write_report(report: dict, out: str | None) -> None:
-    text = json.dumps(report, indent=2)
-    if out:
-        Path(out).write_text(text)
-    print(text)

@@ -29,8 +29,6 @@ model: EOS is banned until the length is reached, then generation stops. Measure
 """
 from __future__ import annotations
 
-import json
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -43,7 +41,7 @@ from chorus.bench.reference_timing import DEFAULT_REFERENCE_CHUNKS, MIN_TIMED_AU
 from chorus.bench.speed_of_light import DecodeShape, PlainDecodeModel, describe, time_decode_step
 from chorus.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chorus.engine.engine import T3Engine, T3Request
-from chorus.atomic import atomic_write_text
+from chorus.bench.report import write_report
 from chorus.models.loading import Checkpoint, dtype_name, load_t3, parse_device, resolve_dtype
 from chorus.models.random_checkpoint import write_random_checkpoint
 from chorus.models.t3.model import T3Model
@@ -425,9 +423,5 @@ def format_tables(report: dict) -> str:
 def main_json(cfg: T3BenchConfig, out: str | None) -> dict:
     """Run, print the tables to stderr and the JSON report to stdout (and to ``out``)."""
     report = run(cfg)
-    print(format_tables(report), file=sys.stderr)
-    text = json.dumps(report, indent=2)
-    if out:
-        atomic_write_text(out, text)
-    print(text)
+    write_report(report, out, format_tables(report))
     return report

@@ -27,10 +27,8 @@ given): the time of a pass does not depend on them.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -38,11 +36,11 @@ from pathlib import Path
 
 import torch
 
-from chorus.atomic import atomic_write_text
+from chorus.bench.report import write_report
 from chorus.models.loading import Checkpoint, dtype_name, parse_device, resolve_dtype
 from chorus.models.s3gen.flow import FlowConfig
 from chorus.models.s3gen.hift import HiFTConfig, SourceNoise, draw_source_noise
-from chorus.models.s3gen.s3gen import SAMPLE_RATE, S3Gen, output_num_samples
+from chorus.models.s3gen.s3gen import SAMPLE_RATE, S3Gen
 from chorus.models.variants import Variant, get_variant
 from chorus.vocoder import VocoderConfig, VocoderStage
 from chorus.voices import Voice
@@ -551,9 +549,5 @@ def format_table(report: dict) -> str:
 def main_json(cfg: VocoderBenchConfig, out: str | None) -> dict:
     """Run, print the table to stderr and the JSON report to stdout (and to ``out``, atomically)."""
     report = run(cfg)
-    print(format_table(report), file=sys.stderr)
-    text = json.dumps(report, indent=2)
-    if out:
-        atomic_write_text(out, text)
-    print(text)
+    write_report(report, out, format_table(report))
     return report
