@@ -2,7 +2,7 @@
 # GPU checks and benchmarks, run from the repository root on a CUDA machine.
 #   bash scripts/gpu/device_checks.sh CHECK OUT_DIR
 # CHECK: tests | bench-original | bench-turbo | offline-original | offline-turbo |
-#        stream-original | stream-turbo | attention | vocoder-graphs | online-original | online-turbo |
+#        stream-original | stream-turbo | attention | vocoder-graphs | stage-contention | online-original | online-turbo |
 #        scale-out-turbo | scale-out-original | profile-original | profile-turbo | rope-kv |
 #        vocoder-turbo | vocoder-original
 # The reference chatterbox-tts (for the benchmark ratio) must be importable; WHEELS=DIR installs
@@ -37,6 +37,9 @@ case $what in
       --out "$out/bench_vocoder_${what#vocoder-}.json" 2>&1 | tail -30 ;;
   vocoder-graphs)
     python3 scripts/gpu/vocoder_graphs.py --out "$out/vocoder_graphs.json" 2>&1 | tail -40 ;;
+  stage-contention)
+    python3 scripts/gpu/stage_contention.py --variant turbo --batch-sizes 64 --steps 150 \
+      --out "$out/stage_contention.json" 2>&1 | tail -10 ;;
   online-original|online-turbo)
     bash scripts/gpu/online.sh "${what#online-}" "$out" --duration-s "${ONLINE_SECONDS:-20}" --quiet ;;
   scale-out-original|scale-out-turbo)
