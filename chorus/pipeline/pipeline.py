@@ -115,12 +115,13 @@ class _Deadlines:
     start_s: float | None
     total_s: float | None
 
-    def expired(self, now: float, audio_started: bool) -> str | None:
-        """Why the request must be failed now, or None."""
+    def expired(self, now: float, audio_started: bool) -> tuple[str, str] | None:
+        """(which deadline passed: ``"start"`` or ``"total"``, why) when the request must be
+        failed now, else None."""
         if self.start_s is not None and not audio_started and now > self.submitted + self.start_s:
-            return f"no audio within its start deadline ({self.start_s:g} s)"
+            return "start", f"no audio within its start deadline ({self.start_s:g} s)"
         if self.total_s is not None and now > self.submitted + self.total_s:
-            return f"not finished within its total deadline ({self.total_s:g} s)"
+            return "total", f"not finished within its total deadline ({self.total_s:g} s)"
         return None
 
 
@@ -406,8 +407,8 @@ class Pipeline:
             job.t3_reason = reason.value
             touched.add(event.request_id)
         elif reason is FinishReason.DEADLINE:  # T3 has the total deadline only
-            self._fail(job.request, "deadline", job.request.deadlines.expired(float("inf"), True)
-                       or f"T3 deadline in chunk {job.index}")
+            _, why = job.request.deadlines.expired(float("inf"), True) or ("total", f"T3 deadline in chunk {job.index}")
+            self._fail(job.request, "deadline", why, deadline="total")
         elif reason is not FinishReason.ABORTED:  # ERROR
             self._fail(job.request, "error", event.error or f"T3 {reason.value} in chunk {job.index}")
 
@@ -487,7 +488,7 @@ class Pipeline:
         state.stream._finish(SpeechResult(audio, SAMPLE_RATE, plan.seed, chunks, plan.ignored,
                                           plan.request_id, timings))
 
-    def _fail(self, state: _RequestState, reason: str, message: str) -> None:
+    def _fail(self, state: _RequestState, reason: str, message: str, deadline: str | None = None) -> None:
         request_id = state.plan.request_id
         if request_id not in self._requests:
             return
@@ -498,14 +499,15 @@ class Pipeline:
                 self.vocoder.abort(job_id)
             if job.t3_reason is None:
                 self._t3.abort(job_id)
-        state.stream._fail(PipelineError(request_id, reason, message))
+        state.stream._fail(PipelineError(request_id, reason, message, deadline))
 
     def _expire_deadlines(self) -> None:
         now = time.monotonic()
         for state in list(self._requests.values()):
-            why = state.deadlines.expired(now, state.audio_started)
-            if why is not None:
-                self._fail(state, "deadline", why)
+            expired = state.deadlines.expired(now, state.audio_started)
+            if expired is not None:
+                kind, why = expired
+                self._fail(state, "deadline", why, deadline=kind)
 
 
 def _thread_shares(device: torch.device, split: bool) -> tuple[int | None, int | None]:

@@ -127,20 +127,18 @@ class ServerMetrics:
         self.stage_seconds.labels(stage).observe(seconds)
 
     def record_error(self, code: str) -> None:
-        """An error answer with ``code``: counted by type, and as an admission refusal or a
-        deadline miss when it is one."""
+        """An error answer with ``code``: counted by type, and as an admission refusal when it is
+        one (a deadline miss is counted where the pipeline says which deadline passed)."""
         self.errors.labels(code).inc()
         if code in REFUSAL_REASONS:
             self.refusals.labels(REFUSAL_REASONS[code]).inc()
-        elif code == "deadline_exceeded":  # 504 before the first audio: the start deadline (or a shorter total)
-            self.deadline_misses.labels("start").inc()
 
-    def stream_cut(self, reason: str) -> None:
-        """A response cut after its first byte (``reason``: the pipeline's, e.g. ``deadline``, or
-        ``slow_reader``); once audio flows, only a total deadline can pass."""
+    def stream_cut(self, reason: str, deadline: str | None = None) -> None:
+        """A response cut after its first byte (``reason``: the pipeline's, e.g. ``deadline``, with
+        ``deadline`` the one that passed; or ``slow_reader``)."""
         self.stream_cuts.labels(reason).inc()
-        if reason == "deadline":
-            self.deadline_misses.labels("total").inc()
+        if deadline is not None:
+            self.deadline_misses.labels(deadline).inc()
 
     def watch_device(self, device) -> bool:
         """Export GPU utilisation and memory of ``device`` (a ``torch.device``) from NVML at

@@ -72,6 +72,7 @@ async def open_speech(service: "SpeechService", body: SpeechBody, priority_heade
         encoder.abort()
         if exc.reason == "deadline":  # a miss: the prediction was at least this wrong
             service.capacity.observe_start(ticket.estimate.start_s, time.perf_counter() - arrived)
+            service.metrics.deadline_misses.labels(exc.deadline).inc()
         error = pipeline_error(exc)
         service.metrics.requests.labels(error.code).inc()
         raise error from None
@@ -172,7 +173,7 @@ class _Session:
             metrics.e2e.observe(time.perf_counter() - self.arrived)
         except PipelineError as exc:  # after the first byte: cut the stream (the HTTP layer logs it)
             status = pipeline_error(exc).code
-            metrics.stream_cut(exc.reason)
+            metrics.stream_cut(exc.reason, exc.deadline)
             raise StreamCut(exc.reason, exc.message) from None
         except (asyncio.CancelledError, GeneratorExit):
             status = "client_disconnected"

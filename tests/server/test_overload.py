@@ -88,6 +88,9 @@ def test_the_start_deadline_passing_before_the_first_byte_is_a_504(tmp_path):
         assert error["code"] == "deadline_exceeded"
         assert error["message"] == "the request was aborted: no audio within its start deadline (0.3 s)"
         server.wait_idle()
+        text = server.client.get("/metrics").text
+        assert metric(text, "chorus_deadline_misses_total", 'kind="start"') == 1
+        assert metric(text, "chorus_deadline_misses_total", 'kind="total"') == 0
 
 
 def test_a_flowing_stream_outlives_the_start_deadline(tmp_path, caplog):
