@@ -104,7 +104,7 @@ class VocoderStage:
         except Exception as exc:  # one bad pass fails its own jobs only
             logger.exception("vocoder pass over %d job(s) failed", len(batch))
             self._stats.failed_passes += 1
-            for job in batch:
+            for job, _, _ in batch:
                 self._forget(job.job_id)
                 out.append(AudioOut(job.job_id, torch.zeros(0), final=True,
                                     error=f"{type(exc).__name__}: {exc}"))
@@ -218,27 +218,32 @@ class VocoderStage:
         return (settings.flow_steps if job.n_steps is None else job.n_steps,
                 settings.cfg_rate if job.cfg_rate is None else float(job.cfg_rate))
 
-    def _select(self, ready: list[Job]) -> list[Job]:
+    def _select(self, ready: list[Job]) -> list[tuple[Job, VoicePrompt, FlowWindow]]:
+        """The next pass's jobs, each with its voice prompt and flow window (worked out once,
+        here, and read again by ``_run_pass``)."""
         cfg = self.config
         ready.sort(key=lambda j: (j.priority, j.deadline(cfg.playback_margin_s), j.order))  # then earliest deadline
         ratio = self.s3gen.flow.config.token_mel_ratio
-        candidates = []
+        candidates, inputs = [], []
         for i, job in enumerate(ready):
             prompt = self.voices.get(job.voice)
             window = self._flow_window(job, prompt)
             frames = ratio * window.end - (job.stream.hift_start if job.stream is not None else 0)  # HiFT's
             candidates.append(Candidate(i, prompt.num_tokens + len(window.tokens), self._solver_key(job), frames))
+            inputs.append((job, prompt, window))
         chosen = select_batch(candidates, cfg.max_batch_items, cfg.max_batch_tokens, cfg.batching,
                               self.cost, self._pass_budget())
-        return [ready[i] for i in chosen]
+        return [inputs[i] for i in chosen]
 
     def _pass_budget(self) -> float | None:
         """Seconds a pass may take while streams are running: ``max_pass_seconds``, or less (down
         to half of it) when a playing stream would run out of audio sooner. None (no limit)
         without streams or without ``max_pass_seconds``."""
         limit = self.config.max_pass_seconds
+        if limit is None:
+            return None
         streams = [job.stream for job in self._jobs.values() if job.stream is not None]
-        if limit is None or not streams:
+        if not streams:
             return None
         now = self._clock()
         slack = [s.first_sent_at + s.sent / SAMPLE_RATE - now for s in streams if s.first_sent_at is not None]
@@ -248,12 +253,11 @@ class VocoderStage:
         return min([limit] + [max(s, limit / 2) for s in slack])
 
     @torch.inference_mode()
-    def _run_pass(self, jobs: list[Job]) -> list[AudioOut]:
+    def _run_pass(self, picked: list[tuple[Job, VoicePrompt, FlowWindow]]) -> list[AudioOut]:
         s3gen, device = self.s3gen, self.s3gen.device
         flow, stats = s3gen.flow, self._stats
         ratio = flow.config.token_mel_ratio
-        prompts = [self.voices.get(job.voice) for job in jobs]
-        windows = [self._flow_window(job, p) for job, p in zip(jobs, prompts)]
+        jobs, prompts, windows = (list(column) for column in zip(*picked))
         items = [w.tokens for w in windows]
         finals = [w.final for w in windows]
         n_steps, cfg_rate = self._solver_key(jobs[0])
