@@ -43,6 +43,7 @@ from chorus.models.s3gen.hift import HiFTConfig, SourceNoise, draw_source_noise
 from chorus.models.s3gen.s3gen import SAMPLE_RATE, S3Gen
 from chorus.models.variants import Variant, get_variant
 from chorus.vocoder import VocoderConfig, VocoderStage
+from chorus.vocoder.pass_graphs import vocode
 from chorus.voices import Voice
 
 
@@ -255,12 +256,9 @@ def run_solver(s3gen: S3Gen, inp: PassInputs, mu: torch.Tensor, mask: torch.Tens
 
 def run_hift(s3gen: S3Gen, inp: PassInputs, mel: torch.Tensor) -> torch.Tensor:
     """HiFT as the stage calls it (with frame counts, so the masked, per-item paths run)."""
-    hift = s3gen.mel2wav
     new = mel[:, :, inp.prompt_mel_frames:]
     counts = torch.full((new.shape[0],), new.shape[2], dtype=torch.long, device=new.device)
-    f0 = hift.predict_f0(new, counts)
-    source = hift.harmonic_source(f0, counts, inp.source_noise)
-    return hift.decode(new, source, counts)
+    return vocode(s3gen.mel2wav, new, counts, inp.source_noise)[0]
 
 
 class YardstickPass:
@@ -289,14 +287,9 @@ class YardstickPass:
     @torch.inference_mode()
     def _pass(self) -> None:
         s3gen, inp = self.s3gen, self.inp
-        hift = s3gen.mel2wav
-        mu = run_encoder(s3gen, inp)
-        mel = run_solver(s3gen, inp, mu, self.mask)
+        mel = run_solver(s3gen, inp, run_encoder(s3gen, inp), self.mask)
         new = mel[:, :, inp.prompt_mel_frames:]
-        # without frame counts HiFT masks nothing and never synchronises (capturable)
-        f0 = hift.predict_f0(new)
-        source = hift.harmonic_source(f0, None, inp.source_noise)
-        self.wav = hift.decode(new, source)
+        self.wav = vocode(s3gen.mel2wav, new, None, inp.source_noise)[0]  # no frame counts: nothing masked
 
     def _capture(self) -> None:
         device = self.s3gen.device

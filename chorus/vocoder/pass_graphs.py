@@ -173,10 +173,11 @@ class HiFTCall:
     source: SourceNoise
 
 
-def vocode(hift: HiFTGenerator, mel: torch.Tensor, counts: torch.Tensor,
+def vocode(hift: HiFTGenerator, mel: torch.Tensor, counts: torch.Tensor | None,
            source: SourceNoise) -> tuple[torch.Tensor, torch.Tensor]:
     """HiFT over a padded batch with per-item frame counts: (waveform ``[B, 480 F]`` float32, F0
-    ``[B, F]`` float32). Every step masked, no host synchronisation (graph-capturable)."""
+    ``[B, F]`` float32). Every step masked (``counts`` None: every item is all F frames, nothing
+    masked), no host synchronisation either way (graph-capturable)."""
     f0 = hift.predict_f0(mel, counts)
     excitation = hift.harmonic_source(f0, counts, source)
     return hift.decode(mel, excitation, counts).float(), f0.float()
