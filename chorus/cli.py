@@ -370,12 +370,18 @@ def _add_online_bench_parser(bench_sub) -> None:
     p.set_defaults(handler=_cmd_bench_online)
 
 
-def _add_pipeline_bench_options(p: argparse.ArgumentParser) -> None:
+def _add_bench_model(p: argparse.ArgumentParser) -> None:
+    """What every model benchmark takes: the variant, its checkpoint (random weights by
+    default), the precision and the device."""
     _add_variant(p)
     p.add_argument("--checkpoint", "-c", default=None,
                    help="checkpoint dir or hub id (default: random weights in a temporary directory)")
     _add_dtype(p)
     p.add_argument("--device", default="auto", help="cuda, cpu or auto (default)")
+
+
+def _add_pipeline_bench_options(p: argparse.ArgumentParser) -> None:
+    _add_bench_model(p)
     p.add_argument("--tokens-per-char", type=float, default=1.6, help="fixed output length per input character")
     p.add_argument("--cfg-weight", type=float, default=0.5, help="T3 CFG weight for variants with CFG")
     p.add_argument("--flow-steps", type=int, default=None, help="S3Gen solver steps (default: the variant's)")
@@ -676,11 +682,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _add_command(
         bench_sub, "t3", help="T3 engine: decode step latency and tokens/s per batch size, the benchmark-text "
                    "workload, optionally the reference T3 loop for the ratio (fixed output lengths)")
-    _add_variant(p)
-    p.add_argument("--checkpoint", "-c", default=None,
-                   help="checkpoint dir or hub id (default: random weights in a temporary directory)")
-    _add_dtype(p)
-    p.add_argument("--device", default="auto", help="cuda, cpu or auto (default)")
+    _add_bench_model(p)
     p.add_argument("--batch-sizes", default="1,8,64,256", help="concurrent requests for the decode test")
     p.add_argument("--decode-steps", type=int, default=50, help="timed decode steps per batch size")
     p.add_argument("--no-workload", action="store_true", help="skip the whole-text workload")
@@ -720,11 +722,7 @@ def build_parser() -> argparse.ArgumentParser:
         bench_sub, "vocoder", help="the vocoder stage: one batched pass per shape (jobs x new tokens), split into "
                     "flow encoder / solver / HiFT, FLOPs and TFLOP/s, against a one-CUDA-graph yardstick of the "
                     "same modules")
-    _add_variant(p)
-    p.add_argument("--checkpoint", "-c", default=None,
-                   help="checkpoint dir or hub id (default: random weights in a temporary directory)")
-    _add_dtype(p)
-    p.add_argument("--device", default="auto", help="cuda, cpu or auto (default)")
+    _add_bench_model(p)
     p.add_argument("--batch-sizes", default="1,8,32", help="non-streaming jobs per pass (comma-separated)")
     p.add_argument("--new-tokens", default="20,100,250",
                    help="new speech tokens per job (comma-separated; on top of the built-in voice's prompt)")
