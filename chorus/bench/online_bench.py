@@ -453,6 +453,9 @@ async def run_async(cfg: OnlineBenchConfig, progress=None) -> dict:
             rate = overload.overload_multiple * capacity
             report["capacity_requests_per_s"] = round(capacity, 4)
         report["overload"] = await run_overload(cfg, overload, body, rate)
+        if overload.arrival_rate is None:
+            goodput = report["overload"]["goodput_requests_per_s"]
+            report["overload"]["goodput_fraction_of_capacity"] = round(goodput / capacity, 4)
         if progress is not None:
             _overload_line(report["overload"])
     return report
@@ -465,7 +468,8 @@ def _overload_line(result: dict) -> None:
     print(f"overload at {result['arrival_rate']:g} req/s: {result['completed']}/{result['sent']} completed, "
           f"goodput {result['goodput_audio_s_per_s']} audio s/s, {rejections['count']} refused (p99 "
           f"{'-' if p99 is None else f'{1000 * p99:.0f} ms'}), {misses['504']} 504 and {misses['cut']} cut "
-          f"after admission; {result['wall_s']:.1f} s", file=sys.stderr)
+          f"after admission; /ready not 200 at {result['ready_not_200']} samples; KV blocks after the drain "
+          f"{result['kv_blocks_used_after_drain']}; {result['wall_s']:.1f} s", file=sys.stderr)
 
 
 def _progress_line(level: dict) -> None:

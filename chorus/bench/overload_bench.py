@@ -7,9 +7,11 @@ levels measured), until ``requests`` were sent or ``duration_s`` passed, whichev
 the requests in flight then finish (each within ``timeout_s``). What a server that keeps its
 promises shows: goodput (audio seconds per second of the requests that completed) holds near its
 capacity, the excess is refused at once (429/503 in milliseconds, with ``Retry-After``), and
-what was admitted finishes (no 504 and no cut after admission). ``/metrics`` is polled
-meanwhile: KV blocks in use, the process's resident memory and the requests in flight, as a
-timeline. docs/benchmarks.md ("Overload mode") explains every field.
+what was admitted finishes (no 504 and no cut after admission). ``/metrics`` and ``/ready`` are
+polled meanwhile: KV blocks in use, the process's resident memory, the requests in flight and the
+readiness answer, as a timeline; one sample before the first request and one after the drain
+(once nothing is in flight) show what the run left behind. docs/benchmarks.md ("Overload mode")
+explains every field.
 """
 from __future__ import annotations
 
@@ -74,28 +76,51 @@ def kv_blocks_used(text: str) -> float:
                if 'state="used"' in labels and 'replica="total"' not in labels)
 
 
+async def _sample(client: httpx.AsyncClient, begin: float) -> dict | None:
+    """One timeline point: /metrics' gauges and /ready's status code (None if /metrics failed)."""
+    try:
+        response = await client.get("/metrics")
+        response.raise_for_status()
+    except httpx.HTTPError:
+        return None
+    values = parse_metrics(response.text)
+    try:
+        ready = (await client.get("/ready")).status_code
+    except httpx.HTTPError:
+        ready = None  # no answer at all: counted as not ready
+    return {"t_s": round(time.perf_counter() - begin, 3), "kv_blocks_used": kv_blocks_used(response.text),
+            "resident_memory_bytes": values.get("process_resident_memory_bytes"),
+            "in_flight": values.get("chorus_requests_in_flight", 0.0), "ready": ready}
+
+
 async def _timeline(client: httpx.AsyncClient, begin: float, interval_s: float, stop: asyncio.Event,
                     samples: list[dict]) -> None:
     while not stop.is_set():
-        try:
-            response = await client.get("/metrics")
-            response.raise_for_status()
-        except httpx.HTTPError:
-            pass
-        else:
-            values = parse_metrics(response.text)
-            samples.append({"t_s": round(time.perf_counter() - begin, 3),
-                            "kv_blocks_used": kv_blocks_used(response.text),
-                            "resident_memory_bytes": values.get("process_resident_memory_bytes"),
-                            "in_flight": values.get("chorus_requests_in_flight", 0.0)})
+        sample = await _sample(client, begin)
+        if sample is not None:
+            samples.append(sample)
         try:
             await asyncio.wait_for(stop.wait(), interval_s)
         except asyncio.TimeoutError:
             pass
 
 
-def summarize(outcomes: list[Outcome], rate: float, wall_s: float, fmt: str, timeline: list[dict]) -> dict:
-    """The overload section of the report."""
+async def _after_drain(client: httpx.AsyncClient, begin: float, interval_s: float, timeout_s: float) -> dict | None:
+    """The first sample with nothing in flight (the server's own bookkeeping may trail the
+    clients' last bytes by a moment), or the last one taken within ``timeout_s``."""
+    give_up = time.perf_counter() + timeout_s
+    sample = None
+    while True:
+        sample = await _sample(client, begin) or sample
+        if (sample is not None and sample["in_flight"] == 0) or time.perf_counter() >= give_up:
+            return sample
+        await asyncio.sleep(interval_s)
+
+
+def summarize(outcomes: list[Outcome], rate: float, wall_s: float, fmt: str, timeline: list[dict],
+              before: dict | None = None, after: dict | None = None) -> dict:
+    """The overload section of the report (``before``/``after``: the samples taken before the
+    first request and after the drain)."""
     counts: dict[str, int] = {}
     for o in outcomes:
         counts[o.status] = counts.get(o.status, 0) + 1
@@ -108,9 +133,12 @@ def summarize(outcomes: list[Outcome], rate: float, wall_s: float, fmt: str, tim
     audio = sum(o.audio_s or 0.0 for o in ok) if fmt in MEASURED_FORMATS else None
     ttfa = [o.ttfa_s for o in ok if o.ttfa_s is not None]
     memory = [s["resident_memory_bytes"] for s in timeline if s["resident_memory_bytes"] is not None]
+    rss_before = before and before["resident_memory_bytes"]
+    rss_after = after and after["resident_memory_bytes"]
     return {
         "arrival_rate": round(rate, 4), "sent": len(outcomes), "wall_s": round(wall_s, 3), "status": counts,
         "completed": len(ok),
+        "goodput_requests_per_s": round(len(ok) / wall_s, 4) if wall_s > 0 else None,
         "goodput_audio_s_per_s": round(audio / wall_s, 3) if audio is not None and wall_s > 0 else None,
         "completed_audio_s": None if audio is None else round(audio, 3),
         "ttfa_s": {"p50": _pct(ttfa, 50), "p99": _pct(ttfa, 99), "max": _pct(ttfa, 100)},
@@ -125,6 +153,11 @@ def summarize(outcomes: list[Outcome], rate: float, wall_s: float, fmt: str, tim
         "client_errors": counts.get("client_error", 0) + counts.get("other", 0),
         "kv_blocks_used_max": max((s["kv_blocks_used"] for s in timeline), default=None),
         "resident_memory_bytes_max": max(memory, default=None),
+        # /ready answered something other than 200 (or nothing) at these samples
+        "ready_not_200": sum(1 for s in timeline if s["ready"] != 200),
+        "before": before, "after_drain": after,
+        "kv_blocks_used_after_drain": after and after["kv_blocks_used"],
+        "resident_memory_growth": round(rss_after / rss_before - 1.0, 4) if rss_before and rss_after else None,
         "timeline": timeline,
     }
 
@@ -140,6 +173,7 @@ async def run_overload(cfg: OnlineBenchConfig, overload: OverloadConfig, body: d
             httpx.AsyncClient(base_url=cfg.url, headers=headers, timeout=10.0) as scraper:
         stop = asyncio.Event()
         begin = time.perf_counter()
+        before = await _sample(scraper, begin)
         poller = asyncio.create_task(_timeline(scraper, begin, cfg.metrics_interval_s, stop, timeline))
         tasks = []
         try:
@@ -153,4 +187,5 @@ async def run_overload(cfg: OnlineBenchConfig, overload: OverloadConfig, body: d
             wall = time.perf_counter() - begin
             stop.set()
             await poller
-    return summarize(outcomes, rate, wall, cfg.response_format, timeline)
+        after = await _after_drain(scraper, begin, cfg.metrics_interval_s, timeout_s=30.0)
+    return summarize(outcomes, rate, wall, cfg.response_format, timeline, before, after)

@@ -175,6 +175,23 @@ def test_overload_mode_reports_goodput_rejections_and_memory(tmp_path):
     timeline = result["timeline"]
     assert len(timeline) >= 2 and [s["t_s"] for s in timeline] == sorted(s["t_s"] for s in timeline)
     assert result["kv_blocks_used_max"] > 0 and result["resident_memory_bytes_max"] > 10 << 20
+    assert result["ready_not_200"] == 0 and all(s["ready"] == 200 for s in timeline)
+    assert result["goodput_requests_per_s"] == pytest.approx(result["completed"] / result["wall_s"], rel=0.01)
+
+
+def test_overload_mode_samples_the_server_before_the_first_request_and_after_the_drain(tmp_path):
+    config = server_config(tmp_path, max_new_tokens=40)
+    with LiveServer(config, tiny_loader(config)) as server:
+        overload = OverloadConfig(arrival_rate=20.0, requests=8, duration_s=30.0, seed=2)
+        report = run_online(OnlineBenchConfig(url=server.url, text=TEXT, warmup=0, overload=overload,
+                                              metrics_interval_s=0.1))
+    result = report["overload"]
+    before, after = result["before"], result["after_drain"]
+    assert before["in_flight"] == 0 and before["ready"] == 200
+    assert after["in_flight"] == 0 and after["t_s"] >= result["timeline"][-1]["t_s"]
+    assert result["kv_blocks_used_after_drain"] == 0 == after["kv_blocks_used"]
+    assert result["resident_memory_growth"] == pytest.approx(
+        after["resident_memory_bytes"] / before["resident_memory_bytes"] - 1, abs=1e-4)
 
 
 def test_poisson_arrivals_are_bounded_in_count_and_time():
@@ -193,4 +210,6 @@ def test_an_overload_multiple_runs_after_the_closed_loop_levels(live, capsys):
     assert len(report["levels"]) == 1 and report["capacity_requests_per_s"] > 0
     assert report["overload"]["arrival_rate"] == pytest.approx(2 * report["capacity_requests_per_s"], rel=1e-3)
     assert report["overload"]["sent"] == 6 and "overload at" in captured.err
+    assert report["overload"]["goodput_fraction_of_capacity"] == pytest.approx(
+        report["overload"]["goodput_requests_per_s"] / report["capacity_requests_per_s"], rel=1e-2)
     live.wait_idle()
