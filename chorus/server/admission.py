@@ -14,10 +14,20 @@ In order:
    start within 60% of the start deadline, normal 90%, high 100%), so urgent work finds room.
    A request that finds nothing in flight is always admitted (the estimates may be stale; it
    has the whole server).
+4. **Real time** (``realtime_headroom`` h > 0): the server delivers ``rate`` speech tokens per
+   second, shared by the requests in flight; one more is admitted only while every stream,
+   itself included, would still get ``h`` times real time on average:
+   ``(in flight + 1) * 25 * h / share <= rate`` (the priority's share as above, so high
+   priority finds room first): 429 ``overloaded`` otherwise. The start prediction
+   alone lets a vocoder-bound server fill up with streams that each crawl below real time (they
+   stall, and their first audio comes late enough to miss the deadline); this bound keeps the
+   number in flight at what the measured rate serves in time. While streams are faster than
+   real time the rate grows with each one admitted, so the bound rises with the load it can
+   carry (a slow start, like TCP's); a device slower than real time (the CPU) leaves it off.
 
 ``Retry-After`` comes from the estimates: for ``overloaded``, how long until enough of the work
-in flight has drained for the prediction to fit; for ``queue_full``, until the first request in
-flight is predicted to finish; never below ``retry_after_s`` nor above ``max_retry_after_s``.
+in flight has drained for the prediction to fit; for ``queue_full`` and the real-time bound, until
+the first request in flight is predicted to finish; never below ``retry_after_s`` nor above ``max_retry_after_s``.
 A request holds its ticket from admission until its response ends (or fails).
 """
 from __future__ import annotations
@@ -50,9 +60,12 @@ class Admission:
     """The requests in flight (one owner of that set; thread-safe) and the admission decision."""
 
     def __init__(self, max_queue: int, memory_pressure: float, retry_after_s: int, *,
-                 capacity: CapacityModel, policy: str = "predicted", max_retry_after_s: int = 60):
+                 capacity: CapacityModel, policy: str = "predicted", max_retry_after_s: int = 60,
+                 realtime_headroom: float = 0.0):
         assert policy in POLICIES, policy
         assert 0 < retry_after_s <= max_retry_after_s
+        assert realtime_headroom >= 0, realtime_headroom
+        self.realtime_headroom = realtime_headroom  # 0: off (set for the device at start-up)
         self.max_queue = max_queue
         self.memory_pressure = memory_pressure
         self.retry_after_s = retry_after_s
@@ -103,12 +116,18 @@ class Admission:
             work = [t.work for t in self._tickets]
             estimate = self.capacity.estimate(tokens, work, rows)
             if len(work) >= limit:
-                rate = estimate.rate
-                first_done = min(w.remaining for w in work) * len(work) / rate if rate > 0 else math.inf
-                headers = self._retry_after(first_done)
+                headers = self._retry_after(self._first_done_s(work, estimate.rate))
                 raise APIError(429, f"the server is at capacity ({len(work)} requests in flight; {name} "
                                     f"priority may use {limit}); retry after {headers['Retry-After']} s",
                                code="queue_full", headers=headers)
+            h = self.realtime_headroom / share  # priorities keep their shares: high finds room first
+            if self.policy == "predicted" and work and h > 0 and estimate.rate > 0 \
+                    and (len(work) + 1) * TOKENS_PER_SECOND * h > estimate.rate:
+                headers = self._retry_after(self._first_done_s(work, estimate.rate))
+                raise APIError(429, f"the server is overloaded: its {len(work)} streams in flight take the audio it "
+                                    f"can deliver ({estimate.rate / TOKENS_PER_SECOND:.0f} s of audio per second) "
+                                    f"at {h:g}x real time each; retry after {headers['Retry-After']} s",
+                               code="overloaded", headers=headers)
             budget = share * start_deadline_s
             if self.policy == "predicted" and work and estimate.start_s > budget:
                 # the prediction fits once (start_s - budget) seconds' worth of first windows have
@@ -123,6 +142,11 @@ class Admission:
             ticket = Ticket(priority, Work(tokens, rows), alone=not work, estimate=estimate, chars=chars)
             self._tickets.add(ticket)
         return ticket
+
+    @staticmethod
+    def _first_done_s(work: list[Work], rate: float) -> float:
+        """Seconds until the first request in flight is predicted to finish (processor sharing)."""
+        return min(w.remaining for w in work) * len(work) / rate if rate > 0 else math.inf
 
     def delivered(self, ticket: Ticket, samples: int, sample_rate: int) -> None:
         """``samples`` of the ticket's audio went out."""

@@ -58,6 +58,9 @@ class DegradationConfig:
 # On a CPU one request's first audio takes seconds (a random-weight Turbo speaks a 4 s clip in
 # 20-40 s on 2 cores), so the bound is looser there.
 START_DEADLINE_S = {"cuda": 10.0, "cpu": 60.0}
+# admission's real-time bound by device: off on the CPU, which serves full-size models slower than
+# real time (the bound would admit one request at a time there)
+REALTIME_HEADROOM = {"cuda": 1.25, "cpu": 0.0}
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,7 @@ class ServerConfig:
     memory_pressure: float = 0.98  # KV pool use above which new requests get 503 while others wait
     retry_after_s: int = 1  # the least Retry-After of 429 and 503
     max_retry_after_s: int = 60
+    realtime_headroom: float | None = None  # admit while streams get this x real time; None: by device
     # engine and pipeline
     max_num_seqs: int = 256
     max_chars: int = 300  # chunk length bound of long texts
@@ -139,6 +143,9 @@ class ServerConfig:
                      "shutdown_grace_s", "tokens_per_char", "body_timeout_s"):
             value = getattr(self, name)
             _require(isinstance(value, (int, float)) and value > 0, f"{name} must be a positive number, got {value!r}")
+        _require(self.realtime_headroom is None or (isinstance(self.realtime_headroom, (int, float))
+                                                    and self.realtime_headroom >= 0),
+                 f"realtime_headroom must be a number >= 0 (0: off) or unset, got {self.realtime_headroom!r}")
         for name in ("start_deadline_s", "default_deadline_s"):
             value = getattr(self, name)
             _require(value is None or (isinstance(value, (int, float)) and value > 0),
@@ -180,6 +187,13 @@ class ServerConfig:
         if self.start_deadline_s is not None:
             return float(self.start_deadline_s)
         return START_DEADLINE_S.get(device_type, START_DEADLINE_S["cpu"])
+
+    def realtime_headroom_for(self, device_type: str) -> float:
+        """Admission's real-time headroom on a device of ``device_type``: the one configured, else
+        ``REALTIME_HEADROOM``'s (off where the device is slower than real time)."""
+        if self.realtime_headroom is not None:
+            return float(self.realtime_headroom)
+        return REALTIME_HEADROOM.get(device_type, REALTIME_HEADROOM["cpu"])
 
     @property
     def model_id(self) -> str:
@@ -234,6 +248,9 @@ FIELD_HELP = {
     "retry_after_s": "the least Retry-After of 429 and 503 answers (429s derive theirs from the server's "
                      "estimates)",
     "max_retry_after_s": "the largest Retry-After of a 429",
+    "realtime_headroom": "admission refuses (429 overloaded) a request that would slow the streams in flight "
+                         "below this multiple of real time on average, judged by the audio the server delivers "
+                         "per second; 0 turns it off",
     "max_num_seqs": "rows of the T3 batch (a CFG request takes two)",
     "max_chars": "longest text chunk in characters (long texts are split at sentences)",
     "kv_cache_bytes": "bytes of the KV-cache pool (default: from gpu_memory_utilization on CUDA, 1 GiB on the CPU)",
@@ -254,7 +271,8 @@ FIELD_HELP = {
 
 
 # what --help shows as the default where the field's own default (None) means more
-SHOWN_DEFAULTS = {"start_deadline_s": "10 on CUDA, 60 on the CPU"}
+SHOWN_DEFAULTS = {"start_deadline_s": "10 on CUDA, 60 on the CPU",
+                  "realtime_headroom": "1.25 on CUDA, 0 (off) on the CPU"}
 
 
 # -- building a config -------------------------------------------------------------------------

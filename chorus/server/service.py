@@ -87,7 +87,9 @@ class SpeechService:
             self.state = "loading"
             loaded = await asyncio.to_thread(self._loader)
             self.pipeline, self.voices = loaded.pipeline, loaded.voices
-            self.start_deadline_s = self.config.start_deadline_for(self.pipeline.models.device.type)
+            device_type = self.pipeline.models.device.type
+            self.start_deadline_s = self.config.start_deadline_for(device_type)
+            self.admission.realtime_headroom = self.config.realtime_headroom_for(device_type)
             self.capacity.first_window_tokens = self.pipeline.vocoder.config.first_window_tokens
             self.capacity.max_rows = self.pipeline.engine.config.scheduler.max_num_seqs
             self._watch_pipeline()

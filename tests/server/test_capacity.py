@@ -109,3 +109,55 @@ def test_a_full_t3_batch_adds_the_wait_for_rows():
     assert model.estimate(50, in_flight).start_s == pytest.approx(0.5 + (200 + 40) / 100)
     model.max_rows = 3
     assert model.estimate(50, in_flight).start_s == pytest.approx(0.5 + 40 / 100)
+
+
+def _realtime_admission(rate: float, headroom: float = 1.25) -> Admission:
+    # a generous start deadline: only the real-time bound can refuse here
+    return Admission(1000, 0.98, 1, capacity=_model(rate=rate, solo=0.0), max_retry_after_s=30,
+                     realtime_headroom=headroom)
+
+
+def _admit_long(admission: Admission, priority=Priority.HIGH):
+    return admission.admit(priority, tokens=250.0, chars=100, start_deadline_s=1000.0, queue_limit=1000,
+                           kv_usage=0.0, waiting=0)
+
+
+def test_the_realtime_bound_admits_streams_while_each_gets_the_headroom_times_real_time():
+    # 1000 tokens/s = 40 s of audio per second: 32 streams at 1.25x real time
+    admission = _realtime_admission(rate=1000.0)
+    tickets = [_admit_long(admission) for _ in range(32)]
+    with pytest.raises(APIError) as info:
+        _admit_long(admission)  # a 33rd would leave 40 / 33 = 1.21x real time each
+    assert info.value.status == 429 and info.value.code == "overloaded"
+    assert "real time" in info.value.message
+    # the first of 32 streams with 250 tokens left, sharing 1000 tokens/s, is done in 8 s
+    assert info.value.headers["Retry-After"] == "8"
+    admission.release(tickets[0])
+    _admit_long(admission)
+
+
+def test_the_realtime_bound_keeps_room_for_high_priority():
+    admission = _realtime_admission(rate=1000.0)
+    for _ in range(28):  # normal may use 90%: 40 / (29 * 1.25 / 0.9) < 1
+        _admit_long(admission, Priority.NORMAL)
+    with pytest.raises(APIError):
+        _admit_long(admission, Priority.NORMAL)
+    _admit_long(admission, Priority.HIGH)
+
+
+def test_the_realtime_bound_is_off_at_zero_headroom():
+    admission = _realtime_admission(rate=100.0, headroom=0.0)  # 4 s of audio per second
+    for _ in range(10):
+        _admit_long(admission)
+
+
+def test_the_realtime_bound_follows_the_measured_rate():
+    model = _model(rate=100.0, solo=0.0)
+    admission = Admission(1000, 0.98, 1, capacity=model, realtime_headroom=1.0)
+    _admit_long(admission)
+    _admit_long(admission)  # 2 streams x 25 = 50 <= 100 tokens/s
+    for _ in range(5):  # busy seconds at 500 tokens/s: the EWMA climbs
+        model.observe_delivery(RATE_WINDOW_S, 500.0 * RATE_WINDOW_S, busy=True)
+    assert model.rate > 400
+    for _ in range(12):
+        _admit_long(admission)

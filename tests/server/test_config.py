@@ -246,6 +246,13 @@ def test_the_start_deadline_depends_on_the_device_unless_set():
     assert _build(flags={"start_deadline_s": "4"}).start_deadline_for("cuda") == 4.0
 
 
+def test_the_realtime_headroom_is_off_on_the_cpu_unless_set():
+    config = _build()
+    assert config.realtime_headroom_for("cuda") == 1.25 and config.realtime_headroom_for("cpu") == 0.0
+    assert _build(flags={"realtime_headroom": "1.5"}).realtime_headroom_for("cpu") == 1.5
+    _error("realtime_headroom must be a number >= 0", flags={"realtime_headroom": "-1"})
+
+
 def test_an_optional_number_can_be_unset_with_none():
     config = _build(file_values={"default_deadline_s": 20.0}, env={"CHORUS_DEFAULT_DEADLINE_S": "none"})
     assert config.default_deadline_s is None
