@@ -297,7 +297,7 @@ class Connection:
                                                   code="turn_closed"), turn_id)
         cap = self.config.ws_text_buffer_chars
         if turn.buffered_chars + len(text) > cap:
-            await turn.cancel("text_buffer_full", outcome="error")
+            await turn.cancel(outcome="error")
             return await self.send_error(APIError(
                 413, f"turn {turn_id!r} holds more than {cap} characters not yet spoken; send text no faster than "
                      f"it is spoken, or in more turns", code="text_buffer_full"), turn_id)
@@ -390,12 +390,21 @@ class Connection:
         if self._lost is not None:
             raise ConnectionAbortedError(self._lost)
         async with self._send_lock:
+            # not asyncio.wait_for: on Python < 3.12 it can swallow a cancellation that arrives as
+            # the send completes, and a cancelled turn must stop at once
+            sending = asyncio.ensure_future(send(payload))
             try:
-                await asyncio.wait_for(send(payload), self.config.write_stall_s)
-            except asyncio.TimeoutError:
+                done, _ = await asyncio.wait({sending}, timeout=self.config.write_stall_s)
+            except asyncio.CancelledError:
+                sending.cancel()
+                raise
+            if not done:
+                sending.cancel()
                 self._lost = "slow_reader"
                 self.wake()
-                raise ConnectionAbortedError("slow_reader") from None
+                raise ConnectionAbortedError("slow_reader")
+            try:
+                sending.result()
             except (WebSocketDisconnect, RuntimeError, OSError) as exc:
                 self._lost = "client_disconnected"
                 self.wake()
