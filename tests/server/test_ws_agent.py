@@ -69,6 +69,29 @@ def test_token_sized_deltas_are_cut_at_sentences_and_spoken_in_order(server):
     assert [f[0]["seq"] for f in turn.frames] == list(range(len(turn.frames)))
 
 
+def test_text_that_stalls_is_spoken_after_max_wait_without_a_flush(server):
+    with connect(server) as ws:
+        configure(ws, chunking={"min_chars": 20, "max_chars": 160, "max_wait_ms": 50})
+        send(ws, type="text", turn_id="t", text="Hello big world and")  # no boundary: only the timer cuts
+        piece = next_message(ws)
+        assert piece["type"] == "piece" and piece["text"] == "Hello big world"  # "and" may go on
+        assert next_message(ws)[0]["seq"] == 0  # its audio, before any flush
+        send(ws, type="flush", turn_id="t")
+        turn = collect(ws, ["t"])["t"]
+    assert [p["text"] for p in turn.of("piece")] == ["and"] and turn.of("done")
+    assert turn.of("done")[0]["timings"]["threshold_wait_s"] >= 0.05
+
+
+def test_a_flush_of_an_unseen_turn_is_an_empty_done(server):
+    with connect(server) as ws:
+        configure(ws)
+        send(ws, type="flush", turn_id="empty")
+        done = next_message(ws)
+        assert done["type"] == "done" and done["audio_seconds"] == 0 and done["usage"]["total_tokens"] == 0
+        assert done["timings"] == {"first_text_to_first_audio_s": None, "flush_to_last_audio_s": None,
+                                   "threshold_wait_s": None}
+
+
 def test_two_turns_on_one_socket_each_get_their_own_frames_and_done(server):
     with connect(server) as ws:
         configure(ws)
