@@ -351,6 +351,9 @@ class Connection:
         if fmt not in FORMATS:
             raise _invalid(f"response_format must be one of {', '.join(FORMATS)}, got {fmt!r}", "response_format")
         chunking = _chunking(data.get("chunking"), self.config.ws_chunking())
+        if chunking.max_chars > self.config.max_input_chars:
+            raise _invalid(f"chunking.max_chars must be at most {self.config.max_input_chars} (the server's "
+                           f"max_input_chars), got {chunking.max_chars}", "chunking")
         fields = {k: v for k, v in data.items() if k in BODY_FIELDS}
         try:
             body = SpeechBody.model_validate({**fields, "input": "-", "response_format": "pcm"})

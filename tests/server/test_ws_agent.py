@@ -150,6 +150,7 @@ def test_a_turns_codec_frames_concatenate_to_one_stream(server, fmt):
     ({"model": "chatterbox-turbo", "response_format": "wav"}, "invalid_parameter", "response_format"),
     ({"model": "chatterbox-turbo", "chunking": {"min_chars": 5, "size": 3}}, "invalid_parameter", "chunking.size"),
     ({"model": "chatterbox-turbo", "chunking": {"min_chars": 500}}, "invalid_parameter", "chunking"),
+    ({"model": "chatterbox-turbo", "chunking": {"max_chars": 5000}}, "invalid_parameter", "max_input_chars"),
     ({"model": "chatterbox-turbo", "max_new_tokens": 10_000}, "invalid_parameter", "max_new_tokens"),
     ({"voice": "default"}, "invalid_parameter", "model"),
 ])

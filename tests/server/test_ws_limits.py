@@ -3,6 +3,7 @@ configured with small limits."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 
 import pytest
@@ -45,6 +46,14 @@ def test_the_key_is_taken_from_the_header_or_the_query(server, how):
     options = {"headers": AUTH} if how == "header" else {"query": f"?api_key={KEY}"}
     with connect(server, **options) as ws:
         assert configure(ws)["type"] == "ready"
+
+
+def test_a_key_in_the_query_is_not_logged(server, caplog):
+    with caplog.at_level(logging.INFO, logger="uvicorn.error"), connect(server, query=f"?api_key={KEY}") as ws:
+        configure(ws)
+    lines = [r.getMessage() for r in caplog.records if r.name == "uvicorn.error"]
+    assert any("api_key=***" in line for line in lines), lines  # the handshake line is there, without the key
+    assert not any(KEY in line for line in lines)
 
 
 def test_a_message_over_the_limit_is_answered_then_closed_with_1009(server):
