@@ -162,6 +162,10 @@ def create_app(service: Backend) -> FastAPI:
         response = await service.speech(body, x_chorus_priority, request.state.request_id, arrived=time.perf_counter())
         return _StallBoundedResponse(response, config.write_stall_s)
 
+    if config.playground:
+        from chorus.server.playground import install_playground
+
+        install_playground(app)
     return app
 
 
