@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import DATA_DIR
 from tests.server.browser import KEY, chromium_path, headless_chromium, playground_server
-from tests.server.live import EnginePause
+from tests.server.live import EnginePause, metric
 from tests.server.test_serve_cli import serving
 from tests.voices.checkpoints import light_checkpoint
 
@@ -128,13 +128,20 @@ def test_speech_is_streamed_and_decoded_in_the_page(page):
 def test_stop_cancels_the_turn(page, server):
     from playwright.sync_api import expect
 
+    def cancelled_turns() -> float:
+        return metric(server.client.get("/metrics").text, "chorus_ws_turns_total", 'outcome="cancelled"')
+
     _sign_in(page)
+    before = cancelled_turns()
     with EnginePause(server) as pause:  # the turn's first T3 step waits until the test lets it go
         page.get_by_role("button", name="Speak", exact=True).click()
+        expect(page.locator("#turn")).to_have_attribute("data-state", "speaking")  # its text was sent
         assert pause.entered.wait(WAIT_MS / 1000), "the turn never reached the engine"
         page.get_by_role("button", name="Stop", exact=True).click()
         expect(page.locator("#turn")).to_have_attribute("data-state", re.compile("cancelling|cancelled"))
+    # the server's `cancelled` event: the page sent `cancel` on the open connection
     expect(page.locator("#turn")).to_have_attribute("data-state", "cancelled")
+    assert cancelled_turns() == before + 1
     assert page.locator("#decoded").get_attribute("data-samples") == "0"
     expect(page.get_by_role("alert")).to_be_hidden()
 

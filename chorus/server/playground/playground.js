@@ -294,7 +294,7 @@
     } else if (!t.failed && t.state !== "cancelling") {
       showError(`The connection closed before the turn ended (code ${event.code}${event.reason ? `: ${event.reason}` : ""}).`);
     }
-    setState(t, t.state === "cancelling" ? "cancelled" : "closed");
+    setState(t, "closed"); // "cancelled" only when the server said so
   }
 
   // -- the server's load -------------------------------------------------------------------------
