@@ -146,22 +146,36 @@ def test_stop_cancels_the_turn(page, server):
     expect(page.get_by_role("alert")).to_be_hidden()
 
 
-@pytest.mark.browser
-@pytest.mark.timeout(60)
-def test_an_error_event_from_the_server_is_shown(page, server):
-    from playwright.sync_api import expect
-
-    # a voice the page lists, deleted by another client before it is spoken with
-    created = server.client.post("/v1/voices", files={"file": ("clip.flac", (Path(DATA_DIR) / "sample-01-02.flac")
-                                                               .read_bytes(), "application/octet-stream")},
-                                 data={"name": "soon gone"})
-    voice = created.json()["id"]
-    _sign_in(page)
+def _deleted_voice(page, server) -> tuple[str, list[str]]:
+    """A voice the page lists, deleted by another client before it is spoken with."""
+    clip = (Path(DATA_DIR) / "sample-01-02.flac").read_bytes()
+    voice = server.client.post("/v1/voices", files={"file": ("clip.flac", clip, "application/octet-stream")},
+                               data={"name": "soon gone"}).json()["id"]
+    page.get_by_role("button", name="Load models and voices", exact=True).click()
     page.get_by_label("Voice", exact=True).select_option(voice)
     assert server.client.delete(f"/v1/voices/{voice}").status_code == 200
+    return "Hello there.", ["400 voice_not_found", voice]
+
+
+def _text_over_the_buffer(page, server) -> tuple[str, list[str]]:
+    """More text than a turn may hold unsent (the error names the turn; its flush then fails too)."""
+    words = "word " * (server.config.ws_text_buffer_chars // 5 + 1)
+    return words, ["413 text_buffer_full", "turn-1"]
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cause", [_deleted_voice, _text_over_the_buffer], ids=["unknown_voice", "text_too_long"])
+def test_an_error_event_from_the_server_is_shown(page, server, cause):
+    from playwright.sync_api import expect
+
+    _sign_in(page)
+    text, shown = cause(page, server)
+    page.get_by_label("Text", exact=True).fill(text)
     page.get_by_role("button", name="Speak", exact=True).click()
-    expect(page.get_by_role("alert")).to_contain_text("voice_not_found")
-    expect(page.get_by_role("alert")).to_contain_text(voice)
+    for part in shown:
+        expect(page.get_by_role("alert")).to_contain_text(part)
+    expect(page.locator("#turn")).to_have_attribute("data-state", re.compile("error|closed"))
 
 
 @pytest.mark.browser

@@ -189,6 +189,7 @@
         send(t, { type: "close" });
         break;
       case "error": {
+        if (event.turn_id === t.id && t.state === "error") return; // the turn's first error is its cause
         t.failed = true;
         const retry = event.retry_after_s != null ? ` Retry in ${event.retry_after_s} s.` : "";
         showError(`Server error ${event.status} ${event.code}: ${event.message}${retry}`);
