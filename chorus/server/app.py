@@ -188,6 +188,10 @@ def create_app(service: Backend) -> FastAPI:
             query_key is not None and key_matches(query_key))
         await agents.serve(websocket, authorized)
 
+    if config.playground:
+        from chorus.server.playground import install_playground
+
+        install_playground(app)
     return app
 
 

@@ -131,6 +131,7 @@ class ServerConfig:
     shutdown_grace_s: float = 30.0  # on SIGTERM, streams in flight get this long to finish
     log_format: str = "json"  # "json" or "text"
     log_level: str = "info"
+    playground: bool = True  # the browser playground at GET / (off: GET / is 404)
     degradation: DegradationConfig = field(default_factory=DegradationConfig)
 
     def __post_init__(self):
@@ -303,6 +304,8 @@ FIELD_HELP = {
     "shutdown_grace_s": "on SIGTERM, seconds the streams in flight get to finish before they are cut",
     "log_format": "json (one object per line) or text",
     "log_level": "debug, info, warning or error",
+    "playground": "serve the browser playground (a page to try models, voices and streamed speech) at GET /; "
+                  "off: GET / answers 404",
 }
 
 
