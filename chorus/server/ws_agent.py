@@ -428,8 +428,8 @@ def _chunking(given, defaults: Chunking) -> Chunking:
         raise _invalid("chunking must be an object: {min_chars, max_chars, max_wait_ms}", "chunking")
     unknown = [k for k in given if k not in defaults.as_dict()]
     if unknown:
-        raise _invalid(f"unknown chunking field {unknown[0]!r}; the fields are min_chars, max_chars, max_wait_ms",
-                       f"chunking.{unknown[0]}")
+        raise _invalid(f"unknown field 'chunking.{unknown[0]}'; the chunking fields are min_chars, max_chars, "
+                       "max_wait_ms", f"chunking.{unknown[0]}")
     try:
         return Chunking(**{**defaults.as_dict(), **given})
     except ValueError as exc:
