@@ -26,6 +26,7 @@ from pipecat.frames.frames import ErrorFrame, Frame, StartFrame, TTSAudioRawFram
 from pipecat.services.settings import TTSSettings
 from pipecat.services.tts_service import TextAggregationMode, WebsocketTTSService
 from pipecat.transcriptions.language import Language
+from websockets.exceptions import ConnectionClosedOK
 from websockets.protocol import State
 
 from chorus.integrations.ws_client import (
@@ -33,7 +34,9 @@ from chorus.integrations.ws_client import (
 )
 
 _SOURCE_RATE = 24_000  # what the server sends when the pipeline's rate is not one of PCM_FORMATS
-_BENIGN_CLOSE = {"idle_timeout"}  # connection-level errors that only say why an idle socket closed
+# connection-level errors that only say why the server closes a socket that has nothing in flight:
+# the next turn opens a new connection
+_BENIGN_CLOSE = {"idle_timeout", "shutting_down"}
 
 
 class ChorusTTSService(WebsocketTTSService):
@@ -145,8 +148,12 @@ class ChorusTTSService(WebsocketTTSService):
         # which ends the base class's receive loop without reconnecting: the next turn reconnects.
         # Other closes raise ConnectionClosedError and the base class reconnects with backoff.
         assert self._socket is not None
-        while True:
-            await self._handle_event(await self._socket.receive())
+        try:
+            while True:
+                await self._handle_event(await self._socket.receive())
+        except ConnectionClosedOK:
+            await self._call_event_handler("on_disconnected")
+            raise
 
     async def _handle_event(self, event) -> None:
         if isinstance(event, Audio):
@@ -176,7 +183,7 @@ class ChorusTTSService(WebsocketTTSService):
     async def _handle_error(self, event: ErrorEvent) -> None:
         if event.turn_id is None:
             if event.code in _BENIGN_CLOSE:
-                logger.debug(f"{self}: Chorus closes the connection: {event.code}")
+                logger.info(f"{self}: Chorus closes the connection: {event.code}")
             else:
                 await self.push_error(error_msg=f"Chorus: {event.code} ({event.status}): {event.message}")
             return

@@ -501,6 +501,12 @@ class TurnRouter:
                 turn._deliver(lost)
             self._turns.clear()
 
+    async def wait_closed(self) -> ConnectionLost | Exception:
+        """Until the connection has ended (e.g. the server closed an idle one); why it ended."""
+        await asyncio.shield(self._reader)
+        assert self.closed is not None
+        return self.closed
+
     async def aclose(self) -> None:
         """Close the connection and stop reading."""
         await self.socket.aclose()

@@ -26,6 +26,14 @@ def server(session_tmp_path_factory):
         yield live
 
 
+@pytest.fixture(scope="package")
+def idle_server(session_tmp_path_factory):
+    """A server that closes a connection after half a second without a message or a turn."""
+    config = server_config(session_tmp_path_factory.mktemp("voices"), api_keys=(KEY,), ws_idle_timeout_s=0.5)
+    with LiveServer(config, tiny_loader(config), api_key=KEY) as live:
+        yield live
+
+
 def ws_turns(server: LiveServer, outcome: str) -> float:
     """``chorus_ws_turns_total{outcome}`` on the server's /metrics."""
     return metric(server.client.get("/metrics").text, "chorus_ws_turns_total", f'outcome="{outcome}"')

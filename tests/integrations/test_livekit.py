@@ -14,7 +14,7 @@ from livekit import rtc  # noqa: E402
 from livekit.agents import APIStatusError  # noqa: E402
 
 from chorus.integrations import livekit as chorus_livekit  # noqa: E402
-from chorus.integrations.ws_client import Cancelled, Done  # noqa: E402
+from chorus.integrations.ws_client import Cancelled, ConnectionLost, Done  # noqa: E402
 from tests.integrations.conftest import INTERRUPTED_REPLY, KEY, LONG, REPLY, SHORT, ws_turns  # noqa: E402
 
 WAIT_S = 20.0
@@ -114,3 +114,19 @@ def test_an_interruption_cancels_the_turn_and_stops_its_audio(server):
     assert following.turn._router is router and isinstance(following.turn.outcome, Done) and frames
     assert ws_turns(server, "cancelled") == cancelled_before + 1
     server.wait_idle()
+
+
+@pytest.mark.timeout(60)
+def test_the_next_stream_reconnects_after_the_server_closed_an_idle_connection(idle_server):
+    async def main():
+        async with make_tts(idle_server) as tts:
+            async with tts.stream() as stream:
+                first = await asyncio.wait_for(tts_node(stream, REPLY), WAIT_S)
+            closed = await asyncio.wait_for(tts._router.wait_closed(), WAIT_S)
+            async with tts.stream() as stream:
+                second = await asyncio.wait_for(tts_node(stream, REPLY), WAIT_S)
+            return first, closed, second
+
+    first, closed, second = asyncio.run(main())
+    assert isinstance(closed, ConnectionLost) and closed.close_code == 1000 and closed.error.code == "idle_timeout"
+    assert first and second

@@ -54,7 +54,7 @@ def llm_reply(tokens: list[str], *, end: bool = True) -> list[Frame]:
 
 
 async def run_pipeline(server, script, *, config=SHORT, sample_rate: int = 24_000):
-    """Run [ChorusTTSService, FrameLog] while ``script(worker, log)`` queues frames, then end it;
+    """Run [ChorusTTSService, FrameLog] while ``script(worker, log, tts)`` queues frames, then end it;
     the log, what the script returned and how often the service connected."""
     tts = ChorusTTSService(base_url=server.url, api_key=KEY, config=config)
     connections = []
@@ -75,7 +75,7 @@ async def run_pipeline(server, script, *, config=SHORT, sample_rate: int = 24_00
     async def drive():
         await asyncio.wait_for(started.wait(), WAIT_S)
         try:
-            return await script(worker, log)
+            return await script(worker, log, tts)
         finally:
             await worker.queue_frame(EndFrame())
 
@@ -92,7 +92,7 @@ def audio_of(log: FrameLog, turn: str) -> list[TTSAudioRawFrame]:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sample_rate", [24_000, 16_000])
 def test_llm_tokens_become_audio_frames_at_the_pipeline_rate(server, sample_rate):
-    async def script(worker, log):
+    async def script(worker, log, tts):
         await worker.queue_frames(llm_reply(REPLY))
         await log.wait_for(lambda f: isinstance(f, TTSStoppedFrame))
 
@@ -110,7 +110,7 @@ def test_llm_tokens_become_audio_frames_at_the_pipeline_rate(server, sample_rate
 def test_an_interruption_cancels_the_turn_and_stops_its_audio(server):
     cancelled_before = ws_turns(server, "cancelled")
 
-    async def script(worker, log):
+    async def script(worker, log, tts):
         await worker.queue_frames(llm_reply(INTERRUPTED_REPLY, end=False))  # the LLM is still talking
         first = await log.wait_for(lambda f: isinstance(f, TTSAudioRawFrame))
         assert server.pipeline.active_requests > 0, "the turn had no audio left to stop; make it longer"
@@ -129,3 +129,23 @@ def test_an_interruption_cancels_the_turn_and_stops_its_audio(server):
     assert cancelled == cancelled_before + 1
     assert connections == 1  # no audio broke the protocol (the client checks each frame), no reconnect
     server.wait_idle()  # and its requests are gone: no KV block held
+
+
+@pytest.mark.timeout(60)
+def test_the_next_reply_reconnects_after_the_server_closed_an_idle_connection(idle_server):
+    async def script(worker, log, tts):
+        closed = asyncio.Event()
+
+        @tts.event_handler("on_disconnected")
+        async def _closed(tts):
+            closed.set()
+
+        await worker.queue_frames(llm_reply(REPLY))
+        first = await log.wait_for(lambda f: isinstance(f, TTSStoppedFrame))
+        await asyncio.wait_for(closed.wait(), WAIT_S)  # idle: the server closed it
+        await worker.queue_frames(llm_reply(REPLY))
+        await log.wait_for(lambda f: isinstance(f, TTSStoppedFrame) and f.context_id != first.context_id)
+
+    log, _, connections = asyncio.run(run_pipeline(idle_server, script))
+    turns = {f.context_id for f in log.frames if isinstance(f, TTSAudioRawFrame)}
+    assert len(turns) == 2 and connections == 2
