@@ -37,6 +37,9 @@ PATH = "/v1/audio/speech/stream"
 # The response formats that are 16-bit mono PCM, by sample rate (docs/voice-agents.md).
 PCM_FORMATS = {24_000: "pcm", 16_000: "pcm_16000", 8_000: "pcm_8000"}
 _ENDED_TURNS_KEPT = 4096  # ended turn ids remembered per socket, to catch audio after the end
+# The largest frame accepted (websockets' default, 1 MiB, is 22 s of 24 kHz PCM: a frame carries
+# whatever audio the pipeline yielded at once, which a long final window can approach).
+MAX_FRAME_BYTES = 16 << 20
 
 
 def stream_url(base_url: str) -> str:
@@ -283,7 +286,7 @@ class SpeechSocket:
     @classmethod
     async def _open(cls, url: str, config: StreamConfig, headers: dict[str, str], connect: Connect) -> SpeechSocket:
         try:
-            websocket = await connect(url, additional_headers=headers)
+            websocket = await connect(url, additional_headers=headers, max_size=MAX_FRAME_BYTES)
         except InvalidStatus as e:
             raise _handshake_error(e) from None
         try:
