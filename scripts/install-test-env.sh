@@ -24,7 +24,14 @@ bash scripts/install-torch.sh "$VENV"
 # [ray]: the scale-out tests (tests/server/test_scale_out.py) run a local Ray Serve cluster.
 # [he], [zh]: the real dicta-onnx and spacy-pkuseg run on tiny models the tests build
 # (tests/text/test_language_models.py); nothing is downloaded.
-"${PIP[@]}" -e ".[test,ray,he,zh]"
+# [livekit]: the LiveKit plugin's tests (tests/integrations) run the real livekit-agents.
+"${PIP[@]}" -e ".[test,ray,he,zh,livekit]" "livekit-agents==1.8.9"
+# The Pipecat plugin's tests: pipecat-ai pins onnxruntime>=1.24.3 (dicta-onnx, above, pins 1.21.1)
+# and protobuf<7 (the oracle, below, pins 7.36.2) for parts the plugin does not use (VAD models,
+# serializers), so it comes without its dependencies, then those not already here.
+"${PIP[@]}" --no-deps "pipecat-ai==1.14.0"
+"${PIP[@]}" "loguru~=0.7.3" "loudness>=0.2,<1" "Markdown>=3.7,<4" "resampy~=0.4.3" "wait_for2>=0.4.1,<1" \
+    "aiofiles>=24.1,<27" "docstring_parser>=0.16,<1"
 # Triton runs the paged-attention kernel tests on the CPU through its interpreter.
 "${PIP[@]}" "triton==3.6.0"
 
