@@ -332,7 +332,9 @@ async def _open(cfg: AgentBenchConfig, model: str, log: ConnectionLog) -> Client
         return ws
     except ConfigRefused as exc:
         log.error(exc.code, exc.message)
-    except (ConnectionClosed, asyncio.TimeoutError, ValueError, TypeError, AttributeError) as exc:
+    except ConnectionClosed as exc:  # e.g. 1013 at the server's connection limit
+        log.error(f"close_{exc.rcvd.code}" if exc.rcvd else "config_failed", f"closed before ready: {exc}")
+    except (asyncio.TimeoutError, ValueError, TypeError, AttributeError) as exc:
         log.error("config_failed", f"no ready answer: {type(exc).__name__}: {exc}")
     await ws.close()
     log.closed(time.perf_counter(), ws.close_code)

@@ -11,8 +11,21 @@ import pytest
 
 from chorus.bench.online_bench import DEFAULT_TEXT
 from chorus.bench.ws_bench import (OUTCOMES, AgentBenchConfig, ConnectionLog, Turn, llm_tokens, parse_audio_frame,
-                                   summarize, token_times)
+                                   run_agent, summarize, token_times)
 from chorus.cli import main
+from tests.server.live import LiveServer, server_config, tiny_loader
+
+TEXT = "Hello there, this is a load test."
+# barge-in: the first sentence is spoken while the rest still streams in (10 tokens a second)
+LONG_TEXT = ("Hello there, this is a barge-in test. The agent keeps talking for a while, and the caller "
+             "interrupts it as soon as its first words are heard, so nothing more of it is spoken.")
+
+
+@pytest.fixture(scope="module")
+def live(module_tmp_path_factory):
+    config = server_config(module_tmp_path_factory.mktemp("voices"))
+    with LiveServer(config, tiny_loader(config)) as server:
+        yield server
 
 
 def frame(turn_id: str, seq: int, audio: bytes) -> bytes:
@@ -158,3 +171,73 @@ def test_an_unreachable_server_is_one_line(capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("chorus: error: cannot open a WebSocket to ws://127.0.0.1:1/v1/audio/speech/stream")
     assert "\n" not in err
+
+
+# ---------------------------------------------------------------------------------- a real server
+
+def _pcts_ordered(p: dict) -> bool:
+    return p["p50"] <= p["p90"] <= p["p99"] <= p["max"]
+
+
+@pytest.mark.timeout(60)
+def test_agents_report_every_turn(live):
+    cfg = AgentBenchConfig(url=live.url, concurrency=(2,), turns=2, text=TEXT, llm_tokens_per_s=100.0)
+    report = run_agent(cfg)
+    assert json.loads(json.dumps(report)) == report
+    assert report["model"] == "chatterbox-turbo" and report["tokens_per_turn"] == len(llm_tokens(TEXT))
+    assert report["warmup"] == {"turns": 1, "done": 1} and report["ready"]["sample_rate"] == 24_000
+    (level,) = report["levels"]
+    assert level["connections"] == level["ready"] == 2 and level["turns_per_connection"] == 2
+    assert level["turns"] == {"done": 4, "cancelled": 0, "error": 0, "lost": 0, "not_run": 0}
+    assert level["error_codes"] == {} and level["error_samples"] == [] and level["close_codes"] == {"1000": 2}
+    assert set(level["protocol_errors"].values()) == {0}  # seq gapless, nothing after done, no stray event
+    first, added, wait = level["first_audio_s"], level["server_added_s"], level["threshold_wait_s"]
+    assert 0 < first["p50"] and _pcts_ordered(first) and first["max"] <= level["wall_s"]
+    assert 0 <= wait["p50"] and _pcts_ordered(wait) and 0 < added["p50"] and _pcts_ordered(added)
+    assert added["max"] <= first["max"] and wait["max"] < first["max"]
+    # the server's own span lies inside the client's (first delta sent -> first frame read), turn by turn
+    assert all(level["server_first_audio_s"][q] <= first[q] for q in first)
+    assert 0 < level["flush_to_last_audio_s"]["p50"] and _pcts_ordered(level["flush_to_last_audio_s"])
+    assert level["pieces_per_turn"]["p50"] >= 1
+    assert level["audio_s"] == pytest.approx(level["bytes"] / 2 / 24_000, abs=1e-3) and level["audio_s"] > 0
+    assert level["done_turns_audio_s"]["client"] == pytest.approx(level["audio_s"], abs=1e-3)
+    assert level["done_turns_audio_s"]["server"] == pytest.approx(level["audio_s"], abs=0.01)
+    assert level["frames"] >= 4 and level["stalls"]["turns_measured"] == 4
+    assert level["cancel"]["sent"] == 0 and level["send_lag_s"]["p50"] >= 0
+    server = level["server"]
+    assert "error" not in server, server
+    assert server["ws_turns"] == 4 and server["audio_seconds"] == pytest.approx(level["audio_s"], abs=0.01)
+    assert 0 <= server["ws_connections_open_max"] <= 2
+    live.wait_idle()
+
+
+@pytest.mark.timeout(60)
+def test_a_barge_in_is_cancelled_and_no_frame_follows(live):
+    cfg = AgentBenchConfig(url=live.url, concurrency=(1,), turns=2, text=LONG_TEXT, llm_tokens_per_s=10.0,
+                           cancel_fraction=1.0, warmup=0)
+    (level,) = run_agent(cfg)["levels"]
+    assert level["turns"] == {"done": 0, "cancelled": 2, "error": 0, "lost": 0, "not_run": 0}, level["error_samples"]
+    cancel = level["cancel"]
+    assert cancel["sent"] == cancel["cancelled"] == 2 and cancel["done_first"] == 0
+    assert 0 < cancel["to_cancelled_s"]["p50"] and _pcts_ordered(cancel["to_cancelled_s"])
+    assert 0 <= cancel["to_last_audio_s"]["max"] <= cancel["to_cancelled_s"]["max"]
+    assert cancel["frames_after_cancelled"] == 0
+    # no text after the cancel (the server would answer turn_closed), nothing after cancelled
+    assert set(level["protocol_errors"].values()) == {0} and level["close_codes"] == {"1000": 1}
+    assert level["first_audio_s"]["max"] > 0 and level["stalls"]["turns_measured"] == 0
+    live.wait_idle()  # the cancelled turns' work is gone: no request in the pipeline, no KV block used
+
+
+@pytest.mark.timeout(60)
+def test_the_command_line_prints_and_writes_the_report(live, tmp_path, capsys):
+    out = tmp_path / "agent.json"
+    assert main(["bench", "online", "--agent", "--url", live.url, "--concurrency", "1", "--turns", "1",
+                 "--text", TEXT, "--llm-tokens-per-s", "200", "--token-spacing", "poisson", "--warmup", "0",
+                 "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert json.loads(out.read_text()) == report and [p.name for p in tmp_path.iterdir()] == ["agent.json"]
+    assert report["benchmark"] == "online-agent" and report["token_spacing"] == "poisson"
+    assert "connections 1: 1/1 turns done" in captured.err  # a progress line per level
+    assert report["levels"][0]["turns"]["done"] == 1
+    live.wait_idle()
