@@ -69,6 +69,17 @@ def to_pcm16(wav: np.ndarray) -> np.ndarray:
     return np.round(np.clip(wav, -1.0, 1.0) * 32767.0).astype(np.int16)
 
 
+def to_mulaw(wav: np.ndarray) -> np.ndarray:
+    """Float samples in [-1, 1] -> G.711 mu-law bytes (uint8), through :func:`to_pcm16` and the
+    standard segment encoding (bias 132, clip 32635, bits inverted)."""
+    pcm = to_pcm16(wav).astype(np.int32)
+    sign = np.where(pcm < 0, 0x80, 0)
+    magnitude = np.minimum(np.abs(pcm), 32635) + 132
+    exponent = np.frexp(magnitude.astype(np.float64))[1] - 8  # floor(log2(magnitude)) - 7, in 0..7
+    mantissa = (magnitude >> (exponent + 3)) & 0x0F
+    return (~(sign | (exponent << 4) | mantissa) & 0xFF).astype(np.uint8)
+
+
 def write_audio(path: str | os.PathLike, wav: np.ndarray, sample_rate: int, fmt: str | None = None) -> Path:
     """Write ``wav`` to ``path`` (atomically: a temporary name, then a rename); the format comes
     from the extension unless ``fmt`` is given."""

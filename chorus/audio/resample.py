@@ -81,3 +81,19 @@ class SincResampler:
         out = out.transpose(1, 2).reshape(flat.shape[0], -1)
         target_len = math.ceil(self.new * length / self.orig)
         return out[:, :target_len].reshape(*shape[:-1], -1)
+
+
+class StreamResampler:
+    """soxr HQ over a stream of mono float32 pieces (e.g. 24 kHz speech to 16 or 8 kHz for
+    telephony): :meth:`process` returns the samples ready so far, :meth:`flush` the rest. The
+    whole output has ``round(n * target / orig)`` samples for ``n`` in, however it was split."""
+
+    def __init__(self, orig_sr: int, target_sr: int):
+        assert orig_sr > 0 and target_sr > 0
+        self._stream = soxr.ResampleStream(orig_sr, target_sr, 1, dtype="float32", quality="HQ")
+
+    def process(self, samples: np.ndarray) -> np.ndarray:
+        return self._stream.resample_chunk(np.ascontiguousarray(samples, dtype=np.float32))
+
+    def flush(self) -> np.ndarray:
+        return self._stream.resample_chunk(np.zeros(0, np.float32), last=True)

@@ -3,7 +3,8 @@
 Mono float32 pieces of any length (empty included) go in through ``StreamEncoder.write`` as the
 vocoder produces them; each call returns the bytes that are ready to send, and ``close`` returns the
 rest. ``wav`` and ``pcm`` are written here (a 44-byte header with open-ended sizes, then 16-bit
-PCM); ``mp3``, ``opus``, ``aac`` and ``flac`` go through a PyAV (FFmpeg) encoder and muxer that
+PCM), and so are the telephony formats ``pcm_24000``/``pcm_16000``/``pcm_8000`` (16-bit PCM at that
+rate, resampled by soxr as the pieces come) and ``mulaw_8000`` (G.711 mu-law at 8 kHz); ``mp3``, ``opus``, ``aac`` and ``flac`` go through a PyAV (FFmpeg) encoder and muxer that
 writes into a write-only buffer drained after every call. The buffer has no ``seek`` on purpose:
 muxers then stream instead of going back to patch headers in bytes that have already been sent.
 
@@ -20,10 +21,11 @@ from fractions import Fraction
 
 import numpy as np
 
-from chorus.audio.encode import to_pcm16
+from chorus.audio.encode import to_mulaw, to_pcm16
+from chorus.audio.resample import StreamResampler
 from chorus.audio.tempo import MAX_SPEED, MIN_SPEED, TempoStream, check_speed
 
-FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm", "pcm_24000", "pcm_16000", "pcm_8000", "mulaw_8000")
 MEDIA_TYPES = {
     "mp3": "audio/mpeg",
     "opus": "audio/ogg",  # Opus in an Ogg container
@@ -31,10 +33,16 @@ MEDIA_TYPES = {
     "flac": "audio/flac",
     "wav": "audio/wav",
     "pcm": "audio/pcm",  # raw 16-bit little-endian mono at the input rate (24 kHz for Chatterbox)
+    "pcm_24000": "audio/pcm;rate=24000",  # raw 16-bit little-endian mono at the rate named
+    "pcm_16000": "audio/pcm;rate=16000",
+    "pcm_8000": "audio/pcm;rate=8000",
+    "mulaw_8000": "audio/basic",  # G.711 mu-law, 8 kHz mono (RFC 2046's audio/basic)
 }
+# raw formats with a fixed output rate (the input is resampled to it) and their sample coding
+RAW_RATES = {"pcm_24000": 24_000, "pcm_16000": 16_000, "pcm_8000": 8_000, "mulaw_8000": 8_000}
 DEFAULT_SAMPLE_RATE = 24_000
 
-__all__ = ["FORMATS", "MEDIA_TYPES", "BIT_RATES", "MIN_SPEED", "MAX_SPEED", "StreamEncoder", "check_format",
+__all__ = ["FORMATS", "MEDIA_TYPES", "RAW_RATES", "BIT_RATES", "MIN_SPEED", "MAX_SPEED", "StreamEncoder", "check_format",
            "media_type", "wav_stream_header", "encode_with_pyav"]
 
 
@@ -208,6 +216,9 @@ class StreamEncoder:
         self._codec: _PyAVEncoder | None = None
         self._whole: list[np.ndarray] | None = None if streaming else []
         self._pending = wav_stream_header(self.sample_rate) if fmt == "wav" and streaming else b""
+        self.output_rate = RAW_RATES.get(fmt, self.sample_rate)  # the rate of the bytes (raw formats)
+        self._resampler = StreamResampler(self.sample_rate, self.output_rate) \
+            if self.output_rate != self.sample_rate else None
         if fmt in _CODECS and streaming:
             self._drain = _Drain()
             self._codec = _PyAVEncoder(fmt, self.sample_rate, self._drain)
@@ -225,7 +236,7 @@ class StreamEncoder:
         """Flush everything and return the last bytes; closing again returns ``b""``."""
         if self.closed:
             return b""
-        tail = self._emit(self._tempo.flush() if self._tempo is not None else np.zeros(0, np.float32))
+        tail = self._emit(self._tempo.flush() if self._tempo is not None else np.zeros(0, np.float32), last=True)
         self.closed = True
         if self._whole is not None:
             return self._encode_whole(np.concatenate(self._whole) if self._whole else np.zeros(0, np.float32))
@@ -248,10 +259,12 @@ class StreamEncoder:
         self._whole = None
         if self.format in _CODECS:
             return encode_with_pyav(samples, self.sample_rate, self.format)
+        if self.format in RAW_RATES:
+            return self._raw(samples, last=True)
         data = to_pcm16(samples).astype("<i2", copy=False).tobytes()
         return wav_stream_header(self.sample_rate, len(data)) + data if self.format == "wav" else data
 
-    def _emit(self, samples: np.ndarray) -> bytes:
+    def _emit(self, samples: np.ndarray, last: bool = False) -> bytes:
         if self._whole is not None:
             if samples.size:
                 self._whole.append(samples)
@@ -260,9 +273,19 @@ class StreamEncoder:
         if self._codec is not None:
             self._codec.encode(samples)
             return out + self._drain.take()
-        if samples.size:
-            out += to_pcm16(samples).astype("<i2", copy=False).tobytes()
-        return out
+        return out + self._raw(samples, last)
+
+    def _raw(self, samples: np.ndarray, last: bool) -> bytes:
+        """16-bit PCM or mu-law bytes of ``samples`` at ``output_rate`` (``last``: flush the resampler)."""
+        if self._resampler is not None:
+            samples = self._resampler.process(samples) if samples.size else np.zeros(0, np.float32)
+            if last:
+                samples = np.concatenate([samples, self._resampler.flush()])
+        if not samples.size:
+            return b""
+        if self.format == "mulaw_8000":
+            return to_mulaw(samples).tobytes()
+        return to_pcm16(samples).astype("<i2", copy=False).tobytes()
 
 
 def encode_with_pyav(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:

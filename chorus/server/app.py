@@ -13,7 +13,7 @@ import re
 import time
 import uuid
 
-from fastapi import Depends, FastAPI, Header, Request
+from fastapi import Depends, FastAPI, Header, Request, WebSocket
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -72,15 +72,19 @@ def create_app(service: Backend) -> FastAPI:
 
     app.openapi = openapi
 
-    def authorize(authorization: str | None = Header(None, include_in_schema=False)) -> None:
-        if not config.api_keys:
-            return
-        scheme, _, key = (authorization or "").partition(" ")
+    def key_matches(key: str) -> bool:
         given = key.strip().encode("utf-8", "surrogateescape")
         matched = False
         for known in config.api_keys:  # every key is compared, in constant time, as bytes (any header is safe)
             matched |= hmac.compare_digest(given, known.encode("utf-8"))
-        if scheme.lower() != "bearer" or not matched:
+        return matched
+
+    def bearer_matches(authorization: str | None) -> bool:
+        scheme, _, key = (authorization or "").partition(" ")
+        return scheme.lower() == "bearer" and key_matches(key)
+
+    def authorize(authorization: str | None = Header(None, include_in_schema=False)) -> None:
+        if config.api_keys and not bearer_matches(authorization):
             raise APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
@@ -161,6 +165,27 @@ def create_app(service: Backend) -> FastAPI:
         """Speak ``input``: OpenAI-compatible, plus Chatterbox's and Chorus's fields."""
         response = await service.speech(body, x_chorus_priority, request.state.request_id, arrived=time.perf_counter())
         return _StallBoundedResponse(response, config.write_stall_s)
+
+    # -- voice agents (docs/voice-agents.md) ---------------------------------------------------
+    agents = None
+    if hasattr(service, "hold_drain"):  # a local pipeline (not a front of remote replicas)
+        from chorus.server.ws_agent import AgentHub
+
+        agents = AgentHub(service)
+    app.state.agents = agents
+
+    @app.websocket("/v1/audio/speech/stream")
+    async def speech_stream(websocket: WebSocket):
+        """Text deltas in, audio out, over one WebSocket (protocol: docs/voice-agents.md). The
+        API key comes in the Authorization header or, from browsers, as ``?api_key=``."""
+        if agents is None:
+            error = APIError(501, "the voice-agent WebSocket needs a single-process server (--replicas 1)",
+                             code="not_supported")
+            return await websocket.send_denial_response(error.response())
+        query_key = websocket.query_params.get("api_key")
+        authorized = not config.api_keys or bearer_matches(websocket.headers.get("authorization")) or (
+            query_key is not None and key_matches(query_key))
+        await agents.serve(websocket, authorized)
 
     return app
 

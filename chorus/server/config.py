@@ -11,7 +11,10 @@ import json
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from chorus.server.text_pieces import Chunking
 
 ENV_PREFIX = "CHORUS_"
 
@@ -100,6 +103,15 @@ class ServerConfig:
     memory_pressure: float = 0.98  # KV pool use above which new requests get 503 while others wait
     retry_after_s: int = 1  # the least Retry-After of 429 and 503
     max_retry_after_s: int = 60
+    # the voice-agent WebSocket (WS /v1/audio/speech/stream, docs/voice-agents.md)
+    ws_max_connections: int = 1024  # WebSocket connections open at once; more are refused (503)
+    ws_max_message_bytes: int = 64 << 10  # one client message; larger: close 1009
+    ws_max_turns: int = 8  # turns open at once on one connection
+    ws_text_buffer_chars: int = 16384  # a turn's text received and not yet sent to synthesis
+    ws_idle_timeout_s: float = 300.0  # no message and no turn in flight for this long: closed
+    ws_chunk_min_chars: int = 20  # the text threshold's defaults (chorus/server/text_pieces.py)
+    ws_chunk_max_chars: int = 160
+    ws_chunk_max_wait_ms: int = 500
     # engine and pipeline
     max_num_seqs: int = 256
     max_chars: int = 300  # chunk length bound of long texts
@@ -122,7 +134,8 @@ class ServerConfig:
 
         object.__setattr__(self, "variant", get_variant(self.variant).name)
         for name in ("max_queue", "max_input_chars", "max_body_bytes", "max_upload_bytes", "voice_cache_size",
-                     "max_num_seqs", "max_chars", "retry_after_s", "max_retry_after_s", "max_header_bytes"):
+                     "max_num_seqs", "max_chars", "retry_after_s", "max_retry_after_s", "max_header_bytes",
+                     "ws_max_connections", "ws_max_message_bytes", "ws_max_turns", "ws_text_buffer_chars"):
             value = getattr(self, name)
             _require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
                      f"{name} must be a positive integer, got {value!r}")
@@ -136,7 +149,7 @@ class ServerConfig:
                  f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         _require(0 < self.port < 65536, f"port must be in 1..65535, got {self.port!r}")
         for name in ("max_deadline_s", "canary_interval_s", "canary_timeout_s", "stall_timeout_s", "write_stall_s",
-                     "shutdown_grace_s", "tokens_per_char", "body_timeout_s"):
+                     "shutdown_grace_s", "tokens_per_char", "body_timeout_s", "ws_idle_timeout_s"):
             value = getattr(self, name)
             _require(isinstance(value, (int, float)) and value > 0, f"{name} must be a positive number, got {value!r}")
         for name in ("start_deadline_s", "default_deadline_s"):
@@ -147,6 +160,7 @@ class ServerConfig:
                  f"default_deadline_s ({self.default_deadline_s}) must be <= max_deadline_s ({self.max_deadline_s})")
         _require(self.retry_after_s <= self.max_retry_after_s,
                  f"retry_after_s ({self.retry_after_s}) must be <= max_retry_after_s ({self.max_retry_after_s})")
+        self.ws_chunking()  # raises on bad sizes
         from chorus.server.admission import POLICIES
 
         _require(self.admission in POLICIES, f"admission must be one of {', '.join(POLICIES)}, got {self.admission!r}")
@@ -180,6 +194,15 @@ class ServerConfig:
         if self.start_deadline_s is not None:
             return float(self.start_deadline_s)
         return START_DEADLINE_S.get(device_type, START_DEADLINE_S["cpu"])
+
+    def ws_chunking(self) -> "Chunking":
+        """The WebSocket's default text threshold (a connection's ``chunking`` overrides it)."""
+        from chorus.server.text_pieces import Chunking
+
+        try:
+            return Chunking(self.ws_chunk_min_chars, self.ws_chunk_max_chars, self.ws_chunk_max_wait_ms)
+        except ValueError as exc:
+            raise ValueError(str(exc).replace("chunking.", "ws_chunk_")) from None
 
     @property
     def model_id(self) -> str:
@@ -234,6 +257,17 @@ FIELD_HELP = {
     "retry_after_s": "the least Retry-After of 429 and 503 answers (429s derive theirs from the server's "
                      "estimates)",
     "max_retry_after_s": "the largest Retry-After of a 429",
+    "ws_max_connections": "WebSocket connections (WS /v1/audio/speech/stream) open at once; more are refused "
+                          "with 503",
+    "ws_max_message_bytes": "largest WebSocket message from a client in bytes (larger: closed with 1009)",
+    "ws_max_turns": "turns open at once on one WebSocket connection (more: error too_many_turns)",
+    "ws_text_buffer_chars": "characters of a WebSocket turn's text received and not yet sent to synthesis "
+                            "(more: error text_buffer_full)",
+    "ws_idle_timeout_s": "a WebSocket connection with no message and no turn in flight for this long is closed",
+    "ws_chunk_min_chars": "text threshold: the shortest piece cut at a sentence end (docs/voice-agents.md)",
+    "ws_chunk_max_chars": "text threshold: the longest piece; half of it is the shortest cut at a clause mark",
+    "ws_chunk_max_wait_ms": "text threshold: after this long in the buffer, text of at least two words is "
+                            "spoken without waiting for a boundary",
     "max_num_seqs": "rows of the T3 batch (a CFG request takes two)",
     "max_chars": "longest text chunk in characters (long texts are split at sentences)",
     "kv_cache_bytes": "bytes of the KV-cache pool (default: from gpu_memory_utilization on CUDA, 1 GiB on the CPU)",

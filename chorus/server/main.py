@@ -65,13 +65,18 @@ def effective_config(config: ServerConfig) -> ServerConfig:
 
 # uvicorn's own grace, past the service's: a backstop that cancels what the drain did not end
 UVICORN_GRACE_MARGIN_S = 5.0
+WS_MAX_SIZE_FACTOR = 4
 
 
 def uvicorn_options(config: ServerConfig) -> dict:
     """uvicorn's settings that are part of the server's limits (tests run uvicorn with these too).
     HTTP is parsed by h11, whose size limit on the request line and headers is configurable (the
-    faster httptools parser has none); its cost is small beside a model's."""
-    return dict(http="h11", h11_max_incomplete_event_size=config.max_header_bytes)
+    faster httptools parser has none); its cost is small beside a model's. WebSocket messages over
+    ``WS_MAX_SIZE_FACTOR`` times the server's own limit are cut by uvicorn before the server
+    reads them (the server answers the smaller ones over its limit itself); messages are not
+    compressed (audio barely compresses and deflate would run on the event loop)."""
+    return dict(http="h11", h11_max_incomplete_event_size=config.max_header_bytes,
+                ws_max_size=WS_MAX_SIZE_FACTOR * config.ws_max_message_bytes, ws_per_message_deflate=False)
 
 
 def uvicorn_server(service: SpeechService, **options):
@@ -85,17 +90,26 @@ def uvicorn_server(service: SpeechService, **options):
     from chorus.server.app import create_app
 
     grace = service.config.shutdown_grace_s
+    app = create_app(service)
 
     class _DrainingServer(uvicorn.Server):
         async def shutdown(self, sockets=None) -> None:
             draining = asyncio.create_task(service.drain(grace))
             try:
+                if app.state.agents is not None and app.state.agents.connections:
+                    # uvicorn closes WebSockets at once (1012): first stop listening and let the
+                    # voice-agent connections finish their turns and close with 1001
+                    for server in self.servers:
+                        server.close()
+                    for sock in sockets or []:
+                        sock.close()
+                    await app.state.agents.drain(grace)
                 await super().shutdown(sockets)
             finally:
                 if not draining.done():
                     draining.cancel()
 
-    config = uvicorn.Config(create_app(service), log_config=None,
+    config = uvicorn.Config(app, log_config=None,
                             timeout_graceful_shutdown=grace + UVICORN_GRACE_MARGIN_S,
                             **{**uvicorn_options(service.config), **options})
     return _DrainingServer(config)

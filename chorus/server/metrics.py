@@ -25,6 +25,7 @@ STAGES = ("queue", "t3", "vocoder", "encode")
 # error codes that are admission refusals, and the reason label they count under
 REFUSAL_REASONS = {"queue_full": "queue_full", "overloaded": "overloaded", "memory_pressure": "memory_pressure"}
 DEADLINE_KINDS = ("start", "total")
+WS_TURN_OUTCOMES = ("done", "cancelled", "error")
 # metrics exported only where they can be measured (NVML on a CUDA device)
 OPTIONAL_METRICS = frozenset({"chorus_gpu_utilization_ratio", "chorus_gpu_memory_bytes"})
 
@@ -108,6 +109,16 @@ class ServerMetrics:
         self.deadline_misses = Counter("chorus_deadline_misses", "Requests that missed a deadline, by kind "
                                        "(start: before their first audio; total: the whole request)",
                                        ["kind"], registry=registry)
+        # the voice-agent WebSocket (docs/voice-agents.md)
+        self.ws_connections = Gauge("chorus_ws_connections_open", "Voice-agent WebSocket connections open",
+                                    registry=registry)
+        self.ws_turns = Counter("chorus_ws_turns", "Voice-agent WebSocket turns ended, by outcome "
+                                "(done, cancelled, error)", ["outcome"], registry=registry)
+        self.ws_ttfa = Histogram("chorus_ws_text_to_first_audio_seconds",
+                                 "Per WebSocket turn: its first text delta to its first audio frame (the text "
+                                 "threshold's wait included)", buckets=LATENCY_BUCKETS, registry=registry)
+        for outcome in WS_TURN_OUTCOMES:
+            self.ws_turns.labels(outcome)
         for stage in STAGES:  # every series exists from the start (a rate over nothing is 0, not absent)
             self.stage_seconds.labels(stage)
         for reason in REFUSAL_REASONS.values():

@@ -77,6 +77,7 @@ class SpeechService:
         self._last_passes: tuple[int, int] = (0, 0)
         self._last_delivery: tuple[float, float, bool] | None = None  # (time, tokens delivered, busy)
         self._last_vocoder_busy: tuple[float, float] | None = None  # (when, vocoder busy seconds)
+        self._drain_holds: list[Callable[[], int]] = []  # work drain() waits for besides admission's
 
     # ------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -134,13 +135,18 @@ class SpeechService:
         in_flight = self.admission.in_flight
         if in_flight:
             logger.info("draining: %d request(s) in flight get up to %g s to finish", in_flight, grace_s)
-        while self.admission.in_flight and self._clock() < deadline:
+        while (self.admission.in_flight or any(hold() for hold in self._drain_holds)) and self._clock() < deadline:
             await asyncio.sleep(0.05)
         if self.admission.in_flight:
             logger.warning("shutdown grace of %g s is over: ending %d request(s) still in flight", grace_s,
                            self.admission.in_flight)
         if self.pipeline is not None:
             await asyncio.to_thread(self.pipeline.close)  # remaining requests fail with "stopped"
+
+    def hold_drain(self, count: Callable[[], int]) -> None:
+        """Make :meth:`drain` also wait (within its grace) while ``count()`` is above zero: work
+        the admission queue does not see, e.g. WebSocket turns between two pieces."""
+        self._drain_holds.append(count)
 
     # ------------------------------------------------------------------------------ readiness
     def readiness(self) -> tuple[bool, str | None]:

@@ -49,51 +49,123 @@ async def open_speech(service: "SpeechService", body: SpeechBody, priority_heade
     service.require_serving()
     service.check_model(body.model)
     priority = service.priority(body.priority, priority_header)
-    service.check_body(body)
-    ticket = service.admit(priority, body)  # before any thread-pool or model work
-    encoder = None
+    call = await start_call(service, body, priority, request_id, arrived)
     try:
-        voice = await asyncio.to_thread(_request_voice, service.voices, body.voice)
-        try:
-            encoder = StreamEncoder(body.response_format, SAMPLE_RATE, speed=body.speed, streaming=streams(body))
-        except ValueError as exc:
-            raise APIError(400, str(exc), code="invalid_parameter", param="speed") from None
-        pipeline_request, applied = service.speech_request(body, voice, priority, request_id)
-        stream = await asyncio.to_thread(service.submit, pipeline_request)
+        encoder = StreamEncoder(body.response_format, SAMPLE_RATE, speed=body.speed, streaming=streams(body))
+    except ValueError as exc:
+        call.end(None)
+        raise APIError(400, str(exc), code="invalid_parameter", param="speed") from None
     except BaseException:
-        service.admission.release(ticket)
-        if encoder is not None:
-            encoder.abort()
+        call.end(None)
         raise
     try:  # wait for the first audio, so that a failure before it is still a JSON error
-        first = await stream._anext()
-    except PipelineError as exc:
-        service.admission.release(ticket)
-        encoder.abort()
-        if exc.reason == "deadline":  # a miss: the prediction was at least this wrong
-            service.capacity.observe_start(ticket.estimate.start_s, time.perf_counter() - arrived)
-            service.metrics.deadline_misses.labels(exc.deadline).inc()
-        error = pipeline_error(exc)
-        service.metrics.requests.labels(error.code).inc()
-        raise error from None
-    except BaseException:  # the client went away while waiting
-        stream.cancel()
-        service.admission.release(ticket)
+        first = await call.first()
+    except BaseException:
         encoder.abort()
         raise
-    waited = time.perf_counter() - arrived
-    if first is not None:
-        service.capacity.observe_start(ticket.estimate.start_s, waited)
-        if ticket.alone:
-            service.capacity.observe_solo_start(waited)
-    headers = {"X-Chorus-Degradation": str(applied.level), "X-Chorus-Degraded": applied.header(),
-               "X-Chorus-Seed": str(stream.plan.seed), "Cache-Control": "no-store"}
+    headers = {"X-Chorus-Degradation": str(call.applied.level), "X-Chorus-Degraded": call.applied.header(),
+               "X-Chorus-Seed": str(call.stream.plan.seed), "Cache-Control": "no-store"}
     cheap = body.response_format in ("wav", "pcm") and body.speed == 1.0  # no codec: encode inline
-    session = _Session(service, stream, encoder, ticket, first, arrived, cheap)
+    session = _Session(call, encoder, first, cheap)
     if body.stream_format == "sse":
         return SpeechResponse("text/event-stream", headers, session.sse(), session.stalled, session.abandon)
     return SpeechResponse(media_type(body.response_format), headers, session.bytes(), session.stalled,
                           session.abandon)
+
+
+_LOOK_UP = object()  # start_call's voice: look the body's voice up in the store
+
+
+async def start_call(service: "SpeechService", body: SpeechBody, priority, request_id: str, arrived: float, *,
+                     voice=_LOOK_UP) -> "SpeechCall":
+    """Check ``body`` against the server's limits, admit it (before any thread-pool or model
+    work) and submit it to the pipeline: the :class:`SpeechCall` holding its ticket and stream.
+    ``voice``: the voice already looked up (the WebSocket does it once per connection).
+    Raises ``APIError``; whatever it took is given back. Cancelled while the pipeline plans the
+    request (on a worker thread), the request is cancelled as soon as it exists."""
+    service.check_body(body)
+    ticket = service.admit(priority, body)
+    try:
+        if voice is _LOOK_UP:
+            voice = await asyncio.to_thread(request_voice, service.voices, body.voice)
+        pipeline_request, applied = service.speech_request(body, voice, priority, request_id)
+        submitting = asyncio.ensure_future(asyncio.to_thread(service.submit, pipeline_request))
+        try:
+            stream = await asyncio.shield(submitting)
+        except asyncio.CancelledError:
+            submitting.add_done_callback(_cancel_submitted)
+            raise
+    except BaseException:
+        service.admission.release(ticket)
+        raise
+    return SpeechCall(service, stream, ticket, applied, arrived)
+
+
+def _cancel_submitted(submitting: "asyncio.Future") -> None:
+    """A submission whose caller went away: cancel the request it started, if it started one."""
+    if not submitting.cancelled() and submitting.exception() is None:
+        submitting.result().cancel()
+
+
+class SpeechCall:
+    """One admitted pipeline request: its admission ticket, its stream and the bookkeeping every
+    caller does (the HTTP response, each piece of a WebSocket turn): the start time and cost
+    it teaches admission's capacity model, the audio delivered, the metrics at its end."""
+
+    def __init__(self, service: "SpeechService", stream, ticket, applied, arrived: float):
+        self.service, self.stream, self.ticket, self.applied, self.arrived = service, stream, ticket, applied, arrived
+        self.samples = 0  # audio delivered, at SAMPLE_RATE
+        self.ended = False
+
+    async def first(self):
+        """The first audio piece (None: the request ended without audio). A failure before it
+        raises its ``APIError`` and ends the call; so does being cancelled (re-raised)."""
+        service = self.service
+        try:
+            first = await self.stream._anext()
+        except PipelineError as exc:
+            if exc.reason == "deadline":  # a miss: the prediction was at least this wrong
+                service.capacity.observe_start(self.ticket.estimate.start_s, time.perf_counter() - self.arrived)
+                service.metrics.deadline_misses.labels(exc.deadline).inc()
+            error = pipeline_error(exc)
+            self.end(error.code)
+            raise error from None
+        except BaseException:  # the caller went away while waiting
+            self.end(None)
+            raise
+        waited = time.perf_counter() - self.arrived
+        if first is not None:
+            service.capacity.observe_start(self.ticket.estimate.start_s, waited)
+            if self.ticket.alone:
+                service.capacity.observe_solo_start(waited)
+        return first
+
+    def delivered(self, samples: int) -> None:
+        """``samples`` of its audio went out."""
+        self.samples += samples
+        self.service.admission.delivered(self.ticket, samples, SAMPLE_RATE)
+
+    def completed(self) -> None:
+        """Its stream ended normally: learn its queue time and cost."""
+        service, result = self.service, self.stream._result
+        if result is not None:
+            if "first_token_s" in result.timings:
+                service.metrics.queue_time.observe(result.timings["first_token_s"])
+            service.capacity.observe_cost(self.ticket.chars, sum(c.speech_tokens for c in result.chunks),
+                                          capped=any(c.finish_reason == "length" for c in result.chunks))
+
+    def end(self, status: str | None) -> None:
+        """The call is over (idempotent): the request cancelled unless it finished, the ticket
+        given back, and (``status`` given) counted with the audio it delivered."""
+        if self.ended:
+            return
+        self.ended = True
+        if not self.stream.finished:
+            self.stream.cancel()
+        self.service.admission.release(self.ticket)
+        if status is not None:
+            self.service.metrics.requests.labels(status).inc()
+            self.service.metrics.audio_seconds.inc(self.samples / SAMPLE_RATE)
 
 
 WHOLE_BY_DEFAULT = ("wav", "flac")  # formats whose headers carry the length: sent complete unless streamed
@@ -112,13 +184,11 @@ class _Session:
     """One speech response being streamed: pieces -> encoder -> bytes, and the bookkeeping at
     the end (metrics, the admission ticket, cancel when the client leaves)."""
 
-    def __init__(self, service: SpeechService, stream, encoder, ticket, first, arrived: float, cheap: bool):
-        self.service, self.stream, self.encoder, self.ticket = service, stream, encoder, ticket
-        self.first, self.arrived, self.cheap = first, arrived, cheap
-        self.audio_samples = 0
+    def __init__(self, call: SpeechCall, encoder, first, cheap: bool):
+        self.call, self.service, self.stream, self.encoder = call, call.service, call.stream, encoder
+        self.first, self.arrived, self.cheap = first, call.arrived, cheap
         self.closed = False
         self.client_stalled = False
-        self.ended = False  # the bookkeeping at the end ran (in _encoded, or in abandon)
 
     def stalled(self) -> None:
         """The client stopped reading and is being dropped (the HTTP layer closes the body next)."""
@@ -127,13 +197,10 @@ class _Session:
     def abandon(self) -> None:
         """The response is over: if its body never started (the client left before the first
         write), do the bookkeeping ``_encoded`` would have done."""
-        if self.ended:
+        if self.call.ended:
             return
-        self.ended = True
-        self.stream.cancel()
         self.encoder.abort()
-        self.service.admission.release(self.ticket)
-        self.service.metrics.requests.labels("client_disconnected").inc()
+        self.call.end("client_disconnected")
 
     async def _encode(self, fn, *args) -> bytes:
         """Run an encoder call: a codec on a worker thread (the event loop must not spend its
@@ -144,13 +211,12 @@ class _Session:
         return data
 
     async def _encoded(self) -> AsyncIterator[bytes]:
-        service, metrics = self.service, self.service.metrics
+        metrics = self.service.metrics
         status, sent_any = "ok", False
         try:
             piece = self.first
             while piece is not None:
-                self.audio_samples += piece.samples.size
-                service.admission.delivered(self.ticket, piece.samples.size, SAMPLE_RATE)
+                self.call.delivered(piece.samples.size)
                 data = await self._encode(self.encoder.write, piece.samples)
                 if data:
                     if not sent_any:
@@ -164,12 +230,7 @@ class _Session:
                 if not sent_any:
                     metrics.ttfa.observe(time.perf_counter() - self.arrived)
                 yield tail
-            result = self.stream._result
-            if result is not None:
-                if "first_token_s" in result.timings:
-                    metrics.queue_time.observe(result.timings["first_token_s"])
-                service.capacity.observe_cost(self.ticket.chars, sum(c.speech_tokens for c in result.chunks),
-                                              capped=any(c.finish_reason == "length" for c in result.chunks))
+            self.call.completed()
             metrics.e2e.observe(time.perf_counter() - self.arrived)
         except PipelineError as exc:  # after the first byte: cut the stream (the HTTP layer logs it)
             status = pipeline_error(exc).code
@@ -187,14 +248,9 @@ class _Session:
             logger.exception("stream failed: %s", exc)
             raise
         finally:
-            self.ended = True
-            if not self.stream.finished:
-                self.stream.cancel()
             if not self.closed:
                 self.encoder.abort()
-            service.admission.release(self.ticket)
-            metrics.requests.labels(status).inc()
-            metrics.audio_seconds.inc(self.audio_samples / SAMPLE_RATE)
+            self.call.end(status)
 
     async def bytes(self) -> AsyncIterator[bytes]:
         async with contextlib.aclosing(self._encoded()) as chunks:  # closing this closes it at once
@@ -206,21 +262,22 @@ class _Session:
             async for data in chunks:
                 event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")}
                 yield f"data: {json.dumps(event)}\n\n".encode()
-        plan = self.stream.plan
-        result = self.stream._result
-        text_tokens = sum(len(c.text_ids) for c in plan.chunks)
-        speech_tokens = sum(c.speech_tokens for c in result.chunks) if result is not None else 0
-        done = {"type": "speech.audio.done",
-                "usage": {"input_tokens": text_tokens, "output_tokens": speech_tokens,
-                          "total_tokens": text_tokens + speech_tokens}}
+        done = {"type": "speech.audio.done", "usage": usage([self.stream])}
         yield f"data: {json.dumps(done)}\n\n".encode()
+
+
+def usage(streams) -> dict[str, int]:
+    """OpenAI's usage of finished pipeline streams: text tokens in, speech tokens out."""
+    text_tokens = sum(len(c.text_ids) for s in streams for c in s.plan.chunks)
+    speech_tokens = sum(c.speech_tokens for s in streams if s._result is not None for c in s._result.chunks)
+    return {"input_tokens": text_tokens, "output_tokens": speech_tokens, "total_tokens": text_tokens + speech_tokens}
 
 
 _VOICE_STATUS = {"too_large": 413, "reserved_voice": 409, "damaged_voice": 500, "id_collision": 500,
                  "voice_store_unavailable": 503, "insufficient_storage": 507}
 
 
-def _request_voice(store, voice: str):
+def request_voice(store, voice: str):
     """The request's voice by id. A voice is named by its id (what POST /v1/voices returns),
     not by the name it was uploaded with: an unknown id that is a voice's name says so."""
     try:

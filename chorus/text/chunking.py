@@ -39,7 +39,7 @@ MIN_MAX_CHARS = 20
 # (so "3:30", "1,000" and "10–20" stay whole); the em dash and CJK/Arabic marks need none.
 # Plain-text dashes count too (" - ", "--"): the original and multilingual punctuation clean-up
 # turns " - " into a comma, so T3 reads a clause break there anyway; "well-known" stays whole.
-_CLAUSE_MARK = re.compile(
+CLAUSE_MARK = re.compile(
     r"[,;:\u2013](?=\s)|\u2014|(?<=\s)-(?=\s)|-{2,}|[\u060c\u061b\uff0c\u3001\uff1b\uff1a]")
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t\r\f\v]*\n\s*")
 # A clause cut may leave the first piece this much shorter than an equal share.
@@ -47,7 +47,7 @@ _CLAUSE_SLACK = 0.5
 _JOINERS = frozenset("\u200c\u200d\u2060\ufeff")  # ZWNJ, ZWJ, word joiner, BOM
 
 
-def _is_scriptio_continua(char: str) -> bool:
+def is_scriptio_continua(char: str) -> bool:
     """Scripts written without spaces between words, where a cut between characters is fine."""
     code = ord(char)
     return (
@@ -68,7 +68,7 @@ def _glued(left: str, right: str) -> bool:
     if 0xDC00 <= ord(right) <= 0xDFFF:
         return True  # low surrogate (only in malformed text)
     return (left.isalnum() and right.isalnum()
-            and not (_is_scriptio_continua(left) or _is_scriptio_continua(right)))
+            and not (is_scriptio_continua(left) or is_scriptio_continua(right)))
 
 
 def _hard_cut(text: str, want: int) -> int:
@@ -90,7 +90,7 @@ def _next_start(text: str, max_chars: int) -> int:
     shortest = length - (pieces - 1) * max_chars  # any shorter and one more piece is needed
     window = text[: max_chars + 1]
     lowest_clause = max(shortest, target * _CLAUSE_SLACK)
-    clause_ends = [m.end() for m in _CLAUSE_MARK.finditer(window) if lowest_clause <= m.end() <= max_chars]
+    clause_ends = [m.end() for m in CLAUSE_MARK.finditer(window) if lowest_clause <= m.end() <= max_chars]
     spaces = [i for i, char in enumerate(window) if char == " " and i > 0]
     end = _closest(clause_ends, target)
     if end is None:
