@@ -510,8 +510,8 @@ def summarize(concurrency: int, turns_each: int, logs: list[ConnectionLog], wall
     }
 
 
-async def run_level(cfg: AgentBenchConfig, model: str, concurrency: int) -> dict:
-    """N agents at once; see the module docstring."""
+async def run_level(cfg: AgentBenchConfig, model: str, concurrency: int) -> tuple[dict, dict | None]:
+    """N agents at once (see the module docstring): the level's report and a ``ready`` event."""
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     logs = [ConnectionLog() for _ in range(concurrency)]
     rngs = [random.Random(f"{cfg.seed}/{concurrency}/{i}") for i in range(concurrency)]
@@ -535,7 +535,7 @@ async def run_level(cfg: AgentBenchConfig, model: str, concurrency: int) -> dict
         await watch.scrape()
     level = summarize(concurrency, cfg.turns, logs, wall, cfg.response_format)
     level["server"] = watch.report(wall)
-    return level
+    return level, next((log.ready for log in logs if log.ready is not None), None)
 
 
 # ---------------------------------------------------------------------------------- the run
@@ -577,7 +577,8 @@ async def run_agent_async(cfg: AgentBenchConfig, progress=None) -> dict:
     report["ready"] = ready
     report["levels"] = []
     for n in cfg.concurrency:
-        level = await run_level(cfg, model, n)
+        level, ready = await run_level(cfg, model, n)
+        report["ready"] = report["ready"] or ready
         report["levels"].append(level)
         if progress is not None:
             progress(level)

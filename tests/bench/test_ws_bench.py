@@ -233,11 +233,21 @@ def test_the_command_line_prints_and_writes_the_report(live, tmp_path, capsys):
     out = tmp_path / "agent.json"
     assert main(["bench", "online", "--agent", "--url", live.url, "--concurrency", "1", "--turns", "1",
                  "--text", TEXT, "--llm-tokens-per-s", "200", "--token-spacing", "poisson", "--warmup", "0",
+                 "--chunking", "min_chars=25,max_chars=150,max_wait_ms=400",
                  "--out", str(out)]) == 0
     captured = capsys.readouterr()
     report = json.loads(captured.out)
     assert json.loads(out.read_text()) == report and [p.name for p in tmp_path.iterdir()] == ["agent.json"]
     assert report["benchmark"] == "online-agent" and report["token_spacing"] == "poisson"
+    assert report["ready"]["chunking"] == report["chunking_requested"] == {"min_chars": 25, "max_chars": 150,
+                                                                           "max_wait_ms": 400}
     assert "connections 1: 1/1 turns done" in captured.err  # a progress line per level
     assert report["levels"][0]["turns"]["done"] == 1
     live.wait_idle()
+
+
+def test_a_refused_config_stops_the_run_before_the_levels(live, capsys):
+    assert main(["bench", "online", "--agent", "--url", live.url, "--voice", "missing", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("chorus: error: the server refused the connection's config (voice_not_found")
+    assert "\n" not in err
