@@ -25,7 +25,7 @@ from chorus.audio.encode import to_mulaw, to_pcm16
 from chorus.audio.resample import StreamResampler
 from chorus.audio.tempo import MAX_SPEED, MIN_SPEED, TempoStream, check_speed
 
-FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm", "pcm_24000", "pcm_16000", "pcm_8000", "mulaw_8000")
+FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 MEDIA_TYPES = {
     "mp3": "audio/mpeg",
     "opus": "audio/ogg",  # Opus in an Ogg container
@@ -33,16 +33,15 @@ MEDIA_TYPES = {
     "flac": "audio/flac",
     "wav": "audio/wav",
     "pcm": "audio/pcm",  # raw 16-bit little-endian mono at the input rate (24 kHz for Chatterbox)
-    "pcm_24000": "audio/pcm;rate=24000",  # raw 16-bit little-endian mono at the rate named
-    "pcm_16000": "audio/pcm;rate=16000",
-    "pcm_8000": "audio/pcm;rate=8000",
-    "mulaw_8000": "audio/basic",  # G.711 mu-law, 8 kHz mono (RFC 2046's audio/basic)
 }
-# raw formats with a fixed output rate (the input is resampled to it) and their sample coding
+# Telephony formats (the voice-agent WebSocket's): raw mono at a fixed rate, the input resampled
+# to it: 16-bit little-endian PCM, or G.711 mu-law.
 RAW_RATES = {"pcm_24000": 24_000, "pcm_16000": 16_000, "pcm_8000": 8_000, "mulaw_8000": 8_000}
+RAW_MEDIA_TYPES = {"pcm_24000": "audio/pcm;rate=24000", "pcm_16000": "audio/pcm;rate=16000",
+                   "pcm_8000": "audio/pcm;rate=8000", "mulaw_8000": "audio/basic"}  # RFC 2046: 8 kHz mu-law
 DEFAULT_SAMPLE_RATE = 24_000
 
-__all__ = ["FORMATS", "MEDIA_TYPES", "RAW_RATES", "BIT_RATES", "MIN_SPEED", "MAX_SPEED", "StreamEncoder", "check_format",
+__all__ = ["FORMATS", "MEDIA_TYPES", "RAW_RATES", "RAW_MEDIA_TYPES", "BIT_RATES", "MIN_SPEED", "MAX_SPEED", "StreamEncoder", "check_format",
            "media_type", "wav_stream_header", "encode_with_pyav"]
 
 
@@ -81,15 +80,15 @@ BIT_RATES = {fmt: codec.bit_rate for fmt, codec in _CODECS.items() if codec.bit_
 
 
 def check_format(fmt: str) -> str:
-    """``fmt`` if it is one of ``FORMATS``, else a ``ValueError`` listing them."""
-    if fmt not in FORMATS:
-        raise ValueError(f"unsupported response format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    """``fmt`` if it is one of ``FORMATS`` or ``RAW_RATES``, else a ``ValueError`` listing them."""
+    if fmt not in FORMATS and fmt not in RAW_RATES:
+        raise ValueError(f"unsupported response format {fmt!r}; choose one of {', '.join((*FORMATS, *RAW_RATES))}")
     return fmt
 
 
 def media_type(fmt: str) -> str:
     """The HTTP Content-Type of ``fmt``."""
-    return MEDIA_TYPES[check_format(fmt)]
+    return {**MEDIA_TYPES, **RAW_MEDIA_TYPES}[check_format(fmt)]
 
 
 def _check_sample_rate(sample_rate: int) -> int:
@@ -189,7 +188,8 @@ class _PyAVEncoder:
 
 
 class StreamEncoder:
-    """Encodes a stream of mono float32 pieces as ``fmt`` (one of ``FORMATS``), piece by piece.
+    """Encodes a stream of mono float32 pieces as ``fmt`` (one of ``FORMATS``, or a telephony
+    format of ``RAW_RATES``, whose bytes are at ``output_rate``), piece by piece.
 
     ``write(samples)`` returns the bytes ready so far (possibly ``b""``); ``close()`` flushes and
     returns the rest. Samples are clipped to [-1, 1]; ``speed`` in [0.25, 4.0] changes the tempo
@@ -208,7 +208,7 @@ class StreamEncoder:
         self.format = check_format(fmt)
         self.sample_rate = _check_sample_rate(sample_rate)
         self.speed = check_speed(speed)
-        self.media_type = MEDIA_TYPES[fmt]
+        self.media_type = media_type(fmt)
         self.streaming = streaming
         self.closed = False
         self._tempo = TempoStream(self.speed, self.sample_rate) if self.speed != 1.0 else None

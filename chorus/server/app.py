@@ -49,6 +49,7 @@ def create_app(service: Backend) -> FastAPI:
             await service.stop()
 
     logging.getLogger("uvicorn.error").addFilter(_EXPECTED_CUT)
+    logging.getLogger("uvicorn.error").addFilter(_HIDDEN_KEYS)
     app = FastAPI(title="Chorus", summary="A voice server for the Chatterbox TTS family (OpenAI-compatible)",
                   version=_version(), lifespan=lifespan)
     app.state.service = service
@@ -290,6 +291,21 @@ class _ExpectedCutFilter(logging.Filter):
 
 
 _EXPECTED_CUT = _ExpectedCutFilter()
+
+
+class _HiddenKeysFilter(logging.Filter):
+    """Hides the API key a browser's WebSocket sends as ``?api_key=`` in uvicorn's handshake lines
+    (``"WebSocket /v1/audio/speech/stream?api_key=..." [accepted]``)."""
+
+    _KEY = re.compile(r"(api_key=)[^&\s\"]*")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.args and isinstance(record.args, tuple):
+            record.args = tuple(self._KEY.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args)
+        return True
+
+
+_HIDDEN_KEYS = _HiddenKeysFilter()
 
 
 class _RequestContext:

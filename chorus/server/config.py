@@ -161,6 +161,8 @@ class ServerConfig:
         _require(self.retry_after_s <= self.max_retry_after_s,
                  f"retry_after_s ({self.retry_after_s}) must be <= max_retry_after_s ({self.max_retry_after_s})")
         self.ws_chunking()  # raises on bad sizes
+        _require(self.ws_chunk_max_chars <= self.max_input_chars,
+                 f"ws_chunk_max_chars ({self.ws_chunk_max_chars}) must be <= max_input_chars ({self.max_input_chars})")
         from chorus.server.admission import POLICIES
 
         _require(self.admission in POLICIES, f"admission must be one of {', '.join(POLICIES)}, got {self.admission!r}")

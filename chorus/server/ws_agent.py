@@ -297,7 +297,7 @@ class Connection:
                                                   code="turn_closed"), turn_id)
         cap = self.config.ws_text_buffer_chars
         if turn.buffered_chars + len(text) > cap:
-            await turn.cancel("text_buffer_full", outcome="error")
+            await turn.cancel(outcome="error")
             return await self.send_error(APIError(
                 413, f"turn {turn_id!r} holds more than {cap} characters not yet spoken; send text no faster than "
                      f"it is spoken, or in more turns", code="text_buffer_full"), turn_id)
@@ -351,6 +351,9 @@ class Connection:
         if fmt not in FORMATS:
             raise _invalid(f"response_format must be one of {', '.join(FORMATS)}, got {fmt!r}", "response_format")
         chunking = _chunking(data.get("chunking"), self.config.ws_chunking())
+        if chunking.max_chars > self.config.max_input_chars:
+            raise _invalid(f"chunking.max_chars must be at most {self.config.max_input_chars} (the server's "
+                           f"max_input_chars), got {chunking.max_chars}", "chunking")
         fields = {k: v for k, v in data.items() if k in BODY_FIELDS}
         try:
             body = SpeechBody.model_validate({**fields, "input": "-", "response_format": "pcm"})
@@ -390,12 +393,21 @@ class Connection:
         if self._lost is not None:
             raise ConnectionAbortedError(self._lost)
         async with self._send_lock:
+            # not asyncio.wait_for: on Python < 3.12 it can swallow a cancellation that arrives as
+            # the send completes, and a cancelled turn must stop at once
+            sending = asyncio.ensure_future(send(payload))
             try:
-                await asyncio.wait_for(send(payload), self.config.write_stall_s)
-            except asyncio.TimeoutError:
+                done, _ = await asyncio.wait({sending}, timeout=self.config.write_stall_s)
+            except asyncio.CancelledError:
+                sending.cancel()
+                raise
+            if not done:
+                sending.cancel()
                 self._lost = "slow_reader"
                 self.wake()
-                raise ConnectionAbortedError("slow_reader") from None
+                raise ConnectionAbortedError("slow_reader")
+            try:
+                sending.result()
             except (WebSocketDisconnect, RuntimeError, OSError) as exc:
                 self._lost = "client_disconnected"
                 self.wake()
@@ -428,8 +440,8 @@ def _chunking(given, defaults: Chunking) -> Chunking:
         raise _invalid("chunking must be an object: {min_chars, max_chars, max_wait_ms}", "chunking")
     unknown = [k for k in given if k not in defaults.as_dict()]
     if unknown:
-        raise _invalid(f"unknown chunking field {unknown[0]!r}; the fields are min_chars, max_chars, max_wait_ms",
-                       f"chunking.{unknown[0]}")
+        raise _invalid(f"unknown field 'chunking.{unknown[0]}'; the chunking fields are min_chars, max_chars, "
+                       "max_wait_ms", f"chunking.{unknown[0]}")
     try:
         return Chunking(**{**defaults.as_dict(), **given})
     except ValueError as exc:

@@ -11,7 +11,6 @@ of the pieces before it is sent first); :meth:`Turn.cancel` ends it at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import struct
@@ -50,6 +49,7 @@ class Turn:
         self.settings = connection.settings
         self.text = TextPieces(self.settings.chunking, self.settings.language)
         self.flushed = False
+        self.stopping = False  # cancelled or failed: nothing more of it is sent
         self.ended = False
         self.queued_chars = 0  # characters of pieces cut and not yet submitted
         self._pieces: asyncio.Queue = asyncio.Queue()  # cut pieces, then None after the flush
@@ -67,7 +67,8 @@ class Turn:
         self.last_audio_at: float | None = None
         self.threshold_wait_s: float | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._tasks = [asyncio.create_task(self._start_pieces()), asyncio.create_task(self._send_audio())]
+        self._tasks = [asyncio.create_task(self._guarded(self._start_pieces())),
+                       asyncio.create_task(self._guarded(self._send_audio()))]
 
     # -- text (called by the connection's reader) --------------------------------------------
     @property
@@ -110,6 +111,20 @@ class Turn:
             self._arm_timer(now)
 
     # -- the pipeline -------------------------------------------------------------------------
+    async def _guarded(self, work) -> None:
+        """Run one of the turn's tasks: a lost connection ends it quietly (the connection cancels
+        the turn), a bug ends the turn with ``internal_error``."""
+        try:
+            await work
+        except ConnectionAbortedError:
+            pass
+        except Exception:  # noqa: BLE001 - logged; the connection and the server go on
+            logger.exception("voice-agent turn %s of %s failed", self.id, self.connection.id)
+            if asyncio.current_task() is self._tasks[0]:
+                await self._ready.put(APIError(500, "internal server error", code="internal_error"))
+            else:
+                await self._fail(APIError(500, "internal server error", code="internal_error"))
+
     async def _start_pieces(self) -> None:
         connection, service, settings = self.connection, self.service, self.settings
         while True:
@@ -198,6 +213,8 @@ class Turn:
     async def _send(self, data: bytes) -> None:
         if not data:
             return
+        if self.stopping:
+            raise asyncio.CancelledError  # the turn is being cancelled: this task is about to be
         await self.connection.send_bytes(audio_frame(self.id, self.seq, data))
         self.seq += 1
         now = time.perf_counter()
@@ -209,9 +226,9 @@ class Turn:
     # -- endings ------------------------------------------------------------------------------
     async def _fail(self, error: APIError) -> None:
         """End the turn with ``error`` (from the sender task)."""
+        self.stopping = True
         self._tasks[0].cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._tasks[0]
+        await asyncio.gather(self._tasks[0], return_exceptions=True)
         self._release("cancelled")
         await self.connection.send_error(error, self.id)
         self._end("error")
@@ -219,6 +236,7 @@ class Turn:
     async def cancel(self, status: str = "cancelled", outcome: str = "cancelled") -> None:
         """Stop the turn now: its text dropped, its pipeline requests cancelled, nothing more
         sent. Returns once no frame of it can follow (the caller then says ``cancelled``)."""
+        self.stopping = True
         if self._timer is not None:
             self._timer.cancel()
         for call in self.calls:  # the pipeline drops their T3 rows and vocoder jobs now

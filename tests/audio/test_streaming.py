@@ -239,3 +239,31 @@ def test_a_whole_file_is_sent_at_close_with_complete_headers(fmt):
             assert wav.getnframes() == 12000
     if fmt == "flac":
         assert soundfile.info(io.BytesIO(data)).frames == 12000
+
+
+@pytest.mark.parametrize("fmt, rate", [("pcm_24000", 24_000), ("pcm_16000", 16_000), ("pcm_8000", 8_000)])
+def test_raw_pcm_at_a_rate_is_resampled_as_one_stream(fmt, rate):
+    samples = _tone(SR + 137)
+    cuts = np.sort(np.random.default_rng(1).integers(0, samples.size, 50))
+    encoder = StreamEncoder(fmt, SR)
+    data = b"".join(encoder.write(piece) for piece in np.split(samples, cuts)) + encoder.close()
+    assert encoder.output_rate == rate
+    assert len(data) == 2 * round(samples.size * rate / SR)  # however the pieces were cut
+    decoded = np.frombuffer(data, "<i2").astype(np.float32) / 32767.0
+    spectrum = np.abs(np.fft.rfft(decoded * np.hanning(decoded.size)))
+    assert float(np.fft.rfftfreq(decoded.size, 1 / rate)[spectrum.argmax()]) == pytest.approx(440, abs=3)
+
+
+def test_mulaw_decodes_with_ffmpeg_to_the_pcm_within_one_step():
+    samples = _tone(SR)
+    encoder = StreamEncoder("mulaw_8000", SR)
+    data = encoder.write(samples[:1000]) + encoder.write(samples[1000:]) + encoder.close()
+    assert len(data) == SR // 3  # one byte per 8 kHz sample
+    reference = StreamEncoder("pcm_8000", SR)
+    pcm = np.frombuffer(reference.write(samples) + reference.close(), "<i2").astype(np.float64)
+    with av.open(io.BytesIO(data), format="mulaw", options={"sample_rate": "8000", "ch_layout": "mono"}) as c:
+        decoded = np.concatenate([f.to_ndarray().reshape(-1) for f in c.decode(audio=0)]).astype(np.float64)
+    assert decoded.size == pcm.size
+    # mu-law has 16 steps per doubling of the magnitude: an error of at most one step (1/16 of it)
+    assert np.all(np.abs(decoded - pcm) <= np.maximum(np.abs(pcm), 64) / 16 + 1)
+    assert StreamEncoder("mulaw_8000").media_type == "audio/basic"

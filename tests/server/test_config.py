@@ -132,6 +132,11 @@ def test_a_file_value_of_the_wrong_type_is_not_coerced(key, value):
     ({"flags": {"variant": "bogus"}}, "variant"),
     ({"file_values": {"degradation": {"hysteresis": 0.9}}}, "hysteresis"),
     ({"file_values": {"degradation": {"level3_queue_fraction": 0}}}, "level3_queue_fraction"),
+    ({"flags": {"ws_max_turns": "0"}}, "ws_max_turns"),
+    ({"env": {"CHORUS_WS_IDLE_TIMEOUT_S": "0"}}, "ws_idle_timeout_s"),
+    ({"flags": {"ws_chunk_min_chars": "0"}}, "ws_chunk_min_chars"),
+    ({"flags": {"ws_chunk_min_chars": "200", "ws_chunk_max_chars": "100"}}, "ws_chunk_min_chars"),
+    ({"env": {"CHORUS_WS_CHUNK_MAX_WAIT_MS": "-1"}}, "ws_chunk_max_wait_ms"),
 ])
 def test_an_invalid_value_is_an_error_naming_the_field(sources, field):
     with pytest.raises(ValueError) as info:

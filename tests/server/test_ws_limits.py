@@ -1,0 +1,152 @@
+"""The voice-agent WebSocket's limits, authentication, admission and draining, on live servers
+configured with small limits."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+import pytest
+from websockets.exceptions import InvalidStatus
+
+from tests.server.live import EnginePause, LiveServer, server_config, tiny_loader
+from tests.server.ws_client import collect, configure, connect, next_message, send
+
+pytestmark = pytest.mark.timeout(120)
+
+KEY = "secret-key-1"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def server(module_tmp_path_factory):
+    config = server_config(module_tmp_path_factory.mktemp("voices"), canary_interval_s=3600.0, api_keys=(KEY,),
+                           ws_max_message_bytes=2048, ws_text_buffer_chars=300, ws_max_turns=2,
+                           ws_max_connections=3, max_queue=1)
+    with LiveServer(config, tiny_loader(config), api_key=KEY) as live:
+        yield live
+
+
+def _closed_with(ws, code: int) -> None:
+    with pytest.raises(Exception):
+        ws.recv(timeout=10)
+    assert ws.close_code == code
+
+
+def test_a_missing_or_wrong_key_is_refused_with_401_before_accept(server):
+    for headers in (None, {"Authorization": "Bearer wrong-key-0"}):
+        with pytest.raises(InvalidStatus) as refused:
+            connect(server, headers=headers)
+        assert refused.value.response.status_code == 401
+        assert b"invalid_api_key" in refused.value.response.body
+
+
+@pytest.mark.parametrize("how", ["header", "query"])
+def test_the_key_is_taken_from_the_header_or_the_query(server, how):
+    options = {"headers": AUTH} if how == "header" else {"query": f"?api_key={KEY}"}
+    with connect(server, **options) as ws:
+        assert configure(ws)["type"] == "ready"
+
+
+def test_a_key_in_the_query_is_not_logged(server, caplog):
+    with caplog.at_level(logging.INFO, logger="uvicorn.error"), connect(server, query=f"?api_key={KEY}") as ws:
+        configure(ws)
+    lines = [r.getMessage() for r in caplog.records if r.name == "uvicorn.error"]
+    assert any("api_key=***" in line for line in lines), lines  # the handshake line is there, without the key
+    assert not any(KEY in line for line in lines)
+
+
+def test_a_message_over_the_limit_is_answered_then_closed_with_1009(server):
+    with connect(server, headers=AUTH) as ws:
+        configure(ws)
+        send(ws, type="text", turn_id="t", text="a" * 3000)
+        error = next_message(ws)
+        assert error["code"] == "message_too_big" and error["turn_id"] is None and error["status"] == 413
+        _closed_with(ws, 1009)
+
+
+def test_text_beyond_the_buffer_cap_ends_the_turn_with_413(server):
+    with connect(server, headers=AUTH) as ws:
+        configure(ws, chunking={"min_chars": 1000, "max_chars": 1000, "max_wait_ms": 60_000})  # nothing is cut
+        send(ws, type="text", turn_id="t", text="word " * 40)  # 200 characters waiting
+        send(ws, type="text", turn_id="t", text="more " * 21)  # 105 more: past the cap of 300
+        error = next_message(ws)
+        assert error["code"] == "text_buffer_full" and error["turn_id"] == "t" and error["status"] == 413
+        send(ws, type="text", turn_id="t", text="again")
+        assert next_message(ws)["code"] == "turn_closed"  # the error ended the turn
+
+
+def test_more_open_turns_than_the_limit_are_refused(server):
+    with connect(server, headers=AUTH) as ws:
+        configure(ws)
+        send(ws, type="text", turn_id="a", text="one")  # single words: nothing is cut, nothing submitted
+        send(ws, type="text", turn_id="b", text="two")
+        send(ws, type="text", turn_id="c", text="three")
+        error = next_message(ws)
+        assert error["code"] == "too_many_turns" and error["turn_id"] == "c" and error["status"] == 429
+        send(ws, type="cancel", turn_id="a")
+        assert next_message(ws) == {"type": "cancelled", "turn_id": "a"}
+        send(ws, type="text", turn_id="c", text="three")  # room again
+        send(ws, type="cancel", turn_id="c")
+        assert next_message(ws) == {"type": "cancelled", "turn_id": "c"}
+
+
+def test_connections_beyond_the_limit_are_refused_with_503(server):
+    with contextlib.ExitStack() as stack:
+        for _ in range(3):
+            configure(stack.enter_context(connect(server, headers=AUTH)))  # each is open on the server now
+        with pytest.raises(InvalidStatus) as refused:
+            connect(server, headers=AUTH)
+        assert refused.value.response.status_code == 503
+        assert b"too_many_connections" in refused.value.response.body
+
+
+def test_an_admission_refusal_is_a_429_error_for_that_turn_with_retry_after(server):
+    with connect(server, headers=AUTH) as ws, EnginePause(server):
+        configure(ws)
+        send(ws, type="text", turn_id="held", text="Hello there, the only place is mine.")
+        send(ws, type="flush", turn_id="held")
+        assert next_message(ws)["type"] == "piece"  # submitted: it holds the one place (max_queue=1)
+        send(ws, type="text", turn_id="refused", text="Hello there, is there room for me?")
+        send(ws, type="flush", turn_id="refused")
+        error = next_message(ws)
+        assert error["type"] == "error" and error["turn_id"] == "refused", error
+        assert error["status"] == 429 and error["code"] == "queue_full" and error["retry_after_s"] >= 1
+    # the pause is over: the held turn was not disturbed
+    with connect(server, headers=AUTH) as ws:
+        configure(ws)
+    server.wait_idle()
+
+
+def test_an_idle_connection_is_closed_with_an_error_first(tmp_path):
+    config = server_config(tmp_path, ws_idle_timeout_s=0.5)
+    with LiveServer(config, tiny_loader(config)) as server, connect(server) as ws:
+        configure(ws)
+        started = time.monotonic()
+        error = next_message(ws)
+        assert error["code"] == "idle_timeout" and error["turn_id"] is None
+        assert time.monotonic() - started >= 0.4
+        _closed_with(ws, 1000)
+
+
+def test_draining_lets_open_turns_finish_then_closes_with_1001(tmp_path):
+    config = server_config(tmp_path, shutdown_grace_s=20.0)
+    with LiveServer(config, tiny_loader(config)) as server, connect(server) as ws:
+        configure(ws)
+        with EnginePause(server):
+            send(ws, type="text", turn_id="open", text="Hello there, I am still speaking.")
+            send(ws, type="flush", turn_id="open")
+            assert next_message(ws)["type"] == "piece"
+            server.begin_shutdown()
+            deadline = time.monotonic() + 20
+            while server.service.state != "draining":
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            send(ws, type="text", turn_id="new", text="A new turn.")
+            refused = next_message(ws)
+            assert refused["code"] == "shutting_down" and refused["turn_id"] == "new" and refused["status"] == 503
+        turn = collect(ws, ["open"])["open"]  # released: the open turn finishes
+        assert turn.of("done") and turn.frames
+        error = next_message(ws)
+        assert error["code"] == "shutting_down" and error["turn_id"] is None
+        _closed_with(ws, 1001)
