@@ -399,7 +399,8 @@ def _add_online_bench_parser(bench_sub) -> None:
     amount.add_argument("--duration-s", type=float, default=None, metavar="SECONDS",
                         help="run each level this long instead; requests in flight at the end finish and count")
     p.add_argument("--text", default=None, help="text of every request (default: a 26-word sentence, the one "
-                                                 "`chorus bench stream` speaks)")
+                                                 "`chorus bench stream` speaks); with --agent, every turn's reply "
+                                                 "(default: a 29-word reply of three sentences)")
     p.add_argument("--response-format", default="pcm", metavar="FORMAT",
                    help=f"{', '.join(RESPONSE_FORMATS)}; with --agent {', '.join(AGENT_FORMATS)}. pcm (the default), "
                         "wav and with --agent the pcm_* and mulaw_8000 formats are measured in audio seconds; other "

@@ -31,8 +31,7 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
-from chorus.bench.online_bench import (COUNTERS, DEFAULT_TEXT, GAUGES, MetricsWatch, OnlineBenchError, Playback,
-                                       _pct, first_model)
+from chorus.bench.online_bench import COUNTERS, GAUGES, MetricsWatch, OnlineBenchError, Playback, _pct, first_model
 
 WS_PATH = "/v1/audio/speech/stream"
 FORMATS = ("pcm", "pcm_24000", "pcm_16000", "pcm_8000", "mulaw_8000", "mp3", "opus")
@@ -40,6 +39,10 @@ SAMPLE_BYTES = {"pcm": 2, "pcm_24000": 2, "pcm_16000": 2, "pcm_8000": 2, "mulaw_
 SPACINGS = ("fixed", "poisson")
 CHUNKING_KEYS = ("min_chars", "max_chars", "max_wait_ms")
 DEFAULT_TURNS = 4
+# An agent's reply: a short opening sentence (the first piece a threshold can cut early), a long
+# one with a clause, a question; 152 characters, 35 tokens, about 10 s of speech.
+AGENT_TEXT = ("Sure, I can help with that. Your order left our warehouse this morning, and it should arrive "
+              "on Thursday. Is there anything else I can do for you today?")
 # Turn outcomes. done / cancelled / error: the server's event ended it; lost: the connection
 # closed or --timeout-s passed first; not_run: its connection ended before it could start.
 OUTCOMES = ("done", "cancelled", "error", "lost", "not_run")
@@ -57,7 +60,7 @@ class AgentBenchConfig:
     voice: str = "default"
     concurrency: tuple[int, ...] = (1, 16, 64, 256)  # connections per level
     turns: int = DEFAULT_TURNS  # per connection
-    text: str = DEFAULT_TEXT  # every turn's reply
+    text: str = AGENT_TEXT  # every turn's reply
     llm_tokens_per_s: float = 50.0
     token_spacing: str = "fixed"
     cancel_fraction: float = 0.0
