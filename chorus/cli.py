@@ -279,8 +279,7 @@ def _cmd_bench_stream(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_online(args: argparse.Namespace) -> int:
-    from chorus.bench.online_bench import (DEFAULT_TEXT, RESPONSE_FORMATS, OnlineBenchConfig, OnlineBenchError,
-                                           run_online)
+    from chorus.bench.online_bench import DEFAULT_TEXT, OnlineBenchConfig, OnlineBenchError, run_online
     from chorus.bench.report import write_report
     from chorus.cli_checks import check_output_file
 
@@ -295,9 +294,6 @@ def _cmd_bench_online(args: argparse.Namespace) -> int:
     given = [flag for name, flag in _AGENT_OPTIONS.items() if getattr(args, name) is not None]
     if given:
         raise CliError(f"{', '.join(given)}: only with --agent")
-    if args.response_format not in RESPONSE_FORMATS:
-        raise CliError(f"--response-format must be one of {', '.join(RESPONSE_FORMATS)} (without --agent), "
-                       f"got {args.response_format!r}")
     overload = None
     if args.arrival_rate is not None or args.overload_multiple is not None:
         from chorus.bench.overload_bench import OverloadConfig
@@ -400,18 +396,21 @@ def _add_online_bench_parser(bench_sub) -> None:
                         help="run each level this long instead; requests in flight at the end finish and count")
     p.add_argument("--text", default=None, help="text of every request (default: a 26-word sentence, the one "
                                                  "`chorus bench stream` speaks); with --agent, every turn's reply "
-                                                 "(default: a 29-word reply of three sentences)")
+                                                 f"(default: a {len(Agent.text.split())}-word reply of three "
+                                                 "sentences)")
     p.add_argument("--response-format", default="pcm", metavar="FORMAT",
                    help=f"{', '.join(RESPONSE_FORMATS)}; with --agent {', '.join(AGENT_FORMATS)}. pcm (the default), "
                         "wav and with --agent the pcm_* and mulaw_8000 formats are measured in audio seconds; other "
                         "formats in bytes only (no audio seconds, real-time factor, stalls or throughput)")
     p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="speech tokens per text chunk, sent with each request (default: the server's; useful "
-                        "against random-weight servers)")
+                   help="speech tokens per text chunk, sent with each request (with --agent: per piece, in each "
+                        "connection's config; default: the server's; useful against random-weight servers)")
     p.add_argument("--warmup", type=int, default=1, help="requests sent one at a time before the first level, "
-                                                          "not counted (default 1)")
+                                                          "not counted (with --agent: turns on one connection; "
+                                                          "default 1)")
     p.add_argument("--timeout-s", type=float, default=300.0,
-                   help="seconds a request may take, from sending it to the end of its audio (default 300)")
+                   help="seconds a request may take, from sending it to the end of its audio (with --agent: a "
+                        "turn, from its first delta to its end; default 300)")
     p.add_argument("--honor-retry-after", action="store_true",
                    help="after a 429 or 503, a client waits the answer's Retry-After before its next request "
                         "(default: it sends the next one at once)")
@@ -439,13 +438,16 @@ def _add_online_bench_parser(bench_sub) -> None:
     agent.add_argument("--llm-tokens-per-s", type=float, default=None, metavar="RATE",
                        help=f"the agent's LLM rate: text deltas per second (default {Agent.llm_tokens_per_s:g})")
     agent.add_argument("--token-spacing", default=None, choices=SPACINGS,
-                       help=f"fixed: deltas 1/RATE apart; poisson: exponential gaps of mean 1/RATE (default {Agent.token_spacing})")
+                       help=f"fixed: deltas 1/RATE apart; poisson: exponential gaps of mean 1/RATE "
+                            f"(default {Agent.token_spacing})")
     agent.add_argument("--cancel-fraction", type=float, default=None, metavar="F",
-                       help=f"barge in on this fraction of the turns: cancel at the turn's first audio (default {Agent.cancel_fraction:g})")
+                       help=f"barge in on this fraction of the turns: cancel at the turn's first audio "
+                            f"(default {Agent.cancel_fraction:g})")
     agent.add_argument("--turn-gap-s", type=float, default=None, metavar="SECONDS",
                        help=f"pause between a turn's end and the next turn (default {Agent.turn_gap_s:g})")
     agent.add_argument("--agent-seed", type=int, default=None,
-                       help=f"seed of the token spacing, the connections' phases and the cancelled turns (default {Agent.seed})")
+                       help=f"seed of the token spacing, the connections' phases and the cancelled turns "
+                            f"(default {Agent.seed})")
     agent.add_argument("--chunking", default=None, metavar="min_chars=N,max_chars=N,max_wait_ms=N",
                        help="the connection's text threshold, sent in its config (default: the server's)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")

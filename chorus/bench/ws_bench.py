@@ -247,7 +247,7 @@ class ConnectionLog:
     close_code: int | None = None
     unknown_turn_frames: int = 0
     bad_frames: int = 0
-    late_events: int = 0  # an event for a turn that had ended (e.g. a cancel that lost the race to done)
+    late_events: int = 0  # an event for no open turn (e.g. cancelled after a cancel lost its race to done)
     last_error: str | None = None
 
     def error(self, code: str, message: str) -> None:
@@ -321,7 +321,7 @@ async def _open(cfg: AgentBenchConfig, model: str, log: ConnectionLog) -> Client
         ws = await connect(cfg.ws_url, additional_headers=headers, compression=None, proxy=None, max_size=None,
                            ping_interval=None, open_timeout=min(cfg.timeout_s, 30.0))
     except InvalidStatus as exc:
-        log.error(f"http_{exc.response.status_code}", exc.response.body[:200].decode("utf-8", "replace"))
+        log.error(f"http_{exc.response.status_code}", (exc.response.body or b"")[:200].decode("utf-8", "replace"))
         return None
     except (OSError, asyncio.TimeoutError, WebSocketException) as exc:
         log.error("connect_failed", f"{type(exc).__name__}: {exc}")
@@ -448,6 +448,10 @@ def _timing(turn: Turn, key: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _timings(turns: list[Turn], key: str) -> list[float]:
+    return [v for t in turns if (v := _timing(t, key)) is not None]
+
+
 def summarize(concurrency: int, turns_each: int, logs: list[ConnectionLog], wall_s: float, fmt: str) -> dict:
     """The per-level figures of the report (docs/benchmarks.md, "Voice-agent latency")."""
     turns = [t for log in logs for t in log.turns]
@@ -478,9 +482,9 @@ def summarize(concurrency: int, turns_each: int, logs: list[ConnectionLog], wall
         "first_audio_s": _pcts(first_audio),
         "threshold_wait_s": _pcts([w for _, w in waits if w is not None]),
         "server_added_s": _pcts(added),
-        "server_first_audio_s": _pcts([v for t in done if (v := _timing(t, "first_text_to_first_audio_s")) is not None]),
+        "server_first_audio_s": _pcts(_timings(done, "first_text_to_first_audio_s")),
         "flush_to_last_audio_s": _pcts(flush_to_last),
-        "server_flush_to_last_audio_s": _pcts([v for t in done if (v := _timing(t, "flush_to_last_audio_s")) is not None]),
+        "server_flush_to_last_audio_s": _pcts(_timings(done, "flush_to_last_audio_s")),
         "pieces_per_turn": _pcts([t.pieces for t in done]),
         "frames": sum(t.frames for t in turns), "bytes": sum(t.bytes for t in turns),
         "audio_s": round(sum(t.audio_s for t in turns), 3) if measured else None,
@@ -554,8 +558,8 @@ async def _warm_up(cfg: AgentBenchConfig, model: str) -> tuple[dict, dict | None
         if code == "connect_failed":
             raise OnlineBenchError(f"cannot open a WebSocket to {cfg.ws_url}: {sample}")
         if code.startswith("http_"):
-            raise OnlineBenchError(f"the server refused the WebSocket handshake at {cfg.ws_url} ({sample[5:]}); "
-                                   "a 401 wants --api-key; a 403 or 404 may be a server without the voice-agent endpoint")
+            raise OnlineBenchError(f"the server refused the WebSocket handshake at {cfg.ws_url} ({sample[5:]}); a "
+                                   "401 wants --api-key; a 403 or 404 may be a server without the voice-agent endpoint")
         raise OnlineBenchError(f"the server refused the connection's config ({sample})")
     return {"turns": len(log.turns), "done": sum(1 for t in log.turns if t.outcome == "done")}, log.ready
 
