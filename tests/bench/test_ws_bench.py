@@ -254,3 +254,20 @@ def test_a_refused_config_stops_the_run_before_the_levels(live, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("chorus: error: the server refused the connection's config (voice_not_found")
     assert "\n" not in err
+
+
+@pytest.mark.timeout(60)
+def test_the_api_key_goes_with_the_handshake(tmp_path, capsys):
+    key = "bench-key-0123"
+    config = server_config(tmp_path, api_keys=(key,))
+    with LiveServer(config, tiny_loader(config), api_key=key) as server:
+        args = ["bench", "online", "--agent", "--url", server.url, "--concurrency", "1", "--turns", "1", "--text", TEXT,
+                "--warmup", "1", "--quiet", "--timeout-s", str(TIMEOUT_S)]
+        # refused at the warm-up's handshake (the model named: GET /v1/models would refuse first): one line
+        assert main(args + ["--model", "chatterbox-turbo"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "refused the WebSocket handshake" in err and "(401" in err and "\n" not in err
+        assert main(args + ["--api-key", key]) == 0  # the key on GET /v1/models and on the handshake
+        report = json.loads(capsys.readouterr().out)
+        assert report["model"] == "chatterbox-turbo" and report["levels"][0]["turns"]["done"] == 1
+        server.wait_idle()
