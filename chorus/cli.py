@@ -289,6 +289,11 @@ def _cmd_bench_online(args: argparse.Namespace) -> int:
         concurrency = tuple(int(c) for c in args.concurrency.split(","))
     except ValueError:
         raise CliError(f"--concurrency must be comma-separated integers, got {args.concurrency!r}") from None
+    if args.agent:
+        return _bench_online_agent(args, concurrency)
+    given = [flag for name, flag in _AGENT_OPTIONS.items() if getattr(args, name) is not None]
+    if given:
+        raise CliError(f"{', '.join(given)}: only with --agent")
     overload = None
     if args.arrival_rate is not None or args.overload_multiple is not None:
         from chorus.bench.overload_bench import OverloadConfig
@@ -313,8 +318,60 @@ def _cmd_bench_online(args: argparse.Namespace) -> int:
     return 0
 
 
+def _chunking(value: str) -> dict:
+    """``min_chars=40,max_chars=200,max_wait_ms=300`` -> ``{"min_chars": 40, ...}``."""
+    out = {}
+    for item in value.split(","):
+        key, sep, raw = item.partition("=")
+        if not sep or not raw.strip().lstrip("-").isdigit():
+            raise CliError(f"--chunking takes KEY=INT pairs separated by commas, got {value!r}")
+        out[key.strip()] = int(raw)
+    return out
+
+
+# ``chorus bench online --agent`` options -> AgentBenchConfig fields (None: not given; the config's default)
+_AGENT_OPTIONS = {"turns": "--turns", "llm_tokens_per_s": "--llm-tokens-per-s", "token_spacing": "--token-spacing",
+                  "cancel_fraction": "--cancel-fraction", "turn_gap_s": "--turn-gap-s", "agent_seed": "--agent-seed",
+                  "chunking": "--chunking"}
+_HTTP_ONLY_OPTIONS = {"requests_per_level": "--requests-per-level", "duration_s": "--duration-s",
+                      "arrival_rate": "--arrival-rate", "overload_multiple": "--overload-multiple"}
+
+
+def _bench_online_agent(args: argparse.Namespace, concurrency: tuple[int, ...]) -> int:
+    """``chorus bench online --agent``: voice agents over the WebSocket (chorus/bench/ws_bench.py)."""
+    from chorus.bench.online_bench import OnlineBenchError
+    from chorus.bench.report import write_report
+    from chorus.bench.ws_bench import AgentBenchConfig, run_agent
+
+    given = [flag for name, flag in _HTTP_ONLY_OPTIONS.items() if getattr(args, name) is not None]
+    given += ["--honor-retry-after"] if args.honor_retry_after else []
+    if given:
+        raise CliError(f"{', '.join(given)}: not with --agent (it runs --turns turns on each connection)")
+    options = {name: getattr(args, name) for name in _AGENT_OPTIONS if getattr(args, name) is not None}
+    if "agent_seed" in options:
+        options["seed"] = options.pop("agent_seed")
+    if "chunking" in options:
+        options["chunking"] = _chunking(options["chunking"])
+    if args.text is not None:
+        options["text"] = args.text
+    try:
+        cfg = AgentBenchConfig(url=args.url, api_key=args.api_key, model=args.model, voice=args.voice,
+                               concurrency=concurrency, response_format=args.response_format,
+                               max_new_tokens=args.max_new_tokens, warmup=args.warmup, timeout_s=args.timeout_s,
+                               **options)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    try:
+        report = run_agent(cfg, progress=not args.quiet)
+    except OnlineBenchError as exc:
+        raise CliError(str(exc)) from None
+    write_report(report, args.out)
+    return 0
+
+
 def _add_online_bench_parser(bench_sub) -> None:
     from chorus.bench.online_bench import DEFAULT_REQUESTS_PER_CLIENT, RESPONSE_FORMATS
+    from chorus.bench.ws_bench import FORMATS as AGENT_FORMATS, SPACINGS, AgentBenchConfig as Agent
 
     p = _add_command(
         bench_sub, "online", help="load test of a running server (chorus serve): concurrent streaming clients per "
@@ -324,7 +381,7 @@ def _add_online_bench_parser(bench_sub) -> None:
                     "as a stream, until the level's requests are spent or its --duration-s is up. 429, 503 "
                     "and 504 answers (admission control, memory pressure, deadlines) are counted, not "
                     "errors. Prints a JSON report (docs/benchmarks.md, \"Online load test\"); a line per level "
-                    "goes to stderr.")
+                    "goes to stderr. --agent drives the voice-agent WebSocket instead (\"Voice-agent latency\").")
     p.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--api-key", default=None, help="bearer token, when the server has --api-keys (default: none)")
     p.add_argument("--model", default=None, help="model id to request (default: the first id of GET /v1/models)")
@@ -338,17 +395,22 @@ def _add_online_bench_parser(bench_sub) -> None:
     amount.add_argument("--duration-s", type=float, default=None, metavar="SECONDS",
                         help="run each level this long instead; requests in flight at the end finish and count")
     p.add_argument("--text", default=None, help="text of every request (default: a 26-word sentence, the one "
-                                                 "`chorus bench stream` speaks)")
-    p.add_argument("--response-format", default="pcm", choices=RESPONSE_FORMATS,
-                   help="pcm (the default) and wav are measured in audio seconds; other formats in bytes only "
-                        "(no audio seconds, real-time factor or throughput)")
+                                                 "`chorus bench stream` speaks); with --agent, every turn's reply "
+                                                 f"(default: a {len(Agent.text.split())}-word reply of three "
+                                                 "sentences)")
+    p.add_argument("--response-format", default="pcm", metavar="FORMAT",
+                   help=f"{', '.join(RESPONSE_FORMATS)}; with --agent {', '.join(AGENT_FORMATS)}. pcm (the default), "
+                        "wav and with --agent the pcm_* and mulaw_8000 formats are measured in audio seconds; other "
+                        "formats in bytes only (no audio seconds, real-time factor, stalls or throughput)")
     p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="speech tokens per text chunk, sent with each request (default: the server's; useful "
-                        "against random-weight servers)")
+                   help="speech tokens per text chunk, sent with each request (with --agent: per piece, in each "
+                        "connection's config; default: the server's; useful against random-weight servers)")
     p.add_argument("--warmup", type=int, default=1, help="requests sent one at a time before the first level, "
-                                                          "not counted (default 1)")
+                                                          "not counted (with --agent: turns on one connection; "
+                                                          "default 1)")
     p.add_argument("--timeout-s", type=float, default=300.0,
-                   help="seconds a request may take, from sending it to the end of its audio (default 300)")
+                   help="seconds a request may take, from sending it to the end of its audio (with --agent: a "
+                        "turn, from its first delta to its end; default 300)")
     p.add_argument("--honor-retry-after", action="store_true",
                    help="after a 429 or 503, a client waits the answer's Retry-After before its next request "
                         "(default: it sends the next one at once)")
@@ -365,6 +427,29 @@ def _add_online_bench_parser(bench_sub) -> None:
     p.add_argument("--overload-duration-s", type=float, default=60.0, metavar="SECONDS",
                    help="overload mode: stop sending after this long (default 60); requests in flight finish")
     p.add_argument("--arrival-seed", type=int, default=0, help="overload mode: seed of the arrival times")
+    agent = p.add_argument_group(
+        "voice-agent mode", "--agent: each level opens N WebSocket connections (WS /v1/audio/speech/stream), each an "
+        "agent streaming --text as LLM token deltas turn after turn (docs/benchmarks.md, \"Voice-agent latency\")")
+    agent.add_argument("--agent", action="store_true",
+                       help="drive the voice-agent WebSocket instead of POST /v1/audio/speech; reports first text "
+                            "delta -> first audio, flush -> last audio, stalls and barge-in latency per level")
+    agent.add_argument("--turns", type=int, default=None, metavar="N",
+                       help=f"turns per connection, one after the other (default {Agent.turns})")
+    agent.add_argument("--llm-tokens-per-s", type=float, default=None, metavar="RATE",
+                       help=f"the agent's LLM rate: text deltas per second (default {Agent.llm_tokens_per_s:g})")
+    agent.add_argument("--token-spacing", default=None, choices=SPACINGS,
+                       help=f"fixed: deltas 1/RATE apart; poisson: exponential gaps of mean 1/RATE "
+                            f"(default {Agent.token_spacing})")
+    agent.add_argument("--cancel-fraction", type=float, default=None, metavar="F",
+                       help=f"barge in on this fraction of the turns: cancel at the turn's first audio "
+                            f"(default {Agent.cancel_fraction:g})")
+    agent.add_argument("--turn-gap-s", type=float, default=None, metavar="SECONDS",
+                       help=f"pause between a turn's end and the next turn (default {Agent.turn_gap_s:g})")
+    agent.add_argument("--agent-seed", type=int, default=None,
+                       help=f"seed of the token spacing, the connections' phases and the cancelled turns "
+                            f"(default {Agent.seed})")
+    agent.add_argument("--chunking", default=None, metavar="min_chars=N,max_chars=N,max_wait_ms=N",
+                       help="the connection's text threshold, sent in its config (default: the server's)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
     p.add_argument("--out", "-o", default=None, help="also write the JSON report to this file (atomically)")
     p.set_defaults(handler=_cmd_bench_online)

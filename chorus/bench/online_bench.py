@@ -242,13 +242,15 @@ class MetricsWatch:
     """Scrapes /metrics at a level's start and end (counter deltas) and polls it in between
     (gauge peaks). A server without /metrics leaves ``error`` set and the figures out."""
 
-    def __init__(self, client: httpx.AsyncClient):
+    def __init__(self, client: httpx.AsyncClient, counters: dict[str, str] = COUNTERS,
+                 gauges: dict[str, str] = GAUGES):
         self.client = client
+        self.counters, self.gauges = counters, gauges
         self.error: str | None = None
         self.scrapes = 0
         self.first: dict[str, float] | None = None
         self.last: dict[str, float] | None = None
-        self.peaks = {key: 0.0 for key in GAUGES}
+        self.peaks = {key: 0.0 for key in gauges}
 
     async def scrape(self) -> dict[str, float] | None:
         try:
@@ -259,7 +261,7 @@ class MetricsWatch:
             return None
         values = parse_metrics(response.text)
         self.scrapes += 1
-        for key, name in GAUGES.items():
+        for key, name in self.gauges.items():
             self.peaks[key] = max(self.peaks[key], values.get(name, 0.0))
         self.first = self.first or values
         self.last = values
@@ -276,7 +278,7 @@ class MetricsWatch:
         if self.first is None or self.last is None or self.scrapes < 2:
             return {"error": self.error or "no /metrics scrapes"}
         out: dict = {key: round(self.last.get(name, 0.0) - self.first.get(name, 0.0), 3)
-                     for key, name in COUNTERS.items()}
+                     for key, name in self.counters.items()}
         out["t3_tokens_per_s"] = round(out["t3_tokens"] / wall_s, 1) if wall_s > 0 else None
         out.update({key: round(value, 4) for key, value in self.peaks.items()})
         out["scrapes"] = self.scrapes
@@ -373,20 +375,21 @@ async def run_level(cfg: OnlineBenchConfig, body: dict, concurrency: int) -> dic
 
 # ---------------------------------------------------------------------------------- the run
 
-async def _first_model(cfg: OnlineBenchConfig, client: httpx.AsyncClient) -> str:
+async def first_model(url: str, client: httpx.AsyncClient) -> str:
+    """The first id of the server's ``GET /v1/models`` (the model a run uses unless told)."""
     try:
         response = await client.get("/v1/models")
     except httpx.HTTPError as exc:
-        raise OnlineBenchError(f"cannot reach the server at {cfg.url}: {type(exc).__name__}: {exc}") from None
+        raise OnlineBenchError(f"cannot reach the server at {url}: {type(exc).__name__}: {exc}") from None
     if response.status_code != 200:
-        raise OnlineBenchError(f"GET {cfg.url}/v1/models answered {response.status_code}: "
+        raise OnlineBenchError(f"GET {url}/v1/models answered {response.status_code}: "
                                f"{_error_details(response.content)[1]}")
     try:
         data = response.json().get("data") or []
     except (ValueError, AttributeError):
         data = []
     if not data:
-        raise OnlineBenchError(f"GET {cfg.url}/v1/models lists no model; pass --model")
+        raise OnlineBenchError(f"GET {url}/v1/models lists no model; pass --model")
     return data[0]["id"]
 
 
@@ -421,7 +424,7 @@ async def run_async(cfg: OnlineBenchConfig, progress=None) -> dict:
     model = cfg.model
     if model is None:
         async with httpx.AsyncClient(base_url=cfg.url, headers=headers, timeout=30.0) as client:
-            model = await _first_model(cfg, client)
+            model = await first_model(cfg.url, client)
     body = request_body(cfg, model)
     report = {
         "benchmark": "online", "url": cfg.url, "model": model, "voice": cfg.voice,

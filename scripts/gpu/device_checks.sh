@@ -3,6 +3,7 @@
 #   bash scripts/gpu/device_checks.sh CHECK OUT_DIR
 # CHECK: tests | bench-original | bench-turbo | offline-original | offline-turbo |
 #        stream-original | stream-turbo | attention | vocoder-graphs | stage-contention | online-original | online-turbo |
+#        agent-original | agent-turbo |
 #        scale-out-turbo | scale-out-original | profile-original | profile-turbo | rope-kv |
 #        vocoder-turbo | vocoder-original
 # The reference chatterbox-tts (for the benchmark ratio) must be importable; WHEELS=DIR installs
@@ -45,6 +46,9 @@ case $what in
       --out "$out/stage_contention.json" 2>&1 | tail -10 ;;
   online-original|online-turbo)
     bash scripts/gpu/online.sh "${what#online-}" "$out" --duration-s "${ONLINE_SECONDS:-20}" --quiet ;;
+  agent-original|agent-turbo)  # voice agents over the WebSocket (docs/benchmarks.md, "Voice-agent latency")
+    bash scripts/gpu/online.sh "${what#agent-}" "$out" --agent --concurrency 1,16,64,256 --llm-tokens-per-s 50 \
+      --max-new-tokens 80 --cancel-fraction 0.25 --quiet --out "$out/bench_agent_${what#agent-}.json" ;;
   scale-out-original|scale-out-turbo)
     bash scripts/gpu/scale_out.sh "${what#scale-out-}" "$out" ;;
   attention)
