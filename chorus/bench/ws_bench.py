@@ -22,7 +22,6 @@ import datetime
 import json
 import random
 import re
-import struct
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
 from chorus.bench.online_bench import COUNTERS, GAUGES, MetricsWatch, OnlineBenchError, Playback, _pct, first_model
+from chorus.integrations.ws_client import ProtocolError, parse_audio_frame
 
 WS_PATH = "/v1/audio/speech/stream"
 FORMATS = ("pcm", "pcm_24000", "pcm_16000", "pcm_8000", "mulaw_8000", "mp3", "opus")
@@ -153,21 +153,6 @@ def token_times(count: int, rate: float, spacing: str, rng: random.Random) -> li
 
 # ---------------------------------------------------------------------------------- the wire
 
-def parse_audio_frame(data: bytes) -> tuple[str, int, bytes]:
-    """A binary frame -> (turn_id, seq, audio): a big-endian u16 H, H bytes of UTF-8 JSON
-    ``{"turn_id": str, "seq": int}``, then the audio. ValueError when malformed."""
-    if len(data) < 2:
-        raise ValueError(f"a {len(data)}-byte frame has no header length")
-    (size,) = struct.unpack_from(">H", data)
-    if len(data) < 2 + size:
-        raise ValueError(f"header of {size} bytes in a {len(data)}-byte frame")
-    header = json.loads(data[2:2 + size].decode("utf-8"))
-    turn_id, seq = (header.get("turn_id"), header.get("seq")) if isinstance(header, dict) else (None, None)
-    if not isinstance(turn_id, str) or not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
-        raise ValueError(f"frame header {header!r} lacks a turn_id string and a seq >= 0")
-    return turn_id, seq, data[2 + size:]
-
-
 def _audio_seconds(nbytes: int, sample_bytes: int, rate: int) -> float:
     return nbytes // sample_bytes / rate
 
@@ -264,15 +249,15 @@ class ConnectionLog:
 
     def on_frame(self, now: float, data: bytes) -> None:
         try:
-            turn_id, seq, audio = parse_audio_frame(data)
-        except ValueError:
+            frame = parse_audio_frame(data)  # the protocol's one client-side parser
+        except ProtocolError:
             self.bad_frames += 1
             return
-        turn = self.open_turn(turn_id)
+        turn = self.open_turn(frame.turn_id)
         if turn is None:
             self.unknown_turn_frames += 1
         else:
-            turn.on_audio(now, seq, len(audio))
+            turn.on_audio(now, frame.seq, len(frame.data))
 
     def on_event(self, now: float, text: str) -> None:
         try:

@@ -240,7 +240,10 @@ def parse_audio_frame(data: bytes) -> Audio:
     if not isinstance(header, dict):
         raise ProtocolError(f"a binary frame's header is {header!r}")
     header.setdefault("type", "audio")
-    return Audio(_field(header, "turn_id", str), _field(header, "seq", int), bytes(data[2 + size:]))
+    seq = _field(header, "seq", int)
+    if seq < 0:
+        raise ProtocolError(f"a binary frame's seq is {seq}")
+    return Audio(_field(header, "turn_id", str), seq, bytes(data[2 + size:]))
 
 
 def _handshake_error(error: InvalidStatus) -> ChorusError:

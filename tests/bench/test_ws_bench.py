@@ -10,7 +10,7 @@ import struct
 import pytest
 
 from chorus.bench.online_bench import DEFAULT_TEXT
-from chorus.bench.ws_bench import (OUTCOMES, AgentBenchConfig, ConnectionLog, Turn, llm_tokens, parse_audio_frame,
+from chorus.bench.ws_bench import (OUTCOMES, AgentBenchConfig, ConnectionLog, Turn, llm_tokens,
                                    run_agent, summarize, token_times)
 from chorus.cli import main
 from tests.server.live import LiveServer, server_config, tiny_loader
@@ -56,17 +56,6 @@ def test_deltas_are_due_at_the_llm_rate():
     assert poisson[0] == 0.0 and min(gaps) >= 0 and sum(gaps) / len(gaps) == pytest.approx(0.02, rel=0.1)
     assert len(set(round(g, 6) for g in gaps)) > 1000  # not evenly spaced
     assert token_times(2000, 50.0, "poisson", random.Random(7)) == poisson  # the seed fixes them
-
-
-def test_an_audio_frame_header_is_parsed_and_a_malformed_one_refused():
-    assert parse_audio_frame(frame("t-1", 3, b"\x01\x02")) == ("t-1", 3, b"\x01\x02")
-    assert parse_audio_frame(frame("t", 0, b"")) == ("t", 0, b"")
-    bad = [b"\x00", struct.pack(">H", 40) + b"{}", struct.pack(">H", 2) + b"{}",
-           struct.pack(">H", 3) + b"\xff{}", frame("t", -1, b""), frame("t", True, b""),
-           struct.pack(">H", 4) + b"[1]x"]
-    for data in bad:
-        with pytest.raises(ValueError):
-            parse_audio_frame(data)
 
 
 def test_a_stall_is_a_frame_later_than_the_audio_ahead_of_real_time():

@@ -31,6 +31,15 @@ def test_a_binary_frame_is_header_length_json_header_then_audio():
         parse_audio_frame((200).to_bytes(2, "big") + header)
 
 
+@pytest.mark.parametrize("header", [b"[1]", b'{"turn_id": "t", "seq": -1}', b'{"turn_id": "t", "seq": true}',
+                                    b'{"turn_id": 7, "seq": 0}', b"\xff{}"])
+def test_a_binary_frame_with_a_malformed_header_is_a_protocol_error(header):
+    with pytest.raises(ProtocolError):
+        parse_audio_frame(len(header).to_bytes(2, "big") + header + b"\x00\x00")
+    with pytest.raises(ProtocolError):
+        parse_audio_frame(b"\x00")
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("api_key", [None, "not-the-key"])
 def test_a_missing_or_wrong_key_is_refused_with_401(server, api_key):
