@@ -169,8 +169,6 @@ class ServerConfig:
         _require(self.retry_after_s <= self.max_retry_after_s,
                  f"retry_after_s ({self.retry_after_s}) must be <= max_retry_after_s ({self.max_retry_after_s})")
         self.ws_chunking()  # raises on bad sizes
-        _require(self.ws_chunk_max_chars <= self.max_input_chars,
-                 f"ws_chunk_max_chars ({self.ws_chunk_max_chars}) must be <= max_input_chars ({self.max_input_chars})")
         from chorus.server.admission import POLICIES
 
         _require(self.admission in POLICIES, f"admission must be one of {', '.join(POLICIES)}, got {self.admission!r}")
@@ -213,11 +211,17 @@ class ServerConfig:
         return REALTIME_HEADROOM.get(device_type, REALTIME_HEADROOM["cpu"])
 
     def ws_chunking(self) -> "Chunking":
-        """The WebSocket's default text threshold (a connection's ``chunking`` overrides it)."""
+        """The WebSocket's default text threshold (a connection's ``chunking`` overrides it).
+        A piece must pass the input check of any speech request, so the sizes are bounded by
+        ``max_input_chars`` (a server with a small one cuts smaller pieces, not refuses to start)."""
         from chorus.server.text_pieces import Chunking
 
+        _require(self.ws_chunk_min_chars <= self.ws_chunk_max_chars,
+                 f"ws_chunk_min_chars ({self.ws_chunk_min_chars}) must be <= ws_chunk_max_chars "
+                 f"({self.ws_chunk_max_chars})")
+        max_chars = min(self.ws_chunk_max_chars, self.max_input_chars)
         try:
-            return Chunking(self.ws_chunk_min_chars, self.ws_chunk_max_chars, self.ws_chunk_max_wait_ms)
+            return Chunking(min(self.ws_chunk_min_chars, max_chars), max_chars, self.ws_chunk_max_wait_ms)
         except ValueError as exc:
             raise ValueError(str(exc).replace("chunking.", "ws_chunk_")) from None
 

@@ -261,3 +261,9 @@ def test_the_realtime_headroom_is_off_on_the_cpu_unless_set():
 def test_an_optional_number_can_be_unset_with_none():
     config = _build(file_values={"default_deadline_s": 20.0}, env={"CHORUS_DEFAULT_DEADLINE_S": "none"})
     assert config.default_deadline_s is None
+
+
+def test_the_websocket_pieces_are_bounded_by_max_input_chars_instead_of_refusing_to_start():
+    chunking = _build(flags={"max_input_chars": "100"}).ws_chunking()
+    assert chunking.max_chars == 100 and chunking.min_chars == 20  # a piece must pass the input check
+    assert _build(flags={"max_input_chars": "10"}).ws_chunking().min_chars == 10
