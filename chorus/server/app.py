@@ -72,7 +72,8 @@ def create_app(service: Backend) -> FastAPI:
 
     app.openapi = openapi
 
-    def authorize(authorization: str | None = Header(None, include_in_schema=False)) -> None:
+    async def authorize(authorization: str | None = Header(None, include_in_schema=False)) -> None:
+        # async: arithmetic only, so it runs on the event loop instead of a worker thread per request
         if not config.api_keys:
             return
         scheme, _, key = (authorization or "").partition(" ")
