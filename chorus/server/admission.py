@@ -37,7 +37,7 @@ import threading
 from dataclasses import dataclass
 
 from chorus.engine.request import Priority
-from chorus.server.capacity import CapacityModel, Estimate, TOKENS_PER_SECOND, Work
+from chorus.server.capacity import CapacityModel, Estimate, InFlight, TOKENS_PER_SECOND, Work
 from chorus.server.errors import APIError
 
 # the share of the queue (and of the start deadline) each priority may use
@@ -74,6 +74,7 @@ class Admission:
         self.policy = policy
         self._lock = threading.Lock()
         self._tickets: set[Ticket] = set()
+        self._work = InFlight()  # the tickets' work, summarised for the estimates (kept with _tickets)
         self.delivered_tokens = 0.0  # speech tokens of audio delivered, all requests, ever
 
     @property
@@ -91,10 +92,9 @@ class Admission:
     def drain_s(self) -> float:
         """Predicted seconds until everything in flight is delivered (inf: no rate measured)."""
         with self._lock:
-            work = [t.work for t in self._tickets]
-        if not work:
-            return 0.0
-        return self.capacity.estimate(0.0, work).drain_s
+            if not self._tickets:
+                return 0.0
+            return self.capacity.estimate(0.0, self._work).drain_s
 
     def _retry_after(self, seconds: float) -> dict[str, str]:
         value = self.retry_after_s if not math.isfinite(seconds) else \
@@ -113,49 +113,52 @@ class Admission:
         limit = max(1, int(queue_limit * share))
         name = priority.name.lower()
         with self._lock:
-            work = [t.work for t in self._tickets]
+            work = self._work
+            in_flight = work.count
             estimate = self.capacity.estimate(tokens, work, rows)
-            if len(work) >= limit:
+            if in_flight >= limit:
                 headers = self._retry_after(self._first_done_s(work, estimate.rate))
-                raise APIError(429, f"the server is at capacity ({len(work)} requests in flight; {name} "
+                raise APIError(429, f"the server is at capacity ({in_flight} requests in flight; {name} "
                                     f"priority may use {limit}); retry after {headers['Retry-After']} s",
                                code="queue_full", headers=headers)
             h = self.realtime_headroom / share  # priorities keep their shares: high finds room first
-            if self.policy == "predicted" and work and h > 0 and estimate.rate > 0 \
-                    and (len(work) + 1) * TOKENS_PER_SECOND * h > estimate.rate:
+            if self.policy == "predicted" and in_flight and h > 0 and estimate.rate > 0 \
+                    and (in_flight + 1) * TOKENS_PER_SECOND * h > estimate.rate:
                 headers = self._retry_after(self._first_done_s(work, estimate.rate))
-                raise APIError(429, f"the server is overloaded: its {len(work)} streams in flight take the audio it "
+                raise APIError(429, f"the server is overloaded: its {in_flight} streams in flight take the audio it "
                                     f"can deliver ({estimate.rate / TOKENS_PER_SECOND:.0f} s of audio per second) "
                                     f"at {h:g}x real time each; retry after {headers['Retry-After']} s",
                                code="overloaded", headers=headers)
             budget = share * start_deadline_s
-            if self.policy == "predicted" and work and estimate.start_s > budget:
+            if self.policy == "predicted" and in_flight and estimate.start_s > budget:
                 # the prediction fits once (start_s - budget) seconds' worth of first windows have
                 # drained: that many requests finishing, each with the mean remaining work
-                mean_remaining = sum(w.remaining for w in work) / len(work)
+                mean_remaining = work.remaining / in_flight
                 wait = (estimate.start_s - budget) * mean_remaining / self.capacity.first_window_tokens
                 headers = self._retry_after(wait)
                 raise APIError(429, f"the server is overloaded: a new request would wait about "
                                     f"{estimate.start_s:.1f} s for its first audio, beyond the {budget:g} s "
                                     f"{name} priority may wait; retry after {headers['Retry-After']} s",
                                code="overloaded", headers=headers)
-            ticket = Ticket(priority, Work(tokens, rows), alone=not work, estimate=estimate, chars=chars)
+            ticket = Ticket(priority, Work(tokens, rows), alone=not in_flight, estimate=estimate, chars=chars)
             self._tickets.add(ticket)
+            work.add(ticket.work)
         return ticket
 
     @staticmethod
-    def _first_done_s(work: list[Work], rate: float) -> float:
+    def _first_done_s(work: InFlight, rate: float) -> float:
         """Seconds until the first request in flight is predicted to finish (processor sharing)."""
-        return min(w.remaining for w in work) * len(work) / rate if rate > 0 else math.inf
+        return work.min_remaining() * work.count / rate if rate > 0 else math.inf
 
     def delivered(self, ticket: Ticket, samples: int, sample_rate: int) -> None:
         """``samples`` of the ticket's audio went out."""
         tokens = samples / sample_rate * TOKENS_PER_SECOND
         with self._lock:
-            ticket.work.delivered += tokens
+            self._work.deliver(ticket.work, tokens)
             self.delivered_tokens += tokens
 
     def release(self, ticket: Ticket) -> None:
         with self._lock:
             assert ticket in self._tickets, ticket
             self._tickets.discard(ticket)
+            self._work.remove(ticket.work)

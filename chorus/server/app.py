@@ -84,7 +84,8 @@ def create_app(service: Backend) -> FastAPI:
         scheme, _, key = (authorization or "").partition(" ")
         return scheme.lower() == "bearer" and key_matches(key)
 
-    def authorize(authorization: str | None = Header(None, include_in_schema=False)) -> None:
+    async def authorize(authorization: str | None = Header(None, include_in_schema=False)) -> None:
+        # async: arithmetic only, so it runs on the event loop instead of a worker thread per request
         if config.api_keys and not bearer_matches(authorization):
             raise APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})

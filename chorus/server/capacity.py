@@ -28,6 +28,7 @@ docs/server.md ("Admission") explains the policy built on this and why.
 """
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from dataclasses import dataclass
@@ -61,6 +62,84 @@ class Work:
         return max(0.0, self.tokens - self.delivered)
 
 
+class InFlight:
+    """The requests in flight as the estimates see them: their remaining work kept sorted as it
+    changes (a request admitted or released, audio delivered: a bisection and a move in C), so
+    an estimate is a few bisections and C sums, not a pass in Python over every request in
+    flight (an overloaded server refuses hundreds of requests a second, each estimated).
+    Not thread-safe: its owner (``Admission``) locks; every change to a request's ``Work`` goes
+    through :meth:`deliver`."""
+
+    def __init__(self, works=()):
+        self._remaining: list[float] = []  # ascending
+        self._ids: list[int] = []  # the Work of each entry (its id), in the same order
+        self._rows: list[int] = []  # and its rows
+        self._works: dict[int, Work] = {}
+        self.rows = 0  # T3 rows held, all requests
+        for work in works:
+            self.add(work)
+
+    @property
+    def count(self) -> int:
+        return len(self._remaining)
+
+    @property
+    def remaining(self) -> float:
+        """Speech tokens still to deliver, all requests."""
+        return sum(self._remaining)
+
+    def add(self, work: Work) -> None:
+        i = bisect.bisect_right(self._remaining, work.remaining)
+        self._remaining.insert(i, work.remaining)
+        self._ids.insert(i, id(work))
+        self._rows.insert(i, work.rows)
+        self._works[id(work)] = work
+        self.rows += work.rows
+
+    def remove(self, work: Work) -> None:
+        if self._works.pop(id(work), None) is None:
+            return
+        value = work.remaining
+        lo, hi = bisect.bisect_left(self._remaining, value), bisect.bisect_right(self._remaining, value)
+        i = self._ids.index(id(work), lo, hi)
+        del self._remaining[i], self._ids[i], self._rows[i]
+        self.rows -= work.rows
+
+    def deliver(self, work: Work, tokens: float) -> None:
+        """``tokens`` of ``work``'s audio went out (a request no longer in flight only counts them)."""
+        member = id(work) in self._works
+        if member:
+            self.remove(work)
+        work.delivered += tokens
+        if member:
+            self.add(work)
+
+    def min_remaining(self) -> float:
+        return self._remaining[0] if self._remaining else 0.0
+
+    def ahead(self, window: float) -> float:
+        """Sum over requests of min(remaining, window): the first windows a new request waits for."""
+        i = bisect.bisect_left(self._remaining, window)
+        return sum(self._remaining[:i]) + window * (len(self._remaining) - i)
+
+    def row_wait(self, rows: int, max_rows: int | None) -> float:
+        """Tokens delivered (by everyone) before ``rows`` rows of a ``max_rows`` batch (None:
+        unbounded) are free, under processor sharing: the k-th request to finish is done after
+        sum_i min(remaining_i, remaining_k), for the first k that frees enough rows."""
+        if max_rows is None:
+            return 0.0
+        needed = min(rows, max_rows)
+        free = max_rows - self.rows
+        if free >= needed:
+            return 0.0
+        remaining, n = self._remaining, len(self._remaining)
+        for k, held in enumerate(self._rows):
+            free += held
+            if free >= needed:  # sorted: the k+1 shortest count whole, the rest min(r_i, r_k) = r_k
+                return sum(remaining[:k + 1]) + remaining[k] * (n - k - 1)
+        return sum(remaining)
+
+
 def _ewma(old: float | None, new: float) -> float:
     return new if old is None else (1 - EWMA_ALPHA) * old + EWMA_ALPHA * new
 
@@ -89,32 +168,19 @@ class CapacityModel:
         tokens = max(1.0, chars * self.tokens_per_char)
         return tokens if max_new_tokens is None else min(tokens, float(max_new_tokens * max(1, chunks)))
 
-    def estimate(self, tokens: float, in_flight: list[Work], rows: int = 1) -> Estimate:
+    def estimate(self, tokens: float, in_flight: "InFlight | list[Work]", rows: int = 1) -> Estimate:
         """The prediction for a request of ``tokens`` holding ``rows`` T3 rows, arriving while
-        ``in_flight`` runs."""
+        ``in_flight`` runs (an :class:`InFlight`: no pass over the requests; or a list of them)."""
+        if not isinstance(in_flight, InFlight):
+            in_flight = InFlight(in_flight)
         with self._lock:
             rate, solo, bias = self.rate, self.solo_start_s or 0.0, self.bias
-        w = self.first_window_tokens
         if rate is None or rate <= 0:  # nothing measured yet: only the solo latency is known
-            return Estimate(tokens, solo * bias, math.inf if in_flight else solo, 0.0)
-        ahead = sum(min(work.remaining, w) for work in in_flight)
-        total = sum(work.remaining for work in in_flight) + tokens
-        return Estimate(tokens, (solo + (self._row_wait(in_flight, rows) + ahead) / rate) * bias, total / rate, rate)
-
-    def _row_wait(self, in_flight: list[Work], rows: int) -> float:
-        """Tokens delivered (by everyone) before ``rows`` rows are free, under processor sharing."""
-        if self.max_rows is None:
-            return 0.0
-        free = self.max_rows - sum(work.rows for work in in_flight)
-        if free >= min(rows, self.max_rows):
-            return 0.0
-        by_remaining = sorted(in_flight, key=lambda work: work.remaining)
-        remaining = [work.remaining for work in by_remaining]
-        for k, work in enumerate(by_remaining):
-            free += work.rows
-            if free >= min(rows, self.max_rows):
-                return sum(min(r, remaining[k]) for r in remaining)
-        return sum(remaining)
+            return Estimate(tokens, solo * bias, math.inf if in_flight.count else solo, 0.0)
+        ahead = in_flight.ahead(self.first_window_tokens)
+        total = in_flight.remaining + tokens
+        row_wait = in_flight.row_wait(rows, self.max_rows)
+        return Estimate(tokens, (solo + (row_wait + ahead) / rate) * bias, total / rate, rate)
 
     # -- observations -----------------------------------------------------------------------------
     def observe_delivery(self, seconds: float, tokens: float, busy: bool) -> None:

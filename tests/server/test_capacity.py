@@ -2,11 +2,13 @@
 tests/server/test_overload.py checks it on a live server."""
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from chorus.engine.request import Priority
 from chorus.server.admission import Admission
-from chorus.server.capacity import RATE_WINDOW_S, CapacityModel, Work
+from chorus.server.capacity import RATE_WINDOW_S, CapacityModel, InFlight, Work
 from chorus.server.errors import APIError
 
 
@@ -161,3 +163,53 @@ def test_the_realtime_bound_follows_the_measured_rate():
     assert model.rate > 400
     for _ in range(12):
         _admit_long(admission)
+
+
+def _row_wait_by_definition(works: list[Work], rows: int, max_rows: int) -> float:
+    free = max_rows - sum(w.rows for w in works)
+    if free >= rows:
+        return 0.0
+    by_remaining = sorted(works, key=lambda w: w.remaining)
+    for work in by_remaining:
+        free += work.rows
+        if free >= rows:
+            return sum(min(w.remaining, work.remaining) for w in works)
+    return sum(w.remaining for w in works)
+
+
+def test_the_in_flight_summary_follows_admissions_deliveries_and_releases():
+    rng = random.Random(7)
+    summary, works = InFlight(), []
+    for step in range(400):
+        action = rng.random()
+        if action < 0.4 or not works:
+            work = Work(tokens=float(rng.choice([50, 100, 100, 100, 300])), rows=rng.choice([1, 2]))
+            works.append(work)
+            summary.add(work)
+        elif action < 0.8:  # ties and overshoot: many equal remainders, some delivered past their tokens
+            summary.deliver(rng.choice(works), float(rng.choice([10, 25, 60])))
+        else:
+            work = works.pop(rng.randrange(len(works)))
+            summary.remove(work)
+            summary.deliver(work, 5.0)  # audio after release changes nothing in flight
+        assert summary.count == len(works) and summary.rows == sum(w.rows for w in works)
+        assert summary.remaining == pytest.approx(sum(w.remaining for w in works))
+        assert summary.min_remaining() == min((w.remaining for w in works), default=0.0)
+        assert summary.ahead(20) == pytest.approx(sum(min(w.remaining, 20) for w in works))
+        for rows in (1, 2, 4):
+            assert summary.row_wait(rows, 16) == pytest.approx(_row_wait_by_definition(works, rows, 16)), step
+        assert summary.row_wait(4, None) == 0.0
+
+
+def test_admission_keeps_the_summary_of_its_tickets():
+    capacity = _model(rate=100.0, solo=0.5)
+    admission = Admission(100, 0.98, 1, capacity=capacity, max_retry_after_s=30)
+    tickets = [admission.admit(Priority.HIGH, tokens=t, chars=10, start_deadline_s=1000.0, queue_limit=100,
+                               kv_usage=0.0, waiting=0) for t in (100.0, 300.0, 50.0)]
+    admission.delivered(tickets[1], 24000 * 4, 24000)  # 4 s of audio: 100 tokens
+    admission.release(tickets[2])
+    assert admission.drain_s() == pytest.approx((100 + 200) / 100)
+    assert capacity.estimate(0.0, [t.work for t in tickets[:2]]).drain_s == pytest.approx(admission.drain_s())
+    admission.release(tickets[0])
+    admission.release(tickets[1])
+    assert admission.drain_s() == 0.0 and admission.in_flight == 0
