@@ -165,7 +165,9 @@ def create_app(service: Backend) -> FastAPI:
     async def speech(body: SpeechBody, request: Request,
                      x_chorus_priority: str | None = Header(None, description="high, normal or low")):
         """Speak ``input``: OpenAI-compatible, plus Chatterbox's and Chorus's fields."""
-        response = await service.speech(body, x_chorus_priority, request.state.request_id, arrived=time.perf_counter())
+        opening = asyncio.ensure_future(service.speech(body, x_chorus_priority, request.state.request_id,
+                                                       arrived=time.perf_counter()))
+        response = await _unless_client_leaves(opening, request)
         return _StallBoundedResponse(response, config.write_stall_s)
 
     # -- voice agents (docs/voice-agents.md) ---------------------------------------------------
@@ -253,6 +255,47 @@ async def _read_upload(request: Request, limit: int) -> tuple[bytes, str | None]
     if name is not None and not isinstance(name, str):
         raise APIError(400, "name must be a text field, not a file", code="invalid_name", param="name")
     return data, name  # the store checks the name itself
+
+
+class _ClientGone(BaseException):
+    """The client disconnected before its response started: nothing is sent, nothing is held.
+    A BaseException, like a cancellation: FastAPI's handlers must not answer it with a 500;
+    ``_RequestContext`` logs it as the client's leaving."""
+
+
+async def _unless_client_leaves(opening: asyncio.Future, request: Request):
+    """What ``opening`` (a speech request waiting for its first audio) returns, unless the client
+    disconnects first: then the request is cancelled at once (its admission place, T3 rows, KV
+    blocks and vocoder work freed) instead of when its first audio would have come, and
+    :class:`_ClientGone` ends the route. After the body, the only message a client can send is
+    ``http.disconnect``, so a pending ``receive()`` is the disconnect's event."""
+    while True:
+        leaving = asyncio.ensure_future(request.receive())
+        try:
+            await asyncio.wait((opening, leaving), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # this task was cancelled (the server stops): so is the request
+            opening.cancel()
+            leaving.cancel()
+            raise
+        gone = leaving.done() and not leaving.cancelled() and leaving.exception() is None \
+            and leaving.result().get("type") == "http.disconnect"
+        if not gone:
+            if not leaving.done():
+                leaving.cancel()
+            if opening.done():
+                return opening.result()  # the response, or the APIError of a failure before the first audio
+            continue  # some other message (none is expected after the body): watch again
+        if opening.done():
+            if not opening.cancelled() and opening.exception() is None:
+                response = opening.result()  # opened as the client left: free what it holds
+                await response.chunks.aclose()
+                if response.on_close is not None:
+                    response.on_close()
+        else:
+            opening.cancel()
+            with contextlib.suppress(BaseException):
+                await opening
+        raise _ClientGone()
 
 
 class _StallBoundedResponse(StreamingResponse):
@@ -351,6 +394,8 @@ class _RequestContext:
         cut: StreamCut | None = None
         try:
             await self.app(scope, receive, send_with_id)
+        except _ClientGone:
+            status[0] = 499  # nginx's "client closed request": nothing was sent
         except StreamCut as exc:
             if not sent["started"]:
                 raise
@@ -389,7 +434,7 @@ class _RequestContext:
             else:
                 logger.info("%s %s %d: the client went away after %d bytes", scope["method"], path,
                             status[0], sent["bytes"], extra=extra)
-            if status[0] >= 400 and not probe:  # a 503 from /ready is an answer, not an error
+            if status[0] >= 400 and status[0] != 499 and not probe:  # a 503 from /ready is an answer, not an error
                 self.record_error(code or str(status[0]))
 
 

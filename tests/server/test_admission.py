@@ -3,6 +3,8 @@ deadlines, client disconnects that free everything, priorities, and degradation.
 from __future__ import annotations
 
 import concurrent.futures
+import json
+import socket
 import time
 
 import httpx
@@ -138,3 +140,29 @@ def test_degradation_under_pressure_is_reported_and_undone(tmp_path):
         while server.service.degradation.level > 0:
             assert time.monotonic() < deadline
             time.sleep(0.05)
+
+
+def test_a_client_that_disconnects_before_its_first_audio_frees_its_request_at_once(tmp_path):
+    config = server_config(tmp_path, max_new_tokens=200)
+    with LiveServer(config, tiny_loader(config)) as server:
+        with EnginePause(server) as pause:  # no first audio can come while the engine is held
+            body = json.dumps({"model": "chatterbox-turbo", "input": "Hello there.", "response_format": "pcm"})
+            host, port = server.url.removeprefix("http://").split(":")
+            with socket.create_connection((host, int(port))) as sock:
+                sock.sendall(f"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+                _wait_for(lambda: server.service.admission.in_flight == 1)
+                assert pause.entered.wait(30)  # its chunk is in the held T3 step
+            # the socket is closed: the request is cancelled while the engine is still held
+            _wait_for(lambda: server.service.admission.in_flight == 0)
+            assert not pause.release.is_set()
+        server.wait_idle()
+        assert server.client.get("/metrics").status_code == 200  # the server carries on
+
+
+def _wait_for(condition, timeout_s: float = 30.0) -> None:
+    """Poll an observable state (not a clock-based guess): fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the state was not reached"
+        time.sleep(0.01)
