@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 import unicodedata
 from dataclasses import dataclass
@@ -84,6 +85,8 @@ class SpeechService:
         """Load, warm up, run the canary; failures leave the service in state ``failed`` (the
         process stays up so /health and /ready can say why)."""
         self.loop = asyncio.get_running_loop()  # the loop that serves it (threads post canaries here)
+        # the GIL's hand-off: a model thread that wants it back from the event loop waits up to this
+        sys.setswitchinterval(self.config.switch_interval_ms / 1000)
         try:
             self.state = "loading"
             loaded = await asyncio.to_thread(self._loader)
