@@ -12,7 +12,7 @@ admission) and lowers the start deadline so that every new speech request is ref
 keep-alive connection and reads the server's CPU seconds (user + system, all threads, and the
 event-loop thread alone) around them; the same wait with no requests is the idle baseline
 subtracted. Prints JSON: microseconds of server CPU per refusal, per in-flight count.
-``--profile FILE`` writes a cProfile of the event-loop thread (the last in-flight count) for
+``--profile FILE`` writes a cProfile (in thread CPU time) of the event-loop thread (the last in-flight count) for
 ``python -m pstats``. ``--config key=value`` (repeatable) sets a ServerConfig field of the server,
 e.g. ``--config http_parser=h11`` to compare the parsers.
 """
@@ -67,7 +67,7 @@ def serve(port: int, in_flight: int, voices_dir: str, profile: str | None, confi
     if profile:
         import cProfile
 
-        profiler = cProfile.Profile()
+        profiler = cProfile.Profile(time.thread_time)  # CPU time: waits for the GIL or the CPU are not counted
         profiler.runcall(server.run)
         profiler.dump_stats(profile)
     else:

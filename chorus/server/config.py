@@ -176,7 +176,8 @@ class ServerConfig:
 
         from chorus.server.http_parser import PARSERS
 
-        _require(self.http_parser in PARSERS, f"http_parser must be one of {', '.join(PARSERS)}, got {self.http_parser!r}")
+        _require(self.http_parser in PARSERS,
+                 f"http_parser must be one of {', '.join(PARSERS)}, got {self.http_parser!r}")
         _require(self.admission in POLICIES, f"admission must be one of {', '.join(POLICIES)}, got {self.admission!r}")
         _require(0 < self.memory_pressure <= 1, f"memory_pressure must be in (0, 1], got {self.memory_pressure!r}")
         _require(0 < self.gpu_memory_utilization <= 1,
