@@ -12,8 +12,9 @@ admission) and lowers the start deadline so that every new speech request is ref
 keep-alive connection and reads the server's CPU seconds (user + system, all threads, and the
 event-loop thread alone) around them; the same wait with no requests is the idle baseline
 subtracted. Prints JSON: microseconds of server CPU per refusal, per in-flight count.
-``--profile FILE`` writes a cProfile of the event-loop thread (the last in-flight count) for
-``python -m pstats``.
+``--profile FILE`` writes a cProfile (in thread CPU time) of the event-loop thread (the last in-flight count) for
+``python -m pstats``. ``--config key=value`` (repeatable) sets a ServerConfig field of the server,
+e.g. ``--config http_parser=h11`` to compare the parsers.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BODY = {"model": "chatterbox-turbo", "input": "Hello there, this is a refused request.", "response_format": "pcm"}
 
 
-def serve(port: int, in_flight: int, voices_dir: str, profile: str | None) -> None:
+def serve(port: int, in_flight: int, voices_dir: str, profile: str | None, config_pairs: list[str]) -> None:
     """The child: a server that refuses every speech request once ``in_flight`` tickets are held."""
     sys.path.insert(0, str(ROOT))
     from chorus.engine.request import Priority
@@ -40,9 +41,10 @@ def serve(port: int, in_flight: int, voices_dir: str, profile: str | None) -> No
     from chorus.server.main import uvicorn_server
     from chorus.server.service import SpeechService
     from tests.server.live import server_config, tiny_loader
+    from measure_refusal_goodput import config_overrides
 
     config = server_config(voices_dir, log_format="json", max_queue=max(in_flight + 64, 256),
-                           canary_interval_s=3600.0)
+                           canary_interval_s=3600.0, **config_overrides(config_pairs))
     setup_logging(config.log_format, config.log_level)
     service = SpeechService(config, tiny_loader(config))
     server = uvicorn_server(service, host="127.0.0.1", port=port, log_level="info")
@@ -65,7 +67,7 @@ def serve(port: int, in_flight: int, voices_dir: str, profile: str | None) -> No
     if profile:
         import cProfile
 
-        profiler = cProfile.Profile()
+        profiler = cProfile.Profile(time.thread_time)  # CPU time: waits for the GIL or the CPU are not counted
         profiler.runcall(server.run)
         profiler.dump_stats(profile)
     else:
@@ -83,7 +85,7 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     return read(f"/proc/{pid}/stat"), read(f"/proc/{pid}/task/{pid}/stat")
 
 
-def measure(in_flight: int, requests: int, profile: str | None) -> dict:
+def measure(in_flight: int, requests: int, profile: str | None, config_pairs: list[str]) -> dict:
     import httpx
 
     with socket.socket() as s:
@@ -92,6 +94,8 @@ def measure(in_flight: int, requests: int, profile: str | None) -> dict:
     with tempfile.TemporaryDirectory() as voices_dir:
         command = [sys.executable, __file__, "--serve", str(port), "--in-flight", str(in_flight),
                    "--voices-dir", voices_dir] + (["--profile", profile] if profile else [])
+        for pair in config_pairs:
+            command += ["--config", pair]
         log = Path(voices_dir, "server.log")
         env = {**os.environ, "CHORUS_TEST_TMP": voices_dir}  # where the tiny models' checkpoints go
         child = subprocess.Popen(command, cwd=ROOT, stderr=log.open("wb"), stdout=subprocess.DEVNULL, env=env)
@@ -137,14 +141,16 @@ def main() -> None:
                         "nothing in flight is always admitted)")
     parser.add_argument("--requests", type=int, default=2000, help="refused requests per count")
     parser.add_argument("--profile", help="write a cProfile of the server's event-loop thread here")
+    parser.add_argument("--config", action="append", default=[], help="a ServerConfig field of the server, key=value "
+                        "(repeatable), e.g. http_parser=h11")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--voices-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve is not None:
-        return serve(args.serve, int(args.in_flight), args.voices_dir, args.profile)
+        return serve(args.serve, int(args.in_flight), args.voices_dir, args.profile, args.config)
     counts = [int(c) for c in args.in_flight.split(",")]
-    results = [measure(n, args.requests, args.profile if n == counts[-1] else None) for n in counts]
-    print(json.dumps({"refusals": results}, indent=2))
+    results = [measure(n, args.requests, args.profile if n == counts[-1] else None, args.config) for n in counts]
+    print(json.dumps({"config": args.config, "refusals": results}, indent=2))
 
 
 if __name__ == "__main__":

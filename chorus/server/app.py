@@ -454,7 +454,7 @@ class _BodyLimit:
             return await self.app(scope, receive, send)
         head = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + sum(
             len(k) + len(v) + 4 for k, v in scope.get("headers") or [])
-        if head > self.header_limit:  # h11 bounds what it buffers; this bounds what a request may carry
+        if head > self.header_limit:  # the parser bounds what it buffers; this bounds what a request may carry
             scope.setdefault("state", {})["error_code"] = "headers_too_large"
             return await _send_error(APIError(431, f"the request line and headers exceed {self.header_limit} bytes",
                                               code="headers_too_large", headers={"Connection": "close"}), send)
@@ -467,16 +467,39 @@ class _BodyLimit:
         seen = 0
         started = False
         body_done = False
-        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        waiting = None  # the task waiting in receive for the body
+        expired = False  # the deadline passed before the body was in
+        timer = None  # one timer for the whole body (a task per receive, as asyncio.wait_for makes, costs more)
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            if waiting is not None:
+                waiting.cancel()  # ends the wait in counting_receive (nothing else is cancelled)
 
         async def counting_receive():
-            nonlocal seen, body_done
+            nonlocal seen, body_done, waiting, timer
             if body_done:  # after the body only a disconnect can come: wait for it as long as it takes
                 return await receive()
+            if timer is None:
+                timer = loop.call_at(deadline, expire)
             try:
-                left = deadline - asyncio.get_running_loop().time()
-                message = await asyncio.wait_for(receive(), max(left, 0.05))  # a message already there gets in
-            except asyncio.TimeoutError:
+                if expired:  # a message already there still gets in
+                    message = await asyncio.wait_for(receive(), 0.05)
+                else:
+                    waiting = asyncio.current_task()
+                    try:
+                        message = await receive()
+                    finally:
+                        waiting = None
+            except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
+                if not expired:
+                    raise  # cancelled from elsewhere (a disconnect, the shutdown)
+                task = asyncio.current_task()
+                if isinstance(exc, asyncio.CancelledError) and hasattr(task, "uncancel"):
+                    task.uncancel()  # Python 3.11+: the cancel was ours, and it ends here
                 scope.setdefault("state", {})["error_code"] = "body_timeout"
                 raise _BodyTimeout(self.timeout_s) from None
             if message["type"] == "http.request":
@@ -487,6 +510,8 @@ class _BodyLimit:
                     raise _TooLarge()
             else:
                 body_done = True
+            if body_done:
+                timer.cancel()
             return message
 
         async def tracking_send(message):
@@ -503,6 +528,9 @@ class _BodyLimit:
         except _BodyTimeout as exc:
             if not started:
                 await _send_error(exc.error, send)
+        finally:
+            if timer is not None:
+                timer.cancel()
 
 
 class _TooLarge(StarletteHTTPException):

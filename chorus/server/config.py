@@ -97,7 +97,8 @@ class ServerConfig:
     max_input_chars: int = 4096  # OpenAI's limit on `input`
     max_new_tokens: int | None = None  # cap on speech tokens per text chunk; None: the variant's
     max_body_bytes: int = 1 << 20  # JSON bodies (uploads have max_upload_bytes)
-    max_header_bytes: int = 16 << 10  # the request line and headers together (uvicorn's h11 limit)
+    max_header_bytes: int = 16 << 10  # the request line and headers together (431; bounds the parser's buffer)
+    http_parser: str = "httptools"  # uvicorn's HTTP/1.1 parser: "httptools" (C) or "h11" (pure Python)
     body_timeout_s: float = 60.0  # a request body must arrive in full within this (slow-body attacks)
     start_deadline_s: float | None = None  # to the first audio byte; None: START_DEADLINE_S by device
     default_deadline_s: float | None = None  # total; None: none (a flowing stream is never cut)
@@ -127,6 +128,7 @@ class ServerConfig:
     warmup: bool = True
     canary_interval_s: float = 60.0  # canaries re-run this often (a failed one fails /ready; a late one not)
     canary_timeout_s: float = 60.0
+    switch_interval_ms: float = 5.0  # the GIL's switch interval (sys.setswitchinterval) set at start-up; 5: Python's
     stall_timeout_s: float = 15.0  # a step this long, or work and no progress this long: not ready
     shutdown_grace_s: float = 30.0  # on SIGTERM, streams in flight get this long to finish
     log_format: str = "json"  # "json" or "text"
@@ -154,7 +156,8 @@ class ServerConfig:
                  f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         _require(0 < self.port < 65536, f"port must be in 1..65535, got {self.port!r}")
         for name in ("max_deadline_s", "canary_interval_s", "canary_timeout_s", "stall_timeout_s", "write_stall_s",
-                     "shutdown_grace_s", "tokens_per_char", "body_timeout_s", "ws_idle_timeout_s"):
+                     "shutdown_grace_s", "tokens_per_char", "body_timeout_s", "ws_idle_timeout_s",
+                     "switch_interval_ms"):
             value = getattr(self, name)
             _require(isinstance(value, (int, float)) and value > 0, f"{name} must be a positive number, got {value!r}")
         _require(self.realtime_headroom is None or (isinstance(self.realtime_headroom, (int, float))
@@ -171,6 +174,10 @@ class ServerConfig:
         self.ws_chunking()  # raises on bad sizes
         from chorus.server.admission import POLICIES
 
+        from chorus.server.http_parser import PARSERS
+
+        _require(self.http_parser in PARSERS,
+                 f"http_parser must be one of {', '.join(PARSERS)}, got {self.http_parser!r}")
         _require(self.admission in POLICIES, f"admission must be one of {', '.join(POLICIES)}, got {self.admission!r}")
         _require(0 < self.memory_pressure <= 1, f"memory_pressure must be in (0, 1], got {self.memory_pressure!r}")
         _require(0 < self.gpu_memory_utilization <= 1,
@@ -265,7 +272,9 @@ FIELD_HELP = {
     "max_new_tokens": "cap on speech tokens per text chunk, 25 per second of audio (default: the variant's; "
                       "100 on a random-weight checkpoint)",
     "max_body_bytes": "largest JSON request body in bytes",
-    "max_header_bytes": "largest request line plus headers in bytes (larger: the connection is refused with 400)",
+    "max_header_bytes": "largest request line plus headers in bytes (larger: 431 and the connection is closed)",
+    "http_parser": "uvicorn's HTTP/1.1 parser: httptools (C; bounded by max_header_bytes here) or h11 (pure "
+                   "Python, about 100 us more of event-loop CPU per request)",
     "body_timeout_s": "seconds within which a request body must arrive in full (slower: 408)",
     "start_deadline_s": "seconds a request may wait for its first audio byte (then 504 deadline_exceeded); "
                         "admission refuses requests predicted to miss it",
@@ -305,6 +314,9 @@ FIELD_HELP = {
     "canary_timeout_s": "deadline of a canary synthesis",
     "stall_timeout_s": "a T3 step or S3Gen pass running longer than this, or requests in the pipeline and no "
                        "T3 token nor S3Gen pass for this long, makes /ready fail",
+    "switch_interval_ms": "the interpreter's GIL switch interval in milliseconds, set at start-up (Python's "
+                          "default is 5): how long a model thread waiting for the GIL may wait while the "
+                          "event loop answers requests",
     "shutdown_grace_s": "on SIGTERM, seconds the streams in flight get to finish before they are cut",
     "log_format": "json (one object per line) or text",
     "log_level": "debug, info, warning or error",

@@ -70,12 +70,15 @@ WS_MAX_SIZE_FACTOR = 4
 
 def uvicorn_options(config: ServerConfig) -> dict:
     """uvicorn's settings that are part of the server's limits (tests run uvicorn with these too).
-    HTTP is parsed by h11, whose size limit on the request line and headers is configurable (the
-    faster httptools parser has none); its cost is small beside a model's. WebSocket messages over
+    HTTP is parsed by ``config.http_parser``: httptools with the server's bound on the request
+    line and headers (``http_parser.py``), or h11 given the same bound. WebSocket messages over
     ``WS_MAX_SIZE_FACTOR`` times the server's own limit are cut by uvicorn before the server
     reads them (the server answers the smaller ones over its limit itself); messages are not
     compressed (audio barely compresses and deflate would run on the event loop)."""
-    return dict(http="h11", h11_max_incomplete_event_size=config.max_header_bytes,
+    from chorus.server.http_parser import bounded_httptools
+
+    http = bounded_httptools(config.max_header_bytes) if config.http_parser == "httptools" else "h11"
+    return dict(http=http, h11_max_incomplete_event_size=config.max_header_bytes,
                 ws_max_size=WS_MAX_SIZE_FACTOR * config.ws_max_message_bytes, ws_per_message_deflate=False)
 
 

@@ -137,6 +137,8 @@ def test_a_file_value_of_the_wrong_type_is_not_coerced(key, value):
     ({"flags": {"ws_chunk_min_chars": "0"}}, "ws_chunk_min_chars"),
     ({"flags": {"ws_chunk_min_chars": "200", "ws_chunk_max_chars": "100"}}, "ws_chunk_min_chars"),
     ({"env": {"CHORUS_WS_CHUNK_MAX_WAIT_MS": "-1"}}, "ws_chunk_max_wait_ms"),
+    ({"flags": {"http_parser": "picohttp"}}, "http_parser"),
+    ({"env": {"CHORUS_SWITCH_INTERVAL_MS": "0"}}, "switch_interval_ms"),
 ])
 def test_an_invalid_value_is_an_error_naming_the_field(sources, field):
     with pytest.raises(ValueError) as info:
