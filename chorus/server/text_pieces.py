@@ -175,7 +175,7 @@ class TextPieces:
         if flushed or len(b) >= c.max_chars:
             cut = self._last(_word_breaks(window), 1)
             return cut if cut is not None else _hard_cut(b, c.max_chars)
-        if now - self._oldest() >= c.max_wait_ms / 1000:
+        if now >= self.deadline():  # the very arithmetic the turn's timer is armed with
             return self._last(_word_breaks(window), 1)
         return None
 

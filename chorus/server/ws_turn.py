@@ -105,10 +105,11 @@ class Turn:
         if self.ended or self.flushed:
             return
         now = time.perf_counter()
-        pieces = self.text.poll(now)
-        self._queue(pieces)
-        if pieces:  # the rest has its own oldest character; with no cut, the next delta re-arms
-            self._arm_timer(now)
+        self._queue(self.text.poll(now))
+        # the rest has its own oldest character; a timer that fired a hair early (the loop's
+        # clock resolution) finds its deadline still ahead and is armed again; a deadline that
+        # passed without a cut (a single word) waits for the next delta or the flush
+        self._arm_timer(now)
 
     # -- the pipeline -------------------------------------------------------------------------
     async def _guarded(self, work) -> None:

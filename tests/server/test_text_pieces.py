@@ -2,6 +2,7 @@
 the deltas and their times."""
 from __future__ import annotations
 
+import math
 import random
 import re
 
@@ -76,6 +77,20 @@ def test_max_wait_does_not_cut_before_its_time():
     assert t.push("Hello big world ", 0.0) == []
     assert t.poll(0.49) == []
     assert texts(t.poll(0.5)) == ["Hello big world"]
+
+
+def test_the_time_cut_is_due_exactly_when_its_deadline_says():
+    # a timer armed for deadline() that fires a hair early must find the deadline still ahead
+    # (so it is armed again), and one that fires on it must cut: one predicate, no float gap
+    # (50 ms is not a binary fraction: arrival + 0.05 - arrival often differs from 0.05)
+    chunking = Chunking(min_chars=20, max_chars=160, max_wait_ms=50)
+    for arrival in [i * 0.1 + 1000 for i in range(200)]:
+        t = TextPieces(chunking)
+        t.push("Hello big world ", arrival)
+        deadline = t.deadline()
+        early = math.nextafter(deadline, 0.0)
+        assert t.poll(early) == [] and t.deadline() > early
+        assert texts(t.poll(deadline)) == ["Hello big world"], arrival
 
 
 def test_one_word_is_never_a_piece_unless_flushed():
