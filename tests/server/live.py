@@ -124,6 +124,15 @@ class LiveServer:
             time.sleep(0.05)
 
 
+def until(condition, timeout: float = 30.0, what: str = "the condition") -> None:
+    """Poll an observable state until ``condition()`` holds (not a guess at how long it takes);
+    fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
 def metric(text: str, name: str, labels: str = "") -> float:
     """The value of one sample in Prometheus text (0 when absent)."""
     key = f"{name}{{{labels}}}" if labels else name

@@ -10,7 +10,7 @@ import time
 import httpx
 
 from chorus.server.config import DegradationConfig
-from tests.server.live import EnginePause, LiveServer, metric, server_config, tiny_loader
+from tests.server.live import EnginePause, LiveServer, metric, server_config, tiny_loader, until
 
 LONG_TEXT = " ".join(f"This is sentence number {i} of a long text." for i in range(12))
 
@@ -151,18 +151,10 @@ def test_a_client_that_disconnects_before_its_first_audio_frees_its_request_at_o
             with socket.create_connection((host, int(port))) as sock:
                 sock.sendall(f"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                              f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
-                _wait_for(lambda: server.service.admission.in_flight == 1)
+                until(lambda: server.service.admission.in_flight == 1, what="the request's admission")
                 assert pause.entered.wait(30)  # its chunk is in the held T3 step
             # the socket is closed: the request is cancelled while the engine is still held
-            _wait_for(lambda: server.service.admission.in_flight == 0)
+            until(lambda: server.service.admission.in_flight == 0, what="the request's release")
             assert not pause.release.is_set()
         server.wait_idle()
         assert server.client.get("/metrics").status_code == 200  # the server carries on
-
-
-def _wait_for(condition, timeout_s: float = 30.0) -> None:
-    """Poll an observable state (not a clock-based guess): fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "the state was not reached"
-        time.sleep(0.01)

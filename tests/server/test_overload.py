@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from tests.server.live import EnginePause, LiveServer, metric, server_config, tiny_loader
+from tests.server.live import EnginePause, LiveServer, metric, server_config, tiny_loader, until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -25,13 +25,6 @@ def _post(url: str, **body) -> tuple[httpx.Response, float]:
     started = time.monotonic()
     response = httpx.post(f"{url}/v1/audio/speech", json=body, timeout=120)
     return response, time.monotonic() - started
-
-
-def _until(condition, timeout: float = 30.0, what: str = "the condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def _tracebacks(caplog) -> list[logging.LogRecord]:
@@ -104,7 +97,7 @@ def test_a_flowing_stream_outlives_the_start_deadline(tmp_path, caplog):
             body = next(chunks)
             with EnginePause(server) as pause:  # hold T3 mid-stream until the start deadline has passed
                 assert pause.entered.wait(10)
-                _until(lambda: time.monotonic() > started + 1.5, what="the start deadline to pass")
+                until(lambda: time.monotonic() > started + 1.5, what="the start deadline to pass")
             body += b"".join(chunks)  # raises if the server cut the stream
         assert response.status_code == 200 and len(body) > 0
     access = [r for r in caplog.records if getattr(r, "outcome", None) and r.request_id ==
@@ -125,7 +118,7 @@ def test_a_total_deadline_cut_is_one_log_line_not_a_traceback(tmp_path, caplog):
                 for _ in chunks:  # the rest cannot come before the total deadline: the stream is cut
                     pass
         request_id = response.headers["x-request-id"]
-        _until(lambda: any(getattr(r, "request_id", None) == request_id and getattr(r, "outcome", None)
+        until(lambda: any(getattr(r, "request_id", None) == request_id and getattr(r, "outcome", None)
                            for r in caplog.records), what="the access line")
         server.wait_idle()
         assert metric(server.client.get("/metrics").text, "chorus_stream_cuts_total", 'reason="deadline"') == 1
@@ -147,7 +140,7 @@ def test_shutdown_lets_a_stream_in_flight_finish(tmp_path, caplog):
             with EnginePause(server) as pause:  # the stream is mid-way when shutdown begins
                 assert pause.entered.wait(10)
                 server.begin_shutdown()
-                _until(lambda: server.service.state == "draining", what="draining")
+                until(lambda: server.service.state == "draining", what="draining")
                 assert server.service.readiness() == (False, "the server is draining")
             body += b"".join(chunks)  # finishes whole: no cut
         assert response.status_code == 200
@@ -172,7 +165,7 @@ def test_shutdown_past_the_grace_period_cuts_with_one_line_each(tmp_path, caplog
                 for _ in chunks:
                     pass
         request_id = response.headers["x-request-id"]
-        _until(lambda: any(getattr(r, "outcome", None) and r.request_id == request_id for r in caplog.records),
+        until(lambda: any(getattr(r, "outcome", None) and r.request_id == request_id for r in caplog.records),
                what="the access line")
     lines = [r for r in caplog.records if getattr(r, "request_id", None) == request_id]
     assert [(r.outcome, r.cut_reason) for r in lines if hasattr(r, "outcome")] == [("cut", "stopped")]
@@ -190,7 +183,7 @@ def test_a_client_that_stops_reading_is_dropped_and_its_work_freed(tmp_path):
                        b"content-length: %d\r\n\r\n%s" % (len(body), body))
         assert client.recv(64).startswith(b"HTTP/1.1 200")  # then read nothing more
         try:
-            _until(lambda: metric(server.client.get("/metrics").text, "chorus_requests_total",
+            until(lambda: metric(server.client.get("/metrics").text, "chorus_requests_total",
                                   'status="slow_reader"') == 1, timeout=60, what="the slow reader to be dropped")
             server.wait_idle(timeout=10)
             assert server.service.admission.in_flight == 0
@@ -203,7 +196,7 @@ def test_a_request_the_server_could_never_serve_is_a_400_even_when_it_is_full(tm
     with LiveServer(config, tiny_loader(config)) as server, concurrent.futures.ThreadPoolExecutor(1) as pool:
         with EnginePause(server):
             held = pool.submit(_post, server.url, input=TEXT, response_format="pcm")
-            _until(lambda: server.service.admission.in_flight == 1, what="the first request's admission")
+            until(lambda: server.service.admission.in_flight == 1, what="the first request's admission")
             assert server.speech(input=TEXT, response_format="pcm").status_code == 429  # full
             too_long = server.speech(input="x" * 101, response_format="pcm")
             assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "input_too_long"
@@ -218,7 +211,7 @@ def test_a_client_that_hangs_up_mid_stream_is_one_access_line(tmp_path, caplog):
                 "model": "chatterbox-turbo", "input": LONG_TEXT, "response_format": "pcm"}) as response:
             next(response.iter_raw())  # the first audio arrived; now hang up
         request_id = response.headers["x-request-id"]
-        _until(lambda: any(getattr(r, "request_id", None) == request_id and getattr(r, "outcome", None)
+        until(lambda: any(getattr(r, "request_id", None) == request_id and getattr(r, "outcome", None)
                            for r in caplog.records), what="the access line")
         server.wait_idle()
     lines = [r for r in caplog.records if getattr(r, "request_id", None) == request_id]
