@@ -60,6 +60,23 @@ class OnlineBenchError(Exception):
     """The load test cannot run (server unreachable, model or voice refused): one line for the user."""
 
 
+def check_load(url: str, concurrency, text: str, max_new_tokens: int | None) -> tuple[str, tuple[int, ...]]:
+    """The checks every load test of a running server makes (the HTTP levels and the voice
+    agents): its base URL (trailing slash dropped), its concurrency levels (as a tuple), its text
+    and its token cap. Raises ``ValueError`` naming the option."""
+    url = url.rstrip("/")
+    if not re.match(r"^https?://[^/\s]+", url):
+        raise ValueError(f"--url must be http://host:port or https://..., got {url!r}")
+    levels = tuple(int(n) for n in concurrency)
+    if not levels or any(n < 1 for n in levels):
+        raise ValueError(f"--concurrency must be positive integers, got {levels!r}")
+    if not text.strip():
+        raise ValueError("--text must not be empty")
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    return url, levels
+
+
 @dataclass
 class OnlineBenchConfig:
     url: str
@@ -81,12 +98,7 @@ class OnlineBenchConfig:
     overload: "OverloadConfig | None" = None  # an open-loop overload run (overload_bench.py)
 
     def __post_init__(self):
-        self.url = self.url.rstrip("/")
-        if not re.match(r"^https?://[^/\s]+", self.url):
-            raise ValueError(f"--url must be http://host:port or https://..., got {self.url!r}")
-        self.concurrency = tuple(int(n) for n in self.concurrency)
-        if not self.concurrency or any(n < 1 for n in self.concurrency):
-            raise ValueError(f"--concurrency must be positive integers, got {self.concurrency!r}")
+        self.url, self.concurrency = check_load(self.url, self.concurrency, self.text, self.max_new_tokens)
         if self.requests_per_level is not None and self.duration_s is not None:
             raise ValueError("give --requests-per-level or --duration-s, not both")
         if self.requests_per_level is not None and self.requests_per_level < 1:
@@ -96,10 +108,6 @@ class OnlineBenchConfig:
         if self.response_format not in RESPONSE_FORMATS:
             raise ValueError(f"--response-format must be one of {', '.join(RESPONSE_FORMATS)}, "
                              f"got {self.response_format!r}")
-        if not self.text.strip():
-            raise ValueError("--text must not be empty")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ValueError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if self.warmup < 0 or not self.timeout_s > 0:
             raise ValueError("--warmup must be >= 0 and --timeout-s > 0")
 

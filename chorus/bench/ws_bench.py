@@ -30,7 +30,8 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
-from chorus.bench.online_bench import COUNTERS, GAUGES, MetricsWatch, OnlineBenchError, Playback, _pct, first_model
+from chorus.bench.online_bench import (COUNTERS, GAUGES, MetricsWatch, OnlineBenchError, Playback, _pct,
+                                       check_load, first_model)
 from chorus.integrations.ws_client import ProtocolError, parse_audio_frame
 
 WS_PATH = "/v1/audio/speech/stream"
@@ -76,12 +77,7 @@ class AgentBenchConfig:
     extra_config: dict = field(default_factory=dict)  # more config fields (seed, priority, ...)
 
     def __post_init__(self):
-        self.url = self.url.rstrip("/")
-        if not re.match(r"^https?://[^/\s]+", self.url):
-            raise ValueError(f"--url must be http://host:port or https://..., got {self.url!r}")
-        self.concurrency = tuple(int(n) for n in self.concurrency)
-        if not self.concurrency or any(n < 1 for n in self.concurrency):
-            raise ValueError(f"--concurrency must be positive integers, got {self.concurrency!r}")
+        self.url, self.concurrency = check_load(self.url, self.concurrency, self.text, self.max_new_tokens)
         if self.turns < 1 or self.warmup < 0:
             raise ValueError(f"--turns must be >= 1 and --warmup >= 0, got {self.turns} and {self.warmup}")
         if not self.llm_tokens_per_s > 0:
@@ -95,10 +91,6 @@ class AgentBenchConfig:
         if self.response_format not in FORMATS:
             raise ValueError(f"--response-format with --agent must be one of {', '.join(FORMATS)}, "
                              f"got {self.response_format!r}")
-        if not self.text.strip():
-            raise ValueError("--text must not be empty")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ValueError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
         unknown = set(self.chunking or {}) - set(CHUNKING_KEYS)
         if unknown:
             raise ValueError(f"--chunking takes {', '.join(CHUNKING_KEYS)}; got {', '.join(sorted(unknown))}")
