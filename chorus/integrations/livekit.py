@@ -138,6 +138,16 @@ async def _end(turn: Turn | None) -> None:
             logger.debug("Chorus cancel of turn %s not sent: %r", turn.turn_id, e)
 
 
+async def _open_turn(tts_: "TTS", conn_options: APIConnectOptions, output_emitter: tts.AudioEmitter, *,
+                     stream: bool) -> Turn:
+    """A new Chorus turn on the plugin's shared connection, and the emitter set up for its PCM."""
+    router = await tts_._turn_router(conn_options.timeout)
+    turn = router.open()
+    output_emitter.initialize(request_id=turn.turn_id, sample_rate=tts_.sample_rate, num_channels=1,
+                              mime_type="audio/pcm", stream=stream)
+    return turn
+
+
 class ChunkedStream(tts.ChunkedStream):
     """``synthesize(text)``: one turn with the whole text, flushed at once."""
 
@@ -147,10 +157,7 @@ class ChunkedStream(tts.ChunkedStream):
         self.turn: Turn | None = None
 
     async def _run(self, output_emitter: tts.AudioEmitter) -> None:
-        router = await self._tts._turn_router(self._conn_options.timeout)
-        self.turn = turn = router.open()
-        output_emitter.initialize(request_id=turn.turn_id, sample_rate=self._tts.sample_rate, num_channels=1,
-                                  mime_type="audio/pcm")
+        self.turn = turn = await _open_turn(self._tts, self._conn_options, output_emitter, stream=False)
         try:
             await turn.send_text(self._input_text)
             await turn.flush()
@@ -172,10 +179,7 @@ class SynthesizeStream(tts.SynthesizeStream):
         self.turn: Turn | None = None
 
     async def _run(self, output_emitter: tts.AudioEmitter) -> None:
-        router = await self._tts._turn_router(self._conn_options.timeout)
-        self.turn = turn = router.open()
-        output_emitter.initialize(request_id=turn.turn_id, sample_rate=self._tts.sample_rate, num_channels=1,
-                                  mime_type="audio/pcm", stream=True)
+        self.turn = turn = await _open_turn(self._tts, self._conn_options, output_emitter, stream=True)
         output_emitter.start_segment(segment_id=turn.turn_id)
 
         async def send() -> bool:
