@@ -144,18 +144,25 @@ def metric(text: str, name: str, labels: str = "") -> float:
 
 class EnginePause:
     """Holds the T3 engine's next step until released (``with EnginePause(server) as pause:``):
-    requests admitted meanwhile stay in flight. The real step runs once released."""
+    requests admitted meanwhile stay in flight. The real step runs once released. With
+    ``after_tokens``, steps run freely until the engine has sampled that many tokens since the
+    pause began, and the step after them is held."""
 
-    def __init__(self, server: LiveServer):
+    def __init__(self, server: LiveServer, after_tokens: int = 0):
         self.engine = server.pipeline.engine
         self.release = threading.Event()
         self.entered = threading.Event()
+        self.after_tokens = after_tokens
+        self.tokens = 0
         self._step = self.engine.step
 
     def _held_step(self):
-        self.entered.set()
-        self.release.wait(60)
-        return self._step()
+        if self.tokens >= self.after_tokens:
+            self.entered.set()
+            self.release.wait(60)
+        events = self._step()
+        self.tokens += sum(1 for event in events if event.new_token is not None)
+        return events
 
     def __enter__(self) -> "EnginePause":
         self.engine.step = self._held_step
