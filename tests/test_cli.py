@@ -157,7 +157,7 @@ def test_ctrl_c_prints_one_line_exits_130_and_leaves_no_checkpoint(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "chorus.cli", "checkpoint", "random", "--variant", "original",
                              "--only", "t3", "--out", str(work / "ckpt")], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_env(CHORUS_TEST_HOLD_WRITES=str(writing)),
-                            cwd=ROOT)
+                            cwd=ROOT, preexec_fn=_ctrl_c_as_in_a_terminal)
     try:
         _wait_for(writing.exists, proc, timeout_s=120)
         assert any(p.name.startswith(".ckpt.tmp-") for p in work.iterdir())  # the write is under way
@@ -168,6 +168,13 @@ def test_ctrl_c_prints_one_line_exits_130_and_leaves_no_checkpoint(tmp_path):
     assert proc.returncode == 130
     assert err.strip() == "chorus: interrupted"
     assert list(work.iterdir()) == []
+
+
+def _ctrl_c_as_in_a_terminal() -> None:
+    """In the child before it starts Python: SIGINT handled by default, as in a terminal. A
+    suite started in the background of a shell without job control inherits SIGINT ignored,
+    and Python then installs no KeyboardInterrupt handler, so the signal would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait_for(condition, proc: subprocess.Popen, timeout_s: float) -> None:
