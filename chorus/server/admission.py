@@ -105,45 +105,71 @@ class Admission:
               queue_limit: int, kv_usage: float, waiting: int, rows: int = 1) -> Ticket:
         """A ticket for a request of ``tokens`` predicted speech tokens holding ``rows`` T3 rows,
         or an ``APIError`` (503 memory pressure, 429 queue full or overloaded)."""
+        self._check_memory(kv_usage, waiting)
+        with self._lock:
+            estimate = self._check(priority, tokens, rows, start_deadline_s, queue_limit)
+            ticket = Ticket(priority, Work(tokens, rows), alone=not self._work.count, estimate=estimate, chars=chars)
+            self._tickets.add(ticket)
+            self._work.add(ticket.work)
+        return ticket
+
+    def certain_refusal(self, priority: Priority, *, start_deadline_s: float, queue_limit: int,
+                        kv_usage: float, waiting: int) -> APIError | None:
+        """The refusal :meth:`admit` would give *any* request of ``priority`` now, whatever its
+        cost (the cheapest request, no tokens and one T3 row, would get it), or None when the
+        answer depends on the request. Takes nothing: it lets an overloaded server refuse before
+        it reads the request's fields (docs/server.md, "Refusing early")."""
+        try:
+            self._check_memory(kv_usage, waiting)
+            with self._lock:
+                self._check(priority, 0.0, 1, start_deadline_s, queue_limit)
+        except APIError as refusal:
+            return refusal
+        return None
+
+    def _check_memory(self, kv_usage: float, waiting: int) -> None:
         if waiting > 0 and kv_usage >= self.memory_pressure:
             raise APIError(503, f"the server is short of KV-cache memory ({kv_usage:.0%} in use, "
                                 f"{waiting} request(s) waiting for it); retry after {self.retry_after_s} s",
                            code="memory_pressure", headers={"Retry-After": str(self.retry_after_s)})
+
+    def _check(self, priority: Priority, tokens: float, rows: int, start_deadline_s: float,
+               queue_limit: int) -> Estimate:
+        """The bounded queue, the real-time bound and the predicted start (the lock is held): the
+        request's estimate, or the 429 it gets. No rule is easier on a costlier request (the queue
+        and the real-time bound ignore the cost; the predicted start grows with the rows), so the
+        cheapest request passes whenever any request does."""
         share = PRIORITY_SHARE[priority]
         limit = max(1, int(queue_limit * share))
         name = priority.name.lower()
-        with self._lock:
-            work = self._work
-            in_flight = work.count
-            estimate = self.capacity.estimate(tokens, work, rows)
-            if in_flight >= limit:
-                headers = self._retry_after(self._first_done_s(work, estimate.rate))
-                raise APIError(429, f"the server is at capacity ({in_flight} requests in flight; {name} "
-                                    f"priority may use {limit}); retry after {headers['Retry-After']} s",
-                               code="queue_full", headers=headers)
-            h = self.realtime_headroom / share  # priorities keep their shares: high finds room first
-            if self.policy == "predicted" and in_flight and h > 0 and estimate.rate > 0 \
-                    and (in_flight + 1) * TOKENS_PER_SECOND * h > estimate.rate:
-                headers = self._retry_after(self._first_done_s(work, estimate.rate))
-                raise APIError(429, f"the server is overloaded: its {in_flight} streams in flight take the audio it "
-                                    f"can deliver ({estimate.rate / TOKENS_PER_SECOND:.0f} s of audio per second) "
-                                    f"at {h:g}x real time each; retry after {headers['Retry-After']} s",
-                               code="overloaded", headers=headers)
-            budget = share * start_deadline_s
-            if self.policy == "predicted" and in_flight and estimate.start_s > budget:
-                # the prediction fits once (start_s - budget) seconds' worth of first windows have
-                # drained: that many requests finishing, each with the mean remaining work
-                mean_remaining = work.remaining / in_flight
-                wait = (estimate.start_s - budget) * mean_remaining / self.capacity.first_window_tokens
-                headers = self._retry_after(wait)
-                raise APIError(429, f"the server is overloaded: a new request would wait about "
-                                    f"{estimate.start_s:.1f} s for its first audio, beyond the {budget:g} s "
-                                    f"{name} priority may wait; retry after {headers['Retry-After']} s",
-                               code="overloaded", headers=headers)
-            ticket = Ticket(priority, Work(tokens, rows), alone=not in_flight, estimate=estimate, chars=chars)
-            self._tickets.add(ticket)
-            work.add(ticket.work)
-        return ticket
+        work = self._work
+        in_flight = work.count
+        estimate = self.capacity.estimate(tokens, work, rows)
+        if in_flight >= limit:
+            headers = self._retry_after(self._first_done_s(work, estimate.rate))
+            raise APIError(429, f"the server is at capacity ({in_flight} requests in flight; {name} "
+                                f"priority may use {limit}); retry after {headers['Retry-After']} s",
+                           code="queue_full", headers=headers)
+        h = self.realtime_headroom / share  # priorities keep their shares: high finds room first
+        if self.policy == "predicted" and in_flight and h > 0 and estimate.rate > 0 \
+                and (in_flight + 1) * TOKENS_PER_SECOND * h > estimate.rate:
+            headers = self._retry_after(self._first_done_s(work, estimate.rate))
+            raise APIError(429, f"the server is overloaded: its {in_flight} streams in flight take the audio it "
+                                f"can deliver ({estimate.rate / TOKENS_PER_SECOND:.0f} s of audio per second) "
+                                f"at {h:g}x real time each; retry after {headers['Retry-After']} s",
+                           code="overloaded", headers=headers)
+        budget = share * start_deadline_s
+        if self.policy == "predicted" and in_flight and estimate.start_s > budget:
+            # the prediction fits once (start_s - budget) seconds' worth of first windows have
+            # drained: that many requests finishing, each with the mean remaining work
+            mean_remaining = work.remaining / in_flight
+            wait = (estimate.start_s - budget) * mean_remaining / self.capacity.first_window_tokens
+            headers = self._retry_after(wait)
+            raise APIError(429, f"the server is overloaded: a new request would wait about "
+                                f"{estimate.start_s:.1f} s for its first audio, beyond the {budget:g} s "
+                                f"{name} priority may wait; retry after {headers['Retry-After']} s",
+                           code="overloaded", headers=headers)
+        return estimate
 
     @staticmethod
     def _first_done_s(work: InFlight, rate: float) -> float:

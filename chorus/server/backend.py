@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from chorus.server.config import ServerConfig
+from chorus.server.errors import APIError
 from chorus.server.schemas import SpeechBody
 from chorus.server.speech import SpeechResponse
 
@@ -29,6 +30,11 @@ class Backend(Protocol):
         """Raise a 503 ``APIError`` unless requests can be served."""
 
     def model_ids(self) -> list[str]: ...
+
+    def certain_refusal(self, body: SpeechBody, priority_header: str | None) -> APIError | None:
+        """The 429/503 every speech request of ``body``'s priority would get now, whatever its
+        text, so the HTTP layer may answer it before routing; None when it depends on the request,
+        the body would get another answer, or this backend cannot tell (the full path then runs)."""
 
     async def speech(self, body: SpeechBody, priority_header: str | None, request_id: str, *,
                      arrived: float) -> SpeechResponse:

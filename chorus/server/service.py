@@ -361,9 +361,29 @@ class SpeechService:
         variant = self.pipeline.models.variant
         cfg_weight = body.cfg_weight if body.cfg_weight is not None else variant.sampling.cfg_weight
         rows = chunks * (2 if variant.t3.supports_cfg and cfg_weight > 0 else 1)
-        return self.admission.admit(priority, tokens=tokens, chars=chars, start_deadline_s=self.start_deadline_s,
-                                    queue_limit=self.degradation.queue_limit(config.max_queue),
-                                    kv_usage=self.snapshot.kv_usage, waiting=self.snapshot.t3_waiting, rows=rows)
+        return self.admission.admit(priority, tokens=tokens, chars=chars, rows=rows, **self._load())
+
+    def certain_refusal(self, body: SpeechBody, priority_header: str | None) -> APIError | None:
+        """The 429/503 any speech request of ``body``'s priority would get now, whatever its text
+        (``Admission.certain_refusal``), or None: the request then takes the full path. Only
+        for a body the full path would admit or refuse (not one it answers 400: that answer must
+        not become a retryable 429) on a server that is serving."""
+        if self.state != "ready":
+            return None
+        try:
+            self.check_model(body.model)
+            self.check_body(body)
+            priority = self.priority(body.priority, priority_header)
+        except APIError:
+            return None
+        return self.admission.certain_refusal(priority, **self._load())
+
+    def _load(self) -> dict:
+        """What admission weighs a request against: the start deadline, the queue's limit at the
+        current degradation level, and the KV pool's use and waiters at the last snapshot."""
+        return dict(start_deadline_s=self.start_deadline_s,
+                    queue_limit=self.degradation.queue_limit(self.config.max_queue),
+                    kv_usage=self.snapshot.kv_usage, waiting=self.snapshot.t3_waiting)
 
     def check_body(self, body: SpeechBody) -> None:
         """The body's checks against this server's limits (cheap: run before admission, so a

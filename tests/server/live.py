@@ -4,6 +4,7 @@ of tests/pipeline (the real pipeline, engine and vocoder code). Clients are real
 from __future__ import annotations
 
 import dataclasses
+import logging
 import socket
 import threading
 import time
@@ -131,6 +132,19 @@ def until(condition, timeout: float = 30.0, what: str = "the condition") -> None
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.02)
+
+
+def access_record(caplog, prefix: str = "", request_id: str | None = None) -> logging.LogRecord:
+    """The last access-log record whose message starts with ``prefix`` (and, if given, of
+    ``request_id``), written by the server once the response has gone out: wait for it. Use
+    inside ``caplog.at_level(logging.INFO, logger="chorus.server")``."""
+
+    def found() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.getMessage().startswith(prefix)
+                and (request_id is None or getattr(r, "request_id", None) == request_id)]
+
+    until(found, what=f"the access line {prefix!r}")
+    return found()[-1]
 
 
 def metric(text: str, name: str, labels: str = "") -> float:

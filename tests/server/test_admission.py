@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import logging
 import socket
 import time
 
 import httpx
 
 from chorus.server.config import DegradationConfig
-from tests.server.live import EnginePause, LiveServer, metric, server_config, tiny_loader, until
+from tests.server.live import EnginePause, LiveServer, access_record, metric, server_config, tiny_loader, until
 
 LONG_TEXT = " ".join(f"This is sentence number {i} of a long text." for i in range(12))
 
@@ -40,6 +41,50 @@ def test_a_full_queue_answers_429_with_retry_after_and_high_priority_still_gets_
             _in_flight(server, 3)
         assert all(f.result().status_code == 200 for f in held) and urgent.result().status_code == 200
         assert metric(server.client.get("/metrics").text, "chorus_errors_total", 'type="queue_full"') == 1
+
+
+def test_a_request_its_priority_would_never_get_in_with_is_refused_before_the_route(tmp_path, caplog):
+    config = server_config(tmp_path, max_queue=3, retry_after_s=2)
+    with LiveServer(config, tiny_loader(config)) as server, concurrent.futures.ThreadPoolExecutor(3) as pool, \
+            caplog.at_level(logging.INFO, logger="chorus.server"):
+        routed = []  # the requests that reached the speech route
+        speech = server.service.speech
+        server.service.speech = lambda body, *args, **kwargs: routed.append(body.priority) or speech(body, *args, **kwargs)
+        with EnginePause(server):
+            held = [pool.submit(_post, server.url, input="Hello there.", response_format="pcm") for _ in range(2)]
+            _in_flight(server, 2)  # normal priority's share of the queue is taken
+            del routed[:]
+            refused = server.client.post("/v1/audio/speech", headers={"X-Request-Id": "early-1"},
+                                         json={"model": "chatterbox-turbo", "input": "Hello there."})
+            assert refused.status_code == 429 and refused.json()["error"]["code"] == "queue_full"
+            assert refused.headers["retry-after"] == "2" and refused.headers["x-request-id"] == "early-1"
+            assert routed == []  # answered before FastAPI routed it
+            # a body the server would answer 400 is never refused early: a 400 is not to be retried
+            invalid = server.speech(input="Hello there.", speed=100.0)
+            assert invalid.status_code == 400 and invalid.json()["error"]["param"] == "speed"
+            # high priority (from the body) still has room: it takes the full path and gets in
+            urgent = pool.submit(_post, server.url, input="Hello there.", response_format="pcm", priority="high")
+            _in_flight(server, 3)
+            assert routed == ["high"]
+        assert all(f.result().status_code == 200 for f in held) and urgent.result().status_code == 200
+        metrics = server.client.get("/metrics").text
+        assert metric(metrics, "chorus_admission_refusals_total", 'reason="queue_full"') == 1
+        line = access_record(caplog, "POST /v1/audio/speech", request_id="early-1")
+    assert line.status == 429 and line.error_code == "queue_full"  # the access line says what was answered
+
+
+def test_only_a_caller_with_a_valid_key_is_refused_early(tmp_path):
+    config = server_config(tmp_path, max_queue=3, api_keys=("early-key",))
+    with LiveServer(config, tiny_loader(config)) as server, concurrent.futures.ThreadPoolExecutor(2) as pool:
+        auth = {"Authorization": "Bearer early-key"}
+        body = {"model": "chatterbox-turbo", "input": "Hello there.", "response_format": "pcm"}
+        with EnginePause(server):
+            held = [pool.submit(httpx.post, f"{server.url}/v1/audio/speech", json=body, headers=auth, timeout=60)
+                    for _ in range(2)]
+            _in_flight(server, 2)
+            assert server.client.post("/v1/audio/speech", json=body).status_code == 401  # no hint of the load
+            assert server.client.post("/v1/audio/speech", json=body, headers=auth).status_code == 429
+        assert all(f.result().status_code == 200 for f in held)
 
 
 def test_memory_pressure_answers_503_with_retry_after(tmp_path):
@@ -74,7 +119,7 @@ def test_a_client_that_disconnects_mid_stream_frees_every_block(tmp_path):
         server.wait_idle()
         # T3 may finish the first chunk (its audio is the first to come) and is then held, so how
         # fast it runs cannot decide what the hang-up saves
-        with EnginePause(server, after_tokens=800) as pause:
+        with EnginePause(server, after_tokens=800):
             with server.client.stream("POST", "/v1/audio/speech", json={
                     "model": "chatterbox-turbo", "input": LONG_TEXT, "response_format": "pcm"}) as response:
                 assert response.status_code == 200

@@ -213,3 +213,44 @@ def test_admission_keeps_the_summary_of_its_tickets():
     admission.release(tickets[0])
     admission.release(tickets[1])
     assert admission.drain_s() == 0.0 and admission.in_flight == 0
+
+
+
+def _refused(admission: Admission, priority: Priority, tokens: float, rows: int, load: dict) -> APIError | None:
+    """What admit answers such a request (a ticket it hands out is given back)."""
+    try:
+        admission.release(admission.admit(priority, tokens=tokens, chars=1, rows=rows, **load))
+    except APIError as error:
+        return error
+    return None
+
+
+def test_a_certain_refusal_is_what_every_request_of_that_priority_would_get():
+    rng = random.Random(11)
+    refusals = 0
+    for trial in range(300):
+        model = _model(rate=rng.choice([None, 50.0, 400.0, 2000.0]), solo=rng.choice([0.1, 0.5, 2.0]))
+        model.max_rows = rng.choice([None, 4, 16])
+        admission = Admission(100, 0.9, 1, capacity=model, max_retry_after_s=30,
+                              realtime_headroom=rng.choice([0.0, 1.25]), policy=rng.choice(["predicted", "queue"]))
+        load = dict(start_deadline_s=rng.choice([1.0, 5.0]), queue_limit=rng.choice([4, 16, 100]),
+                    kv_usage=rng.choice([0.5, 0.95]), waiting=rng.choice([0, 2]))
+        for _ in range(rng.randrange(12)):  # what is in flight: whatever got in
+            try:
+                admission.admit(rng.choice(list(Priority)), tokens=float(rng.choice([20, 200, 600])), chars=50,
+                                rows=rng.choice([1, 2]), **load)
+            except APIError:
+                pass
+        in_flight = admission.in_flight
+        for priority in Priority:
+            certain = admission.certain_refusal(priority, **load)
+            assert admission.in_flight == in_flight  # it takes nothing
+            cheapest = _refused(admission, priority, 0.0, 1, load)
+            assert (certain is None) == (cheapest is None), trial
+            if certain is None:
+                continue
+            refusals += 1
+            assert (certain.status, certain.code, certain.headers) == (cheapest.status, cheapest.code, cheapest.headers)
+            for tokens, rows in ((50.0, 1), (600.0, 2), (2000.0, 4)):  # and so would every costlier one
+                assert _refused(admission, priority, tokens, rows, load) is not None, trial
+    assert refusals > 100  # the states drawn do refuse, by every rule

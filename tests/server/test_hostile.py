@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import logging
 import socket
-import time
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ import soundfile
 
 from chorus.server.logs import TextFormatter
 from tests.engine.tiny_models import tiny
-from tests.server.live import LiveServer, server_config, tiny_loader
+from tests.server.live import LiveServer, access_record, server_config, tiny_loader
 from tests.voices.front_ends import tiny_front_end
 
 pytestmark = pytest.mark.timeout(120)
@@ -49,17 +48,6 @@ def _raw(server: LiveServer, request: bytes, *, then: bytes | None = None) -> by
             if length is not None and len(body) >= length:
                 break
         return b"".join(chunks)
-
-
-def _access_record(caplog, prefix: str) -> logging.LogRecord:
-    """The access-log record, written by the server once the response has gone out: wait for it."""
-    deadline = time.monotonic() + 30
-    while True:
-        found = [r for r in caplog.records if r.getMessage().startswith(prefix)]
-        if found:
-            return found[-1]
-        assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
-        time.sleep(0.02)
 
 
 def _status(response: bytes) -> int:
@@ -148,7 +136,7 @@ def test_request_ids_and_paths_cannot_forge_log_lines(guarded, caplog):
     assert _status(response) == 404
     echoed = next(line for line in response.split(b"\r\n") if line.lower().startswith(b"x-request-id:"))
     assert echoed.split(b":", 1)[1].strip().startswith(b"req-")  # a fresh id: the client's was not a token
-    access = _access_record(caplog, "GET /v1/voices/")
+    access = access_record(caplog, "GET /v1/voices/")
     line = TextFormatter().format(access)
     assert "\n" not in line and "\r" not in line and "\u202e" not in line and "\\u000a" in line
     assert access.request_id.startswith("req-")
@@ -158,5 +146,5 @@ def test_a_long_request_id_is_replaced_and_a_long_path_is_cut_in_the_log(guarded
     with caplog.at_level(logging.INFO, logger="chorus.server"):
         response = guarded.client.get("/v1/voices/" + "a" * 3000, headers={"X-Request-Id": "r" * 65})
     assert response.status_code == 404 and response.headers["x-request-id"].startswith("req-")
-    access = _access_record(caplog, "GET /v1/voices/")
+    access = access_record(caplog, "GET /v1/voices/")
     assert len(access.getMessage()) < 400 and "more]" in access.getMessage()
