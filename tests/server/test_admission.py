@@ -137,7 +137,7 @@ def test_a_client_that_disconnects_mid_stream_frees_every_block(tmp_path):
 
 
 def test_high_priority_overtakes_queued_low_priority_work(tmp_path):
-    config = server_config(tmp_path, max_new_tokens=30)
+    config = server_config(tmp_path, max_new_tokens=30, canary_interval_s=3600.0)  # no canary in the way
     loader = tiny_loader(config, max_num_seqs=1)  # one T3 row: everything else queues
     done: dict[str, float] = {}
 
@@ -153,7 +153,9 @@ def test_high_priority_overtakes_queued_low_priority_work(tmp_path):
             assert pause.entered.wait(10)
             futures.append(pool.submit(run, "high", "high"))
             _in_flight(server, 5)
-            time.sleep(0.2)  # the high request reaches the engine's queue
+            # the high request reaches the pipeline (its T3 submission follows in the same call);
+            # the engine takes it before its next step
+            until(lambda: server.pipeline.active_requests == 5, what="the high request's submission")
         for f in futures:
             f.result()
     order = sorted(done, key=done.get)

@@ -18,22 +18,27 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from tests.conftest import DATA_DIR  # noqa: E402
-from tests.server.live import server_config  # noqa: E402
+from tests.server.live import TOKENS, server_config  # noqa: E402
 from tests.server.ray_cluster import replicas, serve_cluster, wait_for  # noqa: E402
 
 CLIP = Path(DATA_DIR) / "sample-01.mp3"
 pytestmark = [pytest.mark.timeout(240), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
+LONG_TOKENS = 48  # speech tokens per chunk of the replica-kill test's requests
+
 
 @pytest.fixture(scope="module")
 def cluster(module_tmp_path_factory):
-    config = server_config(module_tmp_path_factory.mktemp("voices"), max_upload_bytes=2 << 20, stall_timeout_s=30.0)
+    # a cap high enough for the long streams the replica-kill test needs; other requests ask for TOKENS
+    config = server_config(module_tmp_path_factory.mktemp("voices"), max_upload_bytes=2 << 20, stall_timeout_s=30.0,
+                           max_new_tokens=LONG_TOKENS)
     with serve_cluster(config, ready=2, replicas=2) as client:
         yield client
 
 
 def speech(client: httpx.Client, **body) -> httpx.Response:
-    body = {"model": "chatterbox-turbo", "input": "Hello there.", "response_format": "wav", **body}
+    body = {"model": "chatterbox-turbo", "input": "Hello there.", "response_format": "wav", "max_new_tokens": TOKENS,
+            **body}
     return client.post("/v1/audio/speech", json=body)
 
 
@@ -61,11 +66,16 @@ def test_a_voice_uploaded_through_one_replica_speaks_on_the_other(cluster):
 
 def test_metrics_show_every_replica_and_the_total(cluster):
     speech(cluster)
-    time.sleep(1.5)  # one publishing interval
-    text = cluster.get("/metrics").text
     ids = set(replicas())
-    for replica in ids:
-        assert f'chorus_requests_total{{replica="{replica}",status="ok"}}' in text
+    text = ""
+
+    def published() -> bool:  # each replica publishes its metrics once per interval
+        nonlocal text
+        text = cluster.get("/metrics").text
+        return all(f'chorus_requests_total{{replica="{replica}",status="ok"}}' in text for replica in ids) \
+            and 'chorus_requests_total{replica="total",status="ok"}' in text
+
+    wait_for(published, 30, "every replica's metrics at the front")
     per = sum(float(line.split()[-1]) for line in text.splitlines()
               if line.startswith("chorus_requests_total{replica=") and 'status="ok"' in line
               and 'replica="total"' not in line)
@@ -83,7 +93,9 @@ def test_a_replica_killed_under_load_loses_no_request_that_had_not_started(clust
     victim_streaming = threading.Event()
 
     def one(i: int) -> None:
-        body = {"model": "chatterbox-turbo", "input": "A longer text to speak. " * 12, "response_format": "pcm", "seed": i}
+        # four times the other tests' tokens per chunk, so a victim's stream is still flowing when it is killed
+        body = {"model": "chatterbox-turbo", "input": "A longer text to speak. " * 12, "response_format": "pcm", "seed": i,
+                "max_new_tokens": LONG_TOKENS}
         started = False
         try:
             with cluster.stream("POST", "/v1/audio/speech", json=body) as response:
@@ -100,17 +112,26 @@ def test_a_replica_killed_under_load_loses_no_request_that_had_not_started(clust
         with lock:
             outcomes.append(outcome)
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(12)]
-    for t in threads[:8]:
-        t.start()
-    assert victim_streaming.wait(60), "no request reached the victim"
+    threads: list[threading.Thread] = []
+
+    def launch() -> None:
+        threads.append(threading.Thread(target=one, args=(len(threads),)))
+        threads[-1].start()
+
+    for _ in range(8):
+        launch()
+    deadline = time.monotonic() + 60
+    while not victim_streaming.wait(0.5):  # the router may have sent a burst elsewhere: offer more
+        assert time.monotonic() < deadline, "no request reached the victim"
+        if len(threads) < 12:
+            launch()
     os.kill(victim[1]["pid"], signal.SIGKILL)
-    for t in threads[8:]:  # arrive while the front still believes in the dead replica
-        t.start()
+    for _ in range(4):  # arrive while the front still believes in the dead replica
+        launch()
     for t in threads:
         t.join(120)
     kinds = [kind for kind, _ in outcomes]
-    assert len(outcomes) == 12
+    assert len(outcomes) == len(threads)
     assert "error_before_audio" not in kinds, outcomes
     assert kinds.count("ok") >= 4 and kinds.count("cut_while_streaming") >= 1
     # the survivor keeps serving
@@ -128,7 +149,8 @@ def test_a_replica_killed_under_load_loses_no_request_that_had_not_started(clust
 def test_with_every_replica_down_a_request_is_answered_within_its_deadline(cluster):
     for status in replicas().values():
         os.kill(status["pid"], signal.SIGKILL)
-    body = {"model": "chatterbox-turbo", "input": "Anyone there?", "response_format": "pcm", "deadline_s": 2}
+    body = {"model": "chatterbox-turbo", "input": "Anyone there?", "response_format": "pcm", "deadline_s": 2,
+            "max_new_tokens": TOKENS}
     started = time.monotonic()
     response = cluster.post("/v1/audio/speech", json=body)
     elapsed = time.monotonic() - started
