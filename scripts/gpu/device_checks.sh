@@ -3,7 +3,7 @@
 #   bash scripts/gpu/device_checks.sh CHECK OUT_DIR
 # CHECK: tests | bench-original | bench-turbo | offline-original | offline-turbo |
 #        stream-original | stream-turbo | attention | vocoder-graphs | stage-contention | online-original | online-turbo |
-#        agent-original | agent-turbo |
+#        agent-original | agent-turbo | overload-turbo |
 #        scale-out-turbo | scale-out-original | profile-original | profile-turbo | rope-kv |
 #        vocoder-turbo | vocoder-original
 # The reference chatterbox-tts (for the benchmark ratio) must be importable; WHEELS=DIR installs
@@ -46,6 +46,11 @@ case $what in
       --out "$out/stage_contention.json" 2>&1 | tail -10 ;;
   online-original|online-turbo)
     bash scripts/gpu/online.sh "${what#online-}" "$out" --duration-s "${ONLINE_SECONDS:-20}" --quiet ;;
+  overload-turbo)  # the 10x overload soak (docs/benchmarks.md, "Overload soak"); SOAK_S seconds (300),
+    # SWITCH_MS the server's GIL switch interval (its default when unset)
+    ${SWITCH_MS:+env CHORUS_SWITCH_INTERVAL_MS=$SWITCH_MS} bash scripts/gpu/online.sh turbo "$out" --concurrency 64,128 \
+      --duration-s 20 --overload-multiple 10 --overload-duration-s "${SOAK_S:-300}" --overload-requests 200000 \
+      --timeout-s 120 --quiet ;;
   agent-original|agent-turbo)  # voice agents over the WebSocket (docs/benchmarks.md, "Voice-agent latency")
     bash scripts/gpu/online.sh "${what#agent-}" "$out" --agent --concurrency 1,16,64,256 --llm-tokens-per-s 50 \
       --max-new-tokens 80 --cancel-fraction 0.25 --quiet --out "$out/bench_agent_${what#agent-}.json" ;;
