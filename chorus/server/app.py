@@ -456,7 +456,7 @@ class _EarlyRefusal:
     """``POST /v1/audio/speech`` on an overloaded server: when every request of its priority
     would be refused whatever its text (``refusal(headers, body)`` returns the ``APIError``),
     answer that 429/503 here, before FastAPI routes the request and resolves its dependencies
-    (about half of a refusal's CPU, and an overloaded server refuses ten times what it serves).
+    (a third of a refusal's CPU, measured; an overloaded server refuses ten times what it serves).
     Other requests go on with the body as read. docs/server.md, "Refusing early"."""
 
     PATH = "/v1/audio/speech"
