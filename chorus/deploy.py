@@ -321,6 +321,10 @@ class RemoteBackend:
     def model_ids(self) -> list[str]:
         return [self.config.model_id, self.config.variant]
 
+    def refusing(self) -> bool:
+        """False: each replica admits for itself."""
+        return False
+
     def certain_refusal(self, body, priority_header: str | None) -> None:
         """None: each replica admits for itself, so the front cannot refuse for them."""
         return None

@@ -56,8 +56,11 @@ def create_app(service: Backend) -> FastAPI:
     install_error_handlers(app)
 
     def refused_early(headers: dict[bytes, bytes], raw: bytes) -> APIError | None:
+        # nothing to do (no body validated twice) unless some priority is being refused; then
         # only a caller with a valid key (others get their 401 and no hint of the load), and only
         # a body the full path would accept (its 400 is never turned into a retryable 429)
+        if not service.refusing():
+            return None
         if config.api_keys and not bearer_matches(headers.get(b"authorization", b"").decode("latin-1")):
             return None
         try:

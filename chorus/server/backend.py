@@ -31,6 +31,10 @@ class Backend(Protocol):
 
     def model_ids(self) -> list[str]: ...
 
+    def refusing(self) -> bool:
+        """Whether some priority is being refused now whatever the text (cheap: no body needed);
+        False when this backend cannot tell."""
+
     def certain_refusal(self, body: SpeechBody, priority_header: str | None) -> APIError | None:
         """The 429/503 every speech request of ``body``'s priority would get now, whatever its
         text, so the HTTP layer may answer it before routing; None when it depends on the request,

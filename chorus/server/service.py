@@ -363,6 +363,12 @@ class SpeechService:
         rows = chunks * (2 if variant.t3.supports_cfg and cfg_weight > 0 else 1)
         return self.admission.admit(priority, tokens=tokens, chars=chars, rows=rows, **self._load())
 
+    def refusing(self) -> bool:
+        """Whether some priority is being refused whatever the text. Low priority has the smallest
+        share of every rule, so it is refused whenever any priority is: one admission check, no
+        body read (the HTTP layer asks this before it validates a body for certain_refusal)."""
+        return self.state == "ready" and self.admission.certain_refusal(Priority.LOW, **self._load()) is not None
+
     def certain_refusal(self, body: SpeechBody, priority_header: str | None) -> APIError | None:
         """The 429/503 any speech request of ``body``'s priority would get now, whatever its text
         (``Admission.certain_refusal``), or None: the request then takes the full path. Only
