@@ -34,7 +34,9 @@ def test_the_t3_bench_reports_decode_steps_and_the_workload(tmp_path):
         assert 0 <= decode["context_tokens"] - (decode["prompt_tokens"] + 1 + 1 + 1) <= 1
         phases = decode["breakdown_ms"]
         assert set(phases) == {"schedule", "prepare", "forward", "sample", "update"}
-        assert all(v > 0 for v in phases.values())  # their sum vs step_ms is timing: the bench reports it
+        # their sum vs step_ms is timing: the bench reports it; sample is a difference of two
+        # timings, which noise can bring to 0
+        assert all(v > 0 for k, v in phases.items() if k != "sample") and phases["sample"] >= 0
     workload = report["workload"]
     assert workload["chunks"] == 2
     assert workload["speech_tokens"] == sum(max(1, round(0.5 * len(c))) for c in
