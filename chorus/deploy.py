@@ -321,6 +321,14 @@ class RemoteBackend:
     def model_ids(self) -> list[str]:
         return [self.config.model_id, self.config.variant]
 
+    def model_cards(self) -> list[dict]:
+        from chorus.models.variants import get_variant
+
+        variant = self.config.variant
+        card = dict(id=self.config.model_id, variant=variant, languages=list(get_variant(variant).languages),
+                    versions=[dict(version=self.config.entries()[0].version, weight=100, state=self.state)])
+        return [card, {**card, "id": variant, "alias_of": self.config.model_id}]
+
     def refusing(self) -> bool:
         """False: each replica admits for itself."""
         return False
@@ -330,7 +338,8 @@ class RemoteBackend:
         return None
 
     # -- speech
-    async def speech(self, body, priority_header: str | None, request_id: str, *, arrived: float) -> SpeechResponse:
+    async def speech(self, body, priority_header: str | None, request_id: str, *, arrived: float,
+                     affinity: str | None = None) -> SpeechResponse:
         self.require_serving()
         # a replica answers (first audio or an error) within the start deadline (replicas run on
         # GPUs unless the device says otherwise) or the request's own shorter total deadline

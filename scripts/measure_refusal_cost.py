@@ -39,18 +39,19 @@ def serve(port: int, in_flight: int, voices_dir: str, profile: str | None, confi
     from chorus.engine.request import Priority
     from chorus.server.logs import setup_logging
     from chorus.server.main import uvicorn_server
-    from chorus.server.service import SpeechService
+    from chorus.server.registry import ModelRegistry
     from tests.server.live import server_config, tiny_loader
     from measure_refusal_goodput import config_overrides
 
     config = server_config(voices_dir, log_format="json", max_queue=max(in_flight + 64, 256),
                            canary_interval_s=3600.0, **config_overrides(config_pairs))
     setup_logging(config.log_format, config.log_level)
-    service = SpeechService(config, tiny_loader(config))
-    server = uvicorn_server(service, host="127.0.0.1", port=port, log_level="info")
+    registry = ModelRegistry(config, tiny_loader(config))
+    server = uvicorn_server(registry, host="127.0.0.1", port=port, log_level="info")
+    service = registry.versions()[0].service
 
     def occupy() -> None:
-        while service.state != "ready":
+        while registry.state != "ready":
             time.sleep(0.05)
         tickets = [service.admission.admit(Priority.HIGH, tokens=200.0, chars=120, start_deadline_s=3600.0,
                                            queue_limit=config.max_queue, kv_usage=0.0, waiting=0, rows=2)

@@ -66,13 +66,13 @@ def serve(port: int, voices_dir: str, config_pairs: list[str]) -> None:
     sys.path.insert(0, str(ROOT))
     from chorus.server.logs import setup_logging
     from chorus.server.main import uvicorn_server
-    from chorus.server.service import SpeechService
+    from chorus.server.registry import ModelRegistry
     from tests.server.live import server_config, tiny_loader
 
     config = server_config(voices_dir, log_format="json", max_queue=MAX_QUEUE, admission="queue",
                            canary_interval_s=3600.0, **config_overrides(config_pairs))
     setup_logging(config.log_format, config.log_level)
-    service = SpeechService(config, tiny_loader(config))
+    service = ModelRegistry(config, tiny_loader(config))
     uvicorn_server(service, host="127.0.0.1", port=port, log_level="info").run()
 
 

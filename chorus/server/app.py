@@ -90,16 +90,16 @@ def create_app(service: Backend) -> FastAPI:
 
     app.openapi = openapi
 
-    def key_matches(key: str) -> bool:
+    def key_matches(key: str, keys: tuple[str, ...] = config.api_keys) -> bool:
         given = key.strip().encode("utf-8", "surrogateescape")
         matched = False
-        for known in config.api_keys:  # every key is compared, in constant time, as bytes (any header is safe)
+        for known in keys:  # every key is compared, in constant time, as bytes (any header is safe)
             matched |= hmac.compare_digest(given, known.encode("utf-8"))
         return matched
 
-    def bearer_matches(authorization: str | None) -> bool:
+    def bearer_matches(authorization: str | None, keys: tuple[str, ...] = config.api_keys) -> bool:
         scheme, _, key = (authorization or "").partition(" ")
-        return scheme.lower() == "bearer" and key_matches(key)
+        return scheme.lower() == "bearer" and key_matches(key, keys)
 
     async def authorize(authorization: str | None = Header(None, include_in_schema=False)) -> None:
         # async: arithmetic only, so it runs on the event loop instead of a worker thread per request
@@ -131,15 +131,17 @@ def create_app(service: Backend) -> FastAPI:
     @app.get("/v1/models", response_model=ModelList, responses=ERRORS, dependencies=[Depends(authorize)],
              tags=["models"])
     async def list_models():
+        """The models served: id, variant, languages and versions (weights and states)."""
         created = int(service.started_at)
-        return ModelList(data=[ModelCard(id=m, created=created) for m in service.model_ids()])
+        return ModelList(data=[ModelCard(**card, created=created) for card in service.model_cards()])
 
     @app.get("/v1/models/{model_id}", response_model=ModelCard, responses=ERRORS,
              dependencies=[Depends(authorize)], tags=["models"])
     async def get_model(model_id: str):
-        if model_id not in service.model_ids():
+        card = next((c for c in service.model_cards() if c["id"] == model_id), None)
+        if card is None:
             raise APIError(404, f"model {model_id!r} is not served here", code="model_not_found", param="model")
-        return ModelCard(id=model_id, created=int(service.started_at))
+        return ModelCard(**card, created=int(service.started_at))
 
     # -- voices ------------------------------------------------------------------------------------
     @app.post("/v1/voices", response_model=VoiceCard, status_code=201, responses=UPLOAD_ERRORS,
@@ -180,16 +182,18 @@ def create_app(service: Backend) -> FastAPI:
         "text/event-stream": {}}, "description": "the audio, streamed as it is generated"}},
         response_class=Response, dependencies=[Depends(authorize)], tags=["audio"])
     async def speech(body: SpeechBody, request: Request,
-                     x_chorus_priority: str | None = Header(None, description="high, normal or low")):
+                     x_chorus_priority: str | None = Header(None, description="high, normal or low"),
+                     x_chorus_affinity: str | None = Header(None, description=AFFINITY_HELP)):
         """Speak ``input``: OpenAI-compatible, plus Chatterbox's and Chorus's fields."""
         opening = asyncio.ensure_future(service.speech(body, x_chorus_priority, request.state.request_id,
-                                                       arrived=time.perf_counter()))
+                                                       arrived=time.perf_counter(),
+                                                       affinity=_affinity(request, x_chorus_affinity)))
         response = await _unless_client_leaves(opening, request)
         return _StallBoundedResponse(response, config.write_stall_s)
 
     # -- voice agents (docs/voice-agents.md) ---------------------------------------------------
     agents = None
-    if hasattr(service, "hold_drain"):  # a local pipeline (not a front of remote replicas)
+    if hasattr(service, "hold_drain"):  # models in this process (not a front of remote replicas)
         from chorus.server.ws_agent import AgentHub
 
         agents = AgentHub(service)
@@ -208,11 +212,29 @@ def create_app(service: Backend) -> FastAPI:
             query_key is not None and key_matches(query_key))
         await agents.serve(websocket, authorized)
 
+    if hasattr(service, "load_version"):  # a registry of models in this process
+        from chorus.server.admin import install_admin
+
+        install_admin(app, service, lambda authorization: bearer_matches(authorization, config.admin_keys))
+
     if config.playground:
         from chorus.server.playground import install_playground
 
         install_playground(app)
     return app
+
+
+AFFINITY_HELP = ("a key that keeps related requests (a conversation) on the same version of a model "
+                 "split between versions (A/B); default: the API key, else none")
+
+
+def _affinity(request: Request, header: str | None) -> str | None:
+    """The request key that picks a version of an A/B-split model: the affinity header, else the
+    API key (one client, one version), else None (the request id then decides)."""
+    if header:
+        return header
+    scheme, _, key = (request.headers.get("authorization") or "").partition(" ")
+    return key.strip() or None if scheme.lower() == "bearer" else None
 
 
 def _refine_openapi(schema: dict, service: Backend) -> dict:

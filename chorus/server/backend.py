@@ -1,7 +1,7 @@
 """What the HTTP layer needs from the process behind it: the seam between ``app.py`` and the
-model. :class:`chorus.server.service.SpeechService` implements it over a local pipeline; a
-deployment that forwards to engine replicas implements it too, so every deployment serves the
-same API from the same routes."""
+models. :class:`chorus.server.registry.ModelRegistry` implements it over the models of this
+process (one ``SpeechService`` per model version); a deployment that forwards to engine replicas
+implements it too, so every deployment serves the same API from the same routes."""
 from __future__ import annotations
 
 from typing import Protocol
@@ -29,7 +29,12 @@ class Backend(Protocol):
     def require_serving(self) -> None:
         """Raise a 503 ``APIError`` unless requests can be served."""
 
-    def model_ids(self) -> list[str]: ...
+    def model_ids(self) -> list[str]:
+        """Every name a request may pass as ``model`` (ids and their aliases)."""
+
+    def model_cards(self) -> list[dict]:
+        """Per name: ``id``, ``variant``, ``languages``, ``versions`` (version, weight, state) and,
+        for an alias, ``alias_of`` (``GET /v1/models``)."""
 
     def refusing(self) -> bool:
         """Whether some priority is being refused now whatever the text (cheap: no body needed);
@@ -41,8 +46,9 @@ class Backend(Protocol):
         the body would get another answer, or this backend cannot tell (the full path then runs)."""
 
     async def speech(self, body: SpeechBody, priority_header: str | None, request_id: str, *,
-                     arrived: float) -> SpeechResponse:
-        """Start a request; errors before its first audio raise ``APIError``."""
+                     arrived: float, affinity: str | None = None) -> SpeechResponse:
+        """Start a request; errors before its first audio raise ``APIError``. ``affinity``: the
+        key that picks the version of a model split between versions (None: the request id)."""
 
     async def add_voice(self, data: bytes, name: str | None): ...
     async def list_voices(self) -> list: ...

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from chorus.server.model_entries import ModelEntry, parse_entries
+
 if TYPE_CHECKING:
     from chorus.server.text_pieces import Chunking
 
@@ -80,10 +82,13 @@ class ServerConfig:
     dicta_model: str | None = None  # Hebrew: Dicta's ONNX file
     pkuseg_model: str | None = None  # Chinese: a spacy-pkuseg model directory
     replicas: str = "1"  # engine replicas: a number or "auto" (one per GPU); above 1: Ray Serve
+    # several models (docs/models.md); empty: the one of variant and checkpoint, as chatterbox-<variant>
+    models: tuple[ModelEntry, ...] = ()
     # the network
     host: str = "127.0.0.1"
     port: int = 8000
     api_keys: tuple[str, ...] = ()  # bearer tokens; empty: no authentication
+    admin_keys: tuple[str, ...] = ()  # bearer tokens of the admin API; empty: no admin API
     cors_origins: tuple[str, ...] = ()
     # voices
     voices_dir: str = "voices"  # the voices; with voices_url, this server's cache of them
@@ -195,6 +200,14 @@ class ServerConfig:
                  f"log_level must be debug, info, warning or error, got {self.log_level!r}")
         _require(all(isinstance(k, str) and len(k) >= 8 for k in self.api_keys),
                  "api_keys: every API key must be a string of at least 8 characters")
+        _require(all(isinstance(k, str) and len(k) >= 16 for k in self.admin_keys),
+                 "admin_keys: every admin key must be a string of at least 16 characters")
+        _require(not set(self.admin_keys) & set(self.api_keys),
+                 "admin_keys: an admin key must not also be an API key (clients would hold admin rights)")
+        object.__setattr__(self, "models", parse_entries(self.models))
+        _require(not self.models or self.replicas == "1",
+                 "models: several models per server run in one process; with --replicas above 1 serve one "
+                 "model (variant and checkpoint) per deployment (docs/scaling.md)")
         if self.voices_url is not None:
             from chorus.voices.objectstore import check_voices_url
 
@@ -232,10 +245,24 @@ class ServerConfig:
         except ValueError as exc:
             raise ValueError(str(exc).replace("chunking.", "ws_chunk_")) from None
 
+    def entries(self) -> tuple[ModelEntry, ...]:
+        """The models served: ``models``, or the one of ``variant`` and ``checkpoint`` under the
+        id ``chatterbox-<variant>``."""
+        return self.models or (ModelEntry(id=f"chatterbox-{self.variant}", variant=self.variant,
+                                          checkpoint=self.checkpoint),)
+
+    def for_entry(self, entry: ModelEntry) -> "ServerConfig":
+        """The settings of one model version: this config with the entry's variant, checkpoint
+        and limits (a one-model config whose ``models`` is just the entry)."""
+        return dataclasses.replace(
+            self, variant=entry.variant, checkpoint=entry.checkpoint, models=(entry,),
+            kv_cache_bytes=entry.kv_cache_bytes if entry.kv_cache_bytes is not None else self.kv_cache_bytes,
+            max_num_seqs=entry.max_num_seqs if entry.max_num_seqs is not None else self.max_num_seqs)
+
     @property
     def model_id(self) -> str:
-        """The id clients pass as ``model`` (also listed by ``GET /v1/models``)."""
-        return f"chatterbox-{self.variant}"
+        """The id clients pass as ``model`` for the first (in a one-model config, the only) model."""
+        return self.entries()[0].id
 
 
 FIELD_HELP = {
@@ -254,9 +281,15 @@ FIELD_HELP = {
                     "spacy_ontonotes model in PKUSEG_HOME, downloaded once unless HF_HUB_OFFLINE is set)",
     "replicas": "engine replicas: a number, or auto for one per visible GPU; above 1 runs on a local Ray "
                 "Serve cluster (needs chorus-tts[ray]; docs/scaling.md)",
+    "models": "several models in one server: entries separated by ';', each a comma-separated list of "
+              "id=..., variant=..., and optionally checkpoint, version, weight, memory_share, kv_cache_bytes, "
+              "max_num_seqs, vocoder_max_batch_items; in a config file an array of [[models]] tables "
+              "(default: one model, variant and checkpoint, as chatterbox-<variant>; docs/models.md)",
     "host": "address to listen on",
     "port": "port to listen on",
     "api_keys": "comma-separated bearer tokens clients must send (default: none, no authentication)",
+    "admin_keys": "comma-separated bearer tokens of the admin API (/v1/admin: load, swap and unload model "
+                  "versions, set A/B weights), at least 16 characters each (default: none, the admin API is off)",
     "cors_origins": "comma-separated origins allowed by CORS (default: none)",
     "voices_dir": "directory where uploaded voices are kept (created if missing); with voices_url, the local "
                   "cache of the voices this server uses",
@@ -332,7 +365,7 @@ SHOWN_DEFAULTS = {"start_deadline_s": "10 on CUDA, 60 on the CPU",
 
 # -- building a config -------------------------------------------------------------------------
 
-_TUPLE_FIELDS = {"api_keys", "cors_origins"}
+_TUPLE_FIELDS = {"api_keys", "admin_keys", "cors_origins"}
 
 
 def _convert(name: str, kind: Any, raw: Any) -> Any:
@@ -340,6 +373,8 @@ def _convert(name: str, kind: Any, raw: Any) -> Any:
     if raw is None:
         return None
     text = isinstance(raw, str)
+    if name == "models":
+        return parse_entries(raw)
     if name in _TUPLE_FIELDS:
         items = raw.split(",") if text else list(raw)
         return tuple(i.strip() for i in items if str(i).strip())
@@ -442,6 +477,7 @@ def describe(config: ServerConfig) -> dict[str, Any]:
     """The config as plain data, API keys hidden (for the start-up log)."""
     data = dataclasses.asdict(config)
     data["api_keys"] = f"{len(config.api_keys)} key(s)"
+    data["admin_keys"] = f"{len(config.admin_keys)} key(s)"
     if config.voices_url is not None:
         data["voices_url"] = _without_userinfo(config.voices_url)
     return data

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from chorus.server.config import ServerConfig, describe
 from chorus.server.logs import setup_logging
-from chorus.server.service import Loaded, SpeechService
+from chorus.server.registry import ModelRegistry
+from chorus.server.service import Loaded
 
 logger = logging.getLogger("chorus.server")
 
@@ -21,13 +22,41 @@ def language_step_config(config: ServerConfig):
                               pkuseg_model=config.pkuseg_model)
 
 
+def memory_utilization(config: ServerConfig, device) -> float:
+    """The ``gpu_memory_utilization`` of the engine of ``config``'s (one) model version on
+    ``device``: what the process holds there already (the other models, or the version this one
+    replaces) plus this version's share of the process's budget. The engine sizes its KV pool as
+    that fraction of the device less everything allocated (docs/models.md, "Memory"). Raises
+    ``ValueError`` when the device has too little free memory for the share."""
+    import torch
+
+    share = config.entries()[0].memory_share
+    share = 1.0 if share is None else share
+    if device.type != "cuda":
+        return config.gpu_memory_utilization
+    free, total = torch.cuda.mem_get_info(device)
+    held = torch.cuda.memory_allocated(device)
+    wanted = share * config.gpu_memory_utilization * total
+    if held and wanted > free:  # (the first model is sized by the engine against what is free, as before)
+        raise ValueError(f"model {config.model_id} version {config.entries()[0].version}: its memory share "
+                         f"({share:g} of gpu_memory_utilization {config.gpu_memory_utilization:g}) is "
+                         f"{wanted / 2**30:.1f} GiB but {device} has {free / 2**30:.1f} GiB free; lower the "
+                         "share, or unload another model first")
+    return min(1.0, held / total + share * config.gpu_memory_utilization)
+
+
 def load_models(config: ServerConfig) -> Loaded:
-    """The real loader: checkpoint -> models -> running pipeline, plus the voice store."""
+    """The real loader of one model version (``config.for_entry``): checkpoint -> models ->
+    running pipeline, plus its voice store."""
     from chorus.engine.config import EngineConfig
+    from chorus.models.loading import parse_device
     from chorus.pipeline import Pipeline, PipelineConfig, SpeechModels
+    from chorus.vocoder.config import VocoderConfig
     from chorus.voices.objectstore import open_blob_store
     from chorus.voices.store import VoiceStore
 
+    utilization = memory_utilization(config, parse_device(config.device))
+    entry = config.entries()[0]
     models = SpeechModels.load(config.variant, config.checkpoint, dtype=config.dtype, device=config.device,
                                voice_models=config.voice_models, language_steps=language_step_config(config))
     if models.checkpoint.has_random_weights:
@@ -36,8 +65,10 @@ def load_models(config: ServerConfig) -> Loaded:
                        models.checkpoint.directory)
     engine = EngineConfig.from_flat(variant=config.variant, max_num_seqs=config.max_num_seqs,
                                     kv_cache_bytes=config.kv_cache_bytes, kv_cache_dtype=config.kv_cache_dtype,
-                                    gpu_memory_utilization=config.gpu_memory_utilization)
-    pipeline = Pipeline(models, PipelineConfig(engine=engine, max_chars=config.max_chars,
+                                    gpu_memory_utilization=utilization)
+    vocoder = VocoderConfig() if entry.vocoder_max_batch_items is None else \
+        VocoderConfig(max_batch_items=entry.vocoder_max_batch_items)
+    pipeline = Pipeline(models, PipelineConfig(engine=engine, vocoder=vocoder, max_chars=config.max_chars,
                                                default_deadline_s=config.default_deadline_s,
                                                default_start_deadline_s=config.start_deadline_for(
                                                    models.device.type),
@@ -51,13 +82,15 @@ def load_models(config: ServerConfig) -> Loaded:
 
 def effective_config(config: ServerConfig) -> ServerConfig:
     """Settings that depend on the checkpoint: random weights cap speech at 100 tokens per chunk
-    unless a cap was given (such models rarely stop by themselves)."""
-    if config.checkpoint is None or not Path(config.checkpoint).is_dir():
-        return config
+    unless a cap was given (such models rarely stop by themselves). With several models the cap
+    applies when any checkpoint has random weights."""
     from chorus.cli_checks import random_weights_token_cap
     from chorus.models.random_checkpoint import is_random_checkpoint
 
-    cap, note = random_weights_token_cap(is_random_checkpoint(config.checkpoint), config.max_new_tokens, None)
+    local = [e.checkpoint for e in config.entries() if e.checkpoint is not None and Path(e.checkpoint).is_dir()]
+    if not local:
+        return config
+    cap, note = random_weights_token_cap(any(is_random_checkpoint(c) for c in local), config.max_new_tokens, None)
     if note is not None:
         logger.warning(note)
     return dataclasses.replace(config, max_new_tokens=cap)
@@ -82,7 +115,7 @@ def uvicorn_options(config: ServerConfig) -> dict:
                 ws_max_size=WS_MAX_SIZE_FACTOR * config.ws_max_message_bytes, ws_per_message_deflate=False)
 
 
-def uvicorn_server(service: SpeechService, **options):
+def uvicorn_server(service: ModelRegistry, **options):
     """A ``uvicorn.Server`` for ``service`` whose shutdown drains it: on SIGTERM/SIGINT the
     listener closes and, at once, the service starts draining (``/ready`` 503, new requests 503
     ``shutting_down``, streams in flight get ``shutdown_grace_s`` to finish, then are ended with
@@ -122,5 +155,5 @@ def serve(config: ServerConfig) -> None:
     setup_logging(config.log_format, config.log_level)
     config = effective_config(config)
     logger.info("starting", extra={"config": describe(config)})
-    service = SpeechService(config, lambda: load_models(config))
+    service = ModelRegistry(config, load_models)
     uvicorn_server(service, host=config.host, port=config.port, log_level=config.log_level.lower()).run()

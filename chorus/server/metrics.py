@@ -69,14 +69,88 @@ class EngineSnapshot:
         return self.kv_blocks_used / total if total else 0.0
 
 
+def _add_process_metrics(metrics, registry: CollectorRegistry) -> None:
+    """The metrics of the serving process rather than of one model: error answers by type,
+    admission refusals among them, WebSocket connections, and the process's own gauges."""
+    metrics.errors = Counter("chorus_errors", "Errors by type (error code), request or not", ["type"],
+                             registry=registry)
+    metrics.refusals = Counter("chorus_admission_refusals", "Requests refused at admission, by reason",
+                               ["reason"], registry=registry)
+    metrics.ws_connections = Gauge("chorus_ws_connections_open", "Voice-agent WebSocket connections open",
+                                   registry=registry)
+    ProcessCollector(registry=registry)  # process_resident_memory_bytes, CPU seconds, open fds (Linux)
+    for reason in REFUSAL_REASONS.values():
+        metrics.refusals.labels(reason)
+
+
+def _record_error(metrics, code: str) -> None:
+    """An error answer with ``code``: counted by type, and as an admission refusal when it is
+    one (a deadline miss is counted where the pipeline says which deadline passed)."""
+    metrics.errors.labels(code).inc()
+    if code in REFUSAL_REASONS:
+        metrics.refusals.labels(REFUSAL_REASONS[code]).inc()
+
+
+class ProcessMetrics:
+    """The metrics of a server of several models that belong to no one model (errors are
+    counted before a request is routed), and the scrape of everything: each model version's
+    :class:`ServerMetrics` labelled ``model`` and ``version``."""
+
+    def __init__(self, versions):
+        """``versions``: returns [(model id, version label, ServerMetrics)] at scrape time."""
+        self.registry = CollectorRegistry(auto_describe=True)
+        _add_process_metrics(self, self.registry)
+        self._scrape = CollectorRegistry(auto_describe=False)
+        self._scrape.register(_VersionsCollector(self.registry, versions))
+
+    def record_error(self, code: str) -> None:
+        _record_error(self, code)
+
+    def render(self) -> bytes:
+        return generate_latest(self._scrape)
+
+
+class _VersionsCollector:
+    """The process's families as they are, then every model version's families with its
+    ``model`` and ``version`` labels added; families the process owns (errors, refusals,
+    WebSocket connections, process gauges) are taken from it alone, and the GPU's from the first
+    version that has them (one device, whatever model reads it)."""
+
+    def __init__(self, process: CollectorRegistry, versions):
+        self.process, self.versions = process, versions
+
+    def collect(self):
+        from prometheus_client.metrics_core import Metric
+
+        owned: set[str] = set()
+        for family in self.process.collect():
+            owned.add(family.name)
+            yield family
+        merged: dict[str, Metric] = {}
+        for model_id, version, metrics in self.versions():
+            for family in metrics.registry.collect():
+                if family.name in owned:
+                    continue
+                device_wide = family.name in OPTIONAL_METRICS
+                out = merged.get(family.name)
+                if out is None:
+                    out = merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+                elif device_wide:
+                    continue
+                extra = {} if device_wide else {"model": model_id, "version": version}
+                for sample in family.samples:
+                    out.add_sample(sample.name, {**extra, **sample.labels}, sample.value, sample.timestamp,
+                                   sample.exemplar)
+        yield from merged.values()
+
+
 class ServerMetrics:
     def __init__(self, snapshot=lambda: EngineSnapshot()):
         """``snapshot``: returns the latest :class:`EngineSnapshot` (called at scrape time)."""
         self.registry = registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("chorus_requests", "Speech requests by final status (ok or an error code)",
                                 ["status"], registry=registry)
-        self.errors = Counter("chorus_errors", "Errors by type (error code), request or not", ["type"],
-                              registry=registry)
+        _add_process_metrics(self, registry)
         self.stream_cuts = Counter("chorus_stream_cuts", "Responses cut after their first audio byte, by reason",
                                    ["reason"], registry=registry)
         self.ttfa = Histogram("chorus_time_to_first_audio_seconds", "Request arrival to its first audio byte",
@@ -99,19 +173,14 @@ class ServerMetrics:
         self.admission_drain = Gauge("chorus_admission_drain_seconds",
                                      "Admission's predicted seconds until everything in flight is delivered",
                                      registry=registry)
-        ProcessCollector(registry=registry)  # process_resident_memory_bytes, CPU seconds, open fds (Linux)
         self.stage_seconds = Histogram(
             "chorus_stage_seconds", "Time of one unit of work per stage: queue (a request's submission to its "
             "first T3 token), t3 (one T3 step), vocoder (one vocoder pass), encode (one audio piece)",
             ["stage"], buckets=STAGE_BUCKETS, registry=registry)
-        self.refusals = Counter("chorus_admission_refusals", "Requests refused at admission, by reason",
-                                ["reason"], registry=registry)
         self.deadline_misses = Counter("chorus_deadline_misses", "Requests that missed a deadline, by kind "
                                        "(start: before their first audio; total: the whole request)",
                                        ["kind"], registry=registry)
         # the voice-agent WebSocket (docs/voice-agents.md)
-        self.ws_connections = Gauge("chorus_ws_connections_open", "Voice-agent WebSocket connections open",
-                                    registry=registry)
         self.ws_turns = Counter("chorus_ws_turns", "Voice-agent WebSocket turns ended, by outcome "
                                 "(done, cancelled, error)", ["outcome"], registry=registry)
         self.ws_ttfa = Histogram("chorus_ws_text_to_first_audio_seconds",
@@ -121,8 +190,6 @@ class ServerMetrics:
             self.ws_turns.labels(outcome)
         for stage in STAGES:  # every series exists from the start (a rate over nothing is 0, not absent)
             self.stage_seconds.labels(stage)
-        for reason in REFUSAL_REASONS.values():
-            self.refusals.labels(reason)
         for kind in DEADLINE_KINDS:
             self.deadline_misses.labels(kind)
         registry.register(_EngineCollector(snapshot))
@@ -138,11 +205,7 @@ class ServerMetrics:
         self.stage_seconds.labels(stage).observe(seconds)
 
     def record_error(self, code: str) -> None:
-        """An error answer with ``code``: counted by type, and as an admission refusal when it is
-        one (a deadline miss is counted where the pipeline says which deadline passed)."""
-        self.errors.labels(code).inc()
-        if code in REFUSAL_REASONS:
-            self.refusals.labels(REFUSAL_REASONS[code]).inc()
+        _record_error(self, code)
 
     def stream_cut(self, reason: str, deadline: str | None = None) -> None:
         """A response cut after its first byte (``reason``: the pipeline's, e.g. ``deadline``, with

@@ -55,11 +55,21 @@ class SpeechBody(BaseModel):
                                                                         "(25 per second of audio)")
 
 
+class ModelVersionCard(BaseModel):
+    version: str = Field(description="the version label (X-Chorus-Model-Version of the responses it serves)")
+    weight: int = Field(description="its share of the model's traffic, relative to the other versions")
+    state: str = Field(description="starting, loading, warming, ready, failed or draining")
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "chorus"
+    variant: str | None = Field(None, description="the Chatterbox variant (original, multilingual, turbo, ...)")
+    languages: list[str] = Field(default_factory=list, description="language codes (multilingual variants)")
+    versions: list[ModelVersionCard] = Field(default_factory=list, description="the versions serving it")
+    alias_of: str | None = Field(None, description="the model id this name is another name of")
 
 
 class ModelList(BaseModel):

@@ -82,6 +82,8 @@ class SpeechService:
         self._last_delivery: tuple[float, float, bool] | None = None  # (time, tokens delivered, busy)
         self._last_vocoder_busy: tuple[float, float] | None = None  # (when, vocoder busy seconds)
         self._drain_holds: list[Callable[[], int]] = []  # work drain() waits for besides admission's
+        # other names of this model (a registry sets them; alone: the bare variant name)
+        self.aliases: list[str] = [config.variant] if config.model_id == f"chatterbox-{config.variant}" else []
 
     # ------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -143,7 +145,7 @@ class SpeechService:
         in_flight = self.admission.in_flight
         if in_flight:
             logger.info("draining: %d request(s) in flight get up to %g s to finish", in_flight, grace_s)
-        while (self.admission.in_flight or any(hold() for hold in self._drain_holds)) and self._clock() < deadline:
+        while (self.admission.in_flight or self.held()) and self._clock() < deadline:
             await asyncio.sleep(0.05)
         if self.admission.in_flight:
             logger.warning("shutdown grace of %g s is over: ending %d request(s) still in flight", grace_s,
@@ -155,6 +157,10 @@ class SpeechService:
         """Make :meth:`drain` also wait (within its grace) while ``count()`` is above zero: work
         the admission queue does not see, e.g. WebSocket turns between two pieces."""
         self._drain_holds.append(count)
+
+    def held(self) -> bool:
+        """Whether some work that :meth:`hold_drain` was told of is still open."""
+        return any(hold() for hold in self._drain_holds)
 
     # ------------------------------------------------------------------------------ readiness
     def readiness(self) -> tuple[bool, str | None]:
@@ -336,7 +342,7 @@ class SpeechService:
 
     # ------------------------------------------------------------------------------- requests
     def model_ids(self) -> list[str]:
-        return [self.config.model_id, self.config.variant]
+        return [self.config.model_id, *self.aliases]
 
     def check_model(self, model: str) -> None:
         if model not in self.model_ids():

@@ -69,17 +69,23 @@ class _Close(Exception):
 class AgentHub:
     """The server's voice-agent connections: their count and limit, and draining."""
 
-    def __init__(self, service):
-        self.service = service
-        self.config = service.config
+    def __init__(self, backend):
+        """``backend``: the process's :class:`~chorus.server.registry.ModelRegistry`; each turn
+        runs on the model version its connection's key routes to."""
+        self.backend = backend
+        self.config = backend.config
         self.connections: set[Connection] = set()
         self.draining = False
         self.grace_over = False
-        service.hold_drain(lambda: self.open_turns)
+        backend.hold_drain(self.open_turns_on)
 
     @property
     def open_turns(self) -> int:
         return sum(len(c.turns) for c in self.connections)
+
+    def open_turns_on(self, service) -> int:
+        """Turns open on one model version (its drain waits for them)."""
+        return sum(1 for c in self.connections for t in c.turns.values() if t.service is service)
 
     async def serve(self, websocket: WebSocket, authorized: bool) -> None:
         """One connection, from the handshake to its close."""
@@ -92,18 +98,18 @@ class AgentHub:
                 503, f"the server has {len(self.connections)} WebSocket connections open, its limit; retry later",
                 code="too_many_connections", headers={"Retry-After": str(self.config.retry_after_s)}))
         try:
-            self.service.require_serving()
+            self.backend.require_serving()
         except APIError as error:
             return await _refuse(websocket, error)
         connection = Connection(self, websocket)
         self.connections.add(connection)
-        self.service.metrics.ws_connections.set(len(self.connections))
+        self.backend.metrics.ws_connections.set(len(self.connections))
         try:
             await websocket.accept()
             await connection.run()
         finally:
             self.connections.discard(connection)
-            self.service.metrics.ws_connections.set(len(self.connections))
+            self.backend.metrics.ws_connections.set(len(self.connections))
 
     async def drain(self, grace_s: float) -> None:
         """Shutting down: connections take no new turns, each closes (1001) once its open turns
@@ -145,8 +151,11 @@ def _protocol_error(message: str, code: str = "invalid_message") -> _Close:
 class Connection:
     def __init__(self, hub: AgentHub, websocket: WebSocket):
         self.hub, self.websocket = hub, websocket
-        self.service, self.config = hub.service, hub.config
+        self.backend, self.config = hub.backend, hub.config
         self.id = f"ws-{uuid.uuid4().hex[:16]}"
+        # the key that picks the model version of each turn: the affinity header, else the API key
+        # (a query-string key included), else the connection's id; sticky while the weights stay
+        self.affinity = _connection_affinity(websocket) or self.id
         self.settings: Settings | None = None
         self.turns: dict[str, Turn] = {}
         self.closed_ids: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -337,7 +346,7 @@ class Connection:
         if self.turns.get(turn.id) is turn:
             del self.turns[turn.id]
         self._forget(turn.id)
-        self.service.metrics.ws_turns.labels(outcome).inc()
+        turn.service.metrics.ws_turns.labels(outcome).inc()
         self.last_activity = time.monotonic()
         self.wake()
 
@@ -359,7 +368,10 @@ class Connection:
             body = SpeechBody.model_validate({**fields, "input": "-", "response_format": "pcm"})
         except ValidationError as exc:
             raise _Close(POLICY, validation_error(exc)) from None
-        service = self.service
+        try:
+            service = self.backend.serving(body.model, self.affinity)
+        except APIError as error:
+            raise _Close(POLICY, error) from None
         try:
             service.require_serving()
         except APIError as error:
@@ -385,7 +397,7 @@ class Connection:
         await self._send(self.websocket.send_bytes, data)
 
     async def send_error(self, error: APIError, turn_id: str | None) -> None:
-        self.service.record_error(error.code)
+        self.backend.record_error(error.code)
         await self.send_event(_error_event(error, turn_id))
 
     async def _send(self, send, payload) -> None:
@@ -456,6 +468,18 @@ def _check_language(language: str | None) -> None:
         sentence_language(language)
     except UnsupportedLanguageError as exc:
         raise APIError(400, str(exc), code="unsupported_language", param="language") from None
+
+
+def _connection_affinity(websocket: WebSocket) -> str | None:
+    from chorus.server.registry import AFFINITY_HEADER
+
+    header = websocket.headers.get(AFFINITY_HEADER.lower())
+    if header:
+        return header
+    scheme, _, key = (websocket.headers.get("authorization") or "").partition(" ")
+    if scheme.lower() == "bearer" and key.strip():
+        return key.strip()
+    return websocket.query_params.get("api_key") or None
 
 
 def _voice(service, voice_id: str):

@@ -45,8 +45,10 @@ def audio_frame(turn_id: str, seq: int, data: bytes) -> bytes:
 class Turn:
     def __init__(self, connection: "Connection", turn_id: str, index: int, now: float):
         self.connection, self.id, self.index = connection, turn_id, index
-        self.service = connection.service
         self.settings = connection.settings
+        # the version this turn runs on: routed by the connection's key, anew for each turn (a
+        # swap moves the next turn, never one under way)
+        self.service = connection.backend.serving(self.settings.body.model, connection.affinity)
         self.text = TextPieces(self.settings.chunking, self.settings.language)
         self.flushed = False
         self.stopping = False  # cancelled or failed: nothing more of it is sent

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import socket
 import threading
 import time
@@ -16,6 +17,7 @@ from chorus.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chorus.pipeline.pipeline import Pipeline, PipelineConfig
 from chorus.server.config import DegradationConfig, ServerConfig
 from chorus.server.main import uvicorn_server
+from chorus.server.registry import ModelRegistry
 from chorus.server.service import Loaded, SpeechService
 from chorus.voices.objectstore import open_blob_store
 from chorus.voices.store import VoiceStore
@@ -34,23 +36,25 @@ def server_config(voices_dir: Path, **overrides) -> ServerConfig:
 
 def tiny_loader(config: ServerConfig, *, front_end=None, max_num_seqs: int = 16,
                 kv_cache_bytes: int = 64 << 20, max_chars: int = 60):
-    """A loader of the tiny ``config.variant`` models (the real one is chorus.server.main)."""
+    """A loader of the tiny models of a model version's config (the real one is
+    chorus.server.main.load_models; called without one, ``config``'s)."""
 
-    def load() -> Loaded:
-        models = tiny_models(config.variant)
+    def load(version_config: ServerConfig | None = None) -> Loaded:
+        model_config = version_config or config
+        models = tiny_models(model_config.variant)
         if front_end is not None:
             models = dataclasses.replace(models, front_end=front_end)
-            models._builtin = tiny_models(config.variant)._builtin
-        engine = EngineConfig(variant=config.variant, cache=CacheConfig(kv_cache_bytes=kv_cache_bytes),
+            models._builtin = tiny_models(model_config.variant)._builtin
+        engine = EngineConfig(variant=model_config.variant, cache=CacheConfig(kv_cache_bytes=kv_cache_bytes),
                               scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=1024,
                                                         max_model_len=1024))
         pipeline = Pipeline(models, PipelineConfig(engine=engine, max_chars=max_chars,
-                                                   default_deadline_s=config.default_deadline_s,
-                                                   default_start_deadline_s=config.start_deadline_for("cpu")))
-        files = open_blob_store(config.voices_dir, config.voices_url)
+                                                   default_deadline_s=model_config.default_deadline_s,
+                                                   default_start_deadline_s=model_config.start_deadline_for("cpu")))
+        files = open_blob_store(model_config.voices_dir, model_config.voices_url)
         voices = VoiceStore(files, models.front_end, models.variant,
-                            builtin=models.builtin_voice(), cache_size=config.voice_cache_size,
-                            max_upload_bytes=config.max_upload_bytes)
+                            builtin=models.builtin_voice(), cache_size=model_config.voice_cache_size,
+                            max_upload_bytes=model_config.max_upload_bytes)
         return Loaded(pipeline.start(), voices)
 
     return load
@@ -58,13 +62,14 @@ def tiny_loader(config: ServerConfig, *, front_end=None, max_num_seqs: int = 16,
 
 class LiveServer:
     """``with LiveServer(config, loader) as server:`` -> ``server.url``, ``server.client`` (httpx),
-    ``server.service``; waits until /ready answers 200 (unless ``wait_ready=False``)."""
+    ``server.backend`` (the model registry) and ``server.service`` (the first model version's
+    service); waits until /ready answers 200 (unless ``wait_ready=False``)."""
 
     def __init__(self, config: ServerConfig, loader, *, wait_ready: bool = True, api_key: str | None = None,
                  send_buffer_bytes: int | None = None):
         """``send_buffer_bytes``: a fixed kernel send buffer for every connection (the default
         grows to megabytes on loopback, which hides a client that stops reading)."""
-        self.service = SpeechService(config, loader)
+        self.backend = ModelRegistry(config, loader)
         self.config = config
         self._wait_ready = wait_ready
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -76,7 +81,7 @@ class LiveServer:
         self.url = f"http://127.0.0.1:{self.port}"
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.Client(base_url=self.url, timeout=60.0, headers=headers)
-        self._server = uvicorn_server(self.service, lifespan="on")  # the limits and drain of `chorus serve`
+        self._server = uvicorn_server(self.backend, lifespan="on")  # the limits and drain of `chorus serve`
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
 
     def __enter__(self) -> "LiveServer":
@@ -102,9 +107,14 @@ class LiveServer:
         self._server.should_exit = True
 
     @property
+    def service(self) -> SpeechService:
+        """The service of the first model's first version (of the one model, in most tests)."""
+        return self.backend.versions()[0].service
+
+    @property
     def loop(self):
         """The server's event loop (``asyncio.run_coroutine_threadsafe(..., server.loop)``)."""
-        return self.service.loop
+        return self.backend.loop
 
     @property
     def pipeline(self) -> Pipeline:
@@ -148,12 +158,22 @@ def access_record(caplog, prefix: str = "", request_id: str | None = None) -> lo
 
 
 def metric(text: str, name: str, labels: str = "") -> float:
-    """The value of one sample in Prometheus text (0 when absent)."""
-    key = f"{name}{{{labels}}}" if labels else name
+    """The sum of the samples of ``name`` in Prometheus text whose labels include ``labels``
+    (``'kind="start"'``; a model version's samples also carry ``model`` and ``version``);
+    0 when there is none."""
+    wanted = set(_LABEL.findall(labels))
+    total = 0.0
     for line in text.splitlines():
-        if line.startswith(key + " "):
-            return float(line.split()[-1])
-    return 0.0
+        if not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        sample, _, inner = head.partition("{")
+        if sample == name and wanted <= set(_LABEL.findall(inner)):
+            total += float(value)
+    return total
+
+
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 class EnginePause:

@@ -27,6 +27,8 @@ ELSEWHERE = {
     "shutting_down": "untested here: needs a server stopping with requests in flight",
     "language_unavailable": "untested here: needs a multilingual model without its optional package",
     "id_collision": "untested here: needs two clips whose content hashes share a prefix",
+    "invalid_admin_key": "test_models.py", "version_not_found": "test_models.py", "version_exists": "test_models.py",
+    "last_version": "test_models.py", "load_failed": "test_models.py",
 }
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from chorus.server.logs import JsonFormatter, request_id_var, setup_logging
 from chorus.server.service import Loaded
+from chorus.server.config import ServerConfig
 from tests.server.live import EnginePause, LiveServer, metric, server_config, tiny_loader, until
 
 
@@ -45,7 +46,7 @@ def test_ready_fails_while_the_engine_is_stalled_and_recovers(tmp_path):
 
 
 def test_a_failed_start_up_is_reported_not_hidden(tmp_path):
-    def broken() -> Loaded:
+    def broken(config: ServerConfig) -> Loaded:
         raise FileNotFoundError("no checkpoint at /nowhere")
 
     with LiveServer(server_config(tmp_path), broken, wait_ready=False) as server:

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 from schemathesis.checks import not_a_server_error, positive_data_acceptance  # noqa: E402
 
 from chorus.server.app import create_app  # noqa: E402
-from chorus.server.service import SpeechService  # noqa: E402
+from chorus.server.registry import ModelRegistry  # noqa: E402
 from tests.engine.tiny_models import tiny  # noqa: E402
 from tests.server.live import LiveServer, metric, server_config, tiny_loader  # noqa: E402
 from tests.voices.front_ends import tiny_front_end  # noqa: E402
@@ -29,7 +29,7 @@ def _config(voices_dir):
     return server_config(voices_dir, max_input_chars=100, max_upload_bytes=256 << 10)
 
 
-OPENAPI = create_app(SpeechService(_config("unused"), loader=None)).openapi()
+OPENAPI = create_app(ModelRegistry(_config("unused"), load=None)).openapi()
 schema = schemathesis.openapi.from_dict(OPENAPI)
 
 

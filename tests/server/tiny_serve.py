@@ -11,7 +11,7 @@ import uvicorn
 
 from chorus.server.app import create_app
 from chorus.server.logs import setup_logging
-from chorus.server.service import SpeechService
+from chorus.server.registry import ModelRegistry
 from tests.engine.tiny_models import tiny
 from tests.server.live import server_config, tiny_loader
 from tests.voices.front_ends import tiny_front_end
@@ -20,7 +20,7 @@ from tests.voices.front_ends import tiny_front_end
 def main(voices_dir: str, port: str) -> None:
     config = server_config(voices_dir, port=int(port), log_format="json")
     setup_logging(config.log_format, config.log_level)
-    service = SpeechService(config, tiny_loader(config, front_end=tiny_front_end(tiny("turbo")[0])))
+    service = ModelRegistry(config, tiny_loader(config, front_end=tiny_front_end(tiny("turbo")[0])))
     uvicorn.run(create_app(service), host="127.0.0.1", port=config.port, log_config=None, log_level="info")
 
 
