@@ -23,6 +23,7 @@ import json
 import re
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -154,6 +155,7 @@ class Outcome:
     audio_s: float | None = None  # pcm and wav only
     stall_s: float | None = None  # pcm and wav only
     retry_after_s: float | None = None
+    version: str | None = None  # the model version that served it (X-Chorus-Model-Version)
 
 
 def _audio_seconds(fmt: str, nbytes: int) -> float:
@@ -201,8 +203,12 @@ async def speak_once(client: httpx.AsyncClient, cfg: OnlineBenchConfig, body: di
 async def _exchange(client: httpx.AsyncClient, cfg: OnlineBenchConfig, body: dict, outcome: Outcome,
                     playback: Playback, start: float) -> None:
     fmt = cfg.response_format
-    async with client.stream("POST", "/v1/audio/speech", json=body) as response:
+    # a key of its own per request: a model split between versions (A/B) spreads the bench's
+    # requests by its weights instead of sending them all where its API key lands
+    affinity = {"X-Chorus-Affinity": uuid.uuid4().hex}
+    async with client.stream("POST", "/v1/audio/speech", json=body, headers=affinity) as response:
         outcome.http_status = response.status_code
+        outcome.version = response.headers.get("x-chorus-model-version")
         if response.status_code != 200:
             outcome.status = _status_name(response.status_code)
             outcome.retry_after_s = _retry_after(response)
@@ -335,7 +341,21 @@ def summarize(concurrency: int, outcomes: list[Outcome], wall_s: float, fmt: str
             "stall_s": {"p50": _pct(stalls, 50), "max": _pct(stalls, 100)},
             "throughput_audio_s_per_s": round(sum(audio) / wall_s, 3) if wall_s > 0 else None,
         })
+    level["versions"] = _by_version(ok)
     return level
+
+
+def _by_version(ok: list[Outcome]) -> dict[str, dict]:
+    """Per model version that served (an A/B split): its share of the requests that ended ok and
+    their latencies."""
+    out = {}
+    for version in sorted({o.version for o in ok if o.version is not None}):
+        mine = [o for o in ok if o.version == version]
+        ttfa = [o.ttfa_s for o in mine if o.ttfa_s is not None]
+        e2e = [o.e2e_s for o in mine]
+        out[version] = {"ok": len(mine), "ttfa_s": {"p50": _pct(ttfa, 50), "p95": _pct(ttfa, 95), "p99": _pct(ttfa, 99)},
+                        "e2e_s": {"p50": _pct(e2e, 50), "p99": _pct(e2e, 99)}}
+    return out
 
 
 async def run_level(cfg: OnlineBenchConfig, body: dict, concurrency: int) -> dict:

@@ -10,6 +10,7 @@ from chorus.bench.online_bench import (STATUSES, OnlineBenchConfig, Playback, pa
                                          run_online)
 from chorus.bench.overload_bench import OverloadConfig, arrival_times
 from chorus.cli import main
+from chorus.server.model_entries import ModelEntry
 from chorus.server.service import CANARY_TOKENS
 from tests.server.live import TOKENS, LiveServer, server_config, tiny_loader
 
@@ -49,6 +50,7 @@ def _check_level(level: dict, concurrency: int, requests: int | None, chunks: in
     assert server["preemptions"] >= 0 and server["degradation_level_max"] == 0
     # polled every 0.5 s: a fast level may finish between two polls, so only the bound is certain
     assert 0 <= server["in_flight_max"] <= concurrency and server["scrapes"] >= 2
+    assert level["versions"]["1"]["ok"] == level["ok"]  # one model version served them all
 
 
 def test_the_bench_reports_every_level(live):
@@ -63,6 +65,19 @@ def test_the_bench_reports_every_level(live):
     for level in report["levels"]:
         _check_level(level, level["concurrency"], 6)
     live.wait_idle()
+
+
+def test_a_split_model_is_reported_per_version(tmp_path):
+    models = (ModelEntry(id="chatterbox-turbo", variant="turbo", version="a", weight=50),
+              ModelEntry(id="chatterbox-turbo", variant="turbo", version="b", weight=50))
+    config = server_config(tmp_path, models=models)
+    with LiveServer(config, tiny_loader(config)) as server:
+        level = run_online(OnlineBenchConfig(url=server.url, concurrency=(4,), requests_per_level=24, text=TEXT,
+                                             max_new_tokens=TOKENS, api_key=None))["levels"][0]
+    versions = level["versions"]
+    assert set(versions) == {"a", "b"}  # each request its own key: both arms (2^-23 to fail by chance)
+    assert versions["a"]["ok"] + versions["b"]["ok"] == level["ok"] == 24
+    assert all(v["ttfa_s"]["p50"] > 0 for v in versions.values())
 
 
 def test_the_command_line_prints_and_writes_the_report(live, tmp_path, capsys):
