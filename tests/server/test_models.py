@@ -12,6 +12,7 @@ import pytest
 from chorus.server.config import ServerConfig
 from chorus.server.model_entries import ModelEntry
 from tests.server.live import EnginePause, LiveServer, metric, server_config, tiny_loader, until
+from tests.server.ws_client import collect, configure, connect, send
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -78,6 +79,25 @@ def test_metrics_carry_the_model_and_version_labels(two):
     assert 'chorus_kv_blocks{model="chatterbox-turbo",state="used",version="1"}' in text
     assert text.count("# TYPE chorus_requests_total counter") == 1  # one family, a series per model
     assert "process_cpu_seconds_total " in text  # the process's own gauges once, unlabelled
+
+
+def _ws_turn(ws, turn_id: str) -> None:
+    send(ws, type="text", turn_id=turn_id, text=TEXT)
+    send(ws, type="flush", turn_id=turn_id)
+    turn = collect(ws, [turn_id])[turn_id]
+    assert turn.of("done") and turn.audio, turn.events
+
+
+def test_a_voice_agent_connection_speaks_with_the_model_it_configured(two):
+    with connect(two) as ws:
+        configure(ws, model="chatterbox")
+        _ws_turn(ws, "t1")
+
+    def turns(model: str) -> float:  # (a turn is counted once it has ended, just after its done event)
+        return metric(two.client.get("/metrics").text, "chorus_ws_turns_total", f'model="{model}",outcome="done"')
+
+    until(lambda: turns("chatterbox") == 1, what="the turn counted on chatterbox")
+    assert turns("chatterbox-turbo") == 0
 
 
 def test_ready_names_the_model_whose_start_failed(tmp_path):
@@ -230,3 +250,18 @@ def test_a_swap_lets_a_stream_of_the_old_version_finish(tmp_path):
             body += b"".join(chunks)  # raises if the stream was cut
         assert held.headers["x-chorus-model-version"] == "1" and body == whole
         until(lambda: _versions(server) == ["2"], what="the old version to unload once its stream ended")
+
+
+def test_a_voice_agent_turn_after_a_swap_runs_on_the_new_version(tmp_path):
+    config = server_config(tmp_path, admin_keys=(ADMIN,))
+    with LiveServer(config, _loader(config)) as server, connect(server) as ws:
+        configure(ws)
+        _ws_turn(ws, "before")
+        assert _admin(server, "POST", "/v1/admin/models/chatterbox-turbo/load", json={"version": "2"}).status_code == 200
+        _ws_turn(ws, "after")  # the same connection: the next turn goes where the route points now
+
+        def turns_on_2() -> float:  # (a turn is counted once it has ended, just after its done event)
+            return metric(server.client.get("/metrics").text, "chorus_ws_turns_total", 'version="2",outcome="done"')
+
+        until(lambda: turns_on_2() == 1, what="the turn counted on version 2")
+        until(lambda: _versions(server) == ["2"], what="the old version to unload")
