@@ -153,10 +153,11 @@ def parse_entries(raw: Any) -> tuple[ModelEntry, ...]:
     return entries
 
 
-def check_entries(entries: Sequence[ModelEntry]) -> None:
+def check_entries(entries: Sequence[ModelEntry], *, shares: bool = True) -> None:
     """The rules between entries: (id, version) unique, every id with some weight, one variant
-    per id (a request's parameters mean the same on every version), memory shares adding up to
-    at most 1."""
+    per id (a request's parameters mean the same on every version), and (``shares``: the plan
+    of a start-up) memory shares adding up to at most 1. A version loaded later is checked
+    against the device's free memory instead, when it loads."""
     seen: set[tuple[str, str]] = set()
     by_id: dict[str, list[ModelEntry]] = {}
     for entry in entries:
@@ -172,11 +173,13 @@ def check_entries(entries: Sequence[ModelEntry]) -> None:
         if len(variants) > 1:
             raise ValueError(f"models: the versions of {model_id!r} are of different variants ({', '.join(sorted(variants))}); "
                              "an id's versions must share a variant (serve the other under its own id)")
-    shares = [e.memory_share for e in entries if e.memory_share is not None]
-    if sum(shares) > 1 + 1e-9:
-        raise ValueError(f"models: the memory shares add up to {sum(shares):g}; they must add up to at most 1 "
+    if not shares:
+        return
+    given = [e.memory_share for e in entries if e.memory_share is not None]
+    if sum(given) > 1 + 1e-9:
+        raise ValueError(f"models: the memory shares add up to {sum(given):g}; they must add up to at most 1 "
                          "(each is a fraction of gpu_memory_utilization)")
-    if len(shares) < len(entries) and sum(shares) >= 1 - 1e-9:
+    if len(given) < len(entries) and sum(given) >= 1 - 1e-9:
         raise ValueError("models: the memory shares given add up to 1 and leave nothing for the entries without one")
 
 

@@ -332,7 +332,8 @@ class ModelRegistry:
             values.setdefault("weight", 100)
             try:
                 entry = ModelEntry(**values)
-                check_entries([v.entry for v in self.versions() if v.entry.id != model_id or ab] + [entry])
+                check_entries([v.entry for v in self.versions() if v.entry.id != model_id or ab] + [entry],
+                              shares=False)
             except (TypeError, ValueError) as exc:
                 raise APIError(400, str(exc), code="invalid_parameter") from None
             version = self._version(entry)
@@ -368,7 +369,7 @@ class ModelRegistry:
             try:
                 versions = tuple(dataclasses.replace(v, entry=dataclasses.replace(v.entry, weight=weights[v.label]))
                                  if v.label in weights else v for v in route.versions)
-                check_entries([v.entry for v in versions])
+                check_entries([v.entry for v in versions], shares=False)
             except (TypeError, ValueError) as exc:
                 raise APIError(400, str(exc), code="invalid_parameter", param="weights") from None
             self.routes[model_id] = Route(model_id, versions)

@@ -170,6 +170,17 @@ def test_a_failed_load_changes_nothing_and_says_why(ab):
     assert ab.client.get("/ready").status_code == 200
 
 
+def test_a_version_loaded_with_a_weight_joins_the_split_and_unloads_on_delete(ab):
+    joined = _admin(ab, "POST", "/v1/admin/models/chatterbox-turbo/load", json={"version": "c", "weight": 100})
+    assert joined.status_code == 200, joined.text
+    assert [v["version"] for v in joined.json()["versions"]] == ["a", "b", "c"]
+    assert "c" in {_version(ab, f"caller-{i}") for i in range(16)}  # 2^-16 to fail by chance (weight 100 of 200)
+    left = _admin(ab, "DELETE", "/v1/admin/models/chatterbox-turbo/versions/c")
+    assert left.status_code == 200 and {v["version"]: v["state"] for v in left.json()["versions"]}["c"] == "retiring"
+    assert {_version(ab, f"caller-{i}") for i in range(8)} <= {"a", "b"}
+    until(lambda: _versions(ab) == ["a", "b"], what="version c to unload")
+
+
 def test_a_version_label_cannot_be_loaded_twice(ab):
     answer = _admin(ab, "POST", "/v1/admin/models/chatterbox-turbo/load", json={"version": "a"})
     assert answer.status_code == 409 and answer.json()["error"]["code"] == "version_exists"
