@@ -1,8 +1,9 @@
 """Where a voice store keeps its files: the seam between :class:`~chorus.voices.store.VoiceStore`
 and a directory or an object store.
 
-The store sees a flat namespace of small files (``<id>.safetensors``, ``<id>.json``) through
-:class:`BlobStore`. Two implementations:
+The store sees a flat namespace of small files (``<id>.json``, ``<id>.clip``,
+``<id>.<family>.safetensors``: see :mod:`chorus.voices.layout`) through :class:`BlobStore`.
+Two implementations:
 
 * :class:`DirectoryBlobs`: a directory, possibly mounted by several machines. Writes go to a
   hidden temporary name in the same directory (``.NAME.tmp-PID-XXXX``), are fsynced, then

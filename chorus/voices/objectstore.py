@@ -2,10 +2,11 @@
 URL), with a local directory caching the voice files this process uses.
 
 Opened by :func:`open_blob_store`; the store above it (:class:`~chorus.voices.store.VoiceStore`)
-is the same as for a directory. What the object store holds is what a directory would hold:
-``<id>.safetensors`` and ``<id>.json`` under the URL's prefix. Each replica keeps the voice files
-it loaded or wrote in its local directory; voice files are content-addressed, so a cached copy
-never goes stale, and records are always read from the object store.
+is the same as for a directory. What the object store holds is what a directory would hold
+(records, clips and voice files: :mod:`chorus.voices.layout`) under the URL's prefix. Each
+replica keeps the voice files it loaded or wrote in its local directory; voice files are built
+from content-addressed clips, so a cached copy never goes stale, and records and clips are
+always read from the object store.
 
 Deletions reach other replicas through :meth:`CachedObjectStore.exists`: a voice held in a
 replica's memory is re-checked against the object store at most every ``recheck_s`` seconds

@@ -1,16 +1,23 @@
 """What the voice store knows and says: ids, the metadata record of a voice, and its errors.
 
 A voice's id is a content address: the first :data:`ID_HEX_CHARS` hex digits of the SHA-256 of
-the uploaded bytes together with the variant *family* (variants whose voices are
-interchangeable, see :func:`variant_family`), so the same clip gets the same id on every
-machine. Its record (``<id>.json``, format :data:`METADATA_FORMAT`) holds id, name, created_at,
-duration_s, variant, family, content_hash, voice_hash and bytes.
+the uploaded bytes (:func:`upload_hash`), so the same clip gets the same id on every machine and
+for every model. Its record (``<id>.json``) is one of two formats:
+
+* :data:`METADATA_FORMAT` (``chorus-voice-record/2``, written now): a voice kept as its clip and
+  usable by every variant family, each building it from the clip on first use. Fields: format,
+  id, name, created_at, duration_s, content_hash, bytes, and ``first_build`` (``variant``,
+  ``family`` and ``voice_hash`` of the build that validated the upload).
+* :data:`LEGACY_METADATA_FORMAT` (``chorus-voice-record/1``, read only): a voice of one variant
+  family, whose id also hashed the family (:func:`family_upload_hash`). Fields: format, id, name,
+  created_at, duration_s, variant, family, content_hash, voice_hash and bytes.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import re
+import time
 import unicodedata
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Hashable
@@ -21,12 +28,14 @@ if TYPE_CHECKING:
     from chorus.models.variants import Variant
 
 DEFAULT_VOICE_ID = "default"
-METADATA_FORMAT = "chorus-voice-record/1"
+METADATA_FORMAT = "chorus-voice-record/2"  # what the store writes
+LEGACY_METADATA_FORMAT = "chorus-voice-record/1"  # voices of one family, read as before
 ID_HEX_CHARS = 16  # 64 bits of SHA-256: collisions are out of reach for any voice library
 MAX_ID_CHARS = 64
 MAX_NAME_CHARS = 128
 ID_RE = re.compile(rf"[a-z0-9_-]{{1,{MAX_ID_CHARS}}}")
-_HASH_DOMAIN = b"chorus-voice-upload/1\0"
+_HASH_DOMAIN = b"chorus-voice-upload/2\0"  # ids of format-2 voices: the clip alone
+_FAMILY_HASH_DOMAIN = b"chorus-voice-upload/1\0"  # ids of format-1 voices: the clip and a family
 
 
 # ------------------------------------------------------------------------------------- errors
@@ -85,8 +94,10 @@ class VoiceInfo:
     """What the store tells about a voice.
 
     created_at: seconds since the epoch (0.0 for the built-in voice). duration_s: length of the
-    clip the voice was built from, after the 60 s cut (None for the built-in voice). variant:
-    the variant the voice was built for.
+    clip the voice is built from, after the 60 s cut (None for the built-in voice). variant: the
+    variant the voice is for where it was asked about: a store answers with its own variant for
+    a voice kept as its clip (built for it on first use), and with the variant a voice of the
+    old layout was built for.
     """
 
     id: str
@@ -101,32 +112,64 @@ class VoiceInfo:
 
 @dataclass(frozen=True)
 class VoiceRecord:
-    """A parsed metadata record. stamp: what the record file looked like when it was read
-    (see :data:`chorus.voices.blobs.Stamp`), so it is parsed again only when it changes."""
+    """A parsed metadata record of either format.
+
+    family: for a format-1 record, the one variant family the voice serves; None for a format-2
+    record, whose clip serves every family. info.variant: the variant the voice was built for
+    (format 1) or first built for (format 2). stamp: what the record file looked like when it
+    was read (see :data:`chorus.voices.blobs.Stamp`), so it is parsed again only when it changes.
+    """
 
     info: VoiceInfo
-    family: str
+    family: str | None
     content_hash: str
     stamp: Hashable
 
+    @property
+    def keeps_clip(self) -> bool:
+        """Whether the voice is kept as its clip (format 2) rather than as one built voice."""
+        return self.family is None
+
 
 def parse_record(data: bytes, voice_id: str, stamp: Hashable) -> VoiceRecord:
-    """The record of ``voice_id`` in ``data``; raises ValueError (or KeyError, TypeError) when
-    it is not one."""
+    """The record of ``voice_id`` in ``data``, of either format; raises ValueError (or KeyError,
+    TypeError) when it is not one."""
     raw = json.loads(data.decode("utf-8"))
-    if not isinstance(raw, dict) or raw.get("format") != METADATA_FORMAT or raw.get("id") != voice_id:
-        raise ValueError(f"not a {METADATA_FORMAT} record of {voice_id}")
+    if not isinstance(raw, dict) or raw.get("id") != voice_id:
+        raise ValueError(f"not a voice record of {voice_id}")
+    if raw.get("format") == METADATA_FORMAT:
+        first = raw["first_build"]
+        if not isinstance(first, dict):
+            raise ValueError(f"first_build of {voice_id} is not an object")
+        variant, family = str(first["variant"]), None
+    elif raw.get("format") == LEGACY_METADATA_FORMAT:
+        variant = str(raw["variant"])
+        family = str(raw.get("family") or variant_family(variant))
+    else:
+        raise ValueError(f"{raw.get('format')!r} is not a voice record format ({METADATA_FORMAT} or "
+                         f"{LEGACY_METADATA_FORMAT})")
     name, duration = raw.get("name"), raw.get("duration_s")
     info = VoiceInfo(id=voice_id, name=None if name is None else str(name), created_at=float(raw["created_at"]),
-                     duration_s=None if duration is None else float(duration), variant=str(raw["variant"]))
-    family = str(raw.get("family") or variant_family(info.variant))
+                     duration_s=None if duration is None else float(duration), variant=variant)
     return VoiceRecord(info=info, family=family, content_hash=str(raw["content_hash"]), stamp=stamp)
 
 
+def new_record(voice_id: str, *, name: str | None, duration_s: float, content_hash: str, size: int,
+               variant: str, voice_hash: str) -> dict[str, Any]:
+    """A format-2 record of a clip just uploaded and built for ``variant`` (see ``VoiceStore.add``)."""
+    assert content_hash.startswith(voice_id), "a voice's id is the start of its content hash"
+    return {
+        "format": METADATA_FORMAT, "id": voice_id, "name": name, "created_at": time.time(),
+        "duration_s": round(duration_s, 3), "content_hash": content_hash, "bytes": size,
+        "first_build": {"variant": variant, "family": variant_family(variant), "voice_hash": voice_hash},
+    }
+
+
 def record_info(record: dict[str, Any]) -> VoiceInfo:
-    """The info of a record about to be written (see ``VoiceStore.add``)."""
+    """The info of a format-2 record about to be written (see :func:`new_record`)."""
+    assert record["format"] == METADATA_FORMAT
     return VoiceInfo(id=record["id"], name=record["name"], created_at=record["created_at"],
-                     duration_s=record["duration_s"], variant=record["variant"])
+                     duration_s=record["duration_s"], variant=record["first_build"]["variant"])
 
 
 # ---------------------------------------------------------------------------------- ids, names
@@ -142,9 +185,19 @@ def variant_family(variant: "Variant | str") -> str:
     return next(candidate for candidate in VARIANTS if voices_interchangeable(candidate, name))
 
 
-def upload_hash(data: bytes, family: str) -> str:
-    """SHA-256 (hex) of an upload for a variant family; a voice's id is its first characters."""
+def upload_hash(data: bytes) -> str:
+    """SHA-256 (hex) of an upload, domain-separated; a voice's id is its first characters. The
+    same for every variant family (the voice is built per family from the kept clip)."""
     h = hashlib.sha256(_HASH_DOMAIN)
+    h.update(data)
+    return h.hexdigest()
+
+
+def family_upload_hash(data: bytes, family: str) -> str:
+    """The hash that ids of format-1 voices (one family each) are the start of: SHA-256 of an
+    upload together with its variant family, under another domain than :func:`upload_hash`, so
+    the two kinds of id never meet. The store no longer makes such ids; it reads their voices."""
+    h = hashlib.sha256(_FAMILY_HASH_DOMAIN)
     h.update(family.encode("utf-8") + b"\0")
     h.update(data)
     return h.hexdigest()

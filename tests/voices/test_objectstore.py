@@ -14,7 +14,9 @@ from chorus.voices.objectstore import (
     CachedObjectStore, FsspecBlobs, check_voices_url, open_blob_store, open_object_store,
 )
 from chorus.voices.store import UnknownVoiceError, VoiceStore, VoiceStoreError
-from tests.voices.test_store import ORIGINAL, builtin, clip, files, front_end, upload_at_once  # noqa: F401 (fixtures)
+from tests.voices.test_store import (  # noqa: F401 (fixtures)
+    ORIGINAL, builtin, clip, files, front_end, upload_at_once, voice_files,
+)
 
 
 @pytest.fixture(params=["file", "memory"])
@@ -87,15 +89,15 @@ def test_a_voice_round_trips_through_the_object_store(replica, url):
     info = store.add(clip(), name="Ada")
     assert store.info(info.id) == info and store.list()[1:] == [info]
     assert store.get(info.id).name == "Ada"
-    assert remote_names(url) == [f"{info.id}.json", f"{info.id}.safetensors"]
-    assert files(store.root) == [f"{info.id}.safetensors"]  # the cache holds voice files only
+    assert remote_names(url) == voice_files(info.id)
+    assert files(store.root) == [f"{info.id}.original.safetensors"]  # the cache holds voice files only
 
 
 def test_a_duplicate_upload_keeps_the_first_record(replica, url):
     store = replica("a")
     first = store.add(clip(), name="first")
     assert store.add(clip(), name="second") == first
-    assert remote_names(url) == [f"{first.id}.json", f"{first.id}.safetensors"]
+    assert remote_names(url) == voice_files(first.id)
 
 
 def test_the_first_record_created_wins(url):
@@ -123,7 +125,7 @@ def test_a_voice_uploaded_through_one_replica_is_served_by_another(replica):
     assert b.list()[1:] == [info] and b.info(info.id) == info
     assert files(b.root) == []
     assert b.get(info.id).content_hash == a.get(info.id).content_hash
-    assert files(b.root) == [f"{info.id}.safetensors"]  # fetched once, then cached
+    assert files(b.root) == [f"{info.id}.original.safetensors"]  # fetched once, then cached
 
 
 def test_a_cached_voice_file_is_used_without_fetching_it_again(replica, url, monkeypatch):
@@ -134,7 +136,7 @@ def test_a_cached_voice_file_is_used_without_fetching_it_again(replica, url, mon
     real_read = b.files.remote.read
     monkeypatch.setattr(b.files.remote, "read", lambda name: reads.append(name) or real_read(name))
     b.get(info.id)
-    assert f"{info.id}.safetensors" not in reads
+    assert f"{info.id}.original.safetensors" not in reads
 
 
 def test_a_delete_through_one_replica_reaches_another_within_the_recheck_bound(replica):
@@ -171,7 +173,7 @@ def test_concurrent_uploads_of_one_clip_through_two_replicas_give_one_voice(repl
     stores = [replica("a"), replica("b")]
     results = upload_at_once(stores)
     assert results[0] == results[1] == stores[0].info(results[0].id) == stores[1].info(results[0].id)
-    assert remote_names(url) == [f"{results[0].id}.json", f"{results[0].id}.safetensors"]
+    assert remote_names(url) == voice_files(results[0].id)
 
 
 # ------------------------------------------------------------------------- damaged objects
@@ -179,17 +181,25 @@ def test_concurrent_uploads_of_one_clip_through_two_replicas_give_one_voice(repl
 def test_a_corrupt_voice_object_is_a_damaged_voice(replica, url):
     a, b = replica("a"), replica("b")
     info = a.add(clip())
-    open_object_store(url).write(f"{info.id}.safetensors", b"not a voice file")
+    open_object_store(url).write(f"{info.id}.original.safetensors", b"not a voice file")
     with pytest.raises(VoiceStoreError, match="is damaged in .*upload its clip again") as err:
         b.get(info.id)
     assert err.value.code == "damaged_voice"
     assert files(b.root) == []  # the bad copy is not kept
 
 
-def test_a_missing_voice_object_makes_the_voice_unknown(replica, url):
+def test_a_missing_voice_object_is_built_again_from_the_clip(replica, url):
     a, b = replica("a"), replica("b")
     info = a.add(clip())
-    open_object_store(url).delete(f"{info.id}.safetensors")
+    open_object_store(url).delete(f"{info.id}.original.safetensors")
+    assert b.get(info.id).content_hash == a.get(info.id).content_hash
+    assert remote_names(url) == voice_files(info.id)
+
+
+def test_a_missing_record_makes_the_voice_unknown(replica, url):
+    a, b = replica("a"), replica("b")
+    info = a.add(clip())
+    open_object_store(url).delete(f"{info.id}.json")
     with pytest.raises(UnknownVoiceError, match="there is no voice"):
         b.get(info.id)
     assert b.list()[1:] == []

@@ -18,7 +18,9 @@ import fsspec  # noqa: E402
 
 from chorus.voices.objectstore import StoreUnavailableError, open_blob_store, open_object_store  # noqa: E402
 from chorus.voices.store import UnknownVoiceError, VoiceStore  # noqa: E402
-from tests.voices.test_store import ORIGINAL, builtin, clip, files, front_end, upload_at_once  # noqa: E402,F401 (fixtures)
+from tests.voices.test_store import (  # noqa: E402,F401 (fixtures)
+    ORIGINAL, builtin, clip, files, front_end, upload_at_once, voice_files,
+)
 
 
 def _free_port() -> int:
@@ -76,7 +78,7 @@ def replica(tmp_path, url, front_end, builtin):
 def test_replicas_share_voices_through_s3(replica, url):
     a, b = replica("a"), replica("b")
     info = a.add(clip(), name="Ada")
-    assert sorted(open_object_store(url).listing()) == [f"{info.id}.json", f"{info.id}.safetensors"]
+    assert sorted(open_object_store(url).listing()) == voice_files(info.id)
     assert b.list()[1:] == [info]
     assert b.get(info.id).content_hash == a.get(info.id).content_hash
     assert a.delete(info.id)

@@ -21,9 +21,10 @@ from chorus.models.random_checkpoint import random_builtin_voice
 from chorus.models.variants import get_variant
 from chorus.voices import Voice, VoiceFrontEnd
 from chorus.voices.store import (
-    DEFAULT_VOICE_ID, ID_HEX_CHARS, InvalidVoiceIdError, ReservedVoiceError, UnknownVoiceError, VoiceStore,
-    VoiceStoreError, VoiceUploadError, upload_hash, variant_family,
+    DEFAULT_VOICE_ID, ID_HEX_CHARS, METADATA_FORMAT, InvalidVoiceIdError, ReservedVoiceError, UnknownVoiceError,
+    VoiceStore, VoiceStoreError, VoiceUploadError, upload_hash, variant_family,
 )
+from chorus.voices.records import family_upload_hash
 from tests.conftest import DATA_DIR
 from tests.voices.front_ends import tiny_front_end
 
@@ -76,6 +77,12 @@ def files(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir())
 
 
+def voice_files(voice_id: str, *families: str) -> list[str]:
+    """The files of a voice kept as its clip and built for ``families`` (default: original)."""
+    return sorted([f"{voice_id}.clip", f"{voice_id}.json"] +
+                  [f"{voice_id}.{family}.safetensors" for family in families or ("original",)])
+
+
 # ------------------------------------------------------------------------------ add and get
 
 def test_an_added_voice_round_trips(store, front_end):
@@ -85,16 +92,20 @@ def test_an_added_voice_round_trips(store, front_end):
     voice = store.get(info.id)
     assert voice.content_hash == front_end.build(clip()).content_hash and voice.variant == "original"
     assert store.info(info.id) == info
-    assert files(store.root) == [f"{info.id}.json", f"{info.id}.safetensors"]
+    assert files(store.root) == voice_files(info.id)
 
 
 def test_the_metadata_record_holds_what_the_store_knows(store):
     data = clip()
     info = store.add(data, name="Ada")
     record = json.loads((store.root / f"{info.id}.json").read_text())
-    assert record["content_hash"] == upload_hash(data, "original") and record["content_hash"].startswith(info.id)
-    assert record["bytes"] == len(data) and record["voice_hash"] == store.get(info.id).content_hash
-    assert {k: record[k] for k in ("id", "name", "created_at", "duration_s", "variant")} == info.to_dict()
+    assert record["format"] == METADATA_FORMAT == "chorus-voice-record/2"
+    assert record["content_hash"] == upload_hash(data) and record["content_hash"].startswith(info.id)
+    assert record["bytes"] == len(data) and (store.root / f"{info.id}.clip").read_bytes() == data
+    assert record["first_build"] == {"variant": "original", "family": "original",
+                                     "voice_hash": store.get(info.id).content_hash}
+    assert {k: record[k] for k in ("id", "name", "created_at", "duration_s")} == \
+        {k: v for k, v in info.to_dict().items() if k != "variant"}
 
 
 def test_a_real_clip_becomes_a_voice(store, front_end):
@@ -110,7 +121,7 @@ def test_a_duplicate_upload_is_the_same_voice_and_keeps_the_first_name(store, fr
     monkeypatch.setattr(front_end, "build", lambda *a, **k: builds.append(1))
     again = store.add(clip(), name="second")
     assert again == first and again.name == "first" and builds == []
-    assert files(store.root) == [f"{first.id}.json", f"{first.id}.safetensors"]
+    assert files(store.root) == voice_files(first.id)
 
 
 def test_different_clips_are_different_voices(store):
@@ -118,19 +129,11 @@ def test_different_clips_are_different_voices(store):
     assert len(store.list()) == 3  # two voices and default
 
 
-def test_the_id_depends_on_the_variant_family():
+def test_the_id_is_the_upload_alone_and_never_an_id_of_the_old_layout():
     data = clip()
     assert variant_family(get_variant("multilingual-v3")) == variant_family(get_variant("multilingual"))
-    assert upload_hash(data, variant_family(get_variant("turbo"))) != upload_hash(data, "original")
-
-
-def test_voices_of_another_family_in_the_same_directory_are_invisible(tmp_path, make_store, turbo_front_end):
-    info = make_store().add(clip(6.0))
-    turbo = VoiceStore(tmp_path / "voices", turbo_front_end, get_variant("turbo"), builtin=None)
-    assert turbo.list() == []
-    with pytest.raises(UnknownVoiceError, match="built for the original variant"):
-        turbo.get(info.id)
-    assert turbo.add(clip(6.0)).id != info.id
+    assert upload_hash(data) == upload_hash(bytes(data)) != upload_hash(clip(seed=1))
+    assert all(upload_hash(data) != family_upload_hash(data, family) for family in ("original", "turbo", ""))
 
 
 def upload_at_once(stores) -> list:
@@ -153,7 +156,7 @@ def test_concurrent_uploads_of_one_clip_by_two_stores_agree_on_one_voice(tmp_pat
     stores = [make_store(), make_store()]
     results = upload_at_once(stores)
     assert results[0] == results[1] == stores[0].info(results[0].id)
-    assert files(tmp_path / "voices") == [f"{results[0].id}.json", f"{results[0].id}.safetensors"]
+    assert files(tmp_path / "voices") == voice_files(results[0].id)
 
 
 # ----------------------------------------------------------------------- several instances
@@ -375,15 +378,19 @@ def test_startup_skips_leftovers_and_bad_files_with_warnings(make_store, tmp_pat
     (root / "00000000000000aa.json").write_text(json.dumps({"format": "chorus-voice-record/1"}))
     (root / "00000000000000bb.json").write_text("{not json")
     (root / "00000000000000cc.safetensors").write_bytes(b"no record")
-    record = json.loads((root / f"{good.id}.json").read_text())
-    record["id"] = "00000000000000dd"
-    (root / "00000000000000dd.json").write_text(json.dumps(record))  # a record without its voice file
+    (root / "00000000000000ce.clip").write_bytes(b"no record")
+    (root / "00000000000000cf.turbo.safetensors").write_bytes(b"no record")
+    (root / "00000000000000dd.json").write_text(json.dumps({  # an old-layout record without its voice file
+        "format": "chorus-voice-record/1", "id": "00000000000000dd", "name": None, "created_at": 1.0,
+        "duration_s": 1.0, "variant": "original", "family": "original", "content_hash": "00000000000000dd" * 4,
+        "voice_hash": "0" * 32, "bytes": 1}))
     with caplog.at_level(logging.WARNING, logger="chorus.voices.store"):
         store = make_store()
     assert [i.id for i in store.list()] == [DEFAULT_VOICE_ID, good.id]
     assert not old.exists() and (root / f".{good.id}.json.tmp-1-deadbeef").exists()  # fresh: maybe in progress
     for name in ("00000000000000aa.json", "00000000000000bb.json", "00000000000000cc.safetensors",
-                 "00000000000000dd.json", "tmp-1-deadbeef", "removed"):
+                 "00000000000000ce.clip", "00000000000000cf.turbo.safetensors", "00000000000000dd.json",
+                 "tmp-1-deadbeef", "removed"):
         assert name in caplog.text
     with pytest.raises(UnknownVoiceError):
         store.get("00000000000000dd")
