@@ -213,3 +213,19 @@ def test_a_corrupt_record_is_skipped_with_a_warning(replica, url, caplog):
     assert b.list()[1:] == [] and f"{info.id}.json is unreadable" in caplog.text
     with pytest.raises(UnknownVoiceError):
         b.get(info.id)
+
+
+# --------------------------------------------------------------------------- several families
+
+def test_a_voice_uploaded_for_one_family_is_built_for_another_through_the_object_store(tmp_path, url, front_end):
+    from chorus.models.variants import get_variant
+    from tests.voices.front_ends import tiny_front_end
+
+    turbo = VoiceStore(open_blob_store(tmp_path / "t", url, recheck_s=0.0), tiny_front_end(get_variant("turbo")),
+                       get_variant("turbo"), builtin=None)
+    original = VoiceStore(open_blob_store(tmp_path / "o", url, recheck_s=0.0), front_end, ORIGINAL, builtin=None)
+    info = turbo.add(clip(6.0))
+    assert original.get(info.id).content_hash == front_end.build(clip(6.0)).content_hash
+    assert remote_names(url) == voice_files(info.id, "original", "turbo")
+    assert files(original.root) == [f"{info.id}.original.safetensors"]  # the clip is read, never cached
+    assert original.delete(info.id) and remote_names(url) == [] and files(original.root) == []
