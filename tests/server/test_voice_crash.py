@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 import soundfile
 
+from chorus.voices.records import upload_hash
 from chorus.voices.voice import Voice
 from tests.engine.tiny_models import tiny
 from tests.server.live import LiveServer, server_config, tiny_loader
@@ -119,6 +120,8 @@ def _check_library(server: Process, voices_dir: Path, must_have: set[str], must_
             continue  # a temporary of an interrupted write: hidden, never listed
         if path.suffix == ".json":
             assert json.loads(path.read_text())["id"] == path.stem
+        elif path.suffix == ".clip":
+            assert upload_hash(path.read_bytes()).startswith(path.stem)  # whole: its content address holds
         else:
             Voice.load(path)  # whole, or this raises
     return listed
@@ -262,4 +265,4 @@ def test_voice_files_and_records_are_private_to_the_server_user(tmp_path):
         response = live.client.post("/v1/voices", files={"file": ("clip.wav", clip(7), "audio/wav")})
         assert response.status_code == 201
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
-    assert len(modes) == 2 and set(modes.values()) == {0o600}, modes
+    assert len(modes) == 3 and set(modes.values()) == {0o600}, modes  # record, clip, voice file

@@ -83,7 +83,7 @@ def test_servers_sharing_a_voices_url_share_voices(tmp_path):
         assert voice_id in [v["id"] for v in second.client.get("/v1/voices").json()["data"]]
         speech = second.speech(input="Hello.", voice=voice_id, response_format="pcm")
         assert speech.status_code == 200, speech.text
-        assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [f"{voice_id}.safetensors"]  # its cache
+        assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [f"{voice_id}.turbo.safetensors"]  # its cache
         assert second.client.delete(f"/v1/voices/{voice_id}").json()["deleted"] is True
         assert first.client.get(f"/v1/voices/{voice_id}").status_code == 404
 
