@@ -21,7 +21,7 @@ ELSEWHERE = {
     "queue_full": "test_admission.py", "overloaded": "test_overload.py", "memory_pressure": "test_admission.py", "not_ready": "test_operations.py",
     "deadline_exceeded": "test_admission.py", "voice_store_unavailable": "tests/voices/test_objectstore_s3.py",
     "too_many_voices": "tests/voices/test_store.py", "voice_models_not_loaded": "tests/voices/test_store.py",
-    "damaged_voice": "tests/voices/test_objectstore.py",
+    "damaged_voice": "tests/voices/test_objectstore.py", "unusable_clip": "tests/voices/test_store_families.py",
     "too_long": "test_hostile.py", "body_timeout": "test_hostile.py", "headers_too_large": "test_hostile.py",
     "insufficient_storage": "test_voice_crash.py", "synthesis_failed": "test_faults.py",
     "shutting_down": "untested here: needs a server stopping with requests in flight",
