@@ -332,15 +332,15 @@ class VoiceStore:
                                   "voice models are not loaded here to build it from its clip: load them, or use "
                                   "the voice once through a server of this variant that has them",
                                   code="voice_models_not_loaded")
+        with self._lock:
+            unusable = self._unusable.get(voice_id)
+        if unusable is not None and unusable[0] == record.content_hash:
+            raise VoiceStoreError(unusable[1], code="unusable_clip")  # the same clip: the same answer
         target = voice_name(voice_id, self.family)
         with self._build_lock:
             voice = self._load(voice_id, record)  # built meanwhile by another thread or process
             if voice is not None:
                 return voice
-            with self._lock:
-                unusable = self._unusable.get(voice_id)
-            if unusable is not None and unusable[0] == record.content_hash:
-                raise VoiceStoreError(unusable[1], code="unusable_clip")  # the same clip: the same answer
             data = self._read_clip(voice_id, record)
             try:
                 voice = front_end.build(front_end.prepare(data), name=record.info.name or voice_id)

@@ -271,3 +271,19 @@ def test_records_of_both_formats_parse(root, original_models, original):
     assert (new.family, new.keeps_clip, new.info.variant) == (None, True, "original")
     with pytest.raises(ValueError, match="not a voice record format"):
         parse_record(json.dumps({"format": "chorus-voice-record/9", "id": new_id}).encode(), new_id, stamp=None)
+
+
+class VoiceFilesDoNotFit(DirectoryBlobs):
+    """A directory that has room for records and clips but no longer for voice files."""
+
+    def write_file(self, name, fill):
+        if name.endswith(".safetensors"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.root / name))
+        super().write_file(name, fill)
+
+
+def test_a_first_use_build_that_does_not_fit_is_served_from_memory(root, turbo, original_models, caplog):
+    info = turbo.add(SIX_SECONDS)
+    full = VoiceStore(VoiceFilesDoNotFit(root), original_models, ORIGINAL, builtin=None)
+    assert full.get(info.id).variant == "original" and full.cached_ids() == [info.id]
+    assert files(root) == voice_files(info.id, "turbo") and "served from memory" in caplog.text
