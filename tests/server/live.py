@@ -37,13 +37,15 @@ def server_config(voices_dir: Path, **overrides) -> ServerConfig:
 def tiny_loader(config: ServerConfig, *, front_end=None, max_num_seqs: int = 16,
                 kv_cache_bytes: int = 64 << 20, max_chars: int = 60):
     """A loader of the tiny models of a model version's config (the real one is
-    chorus.server.main.load_models; called without one, ``config``'s)."""
+    chorus.server.main.load_models; called without one, ``config``'s). ``front_end``: the voice
+    front end, or a function of the variant name that returns one (several models)."""
 
     def load(version_config: ServerConfig | None = None) -> Loaded:
         model_config = version_config or config
         models = tiny_models(model_config.variant)
         if front_end is not None:
-            models = dataclasses.replace(models, front_end=front_end)
+            models = dataclasses.replace(models, front_end=front_end(model_config.variant) if callable(front_end)
+                                         else front_end)
             models._builtin = tiny_models(model_config.variant)._builtin
         engine = EngineConfig(variant=model_config.variant, cache=CacheConfig(kv_cache_bytes=kv_cache_bytes),
                               scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=1024,

@@ -7,19 +7,24 @@ import concurrent.futures
 import gc
 import threading
 import weakref
+from pathlib import Path
 
 import httpx
 import pytest
 
 from chorus.server.config import ServerConfig
 from chorus.server.model_entries import ModelEntry
+from tests.conftest import DATA_DIR
+from tests.engine.tiny_models import tiny
 from tests.server.live import EnginePause, LiveServer, metric, server_config, tiny_loader, until
 from tests.server.ws_client import collect, configure, connect, send
+from tests.voices.front_ends import tiny_front_end
 
 pytestmark = pytest.mark.timeout(180)
 
 ADMIN = "admin-key-0123456789"
 TEXT = "Hello there, this is a test."
+CLIP = Path(DATA_DIR) / "sample-01.mp3"
 TWO_MODELS = (ModelEntry(id="chatterbox-turbo", variant="turbo"), ModelEntry(id="chatterbox", variant="original"))
 
 
@@ -100,6 +105,20 @@ def test_a_voice_agent_connection_speaks_with_the_model_it_configured(two):
 
     until(lambda: turns("chatterbox") == 1, what="the turn counted on chatterbox")
     assert turns("chatterbox-turbo") == 0
+
+
+def test_an_uploaded_voice_speaks_with_every_model(tmp_path):
+    config = server_config(tmp_path, models=TWO_MODELS)
+    with LiveServer(config, tiny_loader(config, front_end=lambda variant: tiny_front_end(tiny(variant)[0]))) as server:
+        created = server.client.post("/v1/voices", files={"file": ("clip.mp3", CLIP.read_bytes())})
+        assert created.status_code == 201, created.text
+        voice = created.json()["id"]
+        for model in ("chatterbox-turbo", "chatterbox"):
+            with_voice, builtin = _speak(server, model, body={"voice": voice}), _speak(server, model)
+            assert with_voice.status_code == 200 and with_voice.content != builtin.content, model
+    # one upload, one id: the clip kept once, a voice built for each model family on its first use
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(voice)) == [
+        f"{voice}.clip", f"{voice}.json", f"{voice}.original.safetensors", f"{voice}.turbo.safetensors"]
 
 
 def test_ready_names_the_model_whose_start_failed(tmp_path):
