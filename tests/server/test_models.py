@@ -266,22 +266,24 @@ def test_a_swap_under_steady_traffic_loses_and_cuts_nothing(tmp_path):
 
 
 def test_a_swap_lets_a_stream_of_the_old_version_finish(tmp_path):
-    config = server_config(tmp_path, admin_keys=(ADMIN,), max_new_tokens=40)
+    config = server_config(tmp_path, admin_keys=(ADMIN,), max_new_tokens=300, canary_interval_s=3600.0)
     with LiveServer(config, _loader(config)) as server:
         whole = _speak(server, "chatterbox-turbo").content
-        with server.client.stream("POST", "/v1/audio/speech", json={
+        # the old version's T3 runs 30 tokens (past the 20 of the first audio), then is held
+        # mid-stream across the swap
+        with EnginePause(server, after_tokens=30) as pause, server.client.stream("POST", "/v1/audio/speech", json={
                 "model": "chatterbox-turbo", "input": TEXT, "response_format": "pcm", "seed": 1}) as held:
             chunks = held.iter_raw()
             body = next(chunks)
-            with EnginePause(server) as pause:  # the old version's T3 is held mid-stream across the swap
-                assert pause.entered.wait(30)
-                assert _admin(server, "POST", "/v1/admin/models/chatterbox-turbo/load",
-                              json={"version": "2"}).status_code == 200
-                rows = {r["version"]: r for r in _admin(server, "GET", "/v1/admin/models").json()["data"]}
-                assert rows["1"]["state"] == "retiring" and rows["1"]["in_flight"] == 1
-                assert _speak(server, "chatterbox-turbo").headers["x-chorus-model-version"] == "2"
+            assert pause.entered.wait(30)
+            assert _admin(server, "POST", "/v1/admin/models/chatterbox-turbo/load",
+                          json={"version": "2"}).status_code == 200
+            rows = {r["version"]: r for r in _admin(server, "GET", "/v1/admin/models").json()["data"]}
+            assert rows["1"]["state"] == "retiring" and rows["1"]["in_flight"] == 1
+            assert _speak(server, "chatterbox-turbo").headers["x-chorus-model-version"] == "2"
+            pause.release.set()
             body += b"".join(chunks)  # raises if the stream was cut
-        assert held.headers["x-chorus-model-version"] == "1" and body == whole
+        assert held.headers["x-chorus-model-version"] == "1" and body == whole and len(whole) > 30 * 960 * 2  # past the pause
         until(lambda: _versions(server) == ["2"], what="the old version to unload once its stream ended")
 
 
