@@ -24,9 +24,10 @@ and as a flag or environment variable, entries are separated by ``;`` and their 
 """
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, fields
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
@@ -202,3 +203,28 @@ def aliases(entries: Sequence[ModelEntry]) -> dict[str, str]:
         if entry.id == f"chatterbox-{entry.variant}" and alias not in ids:
             out[alias] = entry.id
     return out
+
+
+V = TypeVar("V")
+
+
+def pick_version(model_id: str, key: str, versions: Sequence[V], *, weight: Callable[[V], int],
+                 ready: Callable[[V], bool]) -> V:
+    """The version of ``model_id`` that the request key ``key`` lands on: a point on the weights'
+    line that depends on the key and the id alone, so the same key reaches the same version
+    while the weights stay put, and a changed split moves only the keys between the old and the
+    new boundary. Versions that are not ready are passed over while another one is (a failed
+    start of one version must not fail its share of the traffic). The one rule of every
+    backend that splits an id between versions (one process, or Ray Serve)."""
+    candidates = ([v for v in versions if ready(v) and weight(v) > 0] or [v for v in versions if weight(v) > 0]
+                  or list(versions))
+    if len(candidates) == 1:
+        return candidates[0]
+    total = sum(weight(v) for v in candidates)
+    digest = hashlib.blake2b(f"{model_id}\0{key}".encode(), digest_size=8).digest()
+    point = int.from_bytes(digest, "big") % total
+    for version in candidates:
+        point -= weight(version)
+        if point < 0:
+            return version
+    raise AssertionError("unreachable: the point lies within the total weight")

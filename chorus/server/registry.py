@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
-import hashlib
 import logging
 import time
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from typing import Any, Callable
 from chorus.server.config import ServerConfig
 from chorus.server.errors import APIError
 from chorus.server.metrics import ProcessMetrics
-from chorus.server.model_entries import ModelEntry, aliases, check_entries, memory_shares
+from chorus.server.model_entries import ModelEntry, aliases, check_entries, memory_shares, pick_version
 from chorus.server.service import Loaded, SpeechService
 
 logger = logging.getLogger("chorus.server")
@@ -70,21 +69,10 @@ class Route:
     versions: tuple[Version, ...]
 
     def pick(self, key: str) -> Version:
-        """The version ``key`` lands on: a point on the weights' line that depends on the key
-        and the id alone. Versions that are not ready are passed over while another one is
-        (a failed start-up of one version must not fail its share of the traffic)."""
-        ready = [v for v in self.versions if v.service.state == "ready" and v.entry.weight > 0]
-        candidates = ready or [v for v in self.versions if v.entry.weight > 0] or list(self.versions)
-        if len(candidates) == 1:
-            return candidates[0]
-        total = sum(v.entry.weight for v in candidates)
-        digest = hashlib.blake2b(f"{self.model_id}\0{key}".encode(), digest_size=8).digest()
-        point = int.from_bytes(digest, "big") % total
-        for version in candidates:
-            point -= version.entry.weight
-            if point < 0:
-                return version
-        raise AssertionError("unreachable: the point lies within the total weight")
+        """The version ``key`` lands on (``model_entries.pick_version``: sticky per key, split by
+        weight, versions that are not ready passed over while another one is)."""
+        return pick_version(self.model_id, key, self.versions, weight=lambda v: v.entry.weight,
+                            ready=lambda v: v.service.state == "ready")
 
 
 class ModelRegistry:
@@ -209,8 +197,7 @@ class ModelRegistry:
     def route_of(self, model: str) -> Route:
         route = self.routes.get(self.aliases.get(model, model))
         if route is None:
-            raise APIError(400, f"model {model!r} is not served here; use one of: {', '.join(self.model_ids())} "
-                                f"(GET /v1/models)", code="model_not_found", param="model")
+            raise unknown_model(model, self.model_ids())
         return route
 
     def pick(self, model: str, key: str) -> Version:
@@ -223,16 +210,9 @@ class ModelRegistry:
 
     def model_cards(self) -> list[dict[str, Any]]:
         """What ``GET /v1/models`` says of each id (aliases after them, pointing at their id)."""
-        cards = []
-        for route in self.routes.values():
-            variant = route.versions[0].service.config.variant
-            cards.append(dict(id=route.model_id, variant=variant, languages=_languages(variant),
-                              versions=[dict(version=v.label, weight=v.entry.weight, state=v.service.state)
-                                        for v in route.versions]))
-        for alias, target in self.aliases.items():
-            card = next(c for c in cards if c["id"] == target)
-            cards.append({**card, "id": alias, "alias_of": target})
-        return cards
+        return cards_of([(route.model_id, route.versions[0].service.config.variant,
+                          [dict(version=v.label, weight=v.entry.weight, state=v.service.state) for v in route.versions])
+                         for route in self.routes.values()], self.aliases)
 
     # ---------------------------------------------------------------------- refusing early
     def refusing(self) -> bool:
@@ -433,6 +413,23 @@ def _release_memory() -> None:
 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def unknown_model(model: str, served: list[str]) -> APIError:
+    """The 400 of a request whose ``model`` no route answers to (``served``: ids and aliases)."""
+    return APIError(400, f"model {model!r} is not served here; use one of: {', '.join(served)} (GET /v1/models)",
+                    code="model_not_found", param="model")
+
+
+def cards_of(routes: list[tuple[str, str, list[dict[str, Any]]]], aliases: dict[str, str]) -> list[dict[str, Any]]:
+    """``GET /v1/models``' cards from (id, variant, version rows) per id: each id, then each alias
+    as a copy of its id's card with ``alias_of``."""
+    cards = [dict(id=model_id, variant=variant, languages=_languages(variant), versions=versions)
+             for model_id, variant, versions in routes]
+    for alias, target in aliases.items():
+        card = next(c for c in cards if c["id"] == target)
+        cards.append({**card, "id": alias, "alias_of": target})
+    return cards
 
 
 def _languages(variant: str) -> list[str]:
