@@ -81,7 +81,7 @@ class ServerConfig:
     language_steps: str = "lenient"  # multilingual language steps: "lenient" or "strict" (docs/text.md)
     dicta_model: str | None = None  # Hebrew: Dicta's ONNX file
     pkuseg_model: str | None = None  # Chinese: a spacy-pkuseg model directory
-    replicas: str = "1"  # engine replicas: a number or "auto" (one per GPU); above 1: Ray Serve
+    replicas: str = "1"  # engine replicas (per model version): a number or "auto" (one per GPU); above 1: Ray Serve
     # several models (docs/models.md); empty: the one of variant and checkpoint, as chatterbox-<variant>
     models: tuple[ModelEntry, ...] = ()
     # the network
@@ -205,9 +205,6 @@ class ServerConfig:
         _require(not set(self.admin_keys) & set(self.api_keys),
                  "admin_keys: an admin key must not also be an API key (clients would hold admin rights)")
         object.__setattr__(self, "models", parse_entries(self.models))
-        _require(not self.models or self.replicas == "1",
-                 "models: several models per server run in one process; with --replicas above 1 serve one "
-                 "model (variant and checkpoint) per deployment (docs/scaling.md)")
         if self.voices_url is not None:
             from chorus.voices.objectstore import check_voices_url
 
@@ -279,12 +276,14 @@ FIELD_HELP = {
                    "copy, downloaded once unless HF_HUB_OFFLINE is set)",
     "pkuseg_model": "Chinese: a spacy-pkuseg model directory, needs chorus-tts[zh] (default: spacy-pkuseg's "
                     "spacy_ontonotes model in PKUSEG_HOME, downloaded once unless HF_HUB_OFFLINE is set)",
-    "replicas": "engine replicas: a number, or auto for one per visible GPU; above 1 runs on a local Ray "
-                "Serve cluster (needs chorus-tts[ray]; docs/scaling.md)",
+    "replicas": "engine replicas (of each model version unless its models entry sets its own): a number, or "
+                "auto for one per visible GPU; above 1 runs on a local Ray Serve cluster (needs chorus-tts[ray]; "
+                "docs/scaling.md)",
     "models": "several models in one server: entries separated by ';', each a comma-separated list of "
               "id=..., variant=..., and optionally checkpoint, version, weight, memory_share, kv_cache_bytes, "
-              "max_num_seqs, vocoder_max_batch_items; in a config file an array of [[models]] tables "
-              "(default: one model, variant and checkpoint, as chatterbox-<variant>; docs/models.md)",
+              "max_num_seqs, vocoder_max_batch_items (and on Ray Serve replicas, min_replicas, max_replicas); "
+              "in a config file an array of [[models]] tables (default: one model, variant and checkpoint, as "
+              "chatterbox-<variant>; docs/models.md)",
     "host": "address to listen on",
     "port": "port to listen on",
     "api_keys": "comma-separated bearer tokens clients must send (default: none, no authentication)",

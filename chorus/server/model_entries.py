@@ -32,6 +32,8 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 DEFAULT_VERSION = "1"
+# settings of a version's own deployment on Ray Serve (docs/scaling.md); a one-process server has none
+SCALE_SETTINGS = ("replicas", "min_replicas", "max_replicas")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,9 @@ class ModelEntry:
       with a share leave. The shares of all entries add up to at most 1.
     kv_cache_bytes, max_num_seqs, vocoder_max_batch_items: this version's own KV pool size,
       T3 batch rows and vocoder batch items (None: the server-wide setting).
+    replicas, min_replicas, max_replicas: on Ray Serve, this version's own deployment's replica
+      count (a number or ``auto``) and autoscaling bounds (None: the application's); a
+      one-process server refuses them (docs/scaling.md).
     """
 
     id: str
@@ -61,6 +66,9 @@ class ModelEntry:
     kv_cache_bytes: int | None = None
     max_num_seqs: int | None = None
     vocoder_max_batch_items: int | None = None
+    replicas: str | None = None
+    min_replicas: int | None = None
+    max_replicas: int | None = None
 
     def __post_init__(self):
         from chorus.models.variants import get_variant
@@ -85,13 +93,29 @@ class ModelEntry:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
                 raise ValueError(f"{where}: {name} must be a positive integer or unset, got {value!r}")
+        self._check_scale(where)
+
+    def _check_scale(self, where: str) -> None:
+        if self.replicas is not None:
+            replicas = str(self.replicas).strip().lower()
+            counted = replicas == "auto" or (replicas.isdigit() and int(replicas) > 0)
+            if isinstance(self.replicas, bool) or not counted:
+                raise ValueError(f"{where}: replicas must be a positive integer or 'auto', got {self.replicas!r}")
+            object.__setattr__(self, "replicas", replicas)
+        for name in ("min_replicas", "max_replicas"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+                raise ValueError(f"{where}: {name} must be a positive integer or unset, got {value!r}")
+        low, high = self.min_replicas, self.max_replicas
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"{where}: min_replicas ({low}) must be <= max_replicas ({high})")
 
     @property
     def key(self) -> tuple[str, str]:
         return self.id, self.version
 
 
-_INT_FIELDS = {"weight", "kv_cache_bytes", "max_num_seqs", "vocoder_max_batch_items"}
+_INT_FIELDS = {"weight", "kv_cache_bytes", "max_num_seqs", "vocoder_max_batch_items", "min_replicas", "max_replicas"}
 _FIELDS = [f.name for f in fields(ModelEntry)]
 
 
@@ -109,6 +133,8 @@ def parse_entry(raw: Mapping[str, Any] | ModelEntry) -> ModelEntry:
         if required not in raw:
             raise ValueError(f"models entry {dict(raw)!r} has no {required!r}")
     values = dict(raw)
+    if isinstance(values.get("replicas"), str) and values["replicas"].strip().lower() in ("", "none"):
+        values["replicas"] = None
     for name in _INT_FIELDS & set(values):
         values[name] = _number(values, name, int)
     if "memory_share" in values:
@@ -203,6 +229,19 @@ def aliases(entries: Sequence[ModelEntry]) -> dict[str, str]:
         if entry.id == f"chatterbox-{entry.variant}" and alias not in ids:
             out[alias] = entry.id
     return out
+
+
+def check_one_process(entries: Sequence[ModelEntry]) -> None:
+    """Refuse the Ray Serve settings of an entry in a one-process server, which runs each
+    version once (they would be ignored there)."""
+    for entry in entries:
+        given = [name for name in SCALE_SETTINGS if getattr(entry, name) is not None]
+        if given:
+            raise ValueError(f"models entry {entry.id!r} version {entry.version!r}: {', '.join(given)} "
+                             f"{'is a Ray Serve setting' if len(given) == 1 else 'are Ray Serve settings'} "
+                             "(one deployment per model version, docs/scaling.md) and this server runs every "
+                             "version once, in one process; remove them, or serve on Ray Serve (chorus serve "
+                             "--replicas N, or serve run chorus.deploy:app)")
 
 
 V = TypeVar("V")

@@ -30,7 +30,8 @@ from typing import Any, Callable
 from chorus.server.config import ServerConfig
 from chorus.server.errors import APIError
 from chorus.server.metrics import ProcessMetrics
-from chorus.server.model_entries import ModelEntry, aliases, check_entries, memory_shares, pick_version
+from chorus.server.model_entries import (ModelEntry, aliases, check_entries, check_one_process, memory_shares,
+                                         pick_version)
 from chorus.server.service import Loaded, SpeechService
 
 logger = logging.getLogger("chorus.server")
@@ -84,6 +85,7 @@ class ModelRegistry:
     """
 
     def __init__(self, config: ServerConfig, load: Callable[[ServerConfig], Loaded], *, clock=time.monotonic):
+        check_one_process(config.entries())
         self.config = config
         self._load = load
         self._clock = clock

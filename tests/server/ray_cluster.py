@@ -17,13 +17,13 @@ LOADER = "tests.server.ray_cluster:load_tiny"
 
 
 def load_tiny(config):
-    """The replicas' loader (imported by name on each replica): tiny models with a tiny voice
-    front end, so uploads work."""
+    """The replicas' loader (imported by name on each replica): the tiny models of the replica's
+    variant with a tiny voice front end, so uploads work."""
     from tests.engine.tiny_models import tiny
     from tests.server.live import tiny_loader
     from tests.voices.front_ends import tiny_front_end
 
-    return tiny_loader(config, front_end=tiny_front_end(tiny("turbo")[0]))
+    return tiny_loader(config, front_end=tiny_front_end(tiny(config.variant)[0]))
 
 
 def free_port() -> int:
@@ -33,7 +33,7 @@ def free_port() -> int:
 
 
 def replicas() -> dict[str, dict]:
-    """Replica id -> its last published status (ready, state, pid, ...)."""
+    """Replica id -> its last published status (ready, state, pid, deployment, model, version, ...)."""
     return {r: status for r, (status, _) in ray.get(board(APP).read.remote()).items()}
 
 
@@ -51,6 +51,12 @@ def wait_for(predicate, timeout: float, what: str):
         time.sleep(0.2)
 
 
+def deploy(config, **scale) -> None:
+    """Run (or replace) the application built from ``config`` and ``scale`` (``build``'s keyword
+    arguments) on the tiny models; returns without waiting for its replicas."""
+    serve.run(build(config, gpus_per_replica=0, loader=LOADER, **scale), name=APP, route_prefix="/", blocking=False)
+
+
 @contextlib.contextmanager
 def serve_cluster(config, *, ready: int, **scale):
     """A local Ray cluster running the application built from ``config`` and ``scale``
@@ -60,8 +66,7 @@ def serve_cluster(config, *, ready: int, **scale):
     port = free_port()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build(config, gpus_per_replica=0, loader=LOADER, **scale), name=APP, route_prefix="/",
-                  blocking=False)
+        deploy(config, **scale)
         client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60.0)
         wait_for(lambda: ready_replicas() == ready, 150, f"{ready} ready replica(s)")
         wait_for(lambda: client.get("/ready").status_code == 200, 30, "/ready")

@@ -10,7 +10,7 @@ import pytest
 
 from chorus.server.config import build_config, read_config_file
 from chorus.server.model_entries import ModelEntry, aliases, memory_shares, parse_entries
-from chorus.server.registry import Route, Version
+from chorus.server.registry import ModelRegistry, Route, Version
 
 TOML = '''
 [[models]]
@@ -78,9 +78,29 @@ def test_a_bad_registry_fails_at_start_up_naming_the_rule(raw, message):
         parse_entries(raw)
 
 
-def test_models_are_one_process_so_not_with_replicas():
-    with pytest.raises(ValueError, match="several models per server run in one process"):
-        build_config(env={}, flags={"models": "id=a,variant=turbo", "replicas": "2"})
+def test_entries_take_their_own_ray_serve_scale():
+    config = build_config(env={}, flags={"replicas": "2", "models": "id=a,variant=turbo,replicas=auto;"
+                                         "id=b,variant=turbo,min_replicas=1,max_replicas=4;id=c,variant=turbo"})
+    a, b, c = config.entries()
+    assert (a.replicas, b.min_replicas, b.max_replicas, c.replicas) == ("auto", 1, 4, None)
+    from_file = parse_entries([{"id": "a", "variant": "turbo", "replicas": 3}])
+    assert from_file[0].replicas == "3"
+
+
+@pytest.mark.parametrize("raw, message", [
+    ("id=a,variant=turbo,replicas=0", "replicas must be a positive integer or 'auto'"),
+    ("id=a,variant=turbo,min_replicas=0", "min_replicas must be a positive integer"),
+    ("id=a,variant=turbo,min_replicas=3,max_replicas=2", r"min_replicas \(3\) must be <= max_replicas \(2\)"),
+])
+def test_bad_scale_settings_name_the_entry(raw, message):
+    with pytest.raises(ValueError, match=f"models entry 'a': {message}"):
+        parse_entries(raw)
+
+
+def test_a_one_process_server_refuses_the_ray_serve_settings():
+    config = build_config(env={}, flags={"models": "id=a,variant=turbo;id=b,variant=turbo,replicas=2,max_replicas=3"})
+    with pytest.raises(ValueError, match="models entry 'b' version '1': replicas, max_replicas are Ray Serve settings"):
+        ModelRegistry(config, lambda version_config: None)
 
 
 @pytest.mark.parametrize("flags, message", [
