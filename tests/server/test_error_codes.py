@@ -29,6 +29,7 @@ ELSEWHERE = {
     "id_collision": "untested here: needs two clips whose content hashes share a prefix",
     "invalid_admin_key": "test_models.py", "version_not_found": "test_models.py", "version_exists": "test_models.py",
     "last_version": "test_models.py", "load_failed": "test_models.py",
+    "not_supported": "test_scale_out.py (the admin API behind Ray Serve replicas)",
 }
 
 
