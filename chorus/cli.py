@@ -455,6 +455,56 @@ def _add_online_bench_parser(bench_sub) -> None:
     p.set_defaults(handler=_cmd_bench_online)
 
 
+def _cmd_bench_swap(args: argparse.Namespace) -> int:
+    from chorus.bench.online_bench import DEFAULT_TEXT, OnlineBenchError
+    from chorus.bench.report import write_report
+    from chorus.bench.swap_bench import SwapBenchConfig, run_swap
+    from chorus.cli_checks import check_output_file
+
+    if args.out is not None:
+        check_output_file(args.out, "--out")
+    try:
+        cfg = SwapBenchConfig(url=args.url, admin_key=args.admin_key, version=args.version,
+                              checkpoint=args.checkpoint, api_key=args.api_key, model=args.model,
+                              concurrency=args.concurrency, before_s=args.before_s, after_s=args.after_s,
+                              text=DEFAULT_TEXT if args.text is None else args.text,
+                              response_format=args.response_format, max_new_tokens=args.max_new_tokens,
+                              timeout_s=args.timeout_s)
+        report = run_swap(cfg)
+    except (ValueError, OnlineBenchError) as exc:
+        raise CliError(str(exc)) from None
+    write_report(report, args.out)
+    return 0
+
+
+def _add_swap_bench_parser(bench_sub) -> None:
+    p = _add_command(
+        bench_sub, "swap", help="a hot swap under load: N streaming clients while the admin API loads a new "
+                                "version of the model; failed and cut requests, time to first audio per phase",
+        description="Load a running `chorus serve` (started with --admin-keys) with N clients sending POST "
+                    "/v1/audio/speech back to back, swap the model to a new version through the admin API after "
+                    "--before-s, keep the load for --after-s after the swap answered, and report per phase "
+                    "(before, during, after the swap call) the outcomes, time to first audio and the versions "
+                    "that served (docs/benchmarks.md, \"Swap under load\").")
+    p.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--admin-key", required=True, help="an admin key of the server (its --admin-keys)")
+    p.add_argument("--version", required=True, help="the label of the version to load")
+    p.add_argument("--checkpoint", default=None, help="the new version's checkpoint (default: the model's own)")
+    p.add_argument("--api-key", default=None, help="bearer token, when the server has --api-keys (default: none)")
+    p.add_argument("--model", default=None, help="model id to load and request (default: the first of GET /v1/models)")
+    p.add_argument("--concurrency", type=int, default=64, help="concurrent clients (default 64)")
+    p.add_argument("--before-s", type=float, default=20.0, help="seconds of load before the swap (default 20)")
+    p.add_argument("--after-s", type=float, default=20.0, help="seconds of load after the swap answered (default 20)")
+    p.add_argument("--text", default=None, help="text of every request (default: the 26-word sentence of "
+                                                 "`chorus bench online`)")
+    p.add_argument("--response-format", default="pcm", help="as for chorus bench online (default pcm)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="speech tokens per text chunk (default: the "
+                                                                     "server's)")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="seconds a request may take (default 300)")
+    p.add_argument("--out", "-o", default=None, help="also write the JSON report to this file (atomically)")
+    p.set_defaults(handler=_cmd_bench_swap)
+
+
 def _add_bench_model(p: argparse.ArgumentParser) -> None:
     """What every model benchmark takes: the variant, its checkpoint (random weights by
     default), the precision and the device."""
@@ -837,6 +887,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", default="1,16,64,256", help="concurrent streams per level (comma-separated)")
     p.set_defaults(handler=_cmd_bench_stream)
     _add_online_bench_parser(bench_sub)
+    _add_swap_bench_parser(bench_sub)
     bench.set_defaults(handler=lambda a: (bench.print_help(), 2)[1])
 
     _add_serve_parser(sub)

@@ -3,7 +3,7 @@
 #   bash scripts/gpu/device_checks.sh CHECK OUT_DIR
 # CHECK: tests | bench-original | bench-turbo | offline-original | offline-turbo |
 #        stream-original | stream-turbo | attention | vocoder-graphs | stage-contention | online-original | online-turbo |
-#        agent-original | agent-turbo | overload-turbo |
+#        agent-original | agent-turbo | overload-turbo | two-models | swap-turbo |
 #        scale-out-turbo | scale-out-original | profile-original | profile-turbo | rope-kv |
 #        vocoder-turbo | vocoder-original
 # The reference chatterbox-tts (for the benchmark ratio) must be importable; WHEELS=DIR installs
@@ -54,6 +54,11 @@ case $what in
   agent-original|agent-turbo)  # voice agents over the WebSocket (docs/benchmarks.md, "Voice-agent latency")
     bash scripts/gpu/online.sh "${what#agent-}" "$out" --agent --concurrency 1,16,64,256 --llm-tokens-per-s 50 \
       --max-new-tokens 80 --cancel-fraction 0.25 --quiet --out "$out/bench_agent_${what#agent-}.json" ;;
+  two-models)  # turbo and original in one server, each benched while the other is idle (docs/models.md);
+    # compare with online-turbo and online-original at the same concurrency
+    bash scripts/gpu/models.sh two-models "$out" ;;
+  swap-turbo)  # a hot swap to a second checkpoint under 64 clients (docs/benchmarks.md, "Swap under load")
+    bash scripts/gpu/models.sh swap "$out" ;;
   scale-out-original|scale-out-turbo)
     bash scripts/gpu/scale_out.sh "${what#scale-out-}" "$out" ;;
   attention)

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Several models in one server on one GPU (docs/benchmarks.md, "Two models, one GPU" and "Swap
+# under load"): random-weight checkpoints, `chorus serve --models ...` in the background, the
+# benches against it, the server's log kept.
+#   bash scripts/gpu/models.sh two-models OUT_DIR   # turbo and original beside each other
+#   bash scripts/gpu/models.sh swap OUT_DIR         # turbo swapped to a second checkpoint under 64 clients
+set -uo pipefail
+mode=${1:?MODE: two-models or swap}; out=${2:?OUT_DIR}
+port=${CHORUS_BENCH_PORT:-8124} admin=bench-admin-key-0123456789 seconds=${ONLINE_SECONDS:-20}
+checkpoint() {  # variant seed -> a random checkpoint's directory
+  local dir=/tmp/chorus-models-$1-$2
+  [[ -f $dir/CHORUS_RANDOM_WEIGHTS.txt ]] || python3 -m chorus.cli checkpoint random --variant "$1" --seed "$2" \
+    --out "$dir" >/dev/null
+  echo "$dir"
+}
+serve() {  # models -> a server in the background, ready
+  python3 -m chorus.cli serve --models "$1" --port "$port" --max-new-tokens 210 --max-queue 1024 \
+    --admin-keys "$admin" --voices-dir /tmp/chorus-voices >"$out/serve_$mode.log" 2>&1 &
+  server=$!
+  trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT
+  for _ in $(seq 900); do
+    curl -sf "http://127.0.0.1:$port/ready" >/dev/null && return 0
+    kill -0 $server 2>/dev/null || { echo "server died"; tail -30 "$out/serve_$mode.log"; exit 1; }
+    sleep 0.5
+  done
+  echo "server not ready"; exit 1
+}
+turbo=$(checkpoint turbo 0)
+case $mode in
+  two-models)
+    original=$(checkpoint original 0)
+    serve "id=chatterbox-turbo,variant=turbo,checkpoint=$turbo,memory_share=0.45;id=chatterbox,variant=original,checkpoint=$original,memory_share=0.45"
+    for model in chatterbox-turbo chatterbox; do  # each while the other is idle
+      python3 -m chorus.cli bench online --url "http://127.0.0.1:$port" --model "$model" --concurrency 64 \
+        --duration-s "$seconds" --quiet --out "$out/bench_two_models_$model.json" 2>&1 | tail -5
+    done ;;
+  swap)
+    serve "id=chatterbox-turbo,variant=turbo,checkpoint=$turbo,memory_share=0.45"
+    python3 -m chorus.cli bench swap --url "http://127.0.0.1:$port" --admin-key "$admin" --version 2 \
+      --checkpoint "$(checkpoint turbo 1)" --concurrency 64 --before-s "$seconds" --after-s "$seconds" \
+      --out "$out/bench_swap_turbo.json" 2>&1 | tail -5 ;;
+  *) echo "unknown mode $mode" >&2; exit 2 ;;
+esac
+curl -s "http://127.0.0.1:$port/metrics" >"$out/metrics_$mode.txt"
