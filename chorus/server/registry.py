@@ -120,10 +120,7 @@ class ModelRegistry:
         the others and ``/ready`` names it."""
         self.loop = asyncio.get_running_loop()
         for version in self.versions():
-            await version.service.start()
-            if version.service.state != "ready":
-                logger.error("model %s version %s failed to start: %s", version.entry.id, version.label,
-                             version.service.failure)
+            await version.service.start()  # a failure is logged there, with the model and version
         self._starting = False
 
     async def stop(self) -> None:

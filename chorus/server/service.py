@@ -111,11 +111,16 @@ class SpeechService:
             if self.last_canary_ok is None:
                 raise RuntimeError(f"the start-up canary failed: {self.last_canary_error}")
             self.state = "ready"
-            logger.info("ready", extra={"variant": self.config.variant, "model": self.config.model_id})
+            logger.info("ready", extra=self._who())
         except Exception as exc:  # noqa: BLE001 - reported by /ready and the log
             self.state, self.failure = "failed", f"{type(exc).__name__}: {exc}"
-            logger.exception("start-up failed")
+            logger.exception("start-up failed", extra=self._who())
         self._monitor = asyncio.create_task(self._monitor_loop())
+
+    def _who(self) -> dict:
+        """The model version this service runs, for its log lines."""
+        entry = self.config.entries()[0]
+        return {"variant": entry.variant, "model": entry.id, "version": entry.version}
 
     def _watch_pipeline(self) -> None:
         """Stage times and the GPU's gauges for the metrics (pipelines that offer them)."""
