@@ -22,6 +22,7 @@ from chorus.server.logs import MAX_LOGGED_PATH, clean_for_log, request_id_var
 from chorus.server.schemas import (ErrorBody, Health, ModelCard, ModelList, Readiness, SpeechBody, VoiceCard,
                                    VoiceDeleted, VoiceList)
 from chorus.server.backend import Backend
+from chorus.server.registry import affinity_key
 
 logger = logging.getLogger("chorus.server")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
@@ -187,7 +188,7 @@ def create_app(service: Backend) -> FastAPI:
         """Speak ``input``: OpenAI-compatible, plus Chatterbox's and Chorus's fields."""
         opening = asyncio.ensure_future(service.speech(body, x_chorus_priority, request.state.request_id,
                                                        arrived=time.perf_counter(),
-                                                       affinity=_affinity(request, x_chorus_affinity)))
+                                                       affinity=affinity_key(request.headers)))
         response = await _unless_client_leaves(opening, request)
         return _StallBoundedResponse(response, config.write_stall_s)
 
@@ -224,17 +225,9 @@ def create_app(service: Backend) -> FastAPI:
     return app
 
 
+# (the header is read by affinity_key; the parameter puts it in the OpenAPI schema)
 AFFINITY_HELP = ("a key that keeps related requests (a conversation) on the same version of a model "
                  "split between versions (A/B); default: the API key, else none")
-
-
-def _affinity(request: Request, header: str | None) -> str | None:
-    """The request key that picks a version of an A/B-split model: the affinity header, else the
-    API key (one client, one version), else None (the request id then decides)."""
-    if header:
-        return header
-    scheme, _, key = (request.headers.get("authorization") or "").partition(" ")
-    return key.strip() or None if scheme.lower() == "bearer" else None
 
 
 def _refine_openapi(schema: dict, service: Backend) -> dict:

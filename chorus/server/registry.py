@@ -404,6 +404,19 @@ class ModelRegistry:
         logger.info("model %s version %s unloaded", version.entry.id, version.label)
 
 
+def affinity_key(headers, query_key: str | None = None) -> str | None:
+    """The request key that picks the version of an A/B-split model (docs/models.md, "Routing"):
+    the ``X-Chorus-Affinity`` header, else the API key (one client, one version; a browser's
+    WebSocket sends it as ``query_key``), else None (the caller's own id then decides)."""
+    header = headers.get(AFFINITY_HEADER.lower())
+    if header:
+        return header
+    scheme, _, key = (headers.get("authorization") or "").partition(" ")
+    if scheme.lower() == "bearer" and key.strip():
+        return key.strip()
+    return query_key or None
+
+
 def _release_memory() -> None:
     """Return what a closed pipeline held: its tensors to the allocator, the allocator's cache
     to the device."""

@@ -26,6 +26,7 @@ from chorus.server.config import ServerConfig
 from chorus.server.degradation import Applied, DegradationPolicy
 from chorus.server.errors import APIError
 from chorus.server.metrics import EngineSnapshot, ServerMetrics, kv_fragmentation
+from chorus.server.model_entries import aliases
 from chorus.server.schemas import SpeechBody
 from chorus.sampling.params import InvalidSamplingParams
 from chorus.text.errors import MissingLanguagePackageError, TextError, UnsupportedLanguageError
@@ -83,7 +84,8 @@ class SpeechService:
         self._last_vocoder_busy: tuple[float, float] | None = None  # (when, vocoder busy seconds)
         self._drain_holds: list[Callable[[], int]] = []  # work drain() waits for besides admission's
         # other names of this model (a registry sets them; alone: the bare variant name)
-        self.aliases: list[str] = [config.variant] if config.model_id == f"chatterbox-{config.variant}" else []
+        self.aliases: list[str] = [name for name, target in aliases(config.entries()).items()
+                                   if target == config.model_id]
 
     # ------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:

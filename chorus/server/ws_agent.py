@@ -25,6 +25,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from chorus.server.errors import APIError, validation_error
 from chorus.server.schemas import SpeechBody
+from chorus.server.registry import affinity_key
 from chorus.server.text_pieces import Chunking
 from chorus.server.ws_turn import Turn
 
@@ -155,7 +156,7 @@ class Connection:
         self.id = f"ws-{uuid.uuid4().hex[:16]}"
         # the key that picks the model version of each turn: the affinity header, else the API key
         # (a query-string key included), else the connection's id; sticky while the weights stay
-        self.affinity = _connection_affinity(websocket) or self.id
+        self.affinity = affinity_key(websocket.headers, websocket.query_params.get("api_key")) or self.id
         self.settings: Settings | None = None
         self.turns: dict[str, Turn] = {}
         self.closed_ids: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -468,18 +469,6 @@ def _check_language(language: str | None) -> None:
         sentence_language(language)
     except UnsupportedLanguageError as exc:
         raise APIError(400, str(exc), code="unsupported_language", param="language") from None
-
-
-def _connection_affinity(websocket: WebSocket) -> str | None:
-    from chorus.server.registry import AFFINITY_HEADER
-
-    header = websocket.headers.get(AFFINITY_HEADER.lower())
-    if header:
-        return header
-    scheme, _, key = (websocket.headers.get("authorization") or "").partition(" ")
-    if scheme.lower() == "bearer" and key.strip():
-        return key.strip()
-    return websocket.query_params.get("api_key") or None
 
 
 def _voice(service, voice_id: str):

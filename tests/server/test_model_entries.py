@@ -10,7 +10,7 @@ import pytest
 
 from chorus.server.config import build_config, read_config_file
 from chorus.server.model_entries import ModelEntry, aliases, memory_shares, parse_entries
-from chorus.server.registry import ModelRegistry, Route, Version
+from chorus.server.registry import ModelRegistry, Route, Version, affinity_key
 
 TOML = '''
 [[models]]
@@ -148,3 +148,13 @@ def test_a_version_that_is_not_ready_is_passed_over():
     route = _route(50, 50)
     route.versions[0].service.state = "failed"
     assert {route.pick(f"k{i}").label for i in range(20)} == {"1"}
+
+
+@pytest.mark.parametrize("headers, query_key, expected", [
+    ({"x-chorus-affinity": "call-7", "authorization": "Bearer key-0123456789"}, "q", "call-7"),
+    ({"authorization": "Bearer key-0123456789"}, "q", "key-0123456789"),
+    ({"authorization": "Basic abc"}, "query-key-123", "query-key-123"),
+    ({}, None, None),
+])
+def test_the_affinity_key_is_the_header_else_the_api_key(headers, query_key, expected):
+    assert affinity_key(headers, query_key) == expected
