@@ -17,14 +17,18 @@ _EXPORTS = {
     "RequestPlanner": "planner", "SpeechPlan": "planner", "SpeechModels": "models",
     "ConditioningCache": "conditioning",
 }
+# voice conversion (Pipeline.convert) lives in chorus.conversion; its request type is here too
+_CONVERSION = {"ConversionRequest": "request", "ConversionConfig": "config"}
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, *_CONVERSION])
 
 
 def __getattr__(name: str):
+    import importlib
+
+    if name in _CONVERSION:
+        return getattr(importlib.import_module(f"chorus.conversion.{_CONVERSION[name]}"), name)
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'chorus.pipeline' has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(f"chorus.pipeline.{module}"), name)

@@ -72,6 +72,15 @@ class SpeechModels:
                 self._builtin = Voice.from_conditionals(self.checkpoint.builtin_voice_state())
             return self._builtin
 
+    def conversion_planner(self, config=None):
+        """A :class:`chorus.conversion.ConversionPlanner` over this checkpoint's S3Gen and built-in
+        voice (needs the voice models: ``voice_models=True``)."""
+        from chorus.conversion.config import ConversionConfig
+        from chorus.conversion.planner import ConversionPlanner
+
+        return ConversionPlanner.for_s3gen(self.s3gen, builtin_voice=self.builtin_voice,
+                                           config=config or ConversionConfig())
+
     def planner(self, max_chars: int = DEFAULT_MAX_CHARS) -> RequestPlanner:
         build = None if self.front_end is None else self.front_end.build
         return RequestPlanner(self.variant, self.text_encoder, builtin_voice=self.builtin_voice,

@@ -10,6 +10,10 @@ T3 work overlap on the GPU (``stats()`` shows the busy time of each and the wall
 All chunks of a request are submitted to T3 at once and generated in parallel; audio leaves in
 chunk order. Chunk ``i`` uses seed ``seed + i`` for T3 and S3Gen, as on the exact path, so a
 non-streaming request gets the exact path's audio for the same tokens and noise.
+
+Voice conversions (:meth:`Pipeline.convert`) skip T3: the caller's thread tokenizes the source
+clip and the vocoder thread hands the tokens to the same stage as one job, batched with the
+text-to-speech jobs (``chorus.conversion``, docs/voice-conversion.md).
 """
 from __future__ import annotations
 
@@ -29,6 +33,10 @@ from chorus.engine.config import EngineConfig
 from chorus.engine.engine import T3Engine, T3Request
 from chorus.engine.request import FinishReason
 from chorus.engine.scheduler import RequestOutput
+from chorus.conversion.config import ConversionConfig
+from chorus.conversion.planner import ConversionPlan, ConversionPlanner
+from chorus.conversion.request import ConversionRequest
+from chorus.conversion.runner import add_to_stage, conversion_result
 from chorus.models.loading import Checkpoint
 from chorus.models.s3gen.s3gen import SAMPLE_RATE
 from chorus.models.variants import Variant
@@ -57,6 +65,7 @@ class PipelineConfig:
     torch's intra-op threads (T3 the larger half, at least one each) instead of both using all
     of them: two stages running parallel ops at once on the same cores oversubscribe them, and
     OpenMP's spinning workers then slow both (docs/engine.md, "Step time"). No effect on a GPU.
+    conversion: the limits of voice conversion (``Pipeline.convert``).
     """
 
     engine: EngineConfig | None = None
@@ -67,6 +76,7 @@ class PipelineConfig:
     conditioning_cache_size: int = 256
     cuda_graphs: bool = True
     split_cpu_threads: bool = True
+    conversion: ConversionConfig = field(default_factory=ConversionConfig)
 
 
 @dataclass(frozen=True)
@@ -127,7 +137,7 @@ class _Deadlines:
 
 @dataclass
 class _RequestState:
-    plan: SpeechPlan
+    plan: SpeechPlan | ConversionPlan
     stream: SpeechStream
     jobs: list[_Job]
     deadlines: _Deadlines
@@ -159,6 +169,7 @@ class Pipeline:
         # the pipeline's deadline covers the whole request; T3 only gets what a request brings
         engine_config = replace(config.engine or EngineConfig(variant=variant.name), default_deadline_s=None)
         self.planner = models.planner(config.max_chars)
+        self._conversion_planner: ConversionPlanner | None = None
         self.conditioning = ConditioningCache(models.t3, variant, config.conditioning_cache_size)
         self.engine = T3Engine(models.t3, variant, engine_config, cuda_graphs=config.cuda_graphs)
         self.vocoder = VocoderStage(models.s3gen, config.vocoder)
@@ -269,6 +280,40 @@ class Pipeline:
             raise RuntimeError("the pipeline is not running; call start() (or use it as a context manager)")
         plan = request if isinstance(request, SpeechPlan) else self.planner.plan(request)
         conditioning = self.conditioning.get(plan.voice, plan.exaggeration)
+        state = self._register(plan, progress)
+        state.jobs = [_Job(state, c.index) for c in plan.chunks]
+        self._inbox.put(("add", state))  # before T3 can report on its chunks
+        self._t3.submit([T3Request(c.text_ids, conditioning, c.params, priority=plan.priority,
+                                   deadline_s=state.deadlines.total_s, request_id=state.job_id(c.index))
+                         for c in plan.chunks])
+        return state.stream
+
+    @property
+    def conversion_planner(self) -> ConversionPlanner:
+        """Plans voice conversions (made on first use; needs the voice models' S3 tokenizer)."""
+        if self._conversion_planner is None:
+            self._conversion_planner = self.models.conversion_planner(self.config.conversion)
+        return self._conversion_planner
+
+    def convert(self, request: ConversionRequest | ConversionPlan, *,
+                progress: Callable[[Progress], None] | None = None) -> SpeechStream:
+        """Voice conversion: plan ``request`` on this thread (the source is decoded, checked
+        against ``PipelineConfig.conversion`` and tokenized; the target resolved; bad input
+        raises here, before any work) and start it. Its tokens are one job of the vocoder stage,
+        batched with text-to-speech jobs; the stream and the result are those of a one-chunk
+        speech request (streamed in pieces when ``request.stream``). Thread-safe."""
+        if not self.is_running:
+            raise RuntimeError("the pipeline is not running; call start() (or use it as a context manager)")
+        plan = request if isinstance(request, ConversionPlan) else self.conversion_planner.plan(request)
+        state = self._register(plan, progress)
+        job = _Job(state, 0, tokens=list(plan.tokens), pushed=len(plan.tokens), t3_reason="source")
+        state.jobs = [job]
+        self._inbox.put(("convert", state))
+        return state.stream
+
+    def _register(self, plan: SpeechPlan | ConversionPlan,
+                  progress: Callable[[Progress], None] | None) -> _RequestState:
+        """A new request's state and stream (its id marked active; a duplicate raises)."""
         with self._active_lock:
             if plan.request_id in self._active_ids:
                 raise ValueError(f"request id {plan.request_id!r} is already running")
@@ -277,13 +322,7 @@ class Pipeline:
         deadline_s = plan.deadline_s if plan.deadline_s is not None else self.config.default_deadline_s
         start_s = plan.start_deadline_s if plan.start_deadline_s is not None else self.config.default_start_deadline_s
         now = time.monotonic()
-        state = _RequestState(plan, stream, [], _Deadlines(now, start_s, deadline_s), now, progress)
-        state.jobs = [_Job(state, c.index) for c in plan.chunks]
-        self._inbox.put(("add", state))  # before T3 can report on its chunks
-        self._t3.submit([T3Request(c.text_ids, conditioning, c.params, priority=plan.priority,
-                                   deadline_s=deadline_s, request_id=state.job_id(c.index))
-                         for c in plan.chunks])
-        return stream
+        return _RequestState(plan, stream, [], _Deadlines(now, start_s, deadline_s), now, progress)
 
     def synthesize(self, request: SpeechRequest | str, **options: Any) -> SpeechResult:
         """Speak one text and wait for the whole result."""
@@ -382,6 +421,13 @@ class Pipeline:
                     self.vocoder.add(state.job_id(job.index), plan.voice, seed=chunk.seed, streaming=plan.stream,
                                      n_steps=plan.flow_steps, priority=int(plan.priority))
                     self._jobs[state.job_id(job.index)] = job
+        elif kind == "convert":
+            state = payload
+            self._requests[state.plan.request_id] = state
+            job_id = state.job_id(0)
+            with _on_stream(self._cuda_stream):
+                add_to_stage(self.vocoder, state.plan, job_id)
+            self._jobs[job_id] = state.jobs[0]
         elif kind == "t3":
             for event in payload:
                 self._on_t3_event(event, touched)
@@ -476,8 +522,6 @@ class Pipeline:
         if not plan.stream:
             state.stream._put_audio(AudioPiece(audio, len(state.jobs) - 1, True))
         now = time.monotonic()
-        chunks = tuple(ChunkResult(c.text, c.seed, len(j.tokens), j.t3_reason or "eos", w.size)
-                       for c, j, w in zip(plan.chunks, state.jobs, waves))
         timings = {"total_s": now - state.submitted}
         if state.first_token is not None:
             timings["first_token_s"] = state.first_token - state.submitted
@@ -485,6 +529,11 @@ class Pipeline:
             timings["first_audio_s"] = state.first_audio - state.submitted
         self.requests_done += 1
         self.audio_seconds += audio.size / SAMPLE_RATE
+        if isinstance(plan, ConversionPlan):
+            state.stream._finish(conversion_result(plan, audio, timings))
+            return
+        chunks = tuple(ChunkResult(c.text, c.seed, len(j.tokens), j.t3_reason or "eos", w.size)
+                       for c, j, w in zip(plan.chunks, state.jobs, waves))
         state.stream._finish(SpeechResult(audio, SAMPLE_RATE, plan.seed, chunks, plan.ignored,
                                           plan.request_id, timings))
 

@@ -9,7 +9,12 @@ from typing import AsyncIterator, Callable, Iterator
 
 import numpy as np
 
+from typing import TYPE_CHECKING
+
 from chorus.pipeline.planner import SpeechPlan
+
+if TYPE_CHECKING:
+    from chorus.conversion.planner import ConversionPlan
 from chorus.pipeline.errors import PipelineError
 from chorus.pipeline.request import SpeechResult
 
@@ -34,7 +39,7 @@ class SpeechStream:
     Stopping early does not cancel the request: call :meth:`cancel` (the server does so when a
     client disconnects)."""
 
-    def __init__(self, plan: SpeechPlan, cancel: Callable[[str], None]):
+    def __init__(self, plan: "SpeechPlan | ConversionPlan", cancel: Callable[[str], None]):
         self.plan = plan
         self.request_id = plan.request_id
         self._events: queue.Queue = queue.Queue()

@@ -21,7 +21,7 @@ import torch
 
 from chorus.models.s3gen.s3gen import SAMPLE_RATE, SAMPLES_PER_TOKEN, SILENCE_TOKEN, TokenRules
 from chorus.sampling.counter_rng import mix32, seed_lanes, split_seed
-from chorus.voices import Voice
+from chorus.voices import S3GenPrompt
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class Job:
     applied incrementally, silence tokens not included)."""
 
     job_id: str
-    voice: Voice
+    voice: S3GenPrompt  # the S3Gen part of the job's voice
     seed: int
     n_steps: int | None
     cfg_rate: float | None

@@ -17,13 +17,13 @@ import torch
 from chorus import faults
 from chorus.models.s3gen.hift import SourceNoise, draw_source_noise
 from chorus.models.s3gen.postprocess import apply_trim_fade
-from chorus.models.s3gen.s3gen import SAMPLE_RATE, SAMPLES_PER_TOKEN, S3Gen, item_generators
+from chorus.models.s3gen.s3gen import SAMPLE_RATE, SAMPLES_PER_TOKEN, S3Gen, TokenRules, item_generators
 from chorus.vocoder.batching import Candidate, PassCostModel, select_batch
 from chorus.vocoder.config import AudioOut, VocoderConfig, VocoderStats
 from chorus.vocoder.job import SAMPLES_PER_FRAME, FlowWindow, Job, new_stream, raised_cosine, trim_fade_gains
 from chorus.vocoder.pass_graphs import FlowCall, HiFTCall, PassGraphs, row_bucket
-from chorus.vocoder.voice_cache import VoiceCache, VoicePrompt
-from chorus.voices import Voice
+from chorus.vocoder.voice_cache import VoiceCache, VoicePrompt, s3gen_part
+from chorus.voices import S3GenPrompt, Voice
 
 logger = logging.getLogger(__name__)
 
@@ -50,21 +50,24 @@ class VocoderStage:
                                   capture_after=self.config.capture_after, stats=self._stats)
 
     # ------------------------------------------------------------------------------- interface
-    def add(self, job_id: str, voice: Voice, *, seed: int, streaming: bool,
-            n_steps: int | None = None, cfg_rate: float | None = None, priority: int = 1) -> None:
+    def add(self, job_id: str, voice: Voice | S3GenPrompt, *, seed: int, streaming: bool,
+            n_steps: int | None = None, cfg_rate: float | None = None, priority: int = 1,
+            rules: TokenRules | None = None) -> None:
         """Register a job. ``seed`` fixes all its randomness; a job's audio never depends on
         the other jobs. ``n_steps``/``cfg_rate`` default to the variant's solver settings.
-        ``priority`` (lower first) orders passes before deadlines do.
+        ``priority`` (lower first) orders passes before deadlines do. ``rules``: what is done
+        to the pushed tokens and the audio (default: the variant's, for T3 output; voice
+        conversion passes ``TokenRules.verbatim()``). Only the voice's S3Gen part is used.
         Non-streaming jobs give their whole audio in one piece once final, equal to
-        ``S3Gen.tokens_to_wav`` for the same tokens and seed."""
+        ``S3Gen.tokens_to_wav`` for the same tokens, rules and seed."""
         if job_id in self._jobs:
             raise ValueError(f"vocoder job {job_id!r} already exists")
-        if not isinstance(voice, Voice):
-            raise TypeError(f"voice must be a Voice, got {type(voice).__name__}")
+        if not isinstance(voice, (Voice, S3GenPrompt)):
+            raise TypeError(f"voice must be a Voice or an S3GenPrompt, got {type(voice).__name__}")
         if n_steps is not None and n_steps < 1:
             raise ValueError(f"n_steps must be >= 1, got {n_steps}")
         cfg = self.config
-        job = Job(job_id, voice, int(seed), n_steps, cfg_rate, self.s3gen.rules, self._order,
+        job = Job(job_id, s3gen_part(voice), int(seed), n_steps, cfg_rate, rules or self.s3gen.rules, self._order,
                   priority=int(priority), added_at=self._clock())
         self._order += 1
         if streaming:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from chorus.models.s3gen.flow import FlowDecoder
-from chorus.voices import Voice
+from chorus.voices import S3GenPrompt, Voice
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,14 @@ def last_prompt_tokens(tokens: torch.Tensor, mel: torch.Tensor, keep: int | None
     return tokens[drop:], mel[min(2 * drop, mel.shape[0]):]
 
 
+def s3gen_part(voice: Voice | S3GenPrompt) -> S3GenPrompt:
+    """The S3Gen conditioning of a voice (a :class:`S3GenPrompt` is its own)."""
+    return voice.s3gen_prompt if isinstance(voice, Voice) else voice
+
+
 class VoiceCache:
-    """Bounded LRU of :class:`VoicePrompt` keyed by ``Voice.content_hash`` and the prompt cap.
+    """Bounded LRU of :class:`VoicePrompt` keyed by the S3Gen conditioning's content hash
+    (``S3GenPrompt.content_hash``: voices that share it share an entry) and the prompt cap.
 
     ``prompt_tokens`` (``VocoderConfig.prompt_tokens``) keeps only the last that many prompt
     tokens and their mel frames (:func:`last_prompt_tokens`); None keeps the whole prompt.
@@ -69,15 +75,16 @@ class VoiceCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __contains__(self, voice: Voice) -> bool:
-        return self._key(voice) in self._entries
+    def __contains__(self, voice: Voice | S3GenPrompt) -> bool:
+        return self._key(s3gen_part(voice)) in self._entries
 
-    def _key(self, voice: Voice) -> tuple[str, int | None]:
-        return voice.content_hash, self.prompt_tokens
+    def _key(self, prompt: S3GenPrompt) -> tuple[str, int | None]:
+        return prompt.content_hash, self.prompt_tokens
 
     @torch.inference_mode()
-    def get(self, voice: Voice) -> VoicePrompt:
-        key = self._key(voice)
+    def get(self, voice: Voice | S3GenPrompt) -> VoicePrompt:
+        prompt = s3gen_part(voice)
+        key = self._key(prompt)
         entry = self._entries.get(key)
         if entry is not None:
             self.hits += 1
@@ -85,8 +92,8 @@ class VoiceCache:
             return entry
         self.misses += 1
         device = self.flow.encoder_proj.weight.device
-        xvector = voice.xvector.to(device=device, dtype=torch.float32)
-        tokens, mel = last_prompt_tokens(voice.s3gen_prompt_tokens[0], voice.s3gen_prompt_mel[0], self.prompt_tokens)
+        xvector = prompt.xvector.to(device=device, dtype=torch.float32)
+        tokens, mel = last_prompt_tokens(prompt.tokens[0], prompt.mel[0], self.prompt_tokens)
         mel = mel.to(device=device, dtype=torch.float32)
         entry = VoicePrompt(
             tokens=tokens.to(device=device, dtype=torch.long),
@@ -94,7 +101,7 @@ class VoiceCache:
             mel=mel, cond=mel.transpose(0, 1).to(self.flow.dtype).contiguous(),
             xvector=xvector[0],
             speaker=self.flow.speaker_projection(xvector)[0],
-            dropped_tokens=voice.s3gen_prompt_tokens.shape[1] - tokens.shape[0],
+            dropped_tokens=prompt.tokens.shape[1] - tokens.shape[0],
         )
         self._entries[key] = entry
         while len(self._entries) > self.capacity:

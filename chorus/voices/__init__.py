@@ -3,13 +3,13 @@
 ``Voice`` imports eagerly; the builder and the voice store (which need the audio stack) load on
 first use, so the T3 engine does not depend on audio decoding libraries.
 """
-from chorus.voices.voice import Voice, VoiceFormatError
+from chorus.voices.voice import S3GenPrompt, Voice, VoiceFormatError
 
-_BUILDER_NAMES = ("S3GenPrompt", "VoiceFrontEnd", "build_voice", "prepare_voice_audio", "s3gen_prompt")
+_BUILDER_NAMES = ("VoiceFrontEnd", "build_voice", "prepare_voice_audio", "s3gen_prompt")
 _STORE_NAMES = ("VoiceStore", "VoiceInfo", "VoiceStoreError", "UnknownVoiceError", "InvalidVoiceIdError",
                 "ReservedVoiceError", "VoiceUploadError")
 
-__all__ = ["Voice", "VoiceFormatError", *_BUILDER_NAMES, *_STORE_NAMES]
+__all__ = ["S3GenPrompt", "Voice", "VoiceFormatError", *_BUILDER_NAMES, *_STORE_NAMES]
 
 
 def __getattr__(name: str):

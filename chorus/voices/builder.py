@@ -16,7 +16,7 @@ checkpoint so they are loaded once.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Union
 
 import numpy as np
@@ -29,21 +29,12 @@ from chorus.models.s3gen.mel import log_mel_spectrogram
 from chorus.models.s3tokenizer import S3TokenizerV2
 from chorus.models.variants import Variant
 from chorus.models.voice_encoder import VoiceEncoder
-from chorus.voices.voice import Voice
+from chorus.voices.voice import S3GenPrompt, Voice
 
 S3GEN_SAMPLE_RATE = 24000
 TOKENIZER_SAMPLE_RATE = 16000
 
 VoiceSource = Union[AudioSource, DecodedAudio, ReferenceAudio, np.ndarray]
-
-
-@dataclass(frozen=True)
-class S3GenPrompt:
-    """What S3Gen's ``embed_ref`` produces for the first 10 s of a clip."""
-
-    tokens: torch.Tensor  # [1, Tp] int64
-    mel: torch.Tensor  # [1, Tm, 80] float32, 24 kHz log-mel, time-major
-    xvector: torch.Tensor  # [1, 192] float32, CAMPPlus, not normalised
 
 
 def prepare_voice_audio(source: VoiceSource, variant: Variant, *, sample_rate: int | None = None) -> ReferenceAudio:
@@ -73,7 +64,8 @@ def prepare_voice_audio(source: VoiceSource, variant: Variant, *, sample_rate: i
 
 
 @torch.inference_mode()
-def s3gen_prompt(wav_24k: np.ndarray | torch.Tensor, s3_tokenizer: S3TokenizerV2, campplus: CAMPPlus) -> S3GenPrompt:
+def s3gen_prompt(wav_24k: np.ndarray | torch.Tensor, s3_tokenizer: S3TokenizerV2, campplus: CAMPPlus,
+                 *, name: str = "") -> S3GenPrompt:
     """S3Gen conditioning of a 24 kHz clip (already cut to its first 10 s): the reference ``embed_ref``."""
     wav = torch.as_tensor(np.asarray(wav_24k, dtype=np.float32)).reshape(1, -1)
     mel, _ = log_mel_spectrogram(wav)
@@ -85,7 +77,7 @@ def s3gen_prompt(wav_24k: np.ndarray | torch.Tensor, s3_tokenizer: S3TokenizerV2
     if mel.shape[1] != 2 * tokens.shape[1]:
         # the reference keeps floor(Tm / 2) tokens (the mel itself is not changed)
         tokens = tokens[:, : mel.shape[1] // 2]
-    return S3GenPrompt(tokens=tokens.long(), mel=mel.float(), xvector=xvector.float().reshape(1, -1))
+    return S3GenPrompt(tokens=tokens.long(), mel=mel.float(), xvector=xvector.float().reshape(1, -1), name=name)
 
 
 @torch.inference_mode()

@@ -28,10 +28,49 @@ FORMAT = "chorus-voice/1"
 VOICE_FILE_SUFFIX = ".safetensors"  # how a saved voice file is told apart from a reference clip
 SAMPLE_RATE = 24000  # of s3gen_prompt_mel (S3Gen's output rate)
 _TENSORS = ("speaker_embedding", "t3_prompt_tokens", "s3gen_prompt_tokens", "s3gen_prompt_mel", "xvector")
+_S3GEN_TENSORS = ("tokens", "mel", "xvector")
 
 
 class VoiceFormatError(ValueError):
     """A voice file or conditionals dict does not have the expected structure."""
+
+
+@dataclass(frozen=True, eq=False)
+class S3GenPrompt:
+    """S3Gen's conditioning of one voice, what S3Gen's ``embed_ref`` makes of the first 10 s of a
+    clip (the ``gen`` part of ``conds.pt``): all the vocoder stage needs. A :class:`Voice` carries
+    one (:attr:`Voice.s3gen_prompt`); voice conversion to a clip builds one alone (no T3 part)."""
+
+    tokens: torch.Tensor  # [1, Tp] int64
+    mel: torch.Tensor  # [1, Tm, 80] float32, 24 kHz log-mel, time-major
+    xvector: torch.Tensor  # [1, 192] float32, CAMPPlus, not normalised
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        def check(cond: bool, what: str) -> None:
+            if not cond:
+                raise VoiceFormatError(f"S3Gen prompt {self.name or '(unnamed)'}: {what}")
+
+        check(self.tokens.ndim == 2 and self.tokens.shape[0] == 1 and not self.tokens.is_floating_point(),
+              "tokens must be integers [1, Tp]")
+        check(self.tokens.numel() == 0 or (int(self.tokens.min()) >= 0 and int(self.tokens.max()) < 6561),
+              "tokens must be speech codes in [0, 6560]")
+        check(self.mel.ndim == 3 and self.mel.shape[0] == 1 and self.mel.shape[2] == 80, "mel must be [1, Tm, 80]")
+        check(self.xvector.shape == (1, 192), f"xvector must be [1, 192], got {list(self.xvector.shape)}")
+
+    @functools.cached_property
+    def content_hash(self) -> str:
+        """Stable hex digest of the three tensors (keys the vocoder's per-voice cache)."""
+        return _digest((key, getattr(self, key)) for key in _S3GEN_TENSORS)
+
+
+def _digest(tensors) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for key, tensor in tensors:
+        t = tensor.detach().to("cpu").contiguous()
+        h.update(f"{key}:{t.dtype}:{list(t.shape)};".encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,6 +122,11 @@ class Voice:
         if self.t3_prompt_embeds is not None:
             h.update(self.t3_prompt_embeds.detach().float().cpu().contiguous().numpy().tobytes())
         return h.hexdigest()
+
+    @functools.cached_property
+    def s3gen_prompt(self) -> S3GenPrompt:
+        """The S3Gen part of this voice (made once per voice object)."""
+        return S3GenPrompt(self.s3gen_prompt_tokens, self.s3gen_prompt_mel, self.xvector, name=self.name)
 
     # ---- conds.pt (the official built-in voice) -----------------------------------------------
 

@@ -73,6 +73,15 @@ class TokenRules:
             drop_last_token_audio=variant.drop_last_token_audio,
         )
 
+    @classmethod
+    def verbatim(cls, num_codes: int = 6561) -> "TokenRules":
+        """Vocode the tokens as given, the audio kept whole: what ``S3Token2Wav.inference`` does
+        without an entry class's clean-up (voice conversion: S3 tokenizer output goes straight to
+        S3Gen; no markers to cut, no silence tokens, no tail cut). Ids outside the codebook, which
+        the tokenizer never makes, are dropped."""
+        return cls(bos=-1, eos=-1, num_codes=num_codes, cut_at_markers=False, filter_invalid=True,
+                   silence_tokens=0, drop_last_token_audio=False)
+
 
 def postprocess_speech_tokens(tokens: TokenSeq, variant: Variant | TokenRules) -> list[int]:
     """T3 output -> the tokens S3Gen vocodes, as the variant's reference entry class does it.
@@ -223,24 +232,29 @@ class S3Gen(nn.Module):
         self, tokens: Sequence[TokenSeq], voices, *, seeds: int | Sequence[int] | None = None,
         generators: Sequence[tuple[torch.Generator, torch.Generator]] | None = None,
         n_steps: int | None = None, cfg_rate: float | None = None, postprocess: bool = True,
+        rules: TokenRules | None = None,
     ) -> list[torch.Tensor]:
         """Vocode a batch: one waveform (1-D float32, CPU, 24 kHz) per item.
 
         Args:
             tokens: per item, raw T3 speech tokens (``postprocess=True``: the variant's clean-up
               runs first) or the exact tokens to vocode (``postprocess=False``).
-            voices: one :class:`chorus.voices.Voice` for every item, or one per item.
+            voices: one :class:`chorus.voices.Voice` (or :class:`chorus.voices.S3GenPrompt`) for
+              every item, or one per item.
             seeds: one seed per item (an int is used for every item); None draws random seeds.
             generators: instead of seeds, per item a (device generator, CPU phase generator)
               pair, e.g. from :func:`item_generators`; they advance as the item's noise is drawn.
             n_steps: flow solver steps (default: the variant's, 10 or meanflow's 2).
             cfg_rate: flow CFG weight (standard flow only; default the variant's 0.7).
+            rules: the token clean-up and audio rules (default: the variant's, for T3 output;
+              ``TokenRules.verbatim()`` for voice conversion).
 
         An item left with no tokens gives an empty waveform. Every item gets the samples it
         would get alone (the batch is padded and masked, randomness is per item).
         """
         count = len(tokens)
-        items = [self.postprocess_tokens(t) if postprocess else
+        rules = rules or self.rules
+        items = [postprocess_speech_tokens(t, rules) if postprocess else
                  [int(x) for x in (t.reshape(-1).tolist() if isinstance(t, torch.Tensor) else t)] for t in tokens]
         voice_list = list(voices) if isinstance(voices, (list, tuple)) else [voices] * count
         if len(voice_list) != count:
@@ -264,14 +278,14 @@ class S3Gen(nn.Module):
         if not active:
             return out
         wavs = self._vocode_batch([items[i] for i in active], [voice_list[i] for i in active],
-                                  [pairs[i] for i in active], n_steps, cfg_rate)
+                                  [pairs[i] for i in active], n_steps, cfg_rate, rules)
         for i, wav in zip(active, wavs):
             out[i] = wav
         return out
 
     def _vocode_batch(self, items: list[list[int]], voices: list,
                       generators: list[tuple[torch.Generator, torch.Generator]],
-                      n_steps: int | None, cfg_rate: float | None) -> list[torch.Tensor]:
+                      n_steps: int | None, cfg_rate: float | None, rules: TokenRules) -> list[torch.Tensor]:
         device = self.device
         token_lengths = torch.tensor([len(t) for t in items], device=device)
         batch = torch.zeros(len(items), int(token_lengths.max()), dtype=torch.long, device=device)
@@ -289,7 +303,7 @@ class S3Gen(nn.Module):
         wav = apply_trim_fade(vocoded.wav.float())
         out = []
         for i, length in enumerate(vocoded.wav_lengths.tolist()):
-            if self.rules.drop_last_token_audio:
+            if rules.drop_last_token_audio:
                 length = min(length, max(1, len(items[i]) - 1) * SAMPLES_PER_TOKEN)
             out.append(wav[i, :length].cpu())
         return out
@@ -298,14 +312,17 @@ class S3Gen(nn.Module):
 def _stack_prompts(voices: list, device: torch.device) -> tuple[torch.Tensor, ...]:
     """(prompt tokens, their lengths, prompt mel, its lengths, x-vectors), right-padded; batch 1
     when every item has the same voice (the flow broadcasts it)."""
+    from chorus.voices import Voice
+
     unique = voices[:1] if all(v is voices[0] for v in voices) else voices
-    token_lengths = torch.tensor([v.s3gen_prompt_tokens.shape[1] for v in unique], device=device)
-    mel_lengths = torch.tensor([v.s3gen_prompt_mel.shape[1] for v in unique], device=device)
+    unique = [v.s3gen_prompt if isinstance(v, Voice) else v for v in unique]  # S3GenPrompts
+    token_lengths = torch.tensor([v.tokens.shape[1] for v in unique], device=device)
+    mel_lengths = torch.tensor([v.mel.shape[1] for v in unique], device=device)
     tokens = torch.zeros(len(unique), int(token_lengths.max()), dtype=torch.long, device=device)
     mel = torch.zeros(len(unique), int(mel_lengths.max()), 80, device=device)
     for i, v in enumerate(unique):
-        tokens[i, :v.s3gen_prompt_tokens.shape[1]] = v.s3gen_prompt_tokens[0].to(device)
-        mel[i, :v.s3gen_prompt_mel.shape[1]] = v.s3gen_prompt_mel[0].to(device=device, dtype=torch.float32)
+        tokens[i, :v.tokens.shape[1]] = v.tokens[0].to(device)
+        mel[i, :v.mel.shape[1]] = v.mel[0].to(device=device, dtype=torch.float32)
     xvector = torch.cat([v.xvector.to(device=device, dtype=torch.float32) for v in unique])
     return tokens, token_lengths, mel, mel_lengths, xvector
 
