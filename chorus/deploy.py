@@ -441,6 +441,11 @@ class RemoteBackend:
                           [dict(version=d.entry.version, weight=d.entry.weight, state=self._version_state(d))
                            for d in versions]) for model_id, versions in self.routes.items()], self.aliases)
 
+    async def convert(self, form, priority_header: str | None, request_id: str, *, arrived: float,
+                      affinity: str | None = None):
+        raise APIError(501, "voice conversion needs a single-process server (--replicas 1) for now",
+                       code="not_supported")
+
     def refusing(self) -> bool:
         """False: each replica admits for itself."""
         return False

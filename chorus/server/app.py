@@ -15,18 +15,21 @@ import uuid
 
 from fastapi import Depends, FastAPI, Header, Request, WebSocket
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from chorus.server.errors import APIError, StreamCut, install_error_handlers
+from chorus.server.errors import APIError, StreamCut, install_error_handlers, validation_error
 from chorus.server.logs import MAX_LOGGED_PATH, clean_for_log, request_id_var
-from chorus.server.schemas import (ErrorBody, Health, ModelCard, ModelList, Readiness, SpeechBody, VoiceCard,
-                                   VoiceDeleted, VoiceList)
+from chorus.server.schemas import (ConversionFields, ErrorBody, Health, ModelCard, ModelList, Readiness, SpeechBody,
+                                   VoiceCard, VoiceDeleted, VoiceList)
+from chorus.server.speech import ConversionForm
 from chorus.server.backend import Backend
 from chorus.server.registry import affinity_key
 
 logger = logging.getLogger("chorus.server")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 _MULTIPART_OVERHEAD = 64 << 10  # boundaries and part headers around an upload
+CONVERSION_PATH = "/v1/audio/voice-conversion"
 ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 404, 413, 429, 500, 503, 504)}
 UPLOAD_ERRORS = {**ERRORS, 415: {"model": ErrorBody},  # POST /v1/voices: a body that is not multipart
                  507: {"model": ErrorBody}}  # and a voice store out of space
@@ -73,7 +76,10 @@ def create_app(service: Backend) -> FastAPI:
 
     app.add_middleware(_EarlyRefusal, refusal=refused_early)
     app.add_middleware(_BodyLimit, default=config.max_body_bytes,
-                       uploads=config.max_upload_bytes + _MULTIPART_OVERHEAD, timeout_s=config.body_timeout_s,
+                       uploads={"/v1/voices": config.max_upload_bytes + _MULTIPART_OVERHEAD,
+                                # a source clip and perhaps a target clip
+                                CONVERSION_PATH: 2 * config.max_upload_bytes + _MULTIPART_OVERHEAD},
+                       timeout_s=config.body_timeout_s,
                        header_limit=config.max_header_bytes)
     if config.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
@@ -192,6 +198,29 @@ def create_app(service: Backend) -> FastAPI:
         response = await _unless_client_leaves(opening, request)
         return _StallBoundedResponse(response, config.write_stall_s)
 
+    @app.post(CONVERSION_PATH, responses={**UPLOAD_ERRORS, 501: {"model": ErrorBody}, 200: {"content": {
+        "audio/mpeg": {}, "audio/ogg": {}, "audio/aac": {}, "audio/flac": {}, "audio/wav": {}, "audio/pcm": {}},
+        "description": "the converted audio, streamed as it is generated"}},
+        response_class=Response, dependencies=[Depends(authorize)], tags=["audio"],
+        openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+            "type": "object", "required": ["file", "model"], "properties": {
+                "file": {"type": "string", "format": "binary", "description": "the source speech"},
+                "voice_file": {"type": "string", "format": "binary",
+                               "description": "the target voice as a reference clip (instead of voice)"},
+                **ConversionFields.model_json_schema()["properties"]}}}}}})
+    async def voice_conversion(request: Request,
+                               x_chorus_priority: str | None = Header(None, description="high, normal or low"),
+                               x_chorus_affinity: str | None = Header(None, description=AFFINITY_HELP)):
+        """Speak the words of the source clip (``file``) in another voice (``voice``, a voice id,
+        or ``voice_file``, a clip); docs/voice-conversion.md."""
+        service.require_serving()
+        form = await _read_conversion(request, config.max_upload_bytes)
+        opening = asyncio.ensure_future(service.convert(form, x_chorus_priority, request.state.request_id,
+                                                        arrived=time.perf_counter(),
+                                                        affinity=_affinity(request, x_chorus_affinity)))
+        response = await _unless_client_leaves(opening, request)
+        return _StallBoundedResponse(response, config.write_stall_s)
+
     # -- voice agents (docs/voice-agents.md) ---------------------------------------------------
     agents = None
     if hasattr(service, "hold_drain"):  # models in this process (not a front of remote replicas)
@@ -263,30 +292,64 @@ def _voice_card(info) -> VoiceCard:
                      variant=info.variant)
 
 
-async def _read_upload(request: Request, limit: int) -> tuple[bytes, str | None]:
+async def _read_form(request: Request, limit: int, *, max_files: int, max_fields: int):
+    """The request's multipart form, each part at most ``limit`` bytes (close it when done)."""
     content_type = request.headers.get("content-type", "")
     if not content_type.startswith("multipart/form-data"):
         raise APIError(415, "upload the clip as multipart/form-data with a 'file' field", code="unsupported_media_type")
     try:
-        form = await request.form(max_files=1, max_fields=4, max_part_size=limit)
+        return await request.form(max_files=max_files, max_fields=max_fields, max_part_size=limit)
     except StarletteHTTPException as exc:
         if exc.status_code in (408, 413):  # the body's time and size limits answer for themselves
             raise
         raise APIError(400, f"could not read the multipart body: {exc.detail}", code="invalid_multipart") from None
     except Exception as exc:  # noqa: BLE001 - malformed multipart of any kind
         raise APIError(400, f"could not read the multipart body: {exc}", code="invalid_multipart") from None
-    upload = form.get("file")
+
+
+async def _form_file(form, field: str, limit: int, *, required: bool) -> bytes | None:
+    """The bytes of the form's file ``field`` (at most ``limit``)."""
+    upload = form.get(field)
+    if upload is None and not required:
+        return None
     if upload is None or isinstance(upload, str):
-        raise APIError(400, "the multipart body needs a 'file' field holding the clip", code="missing_file",
-                       param="file")
+        raise APIError(400, f"the multipart body needs a {field!r} field holding a clip (a file part)",
+                       code="missing_file", param=field)
     data = await upload.read(limit + 1)
-    await form.close()
     if len(data) > limit:
-        raise APIError(413, f"the clip is larger than {limit} bytes", code="too_large", param="file")
+        raise APIError(413, f"{field}: the clip is larger than {limit} bytes", code="too_large", param=field)
+    return data
+
+
+async def _read_upload(request: Request, limit: int) -> tuple[bytes, str | None]:
+    form = await _read_form(request, limit, max_files=1, max_fields=4)
+    try:
+        data = await _form_file(form, "file", limit, required=True)
+    finally:
+        await form.close()
     name = form.get("name")
     if name is not None and not isinstance(name, str):
         raise APIError(400, "name must be a text field, not a file", code="invalid_name", param="name")
     return data, name  # the store checks the name itself
+
+
+async def _read_conversion(request: Request, limit: int) -> ConversionForm:
+    """POST /v1/audio/voice-conversion's form: its fields validated, its clips read."""
+    form = await _read_form(request, limit, max_files=2, max_fields=12)
+    try:
+        source = await _form_file(form, "file", limit, required=True)
+        clip = await _form_file(form, "voice_file", limit, required=False)
+        values = {k: v for k, v in form.multi_items() if k not in ("file", "voice_file")}
+    finally:
+        await form.close()
+    if any(not isinstance(v, str) for v in values.values()):
+        field = next(k for k, v in values.items() if not isinstance(v, str))
+        raise APIError(400, f"{field} must be a text field, not a file", code="invalid_parameter", param=field)
+    try:
+        fields = ConversionFields.model_validate(values)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+    return ConversionForm(fields, source, clip)
 
 
 class _ClientGone(BaseException):
@@ -510,11 +573,12 @@ class _EarlyRefusal:
 class _BodyLimit:
     """Reject a request line and headers over ``header_limit`` bytes (431), and bodies over the
     limit (413) before they are read: by Content-Length, and by
-    counting for chunked bodies. Uploads (POST /v1/voices) have their own, larger limit. A body
+    counting for chunked bodies. Uploads (``uploads``: path -> limit; POST /v1/voices and
+    /v1/audio/voice-conversion) have their own, larger limits. A body
     must also arrive in full within ``timeout_s`` of the request (408 otherwise), so a client
     that trickles it (slowloris) cannot hold a connection and a worker for long."""
 
-    def __init__(self, app, default: int, uploads: int, timeout_s: float, header_limit: int):
+    def __init__(self, app, default: int, uploads: dict[str, int], timeout_s: float, header_limit: int):
         self.app, self.default, self.uploads, self.timeout_s = app, default, uploads, timeout_s
         self.header_limit = header_limit
 
@@ -527,7 +591,7 @@ class _BodyLimit:
             scope.setdefault("state", {})["error_code"] = "headers_too_large"
             return await _send_error(APIError(431, f"the request line and headers exceed {self.header_limit} bytes",
                                               code="headers_too_large", headers={"Connection": "close"}), send)
-        limit = self.uploads if scope["path"].rstrip("/") == "/v1/voices" else self.default
+        limit = self.uploads.get(scope["path"].rstrip("/"), self.default)
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:

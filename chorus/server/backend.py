@@ -9,7 +9,7 @@ from typing import Protocol
 from chorus.server.config import ServerConfig
 from chorus.server.errors import APIError
 from chorus.server.schemas import SpeechBody
-from chorus.server.speech import SpeechResponse
+from chorus.server.speech import ConversionForm, SpeechResponse
 
 
 class Backend(Protocol):
@@ -49,6 +49,10 @@ class Backend(Protocol):
                      arrived: float, affinity: str | None = None) -> SpeechResponse:
         """Start a request; errors before its first audio raise ``APIError``. ``affinity``: the
         key that picks the version of a model split between versions (None: the request id)."""
+
+    async def convert(self, form: ConversionForm, priority_header: str | None, request_id: str, *,
+                      arrived: float, affinity: str | None = None) -> SpeechResponse:
+        """Start a voice conversion; errors before its first audio raise ``APIError``."""
 
     async def add_voice(self, data: bytes, name: str | None): ...
     async def list_voices(self) -> list: ...

@@ -95,6 +95,7 @@ class ServerConfig:
     voices_url: str | None = None  # an object store shared by replicas (s3://bucket/prefix, ...)
     voice_cache_size: int = 64
     max_upload_bytes: int = 10 << 20
+    max_source_s: float = 60.0  # voice conversion: the longest source clip (docs/voice-conversion.md)
     # limits and admission
     max_queue: int = 256  # requests in flight (queued or running) before 429
     admission: str = "predicted"  # "predicted": also refuse what cannot start in time; "queue": max_queue only
@@ -162,7 +163,7 @@ class ServerConfig:
         _require(0 < self.port < 65536, f"port must be in 1..65535, got {self.port!r}")
         for name in ("max_deadline_s", "canary_interval_s", "canary_timeout_s", "stall_timeout_s", "write_stall_s",
                      "shutdown_grace_s", "tokens_per_char", "body_timeout_s", "ws_idle_timeout_s",
-                     "switch_interval_ms"):
+                     "switch_interval_ms", "max_source_s"):
             value = getattr(self, name)
             _require(isinstance(value, (int, float)) and value > 0, f"{name} must be a positive number, got {value!r}")
         _require(self.realtime_headroom is None or (isinstance(self.realtime_headroom, (int, float))
@@ -295,7 +296,8 @@ FIELD_HELP = {
     "voices_url": "object-store URL where uploaded voices are kept, shared by every replica: s3://bucket/prefix, "
                   "gs://..., az://..., any fsspec URL (needs the backend's package, e.g. pip install s3fs)",
     "voice_cache_size": "voices kept in memory (LRU)",
-    "max_upload_bytes": "largest voice upload in bytes",
+    "max_upload_bytes": "largest voice upload in bytes (and largest clip of a voice conversion)",
+    "max_source_s": "voice conversion: the longest source clip in seconds (longer ones get 413)",
     "max_queue": "requests in flight (queued or running) before new ones get 429",
     "admission": "predicted (also refuse at once, 429 overloaded, a request predicted not to reach its first "
                  "audio within its start deadline) or queue (only max_queue and memory pressure)",

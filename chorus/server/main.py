@@ -50,7 +50,7 @@ def load_models(config: ServerConfig) -> Loaded:
     running pipeline, plus its voice store."""
     from chorus.engine.config import EngineConfig
     from chorus.models.loading import parse_device
-    from chorus.pipeline import Pipeline, PipelineConfig, SpeechModels
+    from chorus.pipeline import ConversionConfig, Pipeline, PipelineConfig, SpeechModels
     from chorus.vocoder.config import VocoderConfig
     from chorus.voices.objectstore import open_blob_store
     from chorus.voices.store import VoiceStore
@@ -69,6 +69,7 @@ def load_models(config: ServerConfig) -> Loaded:
     vocoder = VocoderConfig() if entry.vocoder_max_batch_items is None else \
         VocoderConfig(max_batch_items=entry.vocoder_max_batch_items)
     pipeline = Pipeline(models, PipelineConfig(engine=engine, vocoder=vocoder, max_chars=config.max_chars,
+                                               conversion=ConversionConfig(max_source_s=config.max_source_s),
                                                default_deadline_s=config.default_deadline_s,
                                                default_start_deadline_s=config.start_deadline_for(
                                                    models.device.type),

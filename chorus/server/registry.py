@@ -232,6 +232,11 @@ class ModelRegistry:
         return await self._call(body.model, affinity or request_id,
                                 lambda s: s.speech(body, priority_header, request_id, arrived=arrived))
 
+    async def convert(self, form, priority_header: str | None, request_id: str, *, arrived: float,
+                      affinity: str | None = None):
+        return await self._call(form.fields.model, affinity or request_id,
+                                lambda s: s.convert(form, priority_header, request_id, arrived=arrived))
+
     async def _call(self, model: str, key: str, start):
         version = self.pick(model, key)
         version.routed += 1  # until admission holds it (or it is answered): a retirement waits

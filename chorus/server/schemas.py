@@ -55,6 +55,25 @@ class SpeechBody(BaseModel):
                                                                         "(25 per second of audio)")
 
 
+class ConversionFields(BaseModel):
+    """``POST /v1/audio/voice-conversion``'s text fields (multipart form fields, so values come
+    as text and are converted: ``"7"`` is the integer 7, ``"true"`` is true). Its files are
+    ``file`` (the source speech) and, optionally, ``voice_file`` (the target as a clip)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(description="a model id from GET /v1/models")
+    voice: str | None = Field(None, min_length=1, max_length=64,
+                              description="the target: a voice id from GET /v1/voices ('default': the model's "
+                                          "built-in voice, also when neither voice nor voice_file is given)")
+    response_format: ResponseFormat = "mp3"
+    stream: bool | None = Field(None, description="as for speech: default false for wav and flac, true otherwise")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="the same seed and source give the same audio")
+    flow_steps: int | None = Field(None, ge=1, le=50, description="S3Gen solver steps (default: the variant's)")
+    priority: PriorityName | None = Field(None, description="overrides the X-Chorus-Priority header; default normal")
+    deadline_s: float | None = Field(None, gt=0.0, description="total deadline, as for speech")
+
+
 class ModelVersionCard(BaseModel):
     version: str = Field(description="the version label (X-Chorus-Model-Version of the responses it serves)")
     weight: int = Field(description="its share of the model's traffic, relative to the other versions")

@@ -21,7 +21,7 @@ from chorus.engine.request import Priority
 from chorus.pipeline.errors import PipelineError
 from chorus.pipeline.request import SpeechRequest
 from chorus.server.admission import Admission, Ticket
-from chorus.server.capacity import CapacityModel
+from chorus.server.capacity import TOKENS_PER_SECOND, CapacityModel
 from chorus.server.config import ServerConfig
 from chorus.server.degradation import Applied, DegradationPolicy
 from chorus.server.errors import APIError
@@ -321,6 +321,11 @@ class SpeechService:
 
         return await open_speech(self, body, priority_header, request_id, arrived)
 
+    async def convert(self, form, priority_header: str | None, request_id: str, *, arrived: float):
+        from chorus.server.speech import open_conversion
+
+        return await open_conversion(self, form, priority_header, request_id, arrived)
+
     async def add_voice(self, data: bytes, name: str | None):
         from chorus.server.speech import voice_call
 
@@ -375,6 +380,20 @@ class SpeechService:
         cfg_weight = body.cfg_weight if body.cfg_weight is not None else variant.sampling.cfg_weight
         rows = chunks * (2 if variant.t3.supports_cfg and cfg_weight > 0 else 1)
         return self.admission.admit(priority, tokens=tokens, chars=chars, rows=rows, **self._load())
+
+    def admit_conversion(self, priority: Priority, source_s: float) -> Ticket:
+        """Admit a voice conversion of a ``source_s``-second source (25 speech tokens per second
+        of it, no T3 rows) or raise a 429/503 ``APIError``."""
+        return self.admission.admit(priority, tokens=source_s * TOKENS_PER_SECOND, chars=0, rows=0, **self._load())
+
+    def conversion_planner(self):
+        """The pipeline's conversion planner, or a 501 when the checkpoint was loaded without
+        the voice models it needs."""
+        try:
+            return self.pipeline.conversion_planner
+        except ValueError as exc:
+            raise APIError(501, f"voice conversion is not available on this server: {exc}",
+                           code="not_supported") from None
 
     def refusing(self) -> bool:
         """Whether some priority is being refused whatever the text. Low priority has the smallest

@@ -18,13 +18,31 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 from chorus.models.s3gen.s3gen import SAMPLE_RATE
 from chorus.pipeline.errors import PipelineError
+from chorus.server.degradation import Applied
 from chorus.server.errors import APIError, StreamCut, pipeline_error
-from chorus.server.schemas import SpeechBody
+from chorus.server.schemas import ConversionFields, SpeechBody
 
 if TYPE_CHECKING:
     from chorus.server.service import SpeechService
 
 logger = logging.getLogger("chorus.server")
+
+
+@dataclass
+class ConversionForm:
+    """``POST /v1/audio/voice-conversion`` as read from its multipart body: the text fields
+    (validated), the source clip's bytes, and the target clip's bytes if one was sent."""
+
+    fields: ConversionFields
+    source: bytes
+    voice_clip: bytes | None = None
+
+    @property
+    def streams(self) -> bool:
+        """As for speech: ``stream`` if given, else true except for wav and flac."""
+        if self.fields.stream is not None:
+            return self.fields.stream
+        return self.fields.response_format not in WHOLE_BY_DEFAULT
 
 
 @dataclass
@@ -45,32 +63,100 @@ class SpeechResponse:
 async def open_speech(service: "SpeechService", body: SpeechBody, priority_header: str | None, request_id: str,
                       arrived: float) -> SpeechResponse:
     """Start ``body`` on ``service`` and wait for its first audio (see the module docstring)."""
-    from chorus.audio.streaming import StreamEncoder, media_type  # PyAV: imported when first needed
     service.require_serving()
     service.check_model(body.model)
     priority = service.priority(body.priority, priority_header)
     call = await start_call(service, body, priority, request_id, arrived)
+    return await _respond(call, body.response_format, streaming=streams(body), speed=body.speed,
+                          sse=body.stream_format == "sse")
+
+
+async def _respond(call: "SpeechCall", response_format: str, *, streaming: bool, speed: float = 1.0,
+                   sse: bool = False) -> SpeechResponse:
+    """The response of an admitted, submitted call: its encoder, then its first audio awaited
+    (a failure before it is still a JSON error), then the body that streams the rest."""
+    from chorus.audio.streaming import StreamEncoder, media_type  # PyAV: imported when first needed
+
     try:
-        encoder = StreamEncoder(body.response_format, SAMPLE_RATE, speed=body.speed, streaming=streams(body))
+        encoder = StreamEncoder(response_format, SAMPLE_RATE, speed=speed, streaming=streaming)
     except ValueError as exc:
         call.end(None)
         raise APIError(400, str(exc), code="invalid_parameter", param="speed") from None
     except BaseException:
         call.end(None)
         raise
-    try:  # wait for the first audio, so that a failure before it is still a JSON error
+    try:
         first = await call.first()
     except BaseException:
         encoder.abort()
         raise
     headers = {"X-Chorus-Degradation": str(call.applied.level), "X-Chorus-Degraded": call.applied.header(),
                "X-Chorus-Seed": str(call.stream.plan.seed), "Cache-Control": "no-store"}
-    cheap = body.response_format in ("wav", "pcm") and body.speed == 1.0  # no codec: encode inline
+    cheap = response_format in ("wav", "pcm") and speed == 1.0  # no codec: encode inline
     session = _Session(call, encoder, first, cheap)
-    if body.stream_format == "sse":
+    if sse:
         return SpeechResponse("text/event-stream", headers, session.sse(), session.stalled, session.abandon)
-    return SpeechResponse(media_type(body.response_format), headers, session.bytes(), session.stalled,
-                          session.abandon)
+    return SpeechResponse(media_type(response_format), headers, session.bytes(), session.stalled, session.abandon)
+
+
+async def open_conversion(service: "SpeechService", form: "ConversionForm", priority_header: str | None,
+                          request_id: str, arrived: float) -> SpeechResponse:
+    """Convert ``form``'s source to its target voice: the source decoded and checked first (no
+    model runs), then admitted by its length (25 speech tokens per second, no T3 rows), then
+    planned (S3 tokens, the target's conditioning) and submitted on a worker thread; the
+    response streams as a speech response does. docs/voice-conversion.md, "HTTP"."""
+    from chorus.conversion import ConversionRequest
+
+    service.require_serving()
+    fields = form.fields
+    service.check_model(fields.model)
+    priority = service.priority(fields.priority, priority_header)
+    if fields.voice is not None and form.voice_clip is not None:
+        raise APIError(400, "give the target as 'voice' (a voice id) or as 'voice_file' (a clip), not both",
+                       code="invalid_parameter", param="voice")
+    planner = service.conversion_planner()
+    source = await asyncio.to_thread(conversion_call, planner.prepare_source, ConversionRequest(form.source))
+    ticket = service.admit_conversion(priority, source.duration)
+    try:
+        if form.voice_clip is not None:
+            target = form.voice_clip
+        elif fields.voice is None or fields.voice == "default":
+            target = None
+        else:
+            target = await asyncio.to_thread(request_voice, service.voices, fields.voice)
+        request = ConversionRequest(source, voice=target, seed=fields.seed, flow_steps=fields.flow_steps,
+                                    priority=priority, deadline_s=fields.deadline_s,
+                                    stream=form.streams, request_id=request_id)
+        submitting = asyncio.ensure_future(asyncio.to_thread(conversion_call, service.pipeline.convert, request))
+        try:
+            stream = await asyncio.shield(submitting)
+        except asyncio.CancelledError:
+            submitting.add_done_callback(_cancel_submitted)
+            raise
+    except BaseException:
+        service.admission.release(ticket)
+        raise
+    call = SpeechCall(service, stream, ticket, Applied(level=service.degradation_level), arrived)
+    return await _respond(call, fields.response_format, streaming=form.streams)
+
+
+def conversion_call(fn, *args):
+    """Call a conversion planner or ``Pipeline.convert``, mapping its input errors to API errors:
+    the source (``SourceAudioError``: 413 too long, else 400), the target clip and the target
+    voice's kind (400)."""
+    from chorus.audio import AudioError
+    from chorus.conversion import SourceAudioError
+    from chorus.voices.voice import VoiceFormatError
+
+    try:
+        return fn(*args)
+    except SourceAudioError as exc:
+        code = "source_too_long" if exc.status == 413 else "invalid_source"
+        raise APIError(exc.status, f"file: {exc}", code=code, param="file") from None
+    except VoiceFormatError as exc:
+        raise APIError(400, str(exc), code="voice_not_convertible", param="voice") from None
+    except AudioError as exc:
+        raise APIError(400, f"voice_file: {exc}", code="invalid_voice_clip", param="voice_file") from None
 
 
 _LOOK_UP = object()  # start_call's voice: look the body's voice up in the store

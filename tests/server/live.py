@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from chorus.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from chorus.pipeline import ConversionConfig
 from chorus.pipeline.pipeline import Pipeline, PipelineConfig
 from chorus.server.config import DegradationConfig, ServerConfig
 from chorus.server.main import uvicorn_server
@@ -35,14 +36,15 @@ def server_config(voices_dir: Path, **overrides) -> ServerConfig:
 
 
 def tiny_loader(config: ServerConfig, *, front_end=None, max_num_seqs: int = 16,
-                kv_cache_bytes: int = 64 << 20, max_chars: int = 60):
+                kv_cache_bytes: int = 64 << 20, max_chars: int = 60, models_of=None):
     """A loader of the tiny models of a model version's config (the real one is
     chorus.server.main.load_models; called without one, ``config``'s). ``front_end``: the voice
-    front end, or a function of the variant name that returns one (several models)."""
+    front end, or a function of the variant name that returns one (several models);
+    ``models_of(variant)`` replaces ``tiny_models`` (e.g. models that can convert voices)."""
 
     def load(version_config: ServerConfig | None = None) -> Loaded:
         model_config = version_config or config
-        models = tiny_models(model_config.variant)
+        models = (models_of or tiny_models)(model_config.variant)
         if front_end is not None:
             models = dataclasses.replace(models, front_end=front_end(model_config.variant) if callable(front_end)
                                          else front_end)
@@ -51,6 +53,7 @@ def tiny_loader(config: ServerConfig, *, front_end=None, max_num_seqs: int = 16,
                               scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=1024,
                                                         max_model_len=1024))
         pipeline = Pipeline(models, PipelineConfig(engine=engine, max_chars=max_chars,
+                                                   conversion=ConversionConfig(max_source_s=model_config.max_source_s),
                                                    default_deadline_s=model_config.default_deadline_s,
                                                    default_start_deadline_s=model_config.start_deadline_for("cpu")))
         files = open_blob_store(model_config.voices_dir, model_config.voices_url)

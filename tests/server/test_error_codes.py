@@ -29,7 +29,11 @@ ELSEWHERE = {
     "id_collision": "untested here: needs two clips whose content hashes share a prefix",
     "invalid_admin_key": "test_models.py", "version_not_found": "test_models.py", "version_exists": "test_models.py",
     "last_version": "test_models.py", "load_failed": "test_models.py",
-    "not_supported": "test_scale_out.py (the admin API behind Ray Serve replicas)",
+    "invalid_source": "test_voice_conversion.py", "source_too_long": "test_voice_conversion.py",
+    "invalid_voice_clip": "test_voice_conversion.py",
+    "voice_not_convertible": "untested here: needs a stored voice of the other S3Gen kind "
+                             "(tests/conversion/test_conversion.py checks the refusal)",
+    "not_supported": "test_voice_conversion.py (no voice models), test_scale_out.py (the admin API behind Ray)",
 }
 
 
