@@ -127,12 +127,7 @@ async def open_conversion(service: "SpeechService", form: "ConversionForm", prio
         request = ConversionRequest(source, voice=target, seed=fields.seed, flow_steps=fields.flow_steps,
                                     priority=priority, deadline_s=fields.deadline_s,
                                     stream=form.streams, request_id=request_id)
-        submitting = asyncio.ensure_future(asyncio.to_thread(conversion_call, service.pipeline.convert, request))
-        try:
-            stream = await asyncio.shield(submitting)
-        except asyncio.CancelledError:
-            submitting.add_done_callback(_cancel_submitted)
-            raise
+        stream = await _submitted(conversion_call, service.pipeline.convert, request)
     except BaseException:
         service.admission.release(ticket)
         raise
@@ -175,16 +170,22 @@ async def start_call(service: "SpeechService", body: SpeechBody, priority, reque
         if voice is _LOOK_UP:
             voice = await asyncio.to_thread(request_voice, service.voices, body.voice)
         pipeline_request, applied = service.speech_request(body, voice, priority, request_id)
-        submitting = asyncio.ensure_future(asyncio.to_thread(service.submit, pipeline_request))
-        try:
-            stream = await asyncio.shield(submitting)
-        except asyncio.CancelledError:
-            submitting.add_done_callback(_cancel_submitted)
-            raise
+        stream = await _submitted(service.submit, pipeline_request)
     except BaseException:
         service.admission.release(ticket)
         raise
     return SpeechCall(service, stream, ticket, applied, arrived)
+
+
+async def _submitted(submit, *args):
+    """``submit(*args)`` (it starts a pipeline request and returns its stream) on a worker
+    thread. Cancelled meanwhile, the request it starts is cancelled as soon as it exists."""
+    submitting = asyncio.ensure_future(asyncio.to_thread(submit, *args))
+    try:
+        return await asyncio.shield(submitting)
+    except asyncio.CancelledError:
+        submitting.add_done_callback(_cancel_submitted)
+        raise
 
 
 def _cancel_submitted(submitting: "asyncio.Future") -> None:
