@@ -178,6 +178,22 @@ def _cmd_bench_vocoder(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_vc(args: argparse.Namespace) -> int:
+    from chorus.bench.vc_bench import VCBenchConfig, main_json
+    from chorus.cli_checks import check_output_file
+
+    if args.out is not None:
+        check_output_file(args.out, "--out")
+    try:
+        cfg = VCBenchConfig(variant=args.variant, checkpoint=args.checkpoint, dtype=args.dtype, device=args.device,
+                            source_s=args.source_s, repeats=args.repeats, warmup=args.warmup,
+                            flow_steps=args.flow_steps)
+    except ValueError as exc:
+        raise CliError(str(exc).replace("source_s", "--source-s").replace("flow_steps", "--flow-steps")) from None
+    main_json(cfg, args.out)
+    return 0
+
+
 def _positive_ints(value: str, option: str) -> tuple[int, ...]:
     try:
         numbers = tuple(int(v) for v in value.split(","))
@@ -988,6 +1004,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "yardstick_seconds and yardstick_fraction)")
     p.add_argument("--out", "-o", default=None, help="also write the JSON report to this file")
     p.set_defaults(handler=_cmd_bench_vocoder)
+    p = _add_command(
+        bench_sub, "vc", help="voice conversion, one at a time as `chorus vc` runs it: a source clip of --source-s "
+                    "seconds to the built-in voice, timed as tokenizing and the S3Gen pass (docs/voice-conversion.md)")
+    _add_bench_model(p)
+    p.add_argument("--source-s", type=float, default=10.0, help="the source clip's length in seconds (0.1-60)")
+    p.add_argument("--repeats", type=int, default=10, help="timed conversions (median)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed conversions first")
+    p.add_argument("--flow-steps", type=int, default=None, help="flow solver steps (default: the variant's)")
+    p.add_argument("--out", "-o", default=None, help="also write the JSON report to this file")
+    p.set_defaults(handler=_cmd_bench_vc)
     p = _add_command(
         bench_sub, "offline", help="the whole path (T3 + S3Gen) on the benchmark text, all chunks at once; optionally "
                         "the reference generate(), warm, on evenly spaced chunks for the ratio (fixed output lengths)")

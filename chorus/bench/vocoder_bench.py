@@ -422,9 +422,10 @@ def time_stage(stage: VocoderStage, voice: Voice, batch: int, new_tokens: int, c
 
 
 # ------------------------------------------------------------------------------------ report
-def load_bench_s3gen(cfg: VocoderBenchConfig) -> tuple[S3Gen, Voice, bool]:
-    """The variant's S3Gen (without the voice models) and its built-in voice, from
-    ``cfg.checkpoint`` or a random-weight checkpoint written for the run."""
+def load_bench_s3gen(cfg, voice_models: bool = False) -> tuple[S3Gen, Voice, bool]:
+    """The variant's S3Gen (with its voice models if asked) and its built-in voice, from
+    ``cfg.checkpoint`` or a random-weight checkpoint written for the run (``cfg``: a bench
+    config with ``variant``, ``checkpoint``, ``dtype`` and ``device``)."""
     from chorus.models.random_checkpoint import write_random_checkpoint
 
     variant = cfg.variant if isinstance(cfg.variant, Variant) else get_variant(cfg.variant)
@@ -433,7 +434,7 @@ def load_bench_s3gen(cfg: VocoderBenchConfig) -> tuple[S3Gen, Voice, bool]:
     with tempfile.TemporaryDirectory() as tmp:
         location = cfg.checkpoint or write_random_checkpoint(variant, tmp, components=("s3gen", "conds"))
         ckpt = Checkpoint.open(variant, location) if cfg.checkpoint else Checkpoint(variant, Path(location))
-        s3gen = S3Gen.from_checkpoint(ckpt, dtype=dtype, device=device, voice_models=False)
+        s3gen = S3Gen.from_checkpoint(ckpt, dtype=dtype, device=device, voice_models=voice_models)
         voice = Voice.from_conditionals(ckpt.builtin_voice_state())
         return s3gen, voice, ckpt.has_random_weights
 

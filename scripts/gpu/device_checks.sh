@@ -5,7 +5,7 @@
 #        stream-original | stream-turbo | attention | vocoder-graphs | stage-contention | online-original | online-turbo |
 #        agent-original | agent-turbo | overload-turbo | two-models | swap-turbo |
 #        scale-out-turbo | scale-out-original | profile-original | profile-turbo | rope-kv |
-#        vocoder-turbo | vocoder-original
+#        vocoder-turbo | vocoder-original | vc-turbo | vc-original
 # The reference chatterbox-tts (for the benchmark ratio) must be importable; WHEELS=DIR installs
 # it offline from wheels first (see scripts/gpu/README.md); a DIR/*.tar.xz is a pre-unpacked
 # site-packages bundle (Ray without its Java and ML-library parts), unpacked beside the wheels.
@@ -51,6 +51,9 @@ case $what in
     ${SWITCH_MS:+env CHORUS_SWITCH_INTERVAL_MS=$SWITCH_MS} bash scripts/gpu/online.sh turbo "$out" --concurrency 64,128 \
       --duration-s 20 --overload-multiple 10 --overload-duration-s "${SOAK_S:-300}" --overload-requests 200000 \
       --timeout-s 120 --quiet ;;
+  vc-original|vc-turbo)  # voice conversion of a 10 s source at batch 1 (docs/voice-conversion.md, "Speed")
+    python3 -m chorus.cli bench vc --variant "${what#vc-}" --source-s 10 --out "$out/bench_vc_${what#vc-}.json" 2>&1 \
+      | tail -5 ;;
   agent-original|agent-turbo)  # voice agents over the WebSocket (docs/benchmarks.md, "Voice-agent latency")
     bash scripts/gpu/online.sh "${what#agent-}" "$out" --agent --concurrency 1,16,64,256 --llm-tokens-per-s 50 \
       --max-new-tokens 80 --cancel-fraction 0.25 --quiet --out "$out/bench_agent_${what#agent-}.json" ;;
