@@ -755,7 +755,7 @@ def _stored_voice(voice_id: str, voices_dir: str | None, variant):
     import os
 
     from chorus.conversion.planner import check_s3gen_kind
-    from chorus.voices.store import UnknownVoiceError, VoiceStore
+    from chorus.voices.store import UnknownVoiceError, VoiceStore, VoiceStoreError
 
     directory = voices_dir or os.environ.get("CHORUS_VOICES_DIR") or "voices"
     if not os.path.isdir(directory):
@@ -767,6 +767,8 @@ def _stored_voice(voice_id: str, voices_dir: str | None, variant):
     except UnknownVoiceError:
         raise CliError(f"--voice {voice_id}: no such file, and no {variant.name} voice {voice_id!r} in "
                        f"{directory}") from None
+    except VoiceStoreError as exc:  # e.g. a voice not built for this variant yet: no voice models here
+        raise CliError(f"--voice {voice_id}: {exc}") from None
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

@@ -70,3 +70,18 @@ def test_vc_refuses_bad_input_before_loading_s3gen(source, tmp_path, capsys):
     assert "no voices directory" in _error(capsys, ["vc", source, "--voice", "someone", "--voices-dir",
                                                     str(tmp_path / "none"), *base])
     assert not os.path.exists(out)
+
+
+def test_vc_refuses_a_stored_voice_not_built_for_its_variant(source, tmp_path, capsys):
+    from chorus.voices.store import VoiceStore
+    from tests.voices.front_ends import tiny_front_end
+    from tests.voices.test_store import clip
+
+    voices = tmp_path / "voices"
+    voice_id = VoiceStore(voices, tiny_front_end(), get_variant("original"), builtin=None).add(clip(6.0)).id
+    light = light_checkpoint("turbo", tmp_path / "light")
+    out = str(tmp_path / "out.wav")
+    error = _error(capsys, ["vc", source, "--voice", voice_id, "--voices-dir", str(voices), "--variant", "turbo",
+                            "--checkpoint", light, "--device", "cpu", "--out", out])
+    assert f"--voice {voice_id}: voice '{voice_id}' has not been built for the turbo models yet" in error
+    assert not os.path.exists(out)
