@@ -217,7 +217,7 @@ def create_app(service: Backend) -> FastAPI:
         form = await _read_conversion(request, config.max_upload_bytes)
         opening = asyncio.ensure_future(service.convert(form, x_chorus_priority, request.state.request_id,
                                                         arrived=time.perf_counter(),
-                                                        affinity=_affinity(request, x_chorus_affinity)))
+                                                        affinity=affinity_key(request.headers)))
         response = await _unless_client_leaves(opening, request)
         return _StallBoundedResponse(response, config.write_stall_s)
 
