@@ -57,8 +57,8 @@ case $what in
   agent-original|agent-turbo)  # voice agents over the WebSocket (docs/benchmarks.md, "Voice-agent latency")
     bash scripts/gpu/online.sh "${what#agent-}" "$out" --agent --concurrency 1,16,64,256 --llm-tokens-per-s 50 \
       --max-new-tokens 80 --cancel-fraction 0.25 --quiet --out "$out/bench_agent_${what#agent-}.json" ;;
-  two-models)  # turbo and original in one server, each benched while the other is idle (docs/models.md);
-    # compare with online-turbo and online-original at the same concurrency
+  two-models)  # turbo and original each alone, then both in one server, each benched while the other is idle;
+    # the ratios of the two-model figures to the one-model ones (docs/models.md)
     bash scripts/gpu/models.sh two-models "$out" ;;
   swap-turbo)  # a hot swap to a second checkpoint under 64 clients (docs/benchmarks.md, "Swap under load")
     bash scripts/gpu/models.sh swap "$out" ;;
