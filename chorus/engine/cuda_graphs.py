@@ -87,7 +87,9 @@ class CudaGraphDecoder:
                     for _ in range(2):  # warm up (Triton autotuning, cuBLAS workspaces) outside capture
                         self._forward(rows, shared)
                     graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    # thread_local: another model's threads in this process (a version loading
+                    # beside the one serving) keep running; "global" would fail their CUDA calls
+                    with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
                         self._forward(rows, shared)
                     self.graphs[rows, shared] = graph
         torch.cuda.current_stream().wait_stream(stream)

@@ -116,3 +116,35 @@ def test_pool_is_sized_by_profiling_when_no_budget_is_given():
     assert 0.2 * total < pool_bytes < 0.5 * total
     results = engine.generate(_requests(variant, model, 2, tokens=8))
     assert all(len(r.tokens) == 8 for r in results)
+
+
+def test_graphs_are_captured_while_another_thread_keeps_using_the_gpu():
+    """A model version loading beside one that serves: the serving version's threads synchronise
+    and allocate while the new engine captures its graphs; neither side may fail."""
+    import threading
+
+    variant, model = _model("turbo", torch.float32)
+    stop, errors, rounds = threading.Event(), [], [0]
+
+    def serving():
+        x = torch.randn(256, 256, device="cuda")
+        while not stop.is_set():
+            try:
+                x = torch.tanh(x @ x.T / 256) + torch.empty(1 << 16, device="cuda").fill_(0)[:1]
+                torch.cuda.synchronize()
+                rounds[0] += 1
+            except Exception as exc:  # noqa: BLE001 - what the test asserts on
+                errors.append(exc)
+                return
+
+    thread = threading.Thread(target=serving)
+    thread.start()
+    try:
+        engine = _engine(model, variant, True)
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors and rounds[0] > 0
+    assert engine.runner.graphs is not None
+    reqs = _requests(variant, model, 3)
+    assert [r.tokens for r in engine.generate(reqs)] == [r.tokens for r in _engine(model, variant, False).generate(reqs)]
