@@ -1,8 +1,11 @@
 """What the server can do, learned online from what it measures: the estimates admission decides by.
 
 The model is processor sharing over one token rate. The server delivers audio at ``rate``
-speech tokens per second (25 tokens are one second of audio), measured while it is busy, so the
-rate already includes how well the current concurrency batches; requests in flight share it.
+speech tokens per second (25 tokens are one second of audio) when its busiest stage (T3 or the
+vocoder) is busy all the time: measured as the audio delivered over that stage's busy time, so
+the rate already includes how well the current concurrency batches, and a lightly loaded server
+(streams paced by their text, a few requests) is not taken for a slow one; requests in flight
+share it.
 A new request's first audio needs its first vocoder window (``first_window_tokens``); while it
 is being made, every request in flight progresses as much (or finishes first), so the
 predicted time to the first audio is::
@@ -22,7 +25,11 @@ total remaining work over the rate. The model is then calibrated by its own erro
 the EWMA of observed over predicted first-audio times of admitted requests (kept within
 ``BIAS_RANGE``), and ``start_s`` is the prediction times it, so a machine that turns out slower
 than measured (other work on it, a batch that scales worse) tightens admission by itself. Every estimate is an EWMA (``EWMA_ALPHA``); the rate is
-sampled over ``RATE_WINDOW_S`` of busy time, so an idle server keeps its last estimate.
+sampled over ``RATE_WINDOW_S`` of wall time with requests in flight, so an idle server keeps its
+last estimate. A sample extrapolates from the busiest stage's utilization u (its busy seconds
+over the wall seconds) as delivered / (seconds x u), u at least ``MIN_UTILIZATION``: a stage
+busy 20% of the time could deliver about five times what it did. That is a lower bound while
+batching pays (a fuller batch delivers more per busy second), exact at saturation.
 
 docs/server.md ("Admission") explains the policy built on this and why.
 """
@@ -35,7 +42,8 @@ from dataclasses import dataclass
 
 TOKENS_PER_SECOND = 25  # speech tokens per second of audio (every Chatterbox variant)
 EWMA_ALPHA = 0.3  # weight of a new observation
-RATE_WINDOW_S = 1.0  # busy seconds per sample of the delivery rate
+RATE_WINDOW_S = 1.0  # seconds with requests in flight per sample of the delivery rate
+MIN_UTILIZATION = 0.05  # a sample extrapolates at most 1 / this from the busiest stage's utilization
 BIAS_RANGE = (0.5, 4.0)  # the calibration of predicted start times stays within this
 
 
@@ -159,6 +167,7 @@ class CapacityModel:
         self.first_window_tokens = first_window_tokens
         self._lock = threading.Lock()
         self._window_s = 0.0
+        self._window_busy_s = 0.0  # the window's seconds times the busiest stage's utilization
         self._window_tokens = 0.0
 
     # -- predictions ------------------------------------------------------------------------------
@@ -183,17 +192,20 @@ class CapacityModel:
         return Estimate(tokens, (solo + (row_wait + ahead) / rate) * bias, total / rate, rate)
 
     # -- observations -----------------------------------------------------------------------------
-    def observe_delivery(self, seconds: float, tokens: float, busy: bool) -> None:
+    def observe_delivery(self, seconds: float, tokens: float, busy: bool, stage_busy_s: float | None = None) -> None:
         """``tokens`` of audio were delivered over ``seconds``; ``busy``: requests were in flight
-        all along (idle time says nothing about capacity and is skipped)."""
+        all along (idle time says nothing about capacity and is skipped). ``stage_busy_s``: the
+        busiest stage's busy seconds in that time (None: busy all along)."""
         if not busy or seconds <= 0:
             return
+        utilization = 1.0 if stage_busy_s is None else min(1.0, max(MIN_UTILIZATION, stage_busy_s / seconds))
         with self._lock:
             self._window_s += seconds
+            self._window_busy_s += seconds * utilization
             self._window_tokens += tokens
             if self._window_s >= RATE_WINDOW_S:
-                self.rate = _ewma(self.rate, self._window_tokens / self._window_s)
-                self._window_s = self._window_tokens = 0.0
+                self.rate = _ewma(self.rate, self._window_tokens / self._window_busy_s)
+                self._window_s = self._window_busy_s = self._window_tokens = 0.0
 
     def observe_cost(self, chars: int, tokens: int, capped: bool) -> None:
         """A finished request: ``tokens`` speech tokens for ``chars`` characters. A request cut

@@ -80,7 +80,8 @@ class SpeechService:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._last_tokens: tuple[float, int] | None = None
         self._last_passes: tuple[int, int] = (0, 0)
-        self._last_delivery: tuple[float, float, bool] | None = None  # (time, tokens delivered, busy)
+        # (time, tokens delivered, busy, T3 busy seconds, vocoder busy seconds)
+        self._last_delivery: tuple[float, float, bool, float, float] | None = None
         self._last_vocoder_busy: tuple[float, float] | None = None  # (when, vocoder busy seconds)
         self._drain_holds: list[Callable[[], int]] = []  # work drain() waits for besides admission's
         # other names of this model (a registry sets them; alone: the bare variant name)
@@ -280,12 +281,15 @@ class SpeechService:
             asyncio.create_task(self.run_canary())
 
     def _observe_delivery(self, now: float) -> None:
-        """Feed the capacity model the audio delivered since the last refresh (busy time only)."""
+        """Feed the capacity model the audio delivered since the last refresh (busy time only) and
+        how busy the busiest stage was meanwhile."""
         delivered, busy = self.admission.delivered_tokens, self.admission.in_flight > 0
+        stats = self.pipeline.stats()
         if self._last_delivery is not None:
-            then, before, was_busy = self._last_delivery
-            self.capacity.observe_delivery(now - then, delivered - before, busy and was_busy)
-        self._last_delivery = (now, delivered, busy)
+            then, before, was_busy, t3_before, vocoder_before = self._last_delivery
+            stage_busy = max(stats.t3_busy_s - t3_before, stats.vocoder_busy_s - vocoder_before)
+            self.capacity.observe_delivery(now - then, delivered - before, busy and was_busy, stage_busy)
+        self._last_delivery = (now, delivered, busy, stats.t3_busy_s, stats.vocoder_busy_s)
 
     def _snapshot(self, stats, now: float) -> EngineSnapshot:
         pipe = self.pipeline

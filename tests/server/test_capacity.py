@@ -8,7 +8,7 @@ import pytest
 
 from chorus.engine.request import Priority
 from chorus.server.admission import Admission
-from chorus.server.capacity import RATE_WINDOW_S, CapacityModel, InFlight, Work
+from chorus.server.capacity import MIN_UTILIZATION, RATE_WINDOW_S, CapacityModel, InFlight, Work
 from chorus.server.errors import APIError
 
 
@@ -39,6 +39,24 @@ def test_the_rate_is_learned_from_busy_time_only():
     assert model.rate is None
     model.observe_delivery(RATE_WINDOW_S, 300.0 * RATE_WINDOW_S, busy=True)
     assert model.rate == pytest.approx(300.0)
+
+
+def test_the_rate_is_what_the_busiest_stage_would_deliver_busy_all_the_time():
+    model = _model(rate=None)
+    model.observe_delivery(RATE_WINDOW_S, 100.0 * RATE_WINDOW_S, busy=True, stage_busy_s=0.25 * RATE_WINDOW_S)
+    assert model.rate == pytest.approx(400.0)  # a stage busy a quarter of the time: four times as much
+
+
+def test_a_saturated_stage_makes_the_rate_what_was_delivered():
+    model = _model(rate=None)
+    model.observe_delivery(RATE_WINDOW_S, 100.0 * RATE_WINDOW_S, busy=True, stage_busy_s=2 * RATE_WINDOW_S)
+    assert model.rate == pytest.approx(100.0)  # busy time beyond the wall time (two threads) counts as 1
+
+
+def test_an_almost_idle_stage_extrapolates_at_most_by_the_utilization_floor():
+    model = _model(rate=None)
+    model.observe_delivery(RATE_WINDOW_S, 10.0 * RATE_WINDOW_S, busy=True, stage_busy_s=0.0)
+    assert model.rate == pytest.approx(10.0 / MIN_UTILIZATION)
 
 
 def test_a_request_cut_by_its_token_cap_never_lowers_tokens_per_char():
