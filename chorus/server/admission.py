@@ -21,9 +21,11 @@ In order:
    priority finds room first): 429 ``overloaded`` otherwise. The start prediction
    alone lets a vocoder-bound server fill up with streams that each crawl below real time (they
    stall, and their first audio comes late enough to miss the deadline); this bound keeps the
-   number in flight at what the measured rate serves in time. While streams are faster than
-   real time the rate grows with each one admitted, so the bound rises with the load it can
-   carry (a slow start, like TCP's); a device slower than real time (the CPU) leaves it off.
+   number in flight at what the measured rate serves in time. It applies only while the server
+   is saturated (``CapacityModel.saturated``: its busiest stage busy most of the time): below
+   that there is capacity to spare by definition, and the rate is only a lower bound of it, so a
+   burst on a lightly loaded server is limited by the predicted start alone. A device slower
+   than real time (the CPU) leaves it off.
 
 ``Retry-After`` comes from the estimates: for ``overloaded``, how long until enough of the work
 in flight has drained for the prediction to fit; for ``queue_full`` and the real-time bound, until
@@ -151,7 +153,7 @@ class Admission:
                                 f"priority may use {limit}); retry after {headers['Retry-After']} s",
                            code="queue_full", headers=headers)
         h = self.realtime_headroom / share  # priorities keep their shares: high finds room first
-        if self.policy == "predicted" and in_flight and h > 0 and estimate.rate > 0 \
+        if self.policy == "predicted" and in_flight and h > 0 and estimate.rate > 0 and self.capacity.saturated \
                 and (in_flight + 1) * TOKENS_PER_SECOND * h > estimate.rate:
             headers = self._retry_after(self._first_done_s(work, estimate.rate))
             raise APIError(429, f"the server is overloaded: its {in_flight} streams in flight take the audio it "

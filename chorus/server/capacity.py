@@ -29,7 +29,10 @@ sampled over ``RATE_WINDOW_S`` of wall time with requests in flight, so an idle 
 last estimate. A sample extrapolates from the busiest stage's utilization u (its busy seconds
 over the wall seconds) as delivered / (seconds x u), u at least ``MIN_UTILIZATION``: a stage
 busy 20% of the time could deliver about five times what it did. That is a lower bound while
-batching pays (a fuller batch delivers more per busy second), exact at saturation.
+batching pays (a fuller batch delivers more per busy second), exact at saturation. The
+utilization itself is kept too (an EWMA over every observation, idle ones included):
+``saturated`` says whether the busiest stage is busy at least ``SATURATION`` of the time, i.e.
+whether the rate is a measurement of capacity rather than a lower bound of it.
 
 docs/server.md ("Admission") explains the policy built on this and why.
 """
@@ -44,6 +47,7 @@ TOKENS_PER_SECOND = 25  # speech tokens per second of audio (every Chatterbox va
 EWMA_ALPHA = 0.3  # weight of a new observation
 RATE_WINDOW_S = 1.0  # seconds with requests in flight per sample of the delivery rate
 MIN_UTILIZATION = 0.05  # a sample extrapolates at most 1 / this from the busiest stage's utilization
+SATURATION = 0.75  # the busiest stage's utilization (EWMA) from which the server counts as saturated
 BIAS_RANGE = (0.5, 4.0)  # the calibration of predicted start times stays within this
 
 
@@ -164,6 +168,7 @@ class CapacityModel:
         self.rate: float | None = prior_rate  # None: not measured yet
         self.solo_start_s: float | None = None
         self.bias = 1.0  # observed / predicted first-audio time (EWMA)
+        self.utilization: float | None = None  # the busiest stage's busy fraction (EWMA); None: unknown
         self.first_window_tokens = first_window_tokens
         self._lock = threading.Lock()
         self._window_s = 0.0
@@ -196,7 +201,12 @@ class CapacityModel:
         """``tokens`` of audio were delivered over ``seconds``; ``busy``: requests were in flight
         all along (idle time says nothing about capacity and is skipped). ``stage_busy_s``: the
         busiest stage's busy seconds in that time (None: busy all along)."""
-        if not busy or seconds <= 0:
+        if seconds <= 0:
+            return
+        if stage_busy_s is not None:
+            with self._lock:
+                self.utilization = _ewma(self.utilization, min(1.0, stage_busy_s / seconds))
+        if not busy:
             return
         utilization = 1.0 if stage_busy_s is None else min(1.0, max(MIN_UTILIZATION, stage_busy_s / seconds))
         with self._lock:
@@ -206,6 +216,12 @@ class CapacityModel:
             if self._window_s >= RATE_WINDOW_S:
                 self.rate = _ewma(self.rate, self._window_tokens / self._window_busy_s)
                 self._window_s = self._window_busy_s = self._window_tokens = 0.0
+
+    @property
+    def saturated(self) -> bool:
+        """The busiest stage is busy at least ``SATURATION`` of the time (or that was never measured)."""
+        utilization = self.utilization
+        return utilization is None or utilization >= SATURATION
 
     def observe_cost(self, chars: int, tokens: int, capped: bool) -> None:
         """A finished request: ``tokens`` speech tokens for ``chars`` characters. A request cut

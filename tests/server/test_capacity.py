@@ -183,6 +183,30 @@ def test_the_realtime_bound_follows_the_measured_rate():
         _admit_long(admission)
 
 
+def test_the_realtime_bound_waits_until_the_busiest_stage_is_saturated():
+    admission = _realtime_admission(rate=1000.0)  # 32 streams at 1.25x real time, once saturated
+    admission.capacity.observe_delivery(1.0, 0.0, busy=False, stage_busy_s=0.1)  # mostly idle
+    assert not admission.capacity.saturated
+    tickets = [_admit_long(admission) for _ in range(40)]  # capacity to spare: the start prediction decides
+    for _ in range(8):  # the stages fill up
+        admission.capacity.observe_delivery(1.0, 1000.0, busy=True, stage_busy_s=1.0)
+    assert admission.capacity.saturated
+    with pytest.raises(APIError) as info:
+        _admit_long(admission)
+    assert info.value.code == "overloaded" and "real time" in info.value.message
+    assert len(tickets) == 40
+
+
+def test_the_utilization_is_an_average_over_busy_and_idle_observations():
+    model = _model()
+    assert model.utilization is None and model.saturated  # unknown: the bound applies
+    model.observe_delivery(1.0, 0.0, busy=False, stage_busy_s=0.0)
+    assert model.utilization == 0.0
+    model.observe_delivery(1.0, 50.0, busy=True, stage_busy_s=3.0)  # overlapping timers count as 1
+    assert model.utilization == pytest.approx(0.3)
+    assert model.rate == pytest.approx(0.7 * 100.0 + 0.3 * 50.0)  # an idle observation is no rate sample
+
+
 def _row_wait_by_definition(works: list[Work], rows: int, max_rows: int) -> float:
     free = max_rows - sum(w.rows for w in works)
     if free >= rows:
