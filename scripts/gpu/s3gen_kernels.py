@@ -74,11 +74,15 @@ def kernel_profile(fn, device: torch.device, top: int = 12) -> dict:
         sync(device)
     classes: dict[str, float] = {}
     kernels: list[tuple[str, float, int]] = []
-    for event in prof.key_averages():
-        device_us = getattr(event, "self_device_time_total", None)
-        if device_us is None:
-            device_us = getattr(event, "self_cuda_time_total", 0.0)
-        if device.type != "cuda":
+    events = prof.key_averages()
+    typed = any(e.device_type == torch.autograd.DeviceType.CUDA for e in events)
+    for event in events:
+        if device.type == "cuda":
+            # kernels only: an operator's self device time is its kernels' counted again
+            if (event.device_type != torch.autograd.DeviceType.CUDA) if typed else event.key.startswith("aten::"):
+                continue
+            device_us = getattr(event, "self_device_time_total", 0.0)
+        else:
             device_us = event.self_cpu_time_total if not event.key.startswith("aten::") else 0.0
         if device_us <= 0:
             continue
