@@ -31,8 +31,10 @@ over the wall seconds) as delivered / (seconds x u), u at least ``MIN_UTILIZATIO
 busy 20% of the time could deliver about five times what it did. That is a lower bound while
 batching pays (a fuller batch delivers more per busy second), exact at saturation. The
 utilization itself is kept too (an EWMA over every observation, idle ones included):
-``saturated`` says whether the busiest stage is busy at least ``SATURATION`` of the time, i.e.
-whether the rate is a measurement of capacity rather than a lower bound of it.
+``saturated`` says whether the busiest stage is busy most of the time, i.e. whether the rate is
+a measurement of capacity rather than a lower bound of it: the server becomes saturated when the
+utilization reaches ``SATURATION[1]`` and stays so until it falls below ``SATURATION[0]`` (a
+hysteresis: a momentary dip under sustained overload must not open the door to a flood).
 
 docs/server.md ("Admission") explains the policy built on this and why.
 """
@@ -47,7 +49,7 @@ TOKENS_PER_SECOND = 25  # speech tokens per second of audio (every Chatterbox va
 EWMA_ALPHA = 0.3  # weight of a new observation
 RATE_WINDOW_S = 1.0  # seconds with requests in flight per sample of the delivery rate
 MIN_UTILIZATION = 0.05  # a sample extrapolates at most 1 / this from the busiest stage's utilization
-SATURATION = 0.75  # the busiest stage's utilization (EWMA) from which the server counts as saturated
+SATURATION = (0.5, 0.75)  # the busiest stage's utilization (EWMA): saturated from [1] on, until below [0]
 BIAS_RANGE = (0.5, 4.0)  # the calibration of predicted start times stays within this
 
 
@@ -169,6 +171,7 @@ class CapacityModel:
         self.solo_start_s: float | None = None
         self.bias = 1.0  # observed / predicted first-audio time (EWMA)
         self.utilization: float | None = None  # the busiest stage's busy fraction (EWMA); None: unknown
+        self._saturated = True  # until a utilization is measured, assume the worst
         self.first_window_tokens = first_window_tokens
         self._lock = threading.Lock()
         self._window_s = 0.0
@@ -206,6 +209,8 @@ class CapacityModel:
         if stage_busy_s is not None:
             with self._lock:
                 self.utilization = _ewma(self.utilization, min(1.0, stage_busy_s / seconds))
+                low, high = SATURATION
+                self._saturated = self.utilization >= high or (self._saturated and self.utilization >= low)
         if not busy:
             return
         utilization = 1.0 if stage_busy_s is None else min(1.0, max(MIN_UTILIZATION, stage_busy_s / seconds))
@@ -219,9 +224,8 @@ class CapacityModel:
 
     @property
     def saturated(self) -> bool:
-        """The busiest stage is busy at least ``SATURATION`` of the time (or that was never measured)."""
-        utilization = self.utilization
-        return utilization is None or utilization >= SATURATION
+        """The busiest stage is busy most of the time (see ``SATURATION``), or that was never measured."""
+        return self._saturated
 
     def observe_cost(self, chars: int, tokens: int, capped: bool) -> None:
         """A finished request: ``tokens`` speech tokens for ``chars`` characters. A request cut

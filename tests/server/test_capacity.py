@@ -207,6 +207,21 @@ def test_the_utilization_is_an_average_over_busy_and_idle_observations():
     assert model.rate == pytest.approx(0.7 * 100.0 + 0.3 * 50.0)  # an idle observation is no rate sample
 
 
+def test_saturation_holds_through_a_dip_and_ends_when_the_stages_go_quiet():
+    model = _model()
+    for _ in range(10):
+        model.observe_delivery(1.0, 100.0, busy=True, stage_busy_s=1.0)
+    assert model.saturated
+    model.observe_delivery(1.0, 100.0, busy=True, stage_busy_s=0.4)  # a dip: 0.3 x 0.4 + 0.7 x 1 = 0.82
+    model.observe_delivery(1.0, 100.0, busy=True, stage_busy_s=0.4)  # 0.69: below entry, above exit
+    assert model.utilization < 0.75 and model.saturated
+    for _ in range(3):
+        model.observe_delivery(1.0, 0.0, busy=False, stage_busy_s=0.0)
+    assert model.utilization < 0.5 and not model.saturated
+    model.observe_delivery(1.0, 100.0, busy=True, stage_busy_s=1.0)  # 0.3 x 1 + 0.7 x 0.24 = 0.47
+    assert not model.saturated  # below entry: not yet
+
+
 def _row_wait_by_definition(works: list[Work], rows: int, max_rows: int) -> float:
     free = max_rows - sum(w.rows for w in works)
     if free >= rows:
