@@ -473,7 +473,7 @@ async def run_async(cfg: OnlineBenchConfig, progress=None) -> dict:
             if progress is not None:
                 progress(level)
     if overload is not None:
-        from chorus.bench.overload_bench import capacity_of, run_overload
+        from chorus.bench.overload_bench import capacity_of, realtime_capacity_of, run_overload
 
         rate = overload.arrival_rate
         if rate is None:
@@ -483,10 +483,14 @@ async def run_async(cfg: OnlineBenchConfig, progress=None) -> dict:
                                        "to multiply; pass --arrival-rate instead")
             rate = overload.overload_multiple * capacity
             report["capacity_requests_per_s"] = round(capacity, 4)
+            realtime = realtime_capacity_of(report["levels"])
+            report["capacity_realtime_requests_per_s"] = None if realtime is None else round(realtime, 4)
         report["overload"] = await run_overload(cfg, overload, body, rate)
         if overload.arrival_rate is None:
             goodput = report["overload"]["goodput_requests_per_s"]
             report["overload"]["goodput_fraction_of_capacity"] = round(goodput / capacity, 4)
+            report["overload"]["goodput_fraction_of_realtime_capacity"] = \
+                None if realtime is None else round(goodput / realtime, 4)
         if progress is not None:
             _overload_line(report["overload"])
     return report

@@ -53,9 +53,21 @@ class OverloadConfig:
             raise ValueError(f"--overload-requests must be >= 1, got {self.requests}")
 
 
+REALTIME_SHARE = 0.95  # a level serves in real time when this share of its streams never stalled
+
+
 def capacity_of(levels: list[dict]) -> float:
     """Completed requests per second of the best closed-loop level (0 when none completed)."""
     return max((level["ok"] / level["wall_s"] for level in levels if level["wall_s"] > 0), default=0.0)
+
+
+def realtime_capacity_of(levels: list[dict]) -> float | None:
+    """:func:`capacity_of` over the levels whose streams played without a stall (at least
+    ``REALTIME_SHARE`` of the completed ones): the load served as a streaming client needs it.
+    None when no level qualifies or the format's audio is not measured."""
+    rates = [level["ok"] / level["wall_s"] for level in levels
+             if level["wall_s"] > 0 and (level.get("faster_than_realtime") or 0.0) >= REALTIME_SHARE]
+    return max(rates) if rates else None
 
 
 def arrival_times(rate: float, count: int, duration_s: float, seed: int) -> list[float]:

@@ -227,4 +227,18 @@ def test_an_overload_multiple_runs_after_the_closed_loop_levels(live, capsys):
     assert report["overload"]["sent"] == 6 and "overload at" in captured.err
     assert report["overload"]["goodput_fraction_of_capacity"] == pytest.approx(
         report["overload"]["goodput_requests_per_s"] / report["capacity_requests_per_s"], rel=1e-2)
+    realtime = report["capacity_realtime_requests_per_s"]  # the tiny CPU models may or may not keep up
+    fraction = report["overload"]["goodput_fraction_of_realtime_capacity"]
+    assert (realtime is None and fraction is None) or fraction == pytest.approx(
+        report["overload"]["goodput_requests_per_s"] / realtime, rel=1e-2)
     live.wait_idle()
+
+
+def test_the_realtime_capacity_counts_only_levels_whose_streams_did_not_stall():
+    from chorus.bench.overload_bench import realtime_capacity_of
+
+    levels = [{"ok": 100, "wall_s": 10.0, "faster_than_realtime": 1.0},
+              {"ok": 300, "wall_s": 10.0, "faster_than_realtime": 0.5},  # more requests, streams behind
+              {"ok": 150, "wall_s": 10.0, "faster_than_realtime": 0.96}]
+    assert realtime_capacity_of(levels) == pytest.approx(15.0)
+    assert realtime_capacity_of([{"ok": 1, "wall_s": 1.0, "faster_than_realtime": None}]) is None
