@@ -159,7 +159,7 @@ class Admission:
             raise APIError(429, f"the server is overloaded: its {in_flight} streams in flight take the audio it "
                                 f"can deliver ({estimate.rate / TOKENS_PER_SECOND:.0f} s of audio per second) "
                                 f"at {h:g}x real time each; retry after {headers['Retry-After']} s",
-                           code="overloaded", headers=headers)
+                           code="overloaded", headers=headers, rule="realtime")
         budget = share * start_deadline_s
         if self.policy == "predicted" and in_flight and estimate.start_s > budget:
             # the prediction fits once (start_s - budget) seconds' worth of first windows have
@@ -170,7 +170,7 @@ class Admission:
             raise APIError(429, f"the server is overloaded: a new request would wait about "
                                 f"{estimate.start_s:.1f} s for its first audio, beyond the {budget:g} s "
                                 f"{name} priority may wait; retry after {headers['Retry-After']} s",
-                           code="overloaded", headers=headers)
+                           code="overloaded", headers=headers, rule="start")
         return estimate
 
     @staticmethod

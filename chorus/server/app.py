@@ -530,7 +530,7 @@ class _RequestContext:
                 logger.info("%s %s %d: the client went away after %d bytes", scope["method"], path,
                             status[0], sent["bytes"], extra=extra)
             if status[0] >= 400 and status[0] != 499 and not probe:  # a 503 from /ready is an answer, not an error
-                self.record_error(code or str(status[0]))
+                self.record_error(code or str(status[0]), state.get("error_rule"))
 
 
 class _EarlyRefusal:
@@ -560,7 +560,8 @@ class _EarlyRefusal:
         body = b"".join(parts)
         error = self.refusal(dict(scope.get("headers") or []), body) if last is None else None
         if error is not None:
-            scope.setdefault("state", {})["error_code"] = error.code  # the access line and the metrics
+            state = scope.setdefault("state", {})
+            state["error_code"], state["error_rule"] = error.code, error.rule  # the access line and the metrics
             return await _send_error(error, send)
         pending = [{"type": "http.request", "body": body, "more_body": False}] + ([last] if last else [])
 

@@ -62,5 +62,5 @@ class Backend(Protocol):
     async def metrics_text(self) -> bytes:
         """Prometheus text of everything this backend serves."""
 
-    def record_error(self, code: str) -> None:
-        """Count an error answer the HTTP layer sent."""
+    def record_error(self, code: str, rule: str | None = None) -> None:
+        """Count an error answer the HTTP layer sent (``rule``: ``APIError.rule``)."""

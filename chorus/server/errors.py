@@ -23,12 +23,14 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_f
 
 class APIError(Exception):
     """A failure to send to the client: HTTP ``status``, a message for people, the ``param`` at
-    fault (or None), a stable machine ``code`` and extra headers (e.g. ``Retry-After``)."""
+    fault (or None), a stable machine ``code``, extra headers (e.g. ``Retry-After``) and, for the
+    metrics only, the ``rule`` that gave it where one code has several (admission's
+    ``overloaded``: ``start`` or ``realtime``)."""
 
     def __init__(self, status: int, message: str, *, code: str, param: str | None = None,
-                 headers: dict[str, str] | None = None, type: str | None = None):
+                 headers: dict[str, str] | None = None, type: str | None = None, rule: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.code, self.param = status, message, code, param
+        self.status, self.message, self.code, self.param, self.rule = status, message, code, param, rule
         self.type = type or _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
         self.headers = headers or {}
 
@@ -102,7 +104,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
-        request.state.error_code = exc.code
+        request.state.error_code, request.state.error_rule = exc.code, exc.rule
         return exc.response()
 
     @app.exception_handler(RequestValidationError)

@@ -24,6 +24,8 @@ STAGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2
 STAGES = ("queue", "t3", "vocoder", "encode")
 # error codes that are admission refusals, and the reason label they count under
 REFUSAL_REASONS = {"queue_full": "queue_full", "overloaded": "overloaded", "memory_pressure": "memory_pressure"}
+# the admission rules that answer `overloaded` (docs/server.md, "Admission")
+OVERLOAD_RULES = ("start", "realtime")
 DEADLINE_KINDS = ("start", "total")
 WS_TURN_OUTCOMES = ("done", "cancelled", "error")
 # metrics exported only where they can be measured (NVML on a CUDA device)
@@ -76,19 +78,27 @@ def _add_process_metrics(metrics, registry: CollectorRegistry) -> None:
                              registry=registry)
     metrics.refusals = Counter("chorus_admission_refusals", "Requests refused at admission, by reason",
                                ["reason"], registry=registry)
+    metrics.overloaded = Counter("chorus_admission_overloaded", "Requests refused as overloaded, by the admission "
+                                 "rule that refused them (start: predicted first audio too late; realtime: the "
+                                 "real-time bound)", ["rule"], registry=registry)
     metrics.ws_connections = Gauge("chorus_ws_connections_open", "Voice-agent WebSocket connections open",
                                    registry=registry)
     ProcessCollector(registry=registry)  # process_resident_memory_bytes, CPU seconds, open fds (Linux)
     for reason in REFUSAL_REASONS.values():
         metrics.refusals.labels(reason)
+    for rule in OVERLOAD_RULES:
+        metrics.overloaded.labels(rule)
 
 
-def _record_error(metrics, code: str) -> None:
+def _record_error(metrics, code: str, rule: str | None = None) -> None:
     """An error answer with ``code``: counted by type, and as an admission refusal when it is
-    one (a deadline miss is counted where the pipeline says which deadline passed)."""
+    one (a deadline miss is counted where the pipeline says which deadline passed); an
+    ``overloaded`` refusal also by the ``rule`` that gave it."""
     metrics.errors.labels(code).inc()
     if code in REFUSAL_REASONS:
         metrics.refusals.labels(REFUSAL_REASONS[code]).inc()
+    if code == "overloaded" and rule in OVERLOAD_RULES:
+        metrics.overloaded.labels(rule).inc()
 
 
 class ProcessMetrics:
@@ -103,8 +113,8 @@ class ProcessMetrics:
         self._scrape = CollectorRegistry(auto_describe=False)
         self._scrape.register(_VersionsCollector(self.registry, versions))
 
-    def record_error(self, code: str) -> None:
-        _record_error(self, code)
+    def record_error(self, code: str, rule: str | None = None) -> None:
+        _record_error(self, code, rule)
 
     def render(self) -> bytes:
         return generate_latest(self._scrape)
@@ -168,8 +178,14 @@ class ServerMetrics:
                                 ["change"], registry=registry)
         self.ready = Gauge("chorus_ready", "1 when /ready answers 200", registry=registry)
         self.admission_rate = Gauge("chorus_admission_tokens_per_second",
-                                    "Admission's estimate of the speech tokens delivered per second (busy time)",
+                                    "Admission's estimate of the speech tokens the server delivers per second "
+                                    "with its busiest stage saturated",
                                     registry=registry)
+        self.admission_utilization = Gauge("chorus_admission_utilization",
+                                           "The busiest stage's busy fraction as admission averages it", registry=registry)
+        self.admission_saturated = Gauge("chorus_admission_saturated",
+                                         "1 while admission counts the server as saturated (the real-time bound applies)",
+                                         registry=registry)
         self.admission_drain = Gauge("chorus_admission_drain_seconds",
                                      "Admission's predicted seconds until everything in flight is delivered",
                                      registry=registry)
@@ -204,8 +220,8 @@ class ServerMetrics:
         call it; ``Pipeline.set_timing_listener``)."""
         self.stage_seconds.labels(stage).observe(seconds)
 
-    def record_error(self, code: str) -> None:
-        _record_error(self, code)
+    def record_error(self, code: str, rule: str | None = None) -> None:
+        _record_error(self, code, rule)
 
     def stream_cut(self, reason: str, deadline: str | None = None) -> None:
         """A response cut after its first byte (``reason``: the pipeline's, e.g. ``deadline``, with

@@ -273,8 +273,8 @@ class ModelRegistry:
     async def metrics_text(self) -> bytes:
         return self.metrics.render()
 
-    def record_error(self, code: str) -> None:
-        self.metrics.record_error(code)
+    def record_error(self, code: str, rule: str | None = None) -> None:
+        self.metrics.record_error(code, rule)
 
     # ------------------------------------------------------------------------------ admin API
     def describe(self) -> list[dict[str, Any]]:

@@ -275,6 +275,8 @@ class SpeechService:
             m.in_flight.labels(priority.name.lower()).set(count)
         m.ready.set(1 if self.readiness()[0] else 0)
         m.admission_rate.set(self.capacity.rate or 0.0)
+        m.admission_utilization.set(self.capacity.utilization or 0.0)
+        m.admission_saturated.set(1 if self.capacity.saturated else 0)
         m.admission_drain.set(self.admission.drain_s())
         due = self.last_canary_ok is None or now - self.last_canary_ok >= self.config.canary_interval_s
         if self.state == "ready" and due and not self._canary_running:
@@ -353,8 +355,8 @@ class SpeechService:
     async def metrics_text(self) -> bytes:
         return self.metrics.render()
 
-    def record_error(self, code: str) -> None:
-        self.metrics.record_error(code)
+    def record_error(self, code: str, rule: str | None = None) -> None:
+        self.metrics.record_error(code, rule)
 
     # ------------------------------------------------------------------------------- requests
     def model_ids(self) -> list[str]:

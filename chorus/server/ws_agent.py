@@ -398,7 +398,7 @@ class Connection:
         await self._send(self.websocket.send_bytes, data)
 
     async def send_error(self, error: APIError, turn_id: str | None) -> None:
-        self.backend.record_error(error.code)
+        self.backend.record_error(error.code, error.rule)
         await self.send_event(_error_event(error, turn_id))
 
     async def _send(self, send, payload) -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from chorus.server.metrics import OPTIONAL_METRICS, STAGES, EngineSnapshot, ServerMetrics, kv_fragmentation
-from tests.server.live import metric
+from tests.server.live import metric, until
 
 
 def test_each_stage_observes_its_work(server):
@@ -32,6 +32,14 @@ def test_the_vocoder_busy_ratio_follows_the_passes(server):
     assert 0.0 <= ratio <= 1.0
 
 
+def test_admission_exports_the_busiest_stages_utilization_it_averages(server):
+    assert server.speech(input="Hello there.", response_format="pcm").status_code == 200
+    until(lambda: server.service.capacity.utilization is not None, what="a monitor refresh after the request")
+    text = server.client.get("/metrics").text
+    assert 0.0 <= metric(text, "chorus_admission_utilization") <= 1.0
+    assert metric(text, "chorus_admission_saturated") in (0.0, 1.0)
+
+
 def test_a_total_deadline_missed_before_the_first_audio_counts_as_a_total_miss(server):
     text = lambda: server.client.get("/metrics").text  # noqa: E731
     before = [metric(text(), "chorus_deadline_misses_total", f'kind="{k}"') for k in ("start", "total")]
@@ -45,6 +53,8 @@ def test_every_labelled_series_exists_before_its_first_event():
     text = ServerMetrics().render().decode()
     for series in ('chorus_admission_refusals_total{reason="queue_full"} 0.0',
                    'chorus_admission_refusals_total{reason="memory_pressure"} 0.0',
+                   'chorus_admission_overloaded_total{rule="start"} 0.0',
+                   'chorus_admission_overloaded_total{rule="realtime"} 0.0',
                    'chorus_deadline_misses_total{kind="start"} 0.0',
                    'chorus_deadline_misses_total{kind="total"} 0.0',
                    'chorus_stage_seconds_count{stage="t3"} 0.0'):
@@ -58,6 +68,17 @@ def test_an_admission_refusal_counts_by_reason(code, reason):
     text = metrics.render().decode()
     assert metric(text, "chorus_admission_refusals_total", f'reason="{reason}"') == 1
     assert metric(text, "chorus_errors_total", f'type="{code}"') == 1
+
+
+@pytest.mark.parametrize("rule", ["start", "realtime"])
+def test_an_overloaded_refusal_also_counts_by_its_rule(rule):
+    metrics = ServerMetrics()
+    metrics.record_error("overloaded", rule)
+    text = metrics.render().decode()
+    assert metric(text, "chorus_admission_refusals_total", 'reason="overloaded"') == 1
+    assert metric(text, "chorus_admission_overloaded_total", f'rule="{rule}"') == 1
+    other = "realtime" if rule == "start" else "start"
+    assert metric(text, "chorus_admission_overloaded_total", f'rule="{other}"') == 0
 
 
 def test_other_errors_are_not_refusals():
