@@ -45,18 +45,26 @@ def memory_utilization(config: ServerConfig, device) -> float:
     return min(1.0, held / total + share * config.gpu_memory_utilization)
 
 
+def vocoder_config(config: ServerConfig):
+    """The vocoder stage's settings of one model version (``config.for_entry``): its batch limit,
+    and CUDA graphs as the server's ``cuda_graphs`` says (T3's and the vocoder's alike)."""
+    from chorus.vocoder.config import VocoderConfig
+
+    entry = config.entries()[0]
+    limits = {} if entry.vocoder_max_batch_items is None else {"max_batch_items": entry.vocoder_max_batch_items}
+    return VocoderConfig(cuda_graphs=config.cuda_graphs, **limits)
+
+
 def load_models(config: ServerConfig) -> Loaded:
     """The real loader of one model version (``config.for_entry``): checkpoint -> models ->
     running pipeline, plus its voice store."""
     from chorus.engine.config import EngineConfig
     from chorus.models.loading import parse_device
     from chorus.pipeline import ConversionConfig, Pipeline, PipelineConfig, SpeechModels
-    from chorus.vocoder.config import VocoderConfig
     from chorus.voices.objectstore import open_blob_store
     from chorus.voices.store import VoiceStore
 
     utilization = memory_utilization(config, parse_device(config.device))
-    entry = config.entries()[0]
     models = SpeechModels.load(config.variant, config.checkpoint, dtype=config.dtype, device=config.device,
                                voice_models=config.voice_models, language_steps=language_step_config(config))
     if models.checkpoint.has_random_weights:
@@ -66,9 +74,7 @@ def load_models(config: ServerConfig) -> Loaded:
     engine = EngineConfig.from_flat(variant=config.variant, max_num_seqs=config.max_num_seqs,
                                     kv_cache_bytes=config.kv_cache_bytes, kv_cache_dtype=config.kv_cache_dtype,
                                     gpu_memory_utilization=utilization)
-    vocoder = VocoderConfig() if entry.vocoder_max_batch_items is None else \
-        VocoderConfig(max_batch_items=entry.vocoder_max_batch_items)
-    pipeline = Pipeline(models, PipelineConfig(engine=engine, vocoder=vocoder, max_chars=config.max_chars,
+    pipeline = Pipeline(models, PipelineConfig(engine=engine, vocoder=vocoder_config(config), max_chars=config.max_chars,
                                                conversion=ConversionConfig(max_source_s=config.max_source_s),
                                                default_deadline_s=config.default_deadline_s,
                                                default_start_deadline_s=config.start_deadline_for(

@@ -269,3 +269,17 @@ def test_the_websocket_pieces_are_bounded_by_max_input_chars_instead_of_refusing
     chunking = _build(flags={"max_input_chars": "100"}).ws_chunking()
     assert chunking.max_chars == 100 and chunking.min_chars == 20  # a piece must pass the input check
     assert _build(flags={"max_input_chars": "10"}).ws_chunking().min_chars == 10
+
+
+def test_cuda_graphs_off_turns_off_the_vocoders_graphs_too():
+    from chorus.server.main import vocoder_config
+
+    assert vocoder_config(_build()).cuda_graphs is True
+    assert vocoder_config(_build(flags={"cuda_graphs": "false"})).cuda_graphs is False
+
+
+def test_a_models_vocoder_batch_limit_reaches_its_vocoder_stage():
+    from chorus.server.main import vocoder_config
+
+    config = _build(flags={"models": "id=a,variant=turbo,vocoder_max_batch_items=8"})
+    assert vocoder_config(config.for_entry(config.entries()[0])).max_batch_items == 8
