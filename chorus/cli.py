@@ -173,6 +173,7 @@ def _cmd_bench_vocoder(args: argparse.Namespace) -> int:
         batch_sizes=_positive_ints(args.batch_sizes, "--batch-sizes"),
         new_tokens=_positive_ints(args.new_tokens, "--new-tokens"), repeats=args.repeats,
         flow_steps=args.flow_steps, yardstick=not args.no_yardstick, cuda_graphs=not args.no_cuda_graphs,
+        compile_hift=False if args.no_compile_hift else None,
     )
     main_json(cfg, args.out)
     return 0
@@ -232,33 +233,35 @@ def _pipeline_bench_config(args: argparse.Namespace):
 
 
 def parse_config_options(config_class, items: Sequence[str] | None, flag: str) -> dict:
-    """``KEY=VALUE`` strings -> fields of a config dataclass, each value parsed like its field's
-    default (bool: true/false, int, float, str; ``none`` for an optional field)."""
+    """``KEY=VALUE`` strings -> fields of a config dataclass, each value parsed as its field's
+    type (bool: true/false, int, float, str; ``none`` for an optional field, whose value is read
+    as the type beside None)."""
+    import typing
     from dataclasses import fields
 
-    known = {f.name: f.default for f in fields(config_class)}
+    hints = typing.get_type_hints(config_class)
+    known = {}
+    for f in fields(config_class):
+        kinds = [t for t in typing.get_args(hints[f.name]) if t is not type(None)] or [hints[f.name]]
+        known[f.name] = kinds[0] if kinds[0] in (bool, int, float) else str
     out = {}
     for item in items or ():
         key, sep, raw = item.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or key not in known:
             raise CliError(f"{flag} takes KEY=VALUE with KEY one of: {', '.join(sorted(known))}; got {item!r}")
-        default, raw = known[key], raw.strip()
+        kind, raw = known[key], raw.strip()
         try:
             if raw.lower() == "none":
                 value = None
-            elif isinstance(default, bool):
+            elif kind is bool:
                 if raw.lower() not in ("true", "false", "1", "0"):
                     raise ValueError(raw)
                 value = raw.lower() in ("true", "1")
-            elif isinstance(default, int):
-                value = int(raw)
-            elif isinstance(default, float):
-                value = float(raw)
             else:
-                value = raw
+                value = kind(raw)
         except ValueError:
-            raise CliError(f"{flag} {key}: cannot read {raw!r} as {type(default).__name__}") from None
+            raise CliError(f"{flag} {key}: cannot read {raw!r} as {kind.__name__}") from None
         out[key] = value
     return out
 
@@ -1001,6 +1004,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--flow-steps", type=int, default=None, help="flow solver steps (default: the variant's)")
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="run the stage's solver eagerly (VocoderConfig.cuda_graphs off)")
+    p.add_argument("--no-compile-hift", action="store_true",
+                   help="run HiFT's decoder eagerly (VocoderConfig.compile_hift off; default: compiled on CUDA)")
     p.add_argument("--no-yardstick", action="store_true",
                    help="skip the yardstick (the pass's modules in plain PyTorch as one CUDA graph; reported as "
                         "yardstick_seconds and yardstick_fraction)")

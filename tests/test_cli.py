@@ -364,3 +364,12 @@ def test_every_command_has_a_description_and_every_argument_help():
         for action in parser._actions:
             if not isinstance(action, argparse._SubParsersAction):
                 assert action.help, f"{' '.join(path)} {action.dest}"
+
+
+def test_vocoder_options_are_read_as_their_fields_types_optional_ones_included():
+    from chorus.cli import parse_config_options
+    from chorus.vocoder import VocoderConfig
+
+    items = ["cuda_graphs=false", "prompt_tokens=50", "max_graph_rows=8", "stream_context_tokens=none"]
+    assert parse_config_options(VocoderConfig, items, "--vocoder-option") == {
+        "cuda_graphs": False, "prompt_tokens": 50, "max_graph_rows": 8, "stream_context_tokens": None}
