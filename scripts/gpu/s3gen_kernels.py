@@ -12,7 +12,10 @@ the offline workload's large passes). Reported:
   with the top kernels;
 - ``hift``: HiFT's ``decode`` alone on that pass's mel shape (B x 2N frames), eager, with
   cuDNN's autotuner, and under ``torch.compile`` (default mode; its compile time too), each with
-  the audio's SNR against eager, and the eager kernel classes.
+  the audio's SNR against eager, and the eager kernel classes;
+- ``flow``: the flow's ``generate_mel`` (conformer encoder, projection, the solver's steps with
+  the variant's CFG) on that pass's shape (B items of P + N tokens), eager and compiled, with the
+  mel's SNR against eager and the kernel classes of each.
 """
 from __future__ import annotations
 
@@ -95,6 +98,53 @@ def kernel_profile(fn, device: torch.device, top: int = 12) -> dict:
             "top": [{"kernel": name[:120], "ms": round(ms, 3), "calls": calls} for name, ms, calls in kernels[:top]]}
 
 
+def flow_figures(s3gen, args, device: torch.device, dtype: torch.dtype) -> dict:
+    """``generate_mel`` over B items of prompt + new tokens, eager and compiled (see the module doc)."""
+    flow = s3gen.flow
+    settings = s3gen.variant.s3gen
+    ratio, width = flow.config.token_mel_ratio, args.prompt_tokens + args.new_tokens
+    g = torch.Generator(device=device).manual_seed(1)
+    tokens = torch.randint(0, 6561, (args.batch, width), generator=g, device=device)
+    lengths = torch.full((args.batch,), width, dtype=torch.long, device=device)
+    cond = torch.zeros(args.batch, 80, ratio * width, device=device, dtype=dtype)
+    cond[:, :, :ratio * args.prompt_tokens] = torch.randn(args.batch, 80, ratio * args.prompt_tokens, generator=g,
+                                                         device=device).to(dtype) - 5.0
+    noise = torch.randn(args.batch, 80, ratio * width, generator=g, device=device).to(dtype)
+    speaker = torch.randn(args.batch, 80, generator=g, device=device).to(dtype)
+    n_steps = flow.config.default_steps
+    cfg_rate = settings.cfg_rate
+    guidance = None if flow.config.meanflow or not cfg_rate else (1.0 + cfg_rate, cfg_rate)
+    out: dict = {"tokens": width, "n_steps": n_steps, "guided": guidance is not None}
+
+    def call(fn):
+        def run():
+            with torch.inference_mode():
+                return fn(tokens, lengths, cond, noise, speaker, n_steps, guidance)
+        return run
+
+    eager = call(flow.generate_mel)
+    timed(eager, device, 2)
+    seconds, reference = timed(eager, device, args.repeats)
+    out["eager"] = {"ms": round(seconds * 1e3, 3), "profile": kernel_profile(eager, device)}
+    print("flow eager", out["eager"]["ms"], out["eager"]["profile"]["classes_ms"], flush=True)
+    if not args.no_compile:
+        try:
+            compiled = call(torch.compile(flow.generate_mel, dynamic=False))
+            started = time.perf_counter()
+            compiled()
+            sync(device)
+            compile_s = time.perf_counter() - started
+            timed(compiled, device, 2)
+            seconds, mel = timed(compiled, device, args.repeats)
+            out["compiled"] = {"ms": round(seconds * 1e3, 3), "compile_s": round(compile_s, 1),
+                               "snr_db": round(snr_db(reference.float(), mel.float()), 2),
+                               "profile": kernel_profile(compiled, device)}
+        except Exception as error:  # a measurement script: record why and go on
+            out["compiled"] = {"error": f"{type(error).__name__}: {error}"[:2000]}
+        print("flow compiled", {k: v for k, v in out["compiled"].items() if k != "profile"}, flush=True)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
@@ -172,6 +222,7 @@ def main() -> int:
             results["compiled"] = {"error": f"{type(error).__name__}: {error}"[:2000]}
         print("hift compiled", {k: v for k, v in results["compiled"].items() if k != "profile"}, flush=True)
     report["hift"] = {"frames": frames, **results}
+    report["flow"] = flow_figures(s3gen, args, device, dtype)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
