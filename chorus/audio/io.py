@@ -32,6 +32,19 @@ class DecodedAudio:
     def duration(self) -> float:
         return len(self.samples) / self.sample_rate
 
+    @classmethod
+    def from_array(cls, samples, sample_rate: int | None, what: str) -> "DecodedAudio":
+        """A waveform given as an array, mono ``(samples,)`` or ``(samples, channels)`` as
+        soundfile returns it (channels averaged). ``what`` names it in the errors, e.g. "a source"."""
+        if sample_rate is None:
+            raise ValueError(f"{what} given as an array needs its sample_rate")
+        mono = np.asarray(samples, dtype=np.float32)
+        if mono.ndim == 2:
+            mono = mono.mean(axis=1, dtype=np.float32)
+        if mono.ndim != 1:
+            raise ValueError(f"{what} array must be mono (samples,) or (samples, channels), got {np.shape(samples)}")
+        return cls(np.ascontiguousarray(mono), int(sample_rate))
+
 
 MAX_SAMPLE_RATE = 384_000  # above any real recording: a larger rate is a hostile or broken header
 _BLOCK_FRAMES = 1 << 16

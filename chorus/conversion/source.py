@@ -60,14 +60,7 @@ def prepare_source(source: SourceInput, config: ConversionConfig = ConversionCon
     """
     limit = config.max_source_s
     if isinstance(source, np.ndarray):
-        if sample_rate is None:
-            raise ValueError("a source given as an array needs its sample_rate")
-        samples = np.asarray(source, dtype=np.float32)
-        if samples.ndim == 2:  # (samples, channels), as soundfile returns
-            samples = samples.mean(axis=1, dtype=np.float32)
-        if samples.ndim != 1:
-            raise ValueError(f"a source array must be mono (samples,) or (samples, channels), got {source.shape}")
-        source = DecodedAudio(np.ascontiguousarray(samples), int(sample_rate))
+        source = DecodedAudio.from_array(source, sample_rate, "a source")
     elif sample_rate is not None and not isinstance(source, DecodedAudio):
         raise ValueError("sample_rate is only for sources given as arrays")
     if isinstance(source, DecodedAudio):

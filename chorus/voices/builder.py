@@ -52,12 +52,7 @@ def prepare_voice_audio(source: VoiceSource, variant: Variant, *, sample_rate: i
                              f"whose clip rules differ from {variant.name}'s; prepare it again")
         return source
     if isinstance(source, np.ndarray):
-        if sample_rate is None:
-            raise ValueError("a waveform given as an array needs its sample_rate")
-        samples = np.asarray(source, dtype=np.float32)
-        if samples.ndim == 2:  # (samples, channels), as soundfile returns
-            samples = samples.mean(axis=1, dtype=np.float32)
-        source = DecodedAudio(samples=np.ascontiguousarray(samples), sample_rate=int(sample_rate))
+        source = DecodedAudio.from_array(source, sample_rate, "a waveform")
     elif sample_rate is not None and not isinstance(source, DecodedAudio):
         raise ValueError("sample_rate is only for waveforms given as arrays")
     return prepare_reference(source, policy)

@@ -148,3 +148,16 @@ def test_a_hidden_length_is_refused_once_decoding_passes_the_limit():
 def test_under_the_refusal_limit_a_long_clip_is_still_cut_to_max_seconds():
     decoded = decode_audio(_silent_flac(2, stated=False), max_seconds=30, refuse_seconds=600)
     assert decoded.truncated and decoded.samples.shape[0] == 30 * 8000
+
+
+def test_an_array_becomes_mono_decoded_audio_with_its_rate():
+    from chorus.audio import DecodedAudio
+
+    stereo = np.stack([np.ones(4), np.zeros(4)], axis=1)  # (samples, channels), as soundfile gives
+    decoded = DecodedAudio.from_array(stereo, 16000, "a clip")
+    assert decoded.sample_rate == 16000 and decoded.samples.dtype == np.float32
+    np.testing.assert_array_equal(decoded.samples, np.full(4, 0.5, dtype=np.float32))
+    with pytest.raises(ValueError, match="a clip given as an array needs its sample_rate"):
+        DecodedAudio.from_array(stereo, None, "a clip")
+    with pytest.raises(ValueError, match=r"a clip array must be mono \(samples,\) or \(samples, channels\)"):
+        DecodedAudio.from_array(np.zeros((2, 2, 2)), 16000, "a clip")
