@@ -29,6 +29,10 @@ replayed on the caller's current stream.
 
 When graphs are off, on the CPU, for more rows than ``max_rows``, or for a shape not yet seen
 ``capture_after`` times, a call runs the same function eagerly on the unpadded inputs.
+
+HiFT's decoder (``HiFTGenerator.decode``) may run through ``torch.compile`` in both ways
+(:class:`HiFTRunner`): a graph then captures the compiled kernels, compiled during the eager run
+that precedes every capture (or earlier, by :meth:`HiFTRunner.compile`), never inside one.
 """
 from __future__ import annotations
 
@@ -159,8 +163,8 @@ class HiFTInputs:
         self.phases[:batch].copy_(call.source.phases)
         _fill(self.noise, call.source.noise, batch, call.source.noise.shape[2], 0.0)
 
-    def run(self, hift: HiFTGenerator) -> tuple[torch.Tensor, torch.Tensor]:
-        return vocode(hift, self.mel, self.counts, SourceNoise(self.phases, self.noise))
+    def run(self, runner: "HiFTRunner") -> tuple[torch.Tensor, torch.Tensor]:
+        return runner(self.mel, self.counts, SourceNoise(self.phases, self.noise))
 
 
 @dataclass
@@ -173,14 +177,52 @@ class HiFTCall:
     source: SourceNoise
 
 
-def vocode(hift: HiFTGenerator, mel: torch.Tensor, counts: torch.Tensor | None,
-           source: SourceNoise) -> tuple[torch.Tensor, torch.Tensor]:
+def vocode(hift: HiFTGenerator, mel: torch.Tensor, counts: torch.Tensor | None, source: SourceNoise,
+           decode: Callable[..., torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """HiFT over a padded batch with per-item frame counts: (waveform ``[B, 480 F]`` float32, F0
     ``[B, F]`` float32). Every step masked (``counts`` None: every item is all F frames, nothing
-    masked), no host synchronisation either way (graph-capturable)."""
+    masked), no host synchronisation either way (graph-capturable). ``decode``: what runs
+    ``hift.decode`` (e.g. a compiled version of it; None: ``hift.decode`` itself)."""
     f0 = hift.predict_f0(mel, counts)
     excitation = hift.harmonic_source(f0, counts, source)
-    return hift.decode(mel, excitation, counts).float(), f0.float()
+    return (decode or hift.decode)(mel, excitation, counts).float(), f0.float()
+
+
+class HiFTRunner:
+    """HiFT over a padded batch (:func:`vocode`) with its decoder eager or compiled.
+
+    Compiled: ``torch.compile(hift.decode, dynamic=True)`` (inductor), one compiled function for
+    every batch size and frame count. What still makes dynamo compile again, and so bounds the
+    compiles of a process: the 0/1 specialisation of sizes (batch 1 is its own compile; frame
+    count 1 too, so 1-frame calls stay eager here), the model's dtype, device and HiFT config
+    (guarded; two model versions of one architecture share compiles), and size thresholds of the
+    convolution backend's choice (seen on the CPU: frame counts past 42 compile again). Past
+    dynamo's ``recompile_limit`` (8 per function) a new specialisation runs eagerly, correct but
+    slower. :meth:`compile` covers batch 1 and batch >= 2 before serving."""
+
+    def __init__(self, hift: HiFTGenerator, compiled: bool = False):
+        self.hift, self.compiled = hift, compiled
+        self._decode = torch.compile(hift.decode, dynamic=True) if compiled else hift.decode
+
+    def __call__(self, mel: torch.Tensor, counts: torch.Tensor | None,
+                 source: SourceNoise) -> tuple[torch.Tensor, torch.Tensor]:
+        decode = self._decode if mel.shape[-1] > 1 else self.hift.decode
+        return vocode(self.hift, mel, counts, source, decode)
+
+    @torch.inference_mode()
+    def compile(self) -> float:
+        """Compile the decoder now (when compiled at all) for the specialisations passes meet:
+        one call of 1 row and one of 2 rows, over ``FRAME_STEP`` frames, as graphed calls make
+        them (inference tensors, padded buffers). Returns the seconds it took (0.0 when eager)."""
+        if not self.compiled:
+            return 0.0
+        hift, started = self.hift, time.perf_counter()
+        device, dtype = hift.conv_pre.weight.device, hift.conv_pre.weight.dtype
+        for rows in (1, 2):
+            inputs = HiFTInputs(HiFTKey(rows, FRAME_STEP, dtype), hift.config.num_harmonics,
+                                hift.config.samples_per_frame, device)
+            inputs.run(self)
+        return time.perf_counter() - started
 
 
 def _fill(static: torch.Tensor, value: torch.Tensor, batch: int, length: int, pad) -> None:
@@ -205,9 +247,9 @@ class GraphLibrary(Generic[K]):
     """Captured graphs of one function by key: LRU of at most ``max_graphs``, captured on a key's
     ``capture_after``-th use (or at once through :meth:`prepare`), keys whose capture failed
     run eagerly from then on. ``make_inputs(key)`` builds a key's static buffers (an object with
-    ``load(call)`` and ``run(model)``)."""
+    ``load(call)`` and ``run(model)``; ``model``: the flow, or a :class:`HiFTRunner`)."""
 
-    def __init__(self, name: str, model: torch.nn.Module, make_inputs: Callable[[K], object], *,
+    def __init__(self, name: str, model: object, make_inputs: Callable[[K], object], *,
                  max_graphs: int, capture_after: int, stats: VocoderStats, pool, stream: torch.cuda.Stream | None):
         self.name, self.model, self.make_inputs = name, model, make_inputs
         self.max_graphs, self.capture_after, self.stats = max_graphs, capture_after, stats
@@ -299,14 +341,17 @@ class PassGraphs:
     docstring), else run eagerly. Not thread-safe: used from the vocoder stage's thread."""
 
     def __init__(self, flow: FlowDecoder, hift: HiFTGenerator, *, enabled: bool = True, max_graphs: int = 64,
-                 max_rows: int | None = None, capture_after: int = 1, stats: VocoderStats | None = None):
+                 max_rows: int | None = None, capture_after: int = 1, stats: VocoderStats | None = None,
+                 compile_hift: bool = False):
         """``max_rows``: calls of more items run eagerly (None: no limit). ``capture_after``: a
-        shape is captured on its ``capture_after``-th call (earlier calls run eagerly)."""
+        shape is captured on its ``capture_after``-th call (earlier calls run eagerly).
+        ``compile_hift``: HiFT's decoder runs compiled, graphed or not (:class:`HiFTRunner`)."""
         if max_graphs < 1:
             raise ValueError(f"max_graphs must be >= 1, got {max_graphs}")
         if capture_after < 1:
             raise ValueError(f"capture_after must be >= 1, got {capture_after}")
         self.flow, self.hift = flow, hift
+        self.hift_runner = HiFTRunner(hift, compile_hift)
         self.enabled, self.max_rows = enabled, max_rows
         self.stats = stats if stats is not None else VocoderStats()
         device = flow.encoder_proj.weight.device
@@ -321,8 +366,8 @@ class PassGraphs:
         self.flow_graphs: GraphLibrary[FlowKey] = GraphLibrary(
             "flow", flow, lambda key: FlowInputs(key, ratio, device), **common)
         self.hift_graphs: GraphLibrary[HiFTKey] = GraphLibrary(
-            "HiFT", hift, lambda key: HiFTInputs(key, hift_config.num_harmonics, hift_config.samples_per_frame,
-                                                 device), **common)
+            "HiFT", self.hift_runner,
+            lambda key: HiFTInputs(key, hift_config.num_harmonics, hift_config.samples_per_frame, device), **common)
 
     @property
     def active(self) -> bool:
@@ -371,7 +416,7 @@ class PassGraphs:
                     wav, f0 = out
                     return wav[:batch, :frames * self.hift.config.samples_per_frame], f0[:batch, :frames]
         self.stats.eager_runs += 1
-        return vocode(self.hift, call.mel, call.counts, call.source)
+        return self.hift_runner(call.mel, call.counts, call.source)
 
     def prepare_flow(self, batch: int, frames: int, n_steps: int, cfg_rate: float) -> bool:
         """Capture the flow graph a call of this shape replays, now (warm-up); False when inactive or held."""

@@ -47,7 +47,8 @@ class VocoderStage:
         """Learned seconds per padded flow token and per HiFT frame (sizes passes, see ``max_pass_seconds``)."""
         self._graphs = PassGraphs(s3gen.flow, s3gen.mel2wav, enabled=self.config.cuda_graphs,
                                   max_graphs=self.config.max_pass_graphs, max_rows=self.config.max_graph_rows,
-                                  capture_after=self.config.capture_after, stats=self._stats)
+                                  capture_after=self.config.capture_after, stats=self._stats,
+                                  compile_hift=self.config.compiles_hift(s3gen.device))
 
     # ------------------------------------------------------------------------------- interface
     def add(self, job_id: str, voice: Voice | S3GenPrompt, *, seed: int, streaming: bool,
@@ -139,9 +140,11 @@ class VocoderStage:
     def warmup(self, *, prompt_tokens: int | None = None, chunk_tokens: int = 240,
                max_items: int | None = None, n_steps: int | None = None, cfg_rate: float | None = None,
                time_budget_s: float = 60.0) -> int:
-        """Capture the CUDA graphs of the shapes common streaming passes need, so the first
-        requests do not pay for captures; call once at startup, before serving. Does nothing
-        (returns 0) on the CPU or with ``cuda_graphs`` off; returns the graphs captured.
+        """Compile HiFT's decoder (with ``compile_hift`` resolved on) and capture the CUDA graphs
+        of the shapes common streaming passes need, so the first requests pay for neither; call
+        once at startup, before serving. Captures nothing (returns 0) on the CPU or with
+        ``cuda_graphs`` off; returns the graphs captured. The compile comes first and is not
+        counted in ``time_budget_s`` (it must happen before serving whatever it costs).
 
         Shapes: passes over a voice prompt of ``prompt_tokens`` (default: the variant's S3Gen
         prompt length, 10 s = 250 tokens, or ``VocoderConfig.prompt_tokens`` if smaller) plus at
@@ -157,6 +160,8 @@ class VocoderStage:
         evicts its own graphs.
         """
         graphs, cfg = self._graphs, self.config
+        if graphs.hift_runner.compiled:
+            logger.info("compiled HiFT's decoder in %.1f s", graphs.hift_runner.compile())
         if not graphs.active:
             return 0
         settings, ratio = self.s3gen.variant.s3gen, self.s3gen.flow.config.token_mel_ratio

@@ -1,0 +1,145 @@
+"""HiFT's decoder through torch.compile (``VocoderConfig.compile_hift``): the per-device default
+and the stage's wiring on the CPU; compiled against eager bf16 audio, and a whole compiled stage
+against an eager one without compiles after warm-up, on a GPU."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from chorus.models.s3gen.hift import SourceNoise
+from chorus.vocoder import VocoderConfig, VocoderStage
+from chorus.vocoder.pass_graphs import HiFTRunner
+from chorus.vocoder.quality import snr_db
+from tests.vocoder.conftest import drain, joined
+from tests.vocoder.models import random_s3gen, random_tokens, random_voice
+
+# compiled bf16 decode against fp32 eager may be this much worse than eager bf16 is (its fused
+# kernels round in other places); on an H200, 32 x 500 frames, compiled vs eager bf16: 41.6 dB
+SNR_MARGIN_DB = 1.0
+# a whole compiled stage against an eager one, bf16 (the decoder's rounding only)
+MIN_STAGE_SNR_DB = 35.0
+
+
+def _compiles() -> int:
+    """Graphs dynamo has compiled in this process so far."""
+    return counters["stats"]["unique_graphs"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_compiles(monkeypatch, tmp_path):
+    """Each test starts without compiled code (so its compile counts are its own and dynamo's
+    recompile limit is not shared), and compiled kernels go to its temp dir, not the system's."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch.compiler.reset()
+    yield
+    torch.compiler.reset()
+
+
+def _hift_inputs(rows: int, frames: int, seed: int, device: str, dtype: torch.dtype = torch.float32):
+    """A pass's HiFT inputs: mel ``[rows, 80, frames]`` (zero past each count; every third row
+    all ``frames``, the others 7 or 14 frames shorter), counts and source draws."""
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.tensor([frames - 7 * (i % 3) for i in range(rows)]).clamp(min=1)
+    mel = (torch.randn(rows, 80, frames, generator=g) - 4) * (torch.arange(frames) < counts[:, None, None])
+    phases = torch.rand(rows, 9, generator=g) * 6 - 3
+    noise = torch.randn(rows, 9, frames * 480, generator=g)
+    return mel.to(device=device, dtype=dtype), counts.to(device), SourceNoise(phases.to(device), noise.to(device))
+
+
+# ------------------------------------------------------------------------------------ the CPU
+def test_compile_hift_defaults_to_on_for_cuda_and_off_for_the_cpu():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert VocoderConfig().compiles_hift(cuda) and not VocoderConfig().compiles_hift(cpu)
+    assert VocoderConfig(compile_hift=True).compiles_hift(cpu)
+    assert not VocoderConfig(compile_hift=False).compiles_hift(cuda)
+
+
+def test_compile_hift_must_be_none_or_a_bool():
+    with pytest.raises(ValueError, match=r"compile_hift must be None \(on for CUDA devices\), True or False, "
+                                         r"got 'yes'"):
+        VocoderConfig(compile_hift="yes")
+
+
+def test_a_stage_runs_hift_as_its_config_resolves_for_its_device(tiny_turbo):
+    assert not VocoderStage(tiny_turbo).graphs.hift_runner.compiled
+    assert VocoderStage(tiny_turbo, VocoderConfig(compile_hift=True)).graphs.hift_runner.compiled
+
+
+def test_the_compiled_decoder_gives_the_eager_audio_for_two_shapes_with_one_compile(tiny_turbo):
+    compiled, eager = HiFTRunner(tiny_turbo.mel2wav, compiled=True), HiFTRunner(tiny_turbo.mel2wav)
+    before = _compiles()
+    with torch.inference_mode():
+        # frame counts up to 42 stay inside one compile on the CPU (past them its convolution
+        # backend's choice changes, which compiles again)
+        for rows, frames in [(2, 40), (3, 29)]:
+            mel, counts, source = _hift_inputs(rows, frames, seed=frames, device="cpu")
+            (got, _), (expected, _) = compiled(mel, counts, source), eager(mel, counts, source)
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+            for row, count in enumerate(counts.tolist()):
+                assert not got[row, 480 * count:].any()
+    assert _compiles() - before == 1
+
+
+# ------------------------------------------------------------------------------------ a GPU
+@pytest.mark.gpu
+def test_the_compiled_bf16_decoder_is_as_close_to_fp32_as_the_eager_one():
+    fp32 = random_s3gen("turbo", tiny=False, seed=3, device="cuda").mel2wav
+    bf16 = random_s3gen("turbo", tiny=False, seed=3, dtype=torch.bfloat16, device="cuda").mel2wav
+    reference, eager, compiled = HiFTRunner(fp32), HiFTRunner(bf16), HiFTRunner(bf16, compiled=True)
+    with torch.inference_mode():
+        for rows, frames in [(1, 120), (16, 500)]:
+            mel, counts, source = _hift_inputs(rows, frames, seed=rows, device="cuda")
+            saved = torch.backends.cudnn.allow_tf32
+            torch.backends.cudnn.allow_tf32 = False  # an fp32 reference without TF32 convolutions
+            try:
+                want = reference(mel, counts, source)[0].cpu()
+            finally:
+                torch.backends.cudnn.allow_tf32 = saved
+            mel = mel.to(torch.bfloat16)
+            got, plain = compiled(mel, counts, source)[0].cpu(), eager(mel, counts, source)[0].cpu()
+            valid = torch.arange(frames * 480) < 480 * counts.cpu()[:, None]
+            assert snr_db(want[valid], got[valid]) >= snr_db(want[valid], plain[valid]) - SNR_MARGIN_DB
+            assert not got[~valid].any()
+
+
+def _stream_audio(stage: VocoderStage) -> dict[str, torch.Tensor]:
+    """Three streams of 60 tokens pushed 9 at a time (passes of 3 rows, graphed), then six of 80
+    pushed at once (passes of 6 rows, more than the stage's ``max_graph_rows``: eager)."""
+    voice, pieces = random_voice(30, seed=1), {}
+    for i in range(3):
+        stage.add(f"a{i}", voice, seed=i, streaming=True)
+    for start in range(0, 60, 9):
+        for i in range(3):
+            stage.push(f"a{i}", random_tokens(60, seed=10 + i)[start:start + 9], final=start + 9 >= 60)
+        for job, outs in drain(stage).items():
+            pieces.setdefault(job, []).extend(outs)
+    for i in range(6):
+        stage.add(f"b{i}", voice, seed=10 + i, streaming=True)
+        stage.push(f"b{i}", random_tokens(80, seed=20 + i), final=True)
+    for job, outs in drain(stage).items():
+        pieces.setdefault(job, []).extend(outs)
+    assert all(outs[-1].final and outs[-1].error is None for outs in pieces.values())
+    return {job: joined(outs) for job, outs in pieces.items()}
+
+
+@pytest.mark.gpu
+def test_a_compiled_stage_gives_the_eager_audio_and_compiles_only_in_warmup():
+    s3gen = random_s3gen("turbo", tiny=False, seed=3, dtype=torch.bfloat16, device="cuda")
+    config = VocoderConfig(max_graph_rows=4)
+    audio = {}
+    for compiled in (True, False):
+        stage = VocoderStage(s3gen, dataclasses.replace(config, compile_hift=compiled))
+        before = _compiles()
+        stage.warmup(prompt_tokens=30, chunk_tokens=60, max_items=4)
+        warmed = _compiles()
+        audio[compiled] = _stream_audio(stage)
+        assert stage.stats.graph_replays > 0 and stage.stats.eager_runs > 0
+        assert (warmed > before) == compiled  # batch 1 and batch >= 2
+        assert _compiles() == warmed  # nothing compiled while serving: graphed, eager, any shape
+    assert audio[True].keys() == audio[False].keys() and len(audio[True]) == 9
+    for job, expected in audio[False].items():
+        assert audio[True][job].shape == expected.shape
+        assert snr_db(expected, audio[True][job]) >= MIN_STAGE_SNR_DB
