@@ -61,6 +61,7 @@ class VocoderBenchConfig:
     flow_steps: int | None = None  # None: the variant's (10, meanflow 2)
     yardstick: bool = True
     cuda_graphs: bool = True  # VocoderConfig.cuda_graphs of the stage
+    compile_hift: bool | None = None  # VocoderConfig.compile_hift of the stage (None: on for CUDA)
     seed: int = 0
 
 
@@ -493,7 +494,7 @@ def run(cfg: VocoderBenchConfig, s3gen: S3Gen | None = None, voice: Voice | None
         s3gen, voice, random_weights = load_bench_s3gen(cfg)
     device, dtype = s3gen.device, s3gen.dtype
     stage = VocoderStage(s3gen, VocoderConfig(
-        max_batch_items=max(cfg.batch_sizes), cuda_graphs=cfg.cuda_graphs,
+        max_batch_items=max(cfg.batch_sizes), cuda_graphs=cfg.cuda_graphs, compile_hift=cfg.compile_hift,
         max_batch_tokens=max(VocoderConfig().max_batch_tokens,
                              max(cfg.batch_sizes) * (voice.s3gen_prompt_tokens.shape[1] + max(cfg.new_tokens) + 16))))
     settings = s3gen.variant.s3gen
@@ -505,6 +506,8 @@ def run(cfg: VocoderBenchConfig, s3gen: S3Gen | None = None, voice: Voice | None
         "cfg_rate": settings.cfg_rate, "meanflow": s3gen.flow.config.meanflow,
         "prompt_tokens": voice.s3gen_prompt_tokens.shape[1], "prompt_mel_frames": voice.s3gen_prompt_mel.shape[1],
         "repeats": cfg.repeats, "warmup_passes": cfg.warmup_passes, "stage_cuda_graphs": cfg.cuda_graphs,
+        "stage_compile_hift": stage.graphs.hift_runner.compiled,
+        "hift_compile_seconds": round(stage.graphs.hift_runner.compile(), 1),  # as VocoderStage.warmup
     }
     job_counter = [0]
     report["passes"] = [bench_shape(s3gen, voice, stage, cfg, b, n, job_counter)
