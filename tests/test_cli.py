@@ -370,6 +370,8 @@ def test_vocoder_options_are_read_as_their_fields_types_optional_ones_included()
     from chorus.cli import parse_config_options
     from chorus.vocoder import VocoderConfig
 
-    items = ["cuda_graphs=false", "prompt_tokens=50", "max_graph_rows=8", "stream_context_tokens=none"]
+    items = ["cuda_graphs=false", "compile_hift=false", "prompt_tokens=50", "max_graph_rows=8",
+             "stream_context_tokens=none"]
     assert parse_config_options(VocoderConfig, items, "--vocoder-option") == {
-        "cuda_graphs": False, "prompt_tokens": 50, "max_graph_rows": 8, "stream_context_tokens": None}
+        "cuda_graphs": False, "compile_hift": False, "prompt_tokens": 50, "max_graph_rows": 8,
+        "stream_context_tokens": None}
