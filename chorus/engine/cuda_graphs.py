@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from chorus import capture_gate
 from chorus.engine.attention import SharedPrefixTensors
 from chorus.engine.paged_cache import AttentionMetadata, PagedKVCache
 from chorus.models.t3.model import T3Model
@@ -87,13 +88,13 @@ class CudaGraphDecoder:
                     for _ in range(2):  # warm up (Triton autotuning, cuBLAS workspaces) outside capture
                         self._forward(rows, shared)
                     graph = torch.cuda.CUDAGraph()
-                    # thread_local: another model's threads in this process (a version loading
-                    # beside the one serving) keep running; "global" would fail their CUDA calls
-                    with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+                    # other threads (another model version serving beside this one loading) keep
+                    # running: the gate holds off their device-wide synchronisations meanwhile
+                    with capture_gate.capture(graph, pool=pool, stream=stream):
                         self._forward(rows, shared)
                     self.graphs[rows, shared] = graph
         torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
+        capture_gate.synchronize()
 
     def can_run(self, inputs) -> bool:
         meta = inputs.metadata

@@ -15,6 +15,7 @@ from typing import Sequence
 
 import torch
 
+from chorus import capture_gate
 from chorus.engine.config import EngineConfig
 from chorus.engine.kv_cache_manager import KVCacheManager
 from chorus.engine.model_runner import (NAN_LOGITS, SHARED_PREFIX_MAX_GROUPS, SHARED_PREFIX_MIN_ROWS, LaunchedStep,
@@ -214,16 +215,16 @@ class T3Engine:
         # GPT-2 has a finite position table
         positions = torch.arange(tokens, device=device).clamp(max=bb.max_positions - 1)
         scratch.metadata = AttentionMetadata.single_row(0, tokens, scratch_blocks, device)
-        torch.cuda.synchronize(device)
+        capture_gate.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         with torch.inference_mode():
             embeds = torch.zeros(tokens, bb.hidden_size, dtype=model.dtype, device=device)
             hidden = model(embeds, positions, scratch)
             model.speech_logits(hidden[-256:]).float()
-        torch.cuda.synchronize(device)
+        capture_gate.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device)
         del scratch, hidden, embeds
-        torch.cuda.empty_cache()
+        capture_gate.empty_cache()
         free, total = torch.cuda.mem_get_info(device)
         used_by_others = total - free - torch.cuda.memory_reserved(device)
         budget = total * self.config.cache.gpu_memory_utilization - used_by_others - peak
@@ -358,7 +359,7 @@ class T3Engine:
             # fail the step's requests (their blocks are freed), keep serving the others
             message = f"{type(error).__name__}: {error}"
             if isinstance(error, torch.cuda.OutOfMemoryError) and self.model.device.type == "cuda":
-                torch.cuda.empty_cache()  # give the failed step's memory back before the next one
+                capture_gate.empty_cache()  # give the failed step's memory back before the next one
             for request_id, request in out.requests.items():
                 if not request.is_finished and self.scheduler.abort(request_id, FinishReason.ERROR, message):
                     results.append(RequestOutput(request_id, None, FinishReason.ERROR, message))

@@ -40,6 +40,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
+from chorus import capture_gate
 from chorus.models.variants import SamplingStep, Variant
 from chorus.sampling import SamplingBatch, process_logits, record_sampled_tokens, sample_next_tokens
 
@@ -224,7 +225,7 @@ class SamplerGraphs:
         while len(self._graphs) >= self.max_graphs:
             self._graphs.popitem(last=False)
             if self.capture:  # no replay of the dropped graph may still be in flight
-                torch.cuda.synchronize(self.device)
+                capture_gate.synchronize(self.device)
         try:
             run = self._capture(key) if self.capture else (lambda: self._static_step(key))
         except Exception:  # e.g. out of memory: this key samples eagerly from now on
@@ -248,7 +249,7 @@ class SamplerGraphs:
                 self._step(key, self._seen[:b].clone(), self._column("steps")[:b].clone(),
                            torch.empty_like(self._tokens[:b]))
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool, stream=side, capture_error_mode="thread_local"):
+            with capture_gate.capture(graph, pool=self._pool, stream=side):
                 self._static_step(key)
             current.wait_stream(side)
         return graph.replay

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from chorus import capture_gate
 from chorus.engine.attention import uses_triton
 from chorus.engine.attention.launch_plan import (
     PagedLaunch, SharedLaunch, StepLimits, num_sms, plan_attention, query_block_size, reachable_launches,
@@ -67,7 +68,7 @@ def warm_up_kernels(model, cache: PagedKVCache, limits: StepLimits, *, sampler_v
         launches = _warm_attention(cache, model.dtype, limits)
         _warm_forward(model, cache)
         sampled = _warm_sampler(model.device, sampler_vocab, sampler_no_token) if sampler_vocab else 0
-    torch.cuda.synchronize(model.device)
+    capture_gate.synchronize(model.device)
     return WarmupReport(seconds=time.perf_counter() - start, attention_launches=launches, forward=True,
                         sampler_launches=sampled)
 

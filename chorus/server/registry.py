@@ -428,8 +428,10 @@ def _release_memory() -> None:
     gc.collect()
     import torch
 
+    from chorus import capture_gate
+
     if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+        capture_gate.empty_cache()
 
 
 def unknown_model(model: str, served: list[str]) -> APIError:

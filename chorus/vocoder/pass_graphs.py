@@ -44,6 +44,7 @@ from typing import Callable, Generic, Hashable, TypeVar
 
 import torch
 
+from chorus import capture_gate
 from chorus.models.s3gen.flow import FlowDecoder
 from chorus.models.s3gen.hift import HiFTGenerator, SourceNoise
 from chorus.vocoder.config import VocoderStats
@@ -295,7 +296,7 @@ class GraphLibrary(Generic[K]):
 
     def clear(self) -> None:
         if self._graphs:
-            torch.cuda.synchronize()
+            capture_gate.synchronize()
         self._graphs.clear()
 
     def _lookup(self, key: K) -> _Graph | None:
@@ -307,7 +308,7 @@ class GraphLibrary(Generic[K]):
             evicted, _ = self._graphs.popitem(last=False)
             logger.debug("dropping the %s CUDA graph for %s", self.name, evicted)
             # its buffers may have been made on another stream: no replay may still read them
-            torch.cuda.synchronize()
+            capture_gate.synchronize()
         started = time.perf_counter()
         try:
             entry = self._capture(key)
@@ -330,7 +331,7 @@ class GraphLibrary(Generic[K]):
         with torch.cuda.stream(side):
             inputs.run(self.model)  # lazy initialisation (cuBLAS, cuFFT plans, kernels) outside capture
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, stream=side, capture_error_mode="thread_local"):
+        with capture_gate.capture(graph, pool=self._pool, stream=side):
             output = inputs.run(self.model)
         current.wait_stream(side)
         return _Graph(graph, inputs, output)

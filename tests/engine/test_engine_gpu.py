@@ -119,9 +119,12 @@ def test_pool_is_sized_by_profiling_when_no_budget_is_given():
 
 
 def test_graphs_are_captured_while_another_thread_keeps_using_the_gpu():
-    """A model version loading beside one that serves: the serving version's threads synchronise
-    and allocate while the new engine captures its graphs; neither side may fail."""
+    """A model version loading beside one that serves: the serving version's threads allocate,
+    free cached memory and synchronise the device (as the package does, through the capture gate)
+    while the new engine captures its graphs; neither side may fail."""
     import threading
+
+    from chorus import capture_gate
 
     variant, model = _model("turbo", torch.float32)
     stop, errors, rounds = threading.Event(), [], [0]
@@ -131,7 +134,9 @@ def test_graphs_are_captured_while_another_thread_keeps_using_the_gpu():
         while not stop.is_set():
             try:
                 x = torch.tanh(x @ x.T / 256) + torch.empty(1 << 16, device="cuda").fill_(0)[:1]
-                torch.cuda.synchronize()
+                capture_gate.synchronize()
+                if rounds[0] % 16 == 0:
+                    capture_gate.empty_cache()
                 rounds[0] += 1
             except Exception as exc:  # noqa: BLE001 - what the test asserts on
                 errors.append(exc)

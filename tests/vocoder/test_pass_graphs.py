@@ -269,6 +269,36 @@ def test_graphed_hift_equals_eager_fp32_on_cuda():
 
 
 @pytest.mark.gpu
+def test_shapes_are_captured_while_another_thread_synchronises_the_device():
+    # T3's thread (or another model version's) synchronising through the gate cannot break a capture
+    import threading
+
+    from chorus import capture_gate
+
+    s3gen = random_s3gen("turbo", seed=3, device="cuda")
+    graphs = PassGraphs(s3gen.flow, s3gen.mel2wav)
+    stop, rounds = threading.Event(), [0]
+
+    def other_thread():
+        while not stop.is_set():
+            capture_gate.synchronize()
+            rounds[0] += 1
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    try:
+        with torch.inference_mode():
+            for batch, width in [(3, 35), (1, 32), (5, 100)]:
+                graphs.run_flow(_flow_call(s3gen, batch, width, seed=width, name="turbo", device="cuda"))
+                graphs.run_hift(_hift_call(s3gen, batch, width, seed=width, device="cuda"))
+    finally:
+        stop.set()
+        thread.join()
+    assert rounds[0] > 0
+    assert graphs.stats.graph_captures == 6 and graphs.stats.eager_runs == 0
+
+
+@pytest.mark.gpu
 def test_the_cfg_weight_changes_without_a_new_capture():
     s3gen = random_s3gen("original", seed=3, device="cuda")
     graphs, eager = PassGraphs(s3gen.flow, s3gen.mel2wav), _eager(s3gen)
