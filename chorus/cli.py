@@ -173,7 +173,7 @@ def _cmd_bench_vocoder(args: argparse.Namespace) -> int:
         batch_sizes=_positive_ints(args.batch_sizes, "--batch-sizes"),
         new_tokens=_positive_ints(args.new_tokens, "--new-tokens"), repeats=args.repeats,
         flow_steps=args.flow_steps, yardstick=not args.no_yardstick, cuda_graphs=not args.no_cuda_graphs,
-        compile_hift=False if args.no_compile_hift else None,
+        compile_hift=args.compile_hift,
     )
     main_json(cfg, args.out)
     return 0
@@ -1004,8 +1004,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--flow-steps", type=int, default=None, help="flow solver steps (default: the variant's)")
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="run the stage's solver eagerly (VocoderConfig.cuda_graphs off)")
-    p.add_argument("--no-compile-hift", action="store_true",
-                   help="run HiFT's decoder eagerly (VocoderConfig.compile_hift off; default: compiled on CUDA)")
+    p.add_argument("--compile-hift", action="store_true",
+                   help="run HiFT's decoder through torch.compile (VocoderConfig.compile_hift; default: eager)")
     p.add_argument("--no-yardstick", action="store_true",
                    help="skip the yardstick (the pass's modules in plain PyTorch as one CUDA graph; reported as "
                         "yardstick_seconds and yardstick_fraction)")

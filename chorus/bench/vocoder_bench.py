@@ -61,7 +61,7 @@ class VocoderBenchConfig:
     flow_steps: int | None = None  # None: the variant's (10, meanflow 2)
     yardstick: bool = True
     cuda_graphs: bool = True  # VocoderConfig.cuda_graphs of the stage
-    compile_hift: bool | None = None  # VocoderConfig.compile_hift of the stage (None: on for CUDA)
+    compile_hift: bool = False  # VocoderConfig.compile_hift of the stage
     seed: int = 0
 
 

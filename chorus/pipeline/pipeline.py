@@ -230,7 +230,7 @@ class Pipeline:
         return self._thread is not None and self._thread.is_alive() and self._t3.is_running
 
     def warmup(self, time_budget_s: float = 120.0) -> int:
-        """Compile HiFT's decoder (where ``VocoderConfig.compile_hift`` resolves on) and capture
+        """Compile HiFT's decoder (where ``VocoderConfig.compile_hift`` is on) and capture
         the vocoder's CUDA graphs for common shapes before serving (the T3 engine captures its
         own at construction). Returns the graphs captured; 0 on the CPU."""
         with _on_stream(self._cuda_stream):

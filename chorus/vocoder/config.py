@@ -82,17 +82,13 @@ class VocoderConfig:
     """A shape bucket that warm-up did not capture is captured on its ``capture_after``-th use
     (eager before that): rare shapes never pay a capture (0.1-1 s each, the GIL held), frequent
     ones do once."""
-    compile_hift: bool | None = None
+    compile_hift: bool = False
     """Run HiFT's decoder (``HiFTGenerator.decode``: its convolutions and the many small kernels
     around them, Snake activations, masks, residual adds) through ``torch.compile`` with dynamic
     shapes, in graphed and eager passes alike; ``VocoderStage.warmup`` compiles it before serving.
-    None: on for a CUDA device, off on the CPU (there a compile costs about a minute of start-up
-    for little gain); True or False force it. On an H200 the compiled decoder took 59 ms against
-    140 ms eagerly for 32 items of 500 frames in bf16 (docs/vocoder.md, "Compiled HiFT")."""
-
-    def compiles_hift(self, device: torch.device) -> bool:
-        """Whether a stage on ``device`` runs HiFT's decoder compiled (``compile_hift`` resolved)."""
-        return device.type == "cuda" if self.compile_hift is None else self.compile_hift
+    Off by default: on an H200 the compiled decoder alone took 59 ms against 140 ms eagerly (32
+    items of 500 frames, bf16), but end to end (``chorus bench offline``, turbo) it gained 3-5%,
+    within run-to-run spread, for about 90 s more start-up (docs/vocoder.md, "Compiled HiFT")."""
 
     def __post_init__(self) -> None:
         if self.first_window_tokens < 1 or self.max_window_tokens < self.first_window_tokens:
@@ -123,9 +119,8 @@ class VocoderConfig:
             raise ValueError("max_graph_rows and capture_after must be >= 1")
         if self.max_pass_graphs < 1:
             raise ValueError(f"max_pass_graphs must be >= 1, got {self.max_pass_graphs}")
-        if self.compile_hift is not None and not isinstance(self.compile_hift, bool):
-            raise ValueError(f"compile_hift must be None (on for CUDA devices), True or False, "
-                             f"got {self.compile_hift!r}")
+        if not isinstance(self.compile_hift, bool):
+            raise ValueError(f"compile_hift must be True or False, got {self.compile_hift!r}")
         if self.batching not in ("fifo", "length"):
             raise ValueError(f"batching must be 'fifo' or 'length', got {self.batching!r}")
 

@@ -48,7 +48,7 @@ class VocoderStage:
         self._graphs = PassGraphs(s3gen.flow, s3gen.mel2wav, enabled=self.config.cuda_graphs,
                                   max_graphs=self.config.max_pass_graphs, max_rows=self.config.max_graph_rows,
                                   capture_after=self.config.capture_after, stats=self._stats,
-                                  compile_hift=self.config.compiles_hift(s3gen.device))
+                                  compile_hift=self.config.compile_hift)
 
     # ------------------------------------------------------------------------------- interface
     def add(self, job_id: str, voice: Voice | S3GenPrompt, *, seed: int, streaming: bool,
@@ -140,7 +140,7 @@ class VocoderStage:
     def warmup(self, *, prompt_tokens: int | None = None, chunk_tokens: int = 240,
                max_items: int | None = None, n_steps: int | None = None, cfg_rate: float | None = None,
                time_budget_s: float = 60.0) -> int:
-        """Compile HiFT's decoder (with ``compile_hift`` resolved on) and capture the CUDA graphs
+        """Compile HiFT's decoder (with ``compile_hift`` on) and capture the CUDA graphs
         of the shapes common streaming passes need, so the first requests pay for neither; call
         once at startup, before serving. Captures nothing (returns 0) on the CPU or with
         ``cuda_graphs`` off; returns the graphs captured. The compile comes first and is not

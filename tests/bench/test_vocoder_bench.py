@@ -136,10 +136,10 @@ def test_the_cli_maps_its_options_onto_the_config(monkeypatch, capsys):
     monkeypatch.setattr(vocoder_bench, "main_json", lambda cfg, out: seen.update(cfg=cfg, out=out))
     assert cli.main(["bench", "vocoder", "--variant", "turbo", "--device", "cpu", "--batch-sizes", "1,16",
                      "--new-tokens", "20,250", "--repeats", "2", "--flow-steps", "3", "--no-yardstick",
-                     "--no-cuda-graphs", "--no-compile-hift"]) == 0
+                     "--no-cuda-graphs", "--compile-hift"]) == 0
     cfg = seen["cfg"]
     assert (cfg.variant, cfg.device, cfg.batch_sizes, cfg.new_tokens, cfg.repeats, cfg.flow_steps) == (
         "turbo", "cpu", (1, 16), (20, 250), 2, 3)
-    assert cfg.yardstick is False and cfg.cuda_graphs is False and cfg.compile_hift is False and seen["out"] is None
+    assert cfg.yardstick is False and cfg.cuda_graphs is False and cfg.compile_hift is True and seen["out"] is None
     assert cli.main(["bench", "vocoder", "--new-tokens", "20,x"]) != 0
     assert "--new-tokens must be comma-separated integers" in capsys.readouterr().err

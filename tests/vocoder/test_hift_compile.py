@@ -1,5 +1,5 @@
-"""HiFT's decoder through torch.compile (``VocoderConfig.compile_hift``): the per-device default
-and the stage's wiring on the CPU; compiled against eager bf16 audio, and a whole compiled stage
+"""HiFT's decoder through torch.compile (``VocoderConfig.compile_hift``): the default and the
+stage's wiring on the CPU; compiled against eager bf16 audio, and a whole compiled stage
 against an eager one without compiles after warm-up, on a GPU."""
 from __future__ import annotations
 
@@ -50,20 +50,12 @@ def _hift_inputs(rows: int, frames: int, seed: int, device: str, dtype: torch.dt
 
 
 # ------------------------------------------------------------------------------------ the CPU
-def test_compile_hift_defaults_to_on_for_cuda_and_off_for_the_cpu():
-    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    assert VocoderConfig().compiles_hift(cuda) and not VocoderConfig().compiles_hift(cpu)
-    assert VocoderConfig(compile_hift=True).compiles_hift(cpu)
-    assert not VocoderConfig(compile_hift=False).compiles_hift(cuda)
-
-
-def test_compile_hift_must_be_none_or_a_bool():
-    with pytest.raises(ValueError, match=r"compile_hift must be None \(on for CUDA devices\), True or False, "
-                                         r"got 'yes'"):
+def test_compile_hift_must_be_a_bool():
+    with pytest.raises(ValueError, match=r"compile_hift must be True or False, got 'yes'"):
         VocoderConfig(compile_hift="yes")
 
 
-def test_a_stage_runs_hift_as_its_config_resolves_for_its_device(tiny_turbo):
+def test_a_stage_runs_hift_eagerly_unless_its_config_compiles_it(tiny_turbo):
     assert not VocoderStage(tiny_turbo).graphs.hift_runner.compiled
     assert VocoderStage(tiny_turbo, VocoderConfig(compile_hift=True)).graphs.hift_runner.compiled
 

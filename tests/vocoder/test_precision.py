@@ -45,8 +45,7 @@ def test_bf16_gpu_stream_is_close_to_fp32_cpu_one_pass(name):
 def test_bf16_gpu_non_streaming_equals_tokens_to_wav_on_the_gpu():
     gpu = random_s3gen("turbo", seed=3, dtype=torch.bfloat16, device="cuda")
     voice, tokens = random_voice(40, seed=4), random_tokens(80, seed=5)
-    # HiFT's decoder eager as in tokens_to_wav (test_hift_compile.py compares the compiled one)
-    [got] = _stage_audio(gpu, tokens, voice, streaming=False, config=VocoderConfig(compile_hift=False))
+    [got] = _stage_audio(gpu, tokens, voice, streaming=False)
     [expected] = gpu.tokens_to_wav([tokens], voice, seeds=[11], n_steps=2)
     assert got.samples.shape == expected.shape
     assert snr_db(expected, got.samples) >= 40.0  # same noise, same dtype: only batch padding differs
