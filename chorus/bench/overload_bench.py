@@ -89,20 +89,32 @@ def kv_blocks_used(text: str) -> float:
 
 
 async def _sample(client: httpx.AsyncClient, begin: float) -> dict | None:
-    """One timeline point: /metrics' gauges and /ready's status code (None if /metrics failed)."""
+    """One timeline point: /metrics' gauges, /ready's status code and, when not 200, why not
+    (the server's ``reason``, or the client's error when no answer came); None if /metrics failed."""
     try:
         response = await client.get("/metrics")
         response.raise_for_status()
     except httpx.HTTPError:
         return None
     values = parse_metrics(response.text)
+    reason = None
     try:
-        ready = (await client.get("/ready")).status_code
-    except httpx.HTTPError:
-        ready = None  # no answer at all: counted as not ready
+        answer = await client.get("/ready")
+        ready = answer.status_code
+        if ready != 200:
+            reason = _ready_reason(answer)
+    except httpx.HTTPError as exc:
+        ready, reason = None, f"no answer: {type(exc).__name__}"  # counted as not ready
     return {"t_s": round(time.perf_counter() - begin, 3), "kv_blocks_used": kv_blocks_used(response.text),
             "resident_memory_bytes": values.get("process_resident_memory_bytes"),
-            "in_flight": values.get("chorus_requests_in_flight", 0.0), "ready": ready}
+            "in_flight": values.get("chorus_requests_in_flight", 0.0), "ready": ready, "ready_reason": reason}
+
+
+def _ready_reason(answer: httpx.Response) -> str:
+    try:
+        return str(answer.json().get("reason"))
+    except ValueError:
+        return answer.text[:200]
 
 
 async def _timeline(client: httpx.AsyncClient, begin: float, interval_s: float, stop: asyncio.Event,
@@ -165,8 +177,9 @@ def summarize(outcomes: list[Outcome], rate: float, wall_s: float, fmt: str, tim
         "client_errors": counts.get("client_error", 0) + counts.get("other", 0),
         "kv_blocks_used_max": max((s["kv_blocks_used"] for s in timeline), default=None),
         "resident_memory_bytes_max": max(memory, default=None),
-        # /ready answered something other than 200 (or nothing) at these samples
+        # /ready answered something other than 200 (or nothing) at these samples, and why
         "ready_not_200": sum(1 for s in timeline if s["ready"] != 200),
+        "ready_not_200_reasons": [f"{s['t_s']} s: {s['ready_reason']}" for s in timeline if s["ready"] != 200],
         "before": before, "after_drain": after,
         "kv_blocks_used_after_drain": after and after["kv_blocks_used"],
         "resident_memory_growth": round(rss_after / rss_before - 1.0, 4) if rss_before and rss_after else None,

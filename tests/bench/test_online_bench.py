@@ -190,7 +190,7 @@ def test_overload_mode_reports_goodput_rejections_and_memory(tmp_path):
     timeline = result["timeline"]
     assert len(timeline) >= 2 and [s["t_s"] for s in timeline] == sorted(s["t_s"] for s in timeline)
     assert result["kv_blocks_used_max"] > 0 and result["resident_memory_bytes_max"] > 10 << 20
-    assert result["ready_not_200"] == 0 and all(s["ready"] == 200 for s in timeline)
+    assert result["ready_not_200"] == 0 and all(s["ready"] == 200 for s in timeline), result["ready_not_200_reasons"]
     assert result["goodput_requests_per_s"] == pytest.approx(result["completed"] / result["wall_s"], rel=0.01)
 
 
