@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
+from chorus.engine.intmath import cdiv
+
 
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 
@@ -18,10 +20,6 @@ KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 # every step there was measured to cost T3 steps host time (turbo's one-request stream: T3 busy
 # 0.27 -> 0.40 s, first token 4.8 -> 9.9 ms), so a GPU has no time target unless one is set.
 DEFAULT_STEP_TIME_TARGET_S = {"cpu": 1.0, "cuda": math.inf}
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _require(ok: bool, message: str) -> None:

@@ -24,7 +24,7 @@ import numpy as np
 
 from chorus.engine.block_pool import Block, BlockPool, PoolMetrics, hash_block, root_hash
 from chorus.engine.block_tables import BlockTables
-from chorus.engine.config import cdiv
+from chorus.engine.intmath import cdiv
 from chorus.engine.request import Request, Sequence
 
 

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from chorus.engine.block_pool import PoolMetrics
-from chorus.engine.config import cdiv, SchedulerConfig
+from chorus.engine.config import SchedulerConfig
+from chorus.engine.intmath import cdiv
 from chorus.engine.kv_cache_manager import KVCacheManager
 from chorus.engine.request import FinishReason, Request, RequestQueue, RequestStatus
 from chorus.engine.scheduler_output import RequestOutput, ScheduledSequence, SchedulerOutput

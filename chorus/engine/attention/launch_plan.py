@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from chorus.engine.config import cdiv
+from chorus.engine.intmath import cdiv, next_power_of_2
 
 MAX_SPLITS = 16
 MAX_PREFIX_SPLITS = 4  # each prefix split costs a fp32 partial per (row, head): keep the merge cheap
@@ -38,11 +38,6 @@ def num_sms(device: torch.device) -> int:
     if index not in _sm_counts:
         _sm_counts[index] = torch.cuda.get_device_properties(index).multi_processor_count
     return _sm_counts[index]
-
-
-def next_power_of_2(n: int) -> int:
-    """Smallest power of two >= n (1 for n <= 1), as ``triton.next_power_of_2``."""
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
 def choose_num_splits(programs: int, max_tiles: int, num_sms: int) -> int:
