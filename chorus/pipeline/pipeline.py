@@ -50,6 +50,11 @@ from chorus.pipeline.stream import AudioPiece, SpeechStream
 from chorus.text import DEFAULT_MAX_CHARS
 from chorus.vocoder import AudioOut, VocoderConfig, VocoderStage
 
+# A vocoder pass is stuck, not just busy, only past this many times its predicted time (its
+# stage's cost model follows the device and the load on it) or the caller's timeout if longer:
+# under load a CPU pass of many streams takes seconds, which is not a reason to be unready.
+PASS_STALL_FACTOR = 3.0
+
 logger = logging.getLogger(__name__)
 
 
@@ -237,16 +242,24 @@ class Pipeline:
             return self.vocoder.warmup(time_budget_s=time_budget_s)
 
     def stall(self, timeout_s: float) -> str | None:
-        """Why the pipeline cannot serve, or None: a thread has died, or a T3 step or a vocoder
-        pass has been running for more than ``timeout_s`` seconds (readiness checks use this)."""
+        """Why the pipeline cannot serve, or None: a thread has died, a T3 step has been running
+        for more than ``timeout_s`` seconds, or a vocoder pass for more than ``timeout_s`` and
+        ``PASS_STALL_FACTOR`` times its predicted time (readiness checks use this)."""
         if not self.is_running:
             return "the pipeline is not running"
         now = time.monotonic()
-        for what, since in (("T3 step", self._t3.step_started_at),
-                            ("vocoder pass", self._vocoder_step_started_at)):
-            if since is not None and now - since > timeout_s:
-                return f"a {what} has been running for {now - since:.1f} s"
+        since = self._t3.step_started_at
+        if since is not None and now - since > timeout_s:
+            return f"a T3 step has been running for {now - since:.1f} s"
+        since, expected = self._vocoder_step_started_at, self.vocoder.expected_pass_seconds
+        if since is not None and now - since > max(timeout_s, PASS_STALL_FACTOR * expected):
+            return f"a vocoder pass has been running for {now - since:.1f} s (predicted: {expected:.1f} s)"
         return None
+
+    @property
+    def working(self) -> bool:
+        """A T3 step or a vocoder pass is under way now (``stall`` says whether for too long)."""
+        return self._t3.step_started_at is not None or self._vocoder_step_started_at is not None
 
     @property
     def active_requests(self) -> int:

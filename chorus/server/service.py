@@ -196,10 +196,13 @@ class SpeechService:
         return None
 
     def _track_progress(self, now: float) -> None:
-        """Note when the pipeline last made progress (an idle pipeline counts as progressing)."""
+        """Note when the pipeline last made progress. An idle pipeline counts as progressing, and
+        so does one inside a T3 step or a vocoder pass: whether that has run too long is
+        ``Pipeline.stall``'s judgement (a pass of many streams on a loaded CPU takes seconds)."""
         pipe = self.pipeline
         tokens, passes = pipe.t3_tokens, pipe.vocoder.stats.passes
-        if self._progress is None or pipe.active_requests == 0 or (tokens, passes) != self._progress[1:]:
+        if (self._progress is None or pipe.active_requests == 0 or pipe.working
+                or (tokens, passes) != self._progress[1:]):
             self._progress = (now, tokens, passes)
 
     def require_serving(self) -> None:

@@ -44,6 +44,10 @@ class VocoderStage:
         self._order = 0
         self._stats = VocoderStats()
         self.cost = PassCostModel()
+        self.expected_pass_seconds = 0.0
+        """The predicted time of the pass under way (``cost``, learned from this stage's passes;
+        0.0 between passes and before any was measured): a pass far past it is stuck, not busy
+        (``Pipeline.stall``)."""
         """Learned seconds per padded flow token and per HiFT frame (sizes passes, see ``max_pass_seconds``)."""
         self._graphs = PassGraphs(s3gen.flow, s3gen.mel2wav, enabled=self.config.cuda_graphs,
                                   max_graphs=self.config.max_pass_graphs, max_rows=self.config.max_graph_rows,
@@ -113,6 +117,7 @@ class VocoderStage:
                 out.append(AudioOut(job.job_id, torch.zeros(0), final=True,
                                     error=f"{type(exc).__name__}: {exc}"))
         self._stats.total_seconds += time.perf_counter() - start
+        self.expected_pass_seconds = 0.0
         return out
 
     def abort(self, job_id: str) -> None:
@@ -241,6 +246,8 @@ class VocoderStage:
             inputs.append((job, prompt, window))
         chosen = select_batch(candidates, cfg.max_batch_items, cfg.max_batch_tokens, cfg.batching,
                               self.cost, self._pass_budget())
+        self.expected_pass_seconds = self.cost.predict(len(chosen) * max(candidates[i].length for i in chosen),
+                                                       sum(candidates[i].frames for i in chosen))
         return [inputs[i] for i in chosen]
 
     def _pass_budget(self) -> float | None:

@@ -210,3 +210,28 @@ class EnginePause:
     def __exit__(self, *exc) -> None:
         self.engine.step = self._step
         self.release.set()
+
+
+class VocoderPause:
+    """Holds the vocoder stage's next pass until released (``with VocoderPause(server) as pause:``),
+    after the pass's jobs were chosen (so its predicted time is set); the real pass runs once
+    released."""
+
+    def __init__(self, server: LiveServer):
+        self.stage = server.pipeline.vocoder
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self._run_pass = self.stage._run_pass
+
+    def _held_pass(self, picked):
+        self.entered.set()
+        self.release.wait(60)
+        return self._run_pass(picked)
+
+    def __enter__(self) -> "VocoderPause":
+        self.stage._run_pass = self._held_pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stage._run_pass = self._run_pass
+        self.release.set()

@@ -15,7 +15,7 @@ import pytest
 from chorus.server.logs import JsonFormatter, request_id_var, setup_logging
 from chorus.server.service import Loaded
 from chorus.server.config import ServerConfig
-from tests.server.live import EnginePause, LiveServer, metric, server_config, tiny_loader, until
+from tests.server.live import EnginePause, LiveServer, VocoderPause, metric, server_config, tiny_loader, until
 
 
 def test_health_and_ready_answer_when_loaded(server):
@@ -43,6 +43,46 @@ def test_ready_fails_while_the_engine_is_stalled_and_recovers(tmp_path):
             assert server.client.get("/health").status_code == 200  # alive, just not ready
         assert future.result().status_code == 200
         assert server.client.get("/ready").status_code == 200
+
+
+def _held_vocoder_pass(server, pool):
+    """A speech request whose first vocoder pass is held (the pause must be entered already)."""
+    return pool.submit(httpx.post, f"{server.url}/v1/audio/speech", timeout=60,
+                       json={"model": "chatterbox-turbo", "input": "Hi.", "response_format": "pcm"})
+
+
+def test_a_vocoder_pass_within_its_predicted_time_is_busy_not_stalled(tmp_path):
+    # a pass over many streams on a loaded CPU takes seconds: load, not a reason to be unready
+    config = server_config(tmp_path, stall_timeout_s=0.3)
+    with LiveServer(config, tiny_loader(config)) as server, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        stage = server.pipeline.vocoder
+        stage.cost.flow_per_token = 1.0  # as if measured: this pass is predicted to take minutes
+        with VocoderPause(server) as pause:
+            future = _held_vocoder_pass(server, pool)
+            assert pause.entered.wait(10)
+            assert stage.expected_pass_seconds > 10
+            held_since = time.monotonic()
+            while time.monotonic() - held_since < 4 * config.stall_timeout_s:  # well past the timeout
+                ready = server.client.get("/ready")
+                assert ready.status_code == 200, ready.json()
+                time.sleep(0.05)
+        assert future.result().status_code == 200
+
+
+def test_a_vocoder_pass_past_its_predicted_time_makes_ready_fail_until_it_ends(tmp_path):
+    config = server_config(tmp_path, stall_timeout_s=0.3)
+    with LiveServer(config, tiny_loader(config)) as server, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        stage = server.pipeline.vocoder
+        stage.cost.flow_per_token = stage.cost.hift_per_frame = 1e-6  # a pass predicted at well under the timeout
+        with VocoderPause(server) as pause:
+            future = _held_vocoder_pass(server, pool)
+            assert pause.entered.wait(10)
+            until(lambda: "vocoder pass" in (server.client.get("/ready").json().get("reason") or ""),
+                  what="/ready to report the held pass")
+            ready = server.client.get("/ready")
+            assert ready.status_code == 503 and "predicted: 0.0 s" in ready.json()["reason"]
+        assert future.result().status_code == 200
+        until(lambda: server.client.get("/ready").status_code == 200, what="/ready to recover")
 
 
 def test_a_failed_start_up_is_reported_not_hidden(tmp_path):
