@@ -179,10 +179,11 @@ def _masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return x if mask is None else x * mask
 
 
+@functools.lru_cache(maxsize=8)
 def _periodic_hann(n: int, device: torch.device) -> torch.Tensor:
     # Computed in float64 and rounded once, which is how the reference's (scipy) window is made.
-    # Made on the device, at every call (two small kernels): a compiled decoder then holds no
-    # host tensor to copy, which a CUDA graph could not capture.
+    # Made on the device: torch.compile traces through the cache, and a host-made window would
+    # compile into a host-to-device copy, which no CUDA graph can capture.
     return torch.hann_window(n, periodic=True, dtype=torch.float64, device=device).to(torch.float32)
 
 
