@@ -44,11 +44,11 @@ class VocoderStage:
         self._order = 0
         self._stats = VocoderStats()
         self.cost = PassCostModel()
+        """Learned seconds per padded flow token and per HiFT frame (sizes passes, see ``max_pass_seconds``)."""
         self.expected_pass_seconds = 0.0
         """The predicted time of the pass under way (``cost``, learned from this stage's passes;
         0.0 between passes and before any was measured): a pass far past it is stuck, not busy
         (``Pipeline.stall``)."""
-        """Learned seconds per padded flow token and per HiFT frame (sizes passes, see ``max_pass_seconds``)."""
         self._graphs = PassGraphs(s3gen.flow, s3gen.mel2wav, enabled=self.config.cuda_graphs,
                                   max_graphs=self.config.max_pass_graphs, max_rows=self.config.max_graph_rows,
                                   capture_after=self.config.capture_after, stats=self._stats,
