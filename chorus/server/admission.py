@@ -17,7 +17,7 @@ In order:
 4. **Real time** (``realtime_headroom`` h > 0): the server delivers ``rate`` speech tokens per
    second, shared by the requests in flight; one more is admitted only while every stream,
    itself included, would still get ``h`` times real time on average:
-   ``(in flight + 1) * 25 * h / share <= rate`` (the priority's share as above, so high
+   ``(streams in flight + 1) * 25 * h / share <= rate`` (the priority's share as above, so high
    priority finds room first): 429 ``overloaded`` otherwise. The start prediction
    alone lets a vocoder-bound server fill up with streams that each crawl below real time (they
    stall, and their first audio comes late enough to miss the deadline); this bound keeps the
@@ -26,6 +26,13 @@ In order:
    that there is capacity to spare by definition, and the rate is only a lower bound of it, so a
    burst on a lightly loaded server is limited by the predicted start alone. A device slower
    than real time (the CPU) leaves it off.
+
+**Continuations.** A voice-agent turn (docs/voice-agents.md) is one stream cut into pieces, each
+a pipeline request with its own ticket. Its first piece is admitted by the rules above; a later
+piece continues the stream (``continues``: the ticket of the piece before it) and is admitted
+whatever the load, since refusing it would cut the turn's speech mid-way, and the turn's pieces
+count as one stream in the real-time bound (they play one after the other). Their work counts
+in the predictions like any other.
 
 ``Retry-After`` comes from the estimates: for ``overloaded``, how long until enough of the work
 in flight has drained for the prediction to fit; for ``queue_full`` and the real-time bound, until
@@ -36,7 +43,8 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 from chorus.engine.request import Priority
 from chorus.server.capacity import CapacityModel, Estimate, InFlight, TOKENS_PER_SECOND, Work
@@ -56,6 +64,12 @@ class Ticket:
     alone: bool  # nothing else was in flight when it was admitted
     estimate: Estimate  # what was predicted at admission
     chars: int  # characters of its input
+    head: "Ticket | None" = field(default=None, repr=False)  # the first ticket of its stream (None: itself)
+
+    @property
+    def stream(self) -> "Ticket":
+        """The ticket that stands for its stream: a continuation's first piece, else itself."""
+        return self.head or self
 
 
 class Admission:
@@ -76,6 +90,7 @@ class Admission:
         self.policy = policy
         self._lock = threading.Lock()
         self._tickets: set[Ticket] = set()
+        self._streams: Counter[Ticket] = Counter()  # tickets in flight per stream (kept with _tickets)
         self._work = InFlight()  # the tickets' work, summarised for the estimates (kept with _tickets)
         self.delivered_tokens = 0.0  # speech tokens of audio delivered, all requests, ever
 
@@ -104,14 +119,23 @@ class Admission:
         return {"Retry-After": str(value)}
 
     def admit(self, priority: Priority, *, tokens: float, chars: int, start_deadline_s: float,
-              queue_limit: int, kv_usage: float, waiting: int, rows: int = 1) -> Ticket:
+              queue_limit: int, kv_usage: float, waiting: int, rows: int = 1,
+              continues: Ticket | None = None) -> Ticket:
         """A ticket for a request of ``tokens`` predicted speech tokens holding ``rows`` T3 rows,
-        or an ``APIError`` (503 memory pressure, 429 queue full or overloaded)."""
-        self._check_memory(kv_usage, waiting)
+        or an ``APIError`` (503 memory pressure, 429 queue full or overloaded). ``continues``: the
+        ticket of the request before it in the same stream (a turn's earlier piece, held or
+        already released); such a continuation is never refused (see the module's docstring)."""
+        if continues is None:
+            self._check_memory(kv_usage, waiting)
         with self._lock:
-            estimate = self._check(priority, tokens, rows, start_deadline_s, queue_limit)
-            ticket = Ticket(priority, Work(tokens, rows), alone=not self._work.count, estimate=estimate, chars=chars)
+            if continues is None:
+                estimate = self._check(priority, tokens, rows, start_deadline_s, queue_limit)
+            else:
+                estimate = self.capacity.estimate(tokens, self._work, rows)
+            ticket = Ticket(priority, Work(tokens, rows), alone=not self._work.count, estimate=estimate, chars=chars,
+                            head=None if continues is None else continues.stream)
             self._tickets.add(ticket)
+            self._streams[ticket.stream] += 1
             self._work.add(ticket.work)
         return ticket
 
@@ -146,6 +170,7 @@ class Admission:
         name = priority.name.lower()
         work = self._work
         in_flight = work.count
+        streams = len(self._streams)  # a turn's pieces in flight are one stream
         estimate = self.capacity.estimate(tokens, work, rows)
         if in_flight >= limit:
             headers = self._retry_after(self._first_done_s(work, estimate.rate))
@@ -153,10 +178,10 @@ class Admission:
                                 f"priority may use {limit}); retry after {headers['Retry-After']} s",
                            code="queue_full", headers=headers)
         h = self.realtime_headroom / share  # priorities keep their shares: high finds room first
-        if self.policy == "predicted" and in_flight and h > 0 and estimate.rate > 0 and self.capacity.saturated \
-                and (in_flight + 1) * TOKENS_PER_SECOND * h > estimate.rate:
+        if self.policy == "predicted" and streams and h > 0 and estimate.rate > 0 and self.capacity.saturated \
+                and (streams + 1) * TOKENS_PER_SECOND * h > estimate.rate:
             headers = self._retry_after(self._first_done_s(work, estimate.rate))
-            raise APIError(429, f"the server is overloaded: its {in_flight} streams in flight take the audio it "
+            raise APIError(429, f"the server is overloaded: its {streams} streams in flight take the audio it "
                                 f"can deliver ({estimate.rate / TOKENS_PER_SECOND:.0f} s of audio per second) "
                                 f"at {h:g}x real time each; retry after {headers['Retry-After']} s",
                            code="overloaded", headers=headers, rule="realtime")
@@ -189,4 +214,7 @@ class Admission:
         with self._lock:
             assert ticket in self._tickets, ticket
             self._tickets.discard(ticket)
+            self._streams[ticket.stream] -= 1
+            if not self._streams[ticket.stream]:
+                del self._streams[ticket.stream]
             self._work.remove(ticket.work)

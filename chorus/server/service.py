@@ -377,9 +377,10 @@ class SpeechService:
                            param="priority")
         return PRIORITIES[name]
 
-    def admit(self, priority: Priority, body: SpeechBody) -> Ticket:
+    def admit(self, priority: Priority, body: SpeechBody, continues: Ticket | None = None) -> Ticket:
         """Admit ``body`` or raise a 429/503 ``APIError``: arithmetic on the latest estimates, no
-        thread-pool or model work (the text is not even tokenized: its length predicts its cost)."""
+        thread-pool or model work (the text is not even tokenized: its length predicts its cost).
+        ``continues``: the ticket of the earlier piece of the same stream (``Admission.admit``)."""
         config = self.config
         chars = len(body.input)
         cap = body.max_new_tokens if body.max_new_tokens is not None else config.max_new_tokens
@@ -388,7 +389,8 @@ class SpeechService:
         variant = self.pipeline.models.variant
         cfg_weight = body.cfg_weight if body.cfg_weight is not None else variant.sampling.cfg_weight
         rows = chunks * (2 if variant.t3.supports_cfg and cfg_weight > 0 else 1)
-        return self.admission.admit(priority, tokens=tokens, chars=chars, rows=rows, **self._load())
+        return self.admission.admit(priority, tokens=tokens, chars=chars, rows=rows, continues=continues,
+                                    **self._load())
 
     def admit_conversion(self, priority: Priority, source_s: float) -> Ticket:
         """Admit a voice conversion of a ``source_s``-second source (25 speech tokens per second

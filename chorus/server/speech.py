@@ -23,6 +23,7 @@ from chorus.server.errors import APIError, StreamCut, pipeline_error
 from chorus.server.schemas import ConversionFields, SpeechBody
 
 if TYPE_CHECKING:
+    from chorus.server.admission import Ticket
     from chorus.server.service import SpeechService
 
 logger = logging.getLogger("chorus.server")
@@ -158,14 +159,16 @@ _LOOK_UP = object()  # start_call's voice: look the body's voice up in the store
 
 
 async def start_call(service: "SpeechService", body: SpeechBody, priority, request_id: str, arrived: float, *,
-                     voice=_LOOK_UP) -> "SpeechCall":
+                     voice=_LOOK_UP, continues: "Ticket | None" = None) -> "SpeechCall":
     """Check ``body`` against the server's limits, admit it (before any thread-pool or model
     work) and submit it to the pipeline: the :class:`SpeechCall` holding its ticket and stream.
     ``voice``: the voice already looked up (the WebSocket does it once per connection).
+    ``continues``: the ticket of the call before it in the same stream (a voice-agent turn's
+    earlier piece), admitted as its continuation (``Admission.admit``).
     Raises ``APIError``; whatever it took is given back. Cancelled while the pipeline plans the
     request (on a worker thread), the request is cancelled as soon as it exists."""
     service.check_body(body)
-    ticket = service.admit(priority, body)
+    ticket = service.admit(priority, body, continues)
     try:
         if voice is _LOOK_UP:
             voice = await asyncio.to_thread(request_voice, service.voices, body.voice)

@@ -145,8 +145,10 @@ class Turn:
                 if not connection.hub.draining:  # open turns finish while the server drains
                     service.require_serving()
                 body = settings.body.model_copy(update={"input": piece.text})
+                # a later piece continues the turn's stream: admitted with it, never refused
+                continues = self.calls[-1].ticket if self.calls else None
                 call = await start_call(service, body, settings.priority, f"{connection.id}.t{self.index}.p{index}",
-                                        time.perf_counter(), voice=settings.voice)
+                                        time.perf_counter(), voice=settings.voice, continues=continues)
             except APIError as error:
                 await self._ready.put(error)
                 return

@@ -183,6 +183,33 @@ def test_the_realtime_bound_follows_the_measured_rate():
         _admit_long(admission)
 
 
+def test_a_streams_pieces_count_once_in_the_realtime_bound():
+    admission = _realtime_admission(rate=1000.0)  # 32 streams at 1.25x real time
+    heads = [_admit_long(admission) for _ in range(32)]
+    for head in heads:  # each stream's next piece, while its first still plays
+        admission.admit(Priority.HIGH, tokens=250.0, chars=100, start_deadline_s=1000.0, queue_limit=1000,
+                        kv_usage=0.0, waiting=0, continues=head)
+    assert admission.in_flight == 64
+    admission.release(heads[0])  # its continuation keeps the stream in flight
+    with pytest.raises(APIError) as info:
+        _admit_long(admission)
+    assert "its 32 streams in flight" in info.value.message
+
+
+def test_a_continuation_is_admitted_whatever_refuses_new_requests():
+    admission = _realtime_admission(rate=25.0)  # one stream's worth of real time
+    head = _admit_long(admission)
+    load = dict(start_deadline_s=0.001, queue_limit=1, kv_usage=0.99, waiting=3)  # every rule refuses
+    with pytest.raises(APIError):
+        admission.admit(Priority.LOW, tokens=250.0, chars=100, **load)
+    second = admission.admit(Priority.LOW, tokens=250.0, chars=100, continues=head, **load)
+    third = admission.admit(Priority.LOW, tokens=250.0, chars=100, continues=second, **load)
+    assert third.stream is head and admission.in_flight == 3
+    for ticket in (head, second, third):
+        admission.release(ticket)
+    assert admission.in_flight == 0 and admission.drain_s() == 0.0
+
+
 def test_the_realtime_bound_waits_until_the_busiest_stage_is_saturated():
     admission = _realtime_admission(rate=1000.0)  # 32 streams at 1.25x real time, once saturated
     admission.capacity.observe_delivery(1.0, 0.0, busy=False, stage_busy_s=0.1)  # mostly idle

@@ -10,7 +10,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 
 from tests.server.live import EnginePause, LiveServer, server_config, tiny_loader
-from tests.server.ws_client import collect, configure, connect, next_message, send
+from tests.server.ws_client import Turn, collect, configure, connect, next_message, send
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -116,6 +116,42 @@ def test_an_admission_refusal_is_a_429_error_for_that_turn_with_retry_after(serv
     with connect(server, headers=AUTH) as ws:
         configure(ws)
     server.wait_idle()
+
+
+def test_a_turns_next_piece_is_admitted_as_its_continuation_while_new_turns_are_refused(tmp_path):
+    """A turn is one admitted stream: its second piece is never refused for load, so its speech is
+    not cut mid-way (docs/server.md, "Admission")."""
+    config = server_config(tmp_path, max_queue=1, max_new_tokens=300, canary_interval_s=3600.0)
+    with LiveServer(config, tiny_loader(config)) as server, connect(server) as ws:
+        configure(ws, seed=1)
+        turn = Turn()
+
+        def read_until(done) -> dict:
+            while True:
+                message = next_message(ws)
+                if isinstance(message, tuple):
+                    turn.frames.append(message)
+                elif done(message):
+                    return message
+                else:
+                    assert message["turn_id"] == "t" and message["type"] == "piece", message
+                    turn.events.append(message)
+
+        # the first piece's T3 runs 30 tokens (past the 20 of its first audio), then is held: it
+        # keeps the one place of the queue (max_queue=1) while the second piece starts
+        with EnginePause(server, after_tokens=30):
+            send(ws, type="text", turn_id="t", text="Hello there, this is a test. It has two sentences.")
+            send(ws, type="flush", turn_id="t")
+            second = read_until(lambda m: m["type"] == "piece" and m["piece"] == 1)
+            assert second["turn_id"] == "t" and server.service.admission.in_flight == 2
+            send(ws, type="text", turn_id="new", text="Hello there, is there room for me?")
+            send(ws, type="flush", turn_id="new")
+            refused = read_until(lambda m: m.get("turn_id") == "new")
+            assert refused["type"] == "error" and refused["code"] == "queue_full", refused
+        rest = collect(ws, ["t"])["t"]
+        assert rest.of("done") and not rest.of("error"), rest.events
+        assert turn.frames or rest.frames
+        server.wait_idle()
 
 
 def test_an_idle_connection_is_closed_with_an_error_first(tmp_path):
