@@ -23,7 +23,7 @@ fi
 case $what in
   tests)
     # only the files that hold gpu tests: collecting the rest would import the server's packages,
-    # which a GPU machine may lack. Six pytest-xdist workers share the GPU (218 tests in about 4
+    # which a GPU machine may lack. Six pytest-xdist workers share the GPU (235 tests in about 4
     # minutes on an H200); the files that size memory from what the GPU has free run alone after.
     alone="tests/server/test_memory_plan.py tests/engine/test_engine_gpu.py"
     shared=$(grep -rl "pytest.mark.gpu" tests | sort | grep -v -e test_memory_plan.py -e test_engine_gpu.py)
