@@ -155,7 +155,9 @@ class EngineReplica:
     takes traffic. A replica whose start failed raises, so Serve retries it and reports why."""
 
     async def __init__(self, config: ServerConfig, loader: str = DEFAULT_LOADER):
+        from chorus.server import gc_pauses
         from chorus.server.main import effective_config
+        from chorus.server.process_watch import ProcessWatch
         from chorus.server.service import SpeechService
 
         config = effective_config(config)
@@ -165,10 +167,14 @@ class EngineReplica:
         # who this replica is, for the front's routing, readiness and metrics labels
         self.identity = {"deployment": context.deployment, "model": entry.id, "version": entry.version}
         self.service = SpeechService(config, resolve_loader(loader, config))
+        self._watch = ProcessWatch(self.service.metrics)  # this process's loop lag and GC pauses, for its life
+        self._watch.start()
         await self.service.start()
         if self.service.state != "ready":
             await self.service.stop()
             raise RuntimeError(f"the engine replica failed to start: {self.service.failure}")
+        if config.gc_freeze:
+            gc_pauses.freeze()  # docs/server.md, "Where a short answer waits"
         self._board = board(context.app_name)
         self._publisher = asyncio.create_task(self._publish_loop())
 

@@ -14,7 +14,9 @@ a new connection each (``new``: what an open-loop client with a bounded keep-ali
 at overload) or over a pool of 64 kept-alive connections (``keepalive``; more are opened when
 all are busy). Per rate and mode: the busy load's completed requests and seconds of audio per
 second, the server's CPU (percent of one core), and the refusals' achieved rate and latency
-(from their scheduled send time, so the firing client's own lateness counts too).
+(from their scheduled send time, so the firing client's own lateness counts too), and the
+server's event-loop lag and full garbage collections over the window (``server_pauses``, as in
+the overload report of ``chorus bench online``).
 
 The model threads' loss is the point: ``goodput_vs_idle`` is the busy load's completions per
 second relative to the same run without refusals. On a machine with few cores the two clients
@@ -151,11 +153,15 @@ def _server_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _metric(port: int, name: str) -> float:
+async def _metrics_text(port: int) -> str:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
     text = (await reader.read(-1)).decode()
     writer.close()
+    return text
+
+
+def _metric(text: str, name: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
@@ -175,11 +181,13 @@ async def busy_load(port: int, clients: int, stop: asyncio.Event, done: list[flo
 
 
 async def measure(port: int, pid: int, rate: float, mode: str, duration_s: float, busy: int) -> dict:
+    from chorus.bench.overload_bench import pause_report, server_pauses
+
     stop, done = asyncio.Event(), []
     load = asyncio.create_task(busy_load(port, busy, stop, done))
     await asyncio.sleep(2.0)  # the busy load reaches its steady state
-    audio0, cpu0, t0, n0 = await _metric(port, "chorus_audio_seconds_total"), _server_cpu_s(pid), \
-        time.perf_counter(), len(done)
+    metrics0 = await _metrics_text(port)
+    cpu0, t0, n0 = _server_cpu_s(pid), time.perf_counter(), len(done)
     firing = None
     if rate > 0:
         firing = await asyncio.create_subprocess_exec(
@@ -192,12 +200,15 @@ async def measure(port: int, pid: int, rate: float, mode: str, duration_s: float
         refusals = None
     wall = time.perf_counter() - t0
     completed, cpu = len(done) - n0, _server_cpu_s(pid) - cpu0
-    audio = await _metric(port, "chorus_audio_seconds_total") - audio0
+    metrics1 = await _metrics_text(port)
+    audio = _metric(metrics1, "chorus_audio_seconds_total") - _metric(metrics0, "chorus_audio_seconds_total")
     stop.set()
     await load
     return {"refusals_per_s": rate, "mode": mode if rate else None, "busy_completed_per_s": round(completed / wall, 2),
             "busy_audio_s_per_s": round(audio / wall, 2), "server_cpu_percent": round(100 * cpu / wall),
-            "refusals": refusals}
+            "refusals": refusals,
+            # the server's event-loop lag and full garbage collections over the window
+            "server_pauses": pause_report(server_pauses(metrics0), server_pauses(metrics1))}
 
 
 def run(args) -> dict:

@@ -25,9 +25,14 @@ import httpx
 
 from chorus.bench.online_bench import (MEASURED_FORMATS, OnlineBenchConfig, Outcome, _pct, parse_metrics,
                                        speak_once)
+from chorus.loop_lag import watch_loop_lag
 
 REFUSALS = ("429", "503")  # answered before any work: admission, memory pressure, not ready
 _KV_USED = re.compile(r'^chorus_kv_blocks\{([^}]*)\}\s+(\S+)', re.M)
+# the server's event-loop lag and garbage-collector pauses (histograms of chorus/server/metrics.py)
+_PAUSES = re.compile(r'^(chorus_event_loop_lag_seconds|chorus_gc_pause_seconds)_(bucket|count|sum)'
+                     r'(?:\{([^}]*)\})?\s+(\S+)$', re.M)
+LAG_THRESHOLDS = ("0.01", "0.05", "0.25")  # lag samples counted above these (seconds; bucket bounds)
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,51 @@ def kv_blocks_used(text: str) -> float:
                if 'state="used"' in labels and 'replica="total"' not in labels)
 
 
+def server_pauses(text: str) -> dict[str, float] | None:
+    """The server's cumulative event-loop lag samples (all, and above each of ``LAG_THRESHOLDS``;
+    their sum in seconds) and its full garbage collections (count, seconds), from /metrics;
+    None from a server that exports neither."""
+    out = {"lag_samples": 0.0, "lag_s": 0.0, **{f"lag_over_{t}": 0.0 for t in LAG_THRESHOLDS},
+           "gc_full": 0.0, "gc_full_s": 0.0}
+    seen = False
+    for name, kind, labels, value in _PAUSES.findall(text):
+        labels = labels or ""
+        if 'replica="total"' in labels:
+            continue
+        seen, value = True, float(value)
+        if name == "chorus_gc_pause_seconds":
+            if 'generation="2"' in labels and kind in ("count", "sum"):
+                out["gc_full" if kind == "count" else "gc_full_s"] += value
+        elif kind == "count":
+            out["lag_samples"] += value
+            for t in LAG_THRESHOLDS:  # above t = all samples - those at or below t
+                out[f"lag_over_{t}"] += value
+        elif kind == "sum":
+            out["lag_s"] += value
+        else:
+            for t in LAG_THRESHOLDS:
+                if f'le="{t}"' in labels:
+                    out[f"lag_over_{t}"] -= value
+    return out if seen else None
+
+
+def pause_report(before: dict | None, after: dict | None) -> dict | None:
+    """What the server's event loop and garbage collector did between two samples' pauses."""
+    if not before or not after:
+        return None
+    delta = {key: after[key] - before[key] for key in after}
+    samples = delta["lag_samples"]
+    return {
+        "lag_samples": int(samples),
+        "lag_mean_ms": round(1000 * delta["lag_s"] / samples, 3) if samples else None,
+        **{f"lag_share_over_{float(t) * 1000:g}ms": round(delta[f"lag_over_{t}"] / samples, 5) if samples else None
+           for t in LAG_THRESHOLDS},
+        "gc_full_collections": int(delta["gc_full"]),
+        "gc_full_pause_s": round(delta["gc_full_s"], 4),
+        "gc_full_pause_mean_ms": round(1000 * delta["gc_full_s"] / delta["gc_full"], 3) if delta["gc_full"] else None,
+    }
+
+
 async def _sample(client: httpx.AsyncClient, begin: float) -> dict | None:
     """One timeline point: /metrics' gauges, /ready's status code and, when not 200, why not
     (the server's ``reason``, or the client's error when no answer came); None if /metrics failed."""
@@ -107,7 +157,8 @@ async def _sample(client: httpx.AsyncClient, begin: float) -> dict | None:
         ready, reason = None, f"no answer: {type(exc).__name__}"  # counted as not ready
     return {"t_s": round(time.perf_counter() - begin, 3), "kv_blocks_used": kv_blocks_used(response.text),
             "resident_memory_bytes": values.get("process_resident_memory_bytes"),
-            "in_flight": values.get("chorus_requests_in_flight", 0.0), "ready": ready, "ready_reason": reason}
+            "in_flight": values.get("chorus_requests_in_flight", 0.0), "ready": ready, "ready_reason": reason,
+            "pauses": server_pauses(response.text)}
 
 
 def _ready_reason(answer: httpx.Response) -> str:
@@ -142,9 +193,9 @@ async def _after_drain(client: httpx.AsyncClient, begin: float, interval_s: floa
 
 
 def summarize(outcomes: list[Outcome], rate: float, wall_s: float, fmt: str, timeline: list[dict],
-              before: dict | None = None, after: dict | None = None) -> dict:
+              before: dict | None = None, after: dict | None = None, client_lag: list[float] = ()) -> dict:
     """The overload section of the report (``before``/``after``: the samples taken before the
-    first request and after the drain)."""
+    first request and after the drain; ``client_lag``: the client's own event-loop lag samples)."""
     counts: dict[str, int] = {}
     for o in outcomes:
         counts[o.status] = counts.get(o.status, 0) + 1
@@ -183,6 +234,11 @@ def summarize(outcomes: list[Outcome], rate: float, wall_s: float, fmt: str, tim
         "before": before, "after_drain": after,
         "kv_blocks_used_after_drain": after and after["kv_blocks_used"],
         "resident_memory_growth": round(rss_after / rss_before - 1.0, 4) if rss_before and rss_after else None,
+        # where a short answer's wait can come from besides the server's work: its event loop's
+        # lag and its full garbage collections over the run, and the client's own loop's lag
+        "server_pauses": pause_report(before and before.get("pauses"), after and after.get("pauses")),
+        "client_loop_lag_s": {"samples": len(client_lag), "p50": _pct(client_lag, 50), "p99": _pct(client_lag, 99),
+                              "max": _pct(client_lag, 100)},
         "timeline": timeline,
     }
 
@@ -200,6 +256,8 @@ async def run_overload(cfg: OnlineBenchConfig, overload: OverloadConfig, body: d
         begin = time.perf_counter()
         before = await _sample(scraper, begin)
         poller = asyncio.create_task(_timeline(scraper, begin, cfg.metrics_interval_s, stop, timeline))
+        client_lag: list[float] = []
+        lag_watch = asyncio.create_task(watch_loop_lag(client_lag.append))
         tasks = []
         try:
             for at in times:
@@ -211,6 +269,7 @@ async def run_overload(cfg: OnlineBenchConfig, overload: OverloadConfig, body: d
         finally:
             wall = time.perf_counter() - begin
             stop.set()
+            lag_watch.cancel()
             await poller
         after = await _after_drain(scraper, begin, cfg.metrics_interval_s, timeout_s=30.0)
-    return summarize(outcomes, rate, wall, cfg.response_format, timeline, before, after)
+    return summarize(outcomes, rate, wall, cfg.response_format, timeline, before, after, client_lag)

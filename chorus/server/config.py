@@ -135,6 +135,7 @@ class ServerConfig:
     canary_interval_s: float = 60.0  # canaries re-run this often (a failed one fails /ready; a late one not)
     canary_timeout_s: float = 60.0
     switch_interval_ms: float = 5.0  # the GIL's switch interval (sys.setswitchinterval) set at start-up; 5: Python's
+    gc_freeze: bool = True  # after start-up, hide the heap from the cyclic GC (gc.freeze): short full collections
     stall_timeout_s: float = 15.0  # a step this long, or work and no progress this long: not ready
     shutdown_grace_s: float = 30.0  # on SIGTERM, streams in flight get this long to finish
     log_format: str = "json"  # "json" or "text"
@@ -351,6 +352,9 @@ FIELD_HELP = {
     "switch_interval_ms": "the interpreter's GIL switch interval in milliseconds, set at start-up (Python's "
                           "default is 5): how long a model thread waiting for the GIL may wait while the "
                           "event loop answers requests",
+    "gc_freeze": "once the models are loaded and warm, move every object alive out of the cyclic garbage "
+                 "collector's sight (gc.freeze): its full collections, which stop every thread, then traverse "
+                 "only what requests created",
     "shutdown_grace_s": "on SIGTERM, seconds the streams in flight get to finish before they are cut",
     "log_format": "json (one object per line) or text",
     "log_level": "debug, info, warning or error",

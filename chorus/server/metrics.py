@@ -20,6 +20,8 @@ logger = logging.getLogger("chorus.server")
 
 LATENCY_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 # stage times run from a millisecond (a GPU decode step, encoding a piece) to minutes (a stalled step)
+# the event loop's lag: a refusal's latency target is 50 ms, a healthy loop's lag a few ms
+LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 STAGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 STAGES = ("queue", "t3", "vocoder", "encode")
 # error codes that are admission refusals, and the reason label they count under
@@ -83,6 +85,12 @@ def _add_process_metrics(metrics, registry: CollectorRegistry) -> None:
                                  "real-time bound)", ["rule"], registry=registry)
     metrics.ws_connections = Gauge("chorus_ws_connections_open", "Voice-agent WebSocket connections open",
                                    registry=registry)
+    metrics.loop_lag = Histogram("chorus_event_loop_lag_seconds", "How late the event loop ran a timer that was "
+                                 "due (sampled every 50 ms): the wait of everything ready on it, the parsing and "
+                                 "refusing of requests included", buckets=LOOP_LAG_BUCKETS, registry=registry)
+    metrics.gc_pauses = Histogram("chorus_gc_pause_seconds", "Pauses of the cyclic garbage collector, which "
+                                  "stop every thread, by generation (2: a full collection)", ["generation"],
+                                  buckets=LOOP_LAG_BUCKETS, registry=registry)
     ProcessCollector(registry=registry)  # process_resident_memory_bytes, CPU seconds, open fds (Linux)
     for reason in REFUSAL_REASONS.values():
         metrics.refusals.labels(reason)

@@ -27,11 +27,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from chorus.server import gc_pauses
 from chorus.server.config import ServerConfig
 from chorus.server.errors import APIError
 from chorus.server.metrics import ProcessMetrics
 from chorus.server.model_entries import (ModelEntry, aliases, check_entries, check_one_process, memory_shares,
                                          pick_version)
+from chorus.server.process_watch import ProcessWatch
 from chorus.server.service import Loaded, SpeechService
 
 logger = logging.getLogger("chorus.server")
@@ -97,6 +99,7 @@ class ModelRegistry:
         self.metrics = ProcessMetrics(self._metric_sources)
         self._holds: list[Callable[[SpeechService], int]] = []
         self._admin = asyncio.Lock()
+        self._watch = ProcessWatch(self.metrics)  # the event loop's lag and the collector's pauses
         self._starting = True
         self._draining = False
         shares = memory_shares(config.entries())
@@ -119,12 +122,19 @@ class ModelRegistry:
         ones before it hold). A version that fails stays in state ``failed``; the server serves
         the others and ``/ready`` names it."""
         self.loop = asyncio.get_running_loop()
+        self._watch.start()
         for version in self.versions():
             await version.service.start()  # a failure is logged there, with the model and version
+        if self.config.gc_freeze:
+            gc_pauses.freeze()  # the models are loaded and warm: what lives now lives for good
         self._starting = False
 
     async def stop(self) -> None:
+        self._watch.stop()
         await asyncio.gather(*(v.service.stop() for v in self.versions() + self.retiring))
+        if self.config.gc_freeze:
+            gc_pauses.thaw()
+
 
     async def drain(self, grace_s: float) -> None:
         """Shutting down: every version drains at once (``SpeechService.drain``)."""
@@ -335,6 +345,8 @@ class ModelRegistry:
                                      and a not in self.aliases})
             logger.info("model %s now routes to version(s) %s", model_id,
                         ", ".join(v.label for v in self.routes[model_id].versions))
+            if self.config.gc_freeze:
+                gc_pauses.freeze()  # the new version's heap joins the frozen one (an unload thaws it)
             if not ab:
                 for retired in old:
                     self._retire(retired)
@@ -405,7 +417,7 @@ class ModelRegistry:
         await version.service.stop()
         version.service.pipeline = version.service.voices = None
         self.retiring.remove(version)
-        await asyncio.to_thread(_release_memory)
+        await asyncio.to_thread(_release_memory, self.config.gc_freeze)
         logger.info("model %s version %s unloaded", version.entry.id, version.label)
 
 
@@ -422,10 +434,13 @@ def affinity_key(headers, query_key: str | None = None) -> str | None:
     return query_key or None
 
 
-def _release_memory() -> None:
+def _release_memory(frozen: bool) -> None:
     """Return what a closed pipeline held: its tensors to the allocator, the allocator's cache
-    to the device."""
-    gc.collect()
+    to the device. ``frozen``: the heap was frozen at start-up (the pipeline's cycles with it)."""
+    if frozen:
+        gc_pauses.collect_everything()
+    else:
+        gc.collect()
     import torch
 
     from chorus import capture_gate

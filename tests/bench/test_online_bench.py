@@ -8,7 +8,7 @@ import pytest
 
 from chorus.bench.online_bench import (STATUSES, OnlineBenchConfig, Playback, parse_metrics, request_body,
                                          run_online)
-from chorus.bench.overload_bench import OverloadConfig, arrival_times
+from chorus.bench.overload_bench import OverloadConfig, arrival_times, pause_report, server_pauses
 from chorus.cli import main
 from chorus.server.model_entries import ModelEntry
 from chorus.server.service import CANARY_TOKENS
@@ -207,6 +207,31 @@ def test_overload_mode_samples_the_server_before_the_first_request_and_after_the
     assert result["kv_blocks_used_after_drain"] == 0 == after["kv_blocks_used"]
     assert result["resident_memory_growth"] == pytest.approx(
         after["resident_memory_bytes"] / before["resident_memory_bytes"] - 1, abs=1e-4)
+    pauses = result["server_pauses"]  # the server's loop sampled every 50 ms across the run
+    assert pauses["lag_samples"] > 0 and pauses["lag_mean_ms"] >= 0 and 0 <= pauses["lag_share_over_50ms"] <= 1
+    assert result["client_loop_lag_s"]["samples"] > 0
+
+
+def _pause_metrics(lag: list[float], lag_sum: float, full: float, full_s: float) -> str:
+    """/metrics text with the loop-lag histogram (cumulative counts at 10 ms, 50 ms, 250 ms and
+    +Inf) and the collector's pauses."""
+    bounds = ("0.01", "0.05", "0.25", "+Inf")
+    return "\n".join([*(f'chorus_event_loop_lag_seconds_bucket{{le="{b}"}} {c}' for b, c in zip(bounds, lag)),
+                      f"chorus_event_loop_lag_seconds_count {lag[-1]}", f"chorus_event_loop_lag_seconds_sum {lag_sum}",
+                      'chorus_gc_pause_seconds_count{generation="0"} 40.0',
+                      'chorus_gc_pause_seconds_sum{generation="0"} 0.02',
+                      f'chorus_gc_pause_seconds_count{{generation="2"}} {full}',
+                      f'chorus_gc_pause_seconds_sum{{generation="2"}} {full_s}'])
+
+
+def test_the_server_pause_report_is_the_difference_of_two_scrapes():
+    before = server_pauses(_pause_metrics([10, 10, 10, 10], 0.01, 1, 0.1))
+    after = server_pauses(_pause_metrics([80, 95, 99, 110], 1.11, 3, 0.35))
+    assert before["lag_over_0.05"] == 0 and after["lag_over_0.05"] == 15
+    assert pause_report(before, after) == {
+        "lag_samples": 100, "lag_mean_ms": 11.0, "lag_share_over_10ms": 0.3, "lag_share_over_50ms": 0.15,
+        "lag_share_over_250ms": 0.11, "gc_full_collections": 2, "gc_full_pause_s": 0.25, "gc_full_pause_mean_ms": 125.0}
+    assert server_pauses("chorus_requests_total 3.0") is None and pause_report(None, after) is None
 
 
 def test_poisson_arrivals_are_bounded_in_count_and_time():
