@@ -135,7 +135,6 @@ class ModelRegistry:
         if self.config.gc_freeze:
             gc_pauses.thaw()
 
-
     async def drain(self, grace_s: float) -> None:
         """Shutting down: every version drains at once (``SpeechService.drain``)."""
         self._draining = True
