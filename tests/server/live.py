@@ -181,57 +181,59 @@ def metric(text: str, name: str, labels: str = "") -> float:
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
-class EnginePause:
+class _Hold:
+    """Replaces ``owner.<name>`` inside a ``with`` block by a version whose held calls wait until
+    ``release`` is set (``entered`` is set when one does), then run the real method; the block's
+    end restores the method and releases. Which calls are held: :meth:`_holds`."""
+
+    def __init__(self, owner, name: str):
+        self._owner, self._name = owner, name
+        self._real = getattr(owner, name)
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def _holds(self) -> bool:
+        return True
+
+    def _call(self, *args):
+        if self._holds():
+            self.entered.set()
+            self.release.wait(60)
+        return self._real(*args)
+
+    def __enter__(self):
+        setattr(self._owner, self._name, self._call)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        setattr(self._owner, self._name, self._real)
+        self.release.set()
+
+
+class EnginePause(_Hold):
     """Holds the T3 engine's next step until released (``with EnginePause(server) as pause:``):
     requests admitted meanwhile stay in flight. The real step runs once released. With
     ``after_tokens``, steps run freely until the engine has sampled that many tokens since the
     pause began, and the step after them is held."""
 
     def __init__(self, server: LiveServer, after_tokens: int = 0):
-        self.engine = server.pipeline.engine
-        self.release = threading.Event()
-        self.entered = threading.Event()
+        super().__init__(server.pipeline.engine, "step")
         self.after_tokens = after_tokens
         self.tokens = 0
-        self._step = self.engine.step
 
-    def _held_step(self):
-        if self.tokens >= self.after_tokens:
-            self.entered.set()
-            self.release.wait(60)
-        events = self._step()
+    def _holds(self) -> bool:
+        return self.tokens >= self.after_tokens
+
+    def _call(self):
+        events = super()._call()
         self.tokens += sum(1 for event in events if event.new_token is not None)
         return events
 
-    def __enter__(self) -> "EnginePause":
-        self.engine.step = self._held_step
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.engine.step = self._step
-        self.release.set()
-
-
-class VocoderPause:
+class VocoderPause(_Hold):
     """Holds the vocoder stage's next pass until released (``with VocoderPause(server) as pause:``),
     after the pass's jobs were chosen (so its predicted time is set); the real pass runs once
     released."""
 
     def __init__(self, server: LiveServer):
-        self.stage = server.pipeline.vocoder
-        self.release = threading.Event()
-        self.entered = threading.Event()
-        self._run_pass = self.stage._run_pass
-
-    def _held_pass(self, picked):
-        self.entered.set()
-        self.release.wait(60)
-        return self._run_pass(picked)
-
-    def __enter__(self) -> "VocoderPause":
-        self.stage._run_pass = self._held_pass
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stage._run_pass = self._run_pass
-        self.release.set()
+        super().__init__(server.pipeline.vocoder, "_run_pass")
