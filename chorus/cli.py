@@ -173,7 +173,7 @@ def _cmd_bench_vocoder(args: argparse.Namespace) -> int:
         batch_sizes=_positive_ints(args.batch_sizes, "--batch-sizes"),
         new_tokens=_positive_ints(args.new_tokens, "--new-tokens"), repeats=args.repeats,
         flow_steps=args.flow_steps, yardstick=not args.no_yardstick, cuda_graphs=not args.no_cuda_graphs,
-        compile_hift=args.compile_hift,
+        compile_hift=args.compile_hift, hift_ops=args.hift_ops,
     )
     main_json(cfg, args.out)
     return 0
@@ -1006,6 +1006,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the stage's solver eagerly (VocoderConfig.cuda_graphs off)")
     p.add_argument("--compile-hift", action="store_true",
                    help="run HiFT's decoder through torch.compile (VocoderConfig.compile_hift; default: eager)")
+    p.add_argument("--hift-ops", choices=("auto", "triton", "torch"), default="auto",
+                   help="kernels of HiFT's Snake activations (VocoderConfig.hift_ops): auto (default) fuses each "
+                        "into one Triton kernel on CUDA, torch runs the plain tensor ops")
     p.add_argument("--no-yardstick", action="store_true",
                    help="skip the yardstick (the pass's modules in plain PyTorch as one CUDA graph; reported as "
                         "yardstick_seconds and yardstick_fraction)")

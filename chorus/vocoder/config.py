@@ -6,6 +6,8 @@ from typing import Literal
 
 import torch
 
+from chorus.triton_backend import BACKENDS
+
 
 @dataclass(frozen=True)
 class VocoderConfig:
@@ -89,6 +91,12 @@ class VocoderConfig:
     Off by default: on an H200 the compiled decoder alone took 59 ms against 140 ms eagerly (32
     items of 500 frames, bf16), but end to end (``chorus bench offline``, turbo) it gained 3-5%,
     within run-to-run spread, for about 90 s more start-up (docs/vocoder.md, "Compiled HiFT")."""
+    hift_ops: str = "auto"
+    """The kernels of HiFT's Snake activations (``HiFTGenerator.ops_backend``): ``"auto"`` runs
+    each Snake, with the mask before it, as one Triton kernel on CUDA and the plain tensor ops
+    elsewhere; ``"torch"`` the plain ops everywhere; ``"triton"`` requires the kernel. The kernel
+    rounds where the plain ops round, so the audio is the same to within fp32's last bit of a
+    sine (docs/vocoder.md, "Fused Snake")."""
 
     def __post_init__(self) -> None:
         if self.first_window_tokens < 1 or self.max_window_tokens < self.first_window_tokens:
@@ -121,6 +129,8 @@ class VocoderConfig:
             raise ValueError(f"max_pass_graphs must be >= 1, got {self.max_pass_graphs}")
         if not isinstance(self.compile_hift, bool):
             raise ValueError(f"compile_hift must be True or False, got {self.compile_hift!r}")
+        if self.hift_ops not in BACKENDS:
+            raise ValueError(f"hift_ops must be one of {BACKENDS}, got {self.hift_ops!r}")
         if self.batching not in ("fifo", "length"):
             raise ValueError(f"batching must be 'fifo' or 'length', got {self.batching!r}")
 

@@ -49,6 +49,7 @@ class VocoderStage:
         """The predicted time of the pass under way (``cost``, learned from this stage's passes;
         0.0 between passes and before any was measured): a pass far past it is stuck, not busy
         (``Pipeline.stall``)."""
+        s3gen.mel2wav.ops_backend = self.config.hift_ops
         self._graphs = PassGraphs(s3gen.flow, s3gen.mel2wav, enabled=self.config.cuda_graphs,
                                   max_graphs=self.config.max_pass_graphs, max_rows=self.config.max_graph_rows,
                                   capture_after=self.config.capture_after, stats=self._stats,

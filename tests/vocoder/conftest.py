@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tests.models.s3gen.oracle_s3gen import torch_threads
-from tests.vocoder.models import random_s3gen
+from tests.vocoder.models import random_s3gen, random_tokens, random_voice
 
 
 @pytest.fixture(autouse=True)
@@ -40,3 +40,23 @@ def drain(stage) -> dict[str, list]:
 
 def joined(pieces) -> torch.Tensor:
     return torch.cat([p.samples for p in pieces])
+
+
+def graphed_and_eager_stream_audio(stage) -> dict[str, torch.Tensor]:
+    """Three streams of 60 tokens pushed 9 at a time (passes of 3 rows, graphed), then six of 80
+    pushed at once (passes of 6 rows, more than the stage's ``max_graph_rows``: eager)."""
+    voice, pieces = random_voice(30, seed=1), {}
+    for i in range(3):
+        stage.add(f"a{i}", voice, seed=i, streaming=True)
+    for start in range(0, 60, 9):
+        for i in range(3):
+            stage.push(f"a{i}", random_tokens(60, seed=10 + i)[start:start + 9], final=start + 9 >= 60)
+        for job, outs in drain(stage).items():
+            pieces.setdefault(job, []).extend(outs)
+    for i in range(6):
+        stage.add(f"b{i}", voice, seed=10 + i, streaming=True)
+        stage.push(f"b{i}", random_tokens(80, seed=20 + i), final=True)
+    for job, outs in drain(stage).items():
+        pieces.setdefault(job, []).extend(outs)
+    assert all(outs[-1].final and outs[-1].error is None for outs in pieces.values())
+    return {job: joined(outs) for job, outs in pieces.items()}

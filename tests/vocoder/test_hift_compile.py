@@ -13,8 +13,8 @@ from chorus.models.s3gen.hift import SourceNoise
 from chorus.vocoder import VocoderConfig, VocoderStage
 from chorus.vocoder.pass_graphs import HiFTRunner
 from chorus.vocoder.quality import snr_db
-from tests.vocoder.conftest import drain, joined
-from tests.vocoder.models import random_s3gen, random_tokens, random_voice
+from tests.vocoder.conftest import graphed_and_eager_stream_audio
+from tests.vocoder.models import random_s3gen
 
 # compiled bf16 decode against fp32 eager may be this much worse than eager bf16 is (its fused
 # kernels round in other places); on an H200, 32 x 500 frames, compiled vs eager bf16: 41.6 dB
@@ -97,26 +97,6 @@ def test_the_compiled_bf16_decoder_is_as_close_to_fp32_as_the_eager_one():
             assert not got[~valid].any()
 
 
-def _stream_audio(stage: VocoderStage) -> dict[str, torch.Tensor]:
-    """Three streams of 60 tokens pushed 9 at a time (passes of 3 rows, graphed), then six of 80
-    pushed at once (passes of 6 rows, more than the stage's ``max_graph_rows``: eager)."""
-    voice, pieces = random_voice(30, seed=1), {}
-    for i in range(3):
-        stage.add(f"a{i}", voice, seed=i, streaming=True)
-    for start in range(0, 60, 9):
-        for i in range(3):
-            stage.push(f"a{i}", random_tokens(60, seed=10 + i)[start:start + 9], final=start + 9 >= 60)
-        for job, outs in drain(stage).items():
-            pieces.setdefault(job, []).extend(outs)
-    for i in range(6):
-        stage.add(f"b{i}", voice, seed=10 + i, streaming=True)
-        stage.push(f"b{i}", random_tokens(80, seed=20 + i), final=True)
-    for job, outs in drain(stage).items():
-        pieces.setdefault(job, []).extend(outs)
-    assert all(outs[-1].final and outs[-1].error is None for outs in pieces.values())
-    return {job: joined(outs) for job, outs in pieces.items()}
-
-
 @pytest.mark.gpu
 def test_a_compiled_stage_gives_the_eager_audio_and_compiles_only_in_warmup():
     s3gen = random_s3gen("turbo", tiny=False, seed=3, dtype=torch.bfloat16, device="cuda")
@@ -127,7 +107,7 @@ def test_a_compiled_stage_gives_the_eager_audio_and_compiles_only_in_warmup():
         before = _compiles()
         stage.warmup(prompt_tokens=30, chunk_tokens=60, max_items=4)
         warmed = _compiles()
-        audio[compiled] = _stream_audio(stage)
+        audio[compiled] = graphed_and_eager_stream_audio(stage)
         assert stage.stats.graph_replays > 0 and stage.stats.eager_runs > 0
         assert (warmed > before) == compiled  # batch 1 and batch >= 2
         assert _compiles() == warmed  # nothing compiled while serving: graphed, eager, any shape

@@ -20,7 +20,9 @@ from torch.nn.utils import parametrize
 
 from chorus.models.checkpoint import check_state_dict
 from chorus.models.s3gen.f0_predictor import WEIGHT_NORM_MARK, F0Predictor, F0PredictorConfig, checkpoint_conv
+from chorus.models.s3gen.fused_ops import masked_residual, snake
 from chorus.models.s3gen.mel import lengths_mask, reflect_pad
+from chorus.triton_backend import BACKENDS
 
 
 @dataclass(frozen=True)
@@ -103,15 +105,16 @@ def draw_source_noise(
 
 
 class Snake(nn.Module):
-    """x + sin(alpha x)^2 / alpha with a learned alpha per channel (linear scale)."""
+    """x + sin(alpha x)^2 / alpha with a learned alpha per channel (linear scale), of ``mask * x``
+    when a mask is given; one kernel on CUDA (:mod:`chorus.models.s3gen.fused_ops`)."""
 
     def __init__(self, channels: int):
         super().__init__()
         self.alpha = nn.Parameter(torch.ones(channels))
+        self.ops_backend = "auto"  # set through HiFTGenerator.ops_backend
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        alpha = self.alpha[None, :, None]
-        return x + (1.0 / (alpha + 1e-9)) * torch.sin(x * alpha).pow(2)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return snake(x, self.alpha, mask, self.ops_backend)
 
 
 class ResBlock(nn.Module):
@@ -132,8 +135,7 @@ class ResBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         for conv1, conv2, act1, act2 in zip(self.convs1, self.convs2, self.activations1, self.activations2):
-            inner = _masked(conv1(act1(x)), mask)
-            x = _masked(conv2(act2(inner)), mask) + x
+            x = masked_residual(x, conv2(act2(conv1(act1(x)), mask)), mask)
         return x
 
 
@@ -220,6 +222,20 @@ class HiFTGenerator(nn.Module):
             for ch in channels for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilations))
         self.conv_post = checkpoint_conv(nn.Conv1d(channels[-1], stft_channels, 7, padding=3), weight_norm_layout)
         self.f0_predictor = F0Predictor(cfg.f0, weight_norm_layout)
+
+    @property
+    def ops_backend(self) -> str:
+        """The Snake activations' kernels: ``"auto"`` (one Triton kernel each on CUDA, the plain
+        tensor ops elsewhere), ``"triton"`` or ``"torch"`` (:mod:`chorus.models.s3gen.fused_ops`)."""
+        return self.resblocks[0].activations1[0].ops_backend
+
+    @ops_backend.setter
+    def ops_backend(self, backend: str) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"HiFT ops backend must be one of {BACKENDS}, got {backend!r}")
+        for module in self.modules():
+            if isinstance(module, Snake):
+                module.ops_backend = backend
 
     # ----------------------------------------------------------------------------------- loading
     @classmethod
