@@ -150,7 +150,10 @@ class Admission:
             with self._lock:
                 self._check(priority, 0.0, 1, start_deadline_s, queue_limit)
         except APIError as refusal:
-            return refusal
+            # handed on as a value: without its traceback, whose frames (this call's callers, up
+            # to the ASGI app holding the returned refusal) would make a reference cycle of
+            # each early refusal for the cyclic collector to find
+            return refusal.with_traceback(None)
         return None
 
     def _check_memory(self, kv_usage: float, waiting: int) -> None:

@@ -2,6 +2,7 @@
 tests/server/test_overload.py checks it on a live server."""
 from __future__ import annotations
 
+import gc
 import random
 
 import pytest
@@ -307,6 +308,27 @@ def _refused(admission: Admission, priority: Priority, tokens: float, rows: int,
     except APIError as error:
         return error
     return None
+
+
+def test_an_early_refusal_makes_no_reference_cycle():
+    """The refusal is handed on as a value without its traceback, whose frames (the caller's
+    too, holding the refusal) would make a cycle of every early refusal for the cyclic collector."""
+    admission = Admission(100, 0.9, 1, capacity=_model(rate=None, solo=0.5), max_retry_after_s=30)
+    load = dict(start_deadline_s=5.0, queue_limit=1, kv_usage=0.0, waiting=0)
+    admission.admit(Priority.HIGH, tokens=20.0, chars=10, **load)  # the queue (1) is full
+
+    def refuse_early() -> int:  # the ASGI app keeps the refusal in a local as it answers
+        refusal = admission.certain_refusal(Priority.LOW, **load)
+        assert refusal is not None
+        return refusal.status
+
+    gc.collect()
+    gc.disable()
+    try:
+        assert [refuse_early() for _ in range(5)] == [429] * 5
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
 
 
 def test_a_certain_refusal_is_what_every_request_of_that_priority_would_get():
