@@ -545,11 +545,13 @@ class Pipeline:
         self.audio_seconds += audio.size / SAMPLE_RATE
         if isinstance(plan, ConversionPlan):
             state.stream._finish(conversion_result(plan, audio, timings))
+            _release(state)
             return
         chunks = tuple(ChunkResult(c.text, c.seed, len(j.tokens), j.t3_reason or "eos", w.size)
                        for c, j, w in zip(plan.chunks, state.jobs, waves))
         state.stream._finish(SpeechResult(audio, SAMPLE_RATE, plan.seed, chunks, plan.ignored,
                                           plan.request_id, timings))
+        _release(state)
 
     def _fail(self, state: _RequestState, reason: str, message: str, deadline: str | None = None) -> None:
         request_id = state.plan.request_id
@@ -563,6 +565,7 @@ class Pipeline:
             if job.t3_reason is None:
                 self._t3.abort(job_id)
         state.stream._fail(PipelineError(request_id, reason, message, deadline))
+        _release(state)
 
     def _expire_deadlines(self) -> None:
         now = time.monotonic()
@@ -571,6 +574,15 @@ class Pipeline:
             if expired is not None:
                 kind, why = expired
                 self._fail(state, "deadline", why, deadline=kind)
+
+
+def _release(state: _RequestState) -> None:
+    """Drop an ended request's jobs. Each job points back at its request, so while the request
+    lists them the two make a reference cycle, which only the cyclic collector frees (with the
+    request's audio and stream); its full collections stop every thread of the process. Once
+    the request has ended nothing reaches its jobs (they have left the vocoder thread's table),
+    so this lets reference counting free them at once."""
+    state.jobs = []
 
 
 def _thread_shares(device: torch.device, split: bool) -> tuple[int | None, int | None]:

@@ -2,9 +2,11 @@
 cancellation, deadlines and failures."""
 from __future__ import annotations
 
+import gc
 import math
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -220,6 +222,34 @@ def _wait_idle(pipe: Pipeline, timeout: float = 30.0) -> None:
             break
         time.sleep(0.02)
     assert done.is_set(), "the pipeline did not free everything"
+
+
+def test_an_ended_request_is_freed_without_the_cyclic_collector(pipe, monkeypatch):
+    """A running request and its jobs point at each other; once it has finished or failed,
+    reference counting alone frees it (the cyclic collector's full collections stop every
+    thread of a server)."""
+    states = []
+    register = pipe._register
+
+    def register_and_watch(*args, **kwargs):
+        state = register(*args, **kwargs)
+        states.append(weakref.ref(state))
+        return state
+
+    monkeypatch.setattr(pipe, "_register", register_and_watch)
+    gc.collect()
+    gc.disable()
+    try:
+        pipe.submit(_request(tokens=20)).result(timeout=60)
+        failed = pipe.submit(_request(tokens=900, deadline_s=0.3))
+        with pytest.raises(PipelineError):
+            failed.result(timeout=60)
+        # the vocoder thread ends requests one at a time: once a third has finished, it has
+        # left the other two's last frames
+        pipe.submit(_request("One more.", tokens=10)).result(timeout=60)
+        assert [state() for state in states[:2]] == [None, None]
+    finally:
+        gc.enable()
 
 
 def test_a_request_id_cannot_run_twice_at_once(pipe):
