@@ -320,7 +320,7 @@ def _cmd_bench_online(args: argparse.Namespace) -> int:
         try:
             overload = OverloadConfig(arrival_rate=args.arrival_rate, overload_multiple=args.overload_multiple,
                                       requests=args.overload_requests, duration_s=args.overload_duration_s,
-                                      seed=args.arrival_seed)
+                                      seed=args.arrival_seed, client_processes=args.overload_client_processes)
         except ValueError as exc:
             raise CliError(str(exc)) from None
     cfg = OnlineBenchConfig(
@@ -446,6 +446,9 @@ def _add_online_bench_parser(bench_sub) -> None:
     p.add_argument("--overload-duration-s", type=float, default=60.0, metavar="SECONDS",
                    help="overload mode: stop sending after this long (default 60); requests in flight finish")
     p.add_argument("--arrival-seed", type=int, default=0, help="overload mode: seed of the arrival times")
+    p.add_argument("--overload-client-processes", type=int, default=1, metavar="N",
+                   help="overload mode: send the arrivals from N processes (arrival i from process i mod N), so "
+                        "one busy client process's own lag does not add to the latencies it measures (default 1)")
     agent = p.add_argument_group(
         "voice-agent mode", "--agent: each level opens N WebSocket connections (WS /v1/audio/speech/stream), each an "
         "agent streaming --text as LLM token deltas turn after turn (docs/benchmarks.md, \"Voice-agent latency\")")

@@ -16,6 +16,8 @@ explains every field.
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+import os
 import random
 import re
 import time
@@ -46,6 +48,10 @@ class OverloadConfig:
     requests: int = 200
     duration_s: float = 60.0
     seed: int = 0
+    client_processes: int = 1
+    """Processes that send the arrivals (arrival i from process i mod N, each with its own event
+    loop and connections), so that the lag of one busy client process does not add to the
+    latencies it measures; this process polls ``/metrics`` and ``/ready``."""
 
     def __post_init__(self):
         if (self.arrival_rate is None) == (self.overload_multiple is None):
@@ -56,6 +62,9 @@ class OverloadConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
         if self.requests < 1:
             raise ValueError(f"--overload-requests must be >= 1, got {self.requests}")
+        if isinstance(self.client_processes, bool) or not isinstance(self.client_processes, int) \
+                or self.client_processes < 1:
+            raise ValueError(f"--overload-client-processes must be an integer >= 1, got {self.client_processes!r}")
 
 
 REALTIME_SHARE = 0.95  # a level serves in real time when this share of its streams never stalled
@@ -243,20 +252,15 @@ def summarize(outcomes: list[Outcome], rate: float, wall_s: float, fmt: str, tim
     }
 
 
-async def run_overload(cfg: OnlineBenchConfig, overload: OverloadConfig, body: dict, rate: float) -> dict:
-    """Send requests at ``rate`` (Poisson), read every answer, poll /metrics; the overload report."""
+async def send_arrivals(cfg: OnlineBenchConfig, body: dict, times: list[float],
+                        begin: float) -> tuple[list[Outcome], list[float]]:
+    """Send one request at ``begin`` (this process's ``time.perf_counter()``) plus each of
+    ``times``, read every answer; the outcomes in ``times``' order and this event loop's lag samples."""
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)  # open loop: no client queue
     timeout = httpx.Timeout(cfg.timeout_s, connect=min(cfg.timeout_s, 30.0), pool=None)
-    times = arrival_times(rate, overload.requests, overload.duration_s, overload.seed)
-    timeline: list[dict] = []
-    async with httpx.AsyncClient(base_url=cfg.url, headers=headers, limits=limits, timeout=timeout) as client, \
-            httpx.AsyncClient(base_url=cfg.url, headers=headers, timeout=10.0) as scraper:
-        stop = asyncio.Event()
-        begin = time.perf_counter()
-        before = await _sample(scraper, begin)
-        poller = asyncio.create_task(_timeline(scraper, begin, cfg.metrics_interval_s, stop, timeline))
-        client_lag: list[float] = []
+    client_lag: list[float] = []
+    async with httpx.AsyncClient(base_url=cfg.url, headers=headers, limits=limits, timeout=timeout) as client:
         lag_watch = asyncio.create_task(watch_loop_lag(client_lag.append))
         tasks = []
         try:
@@ -267,9 +271,110 @@ async def run_overload(cfg: OnlineBenchConfig, overload: OverloadConfig, body: d
                 tasks.append(asyncio.create_task(speak_once(client, cfg, body)))
             outcomes = list(await asyncio.gather(*tasks))
         finally:
-            wall = time.perf_counter() - begin
-            stop.set()
             lag_watch.cancel()
-            await poller
-        after = await _after_drain(scraper, begin, cfg.metrics_interval_s, timeout_s=30.0)
-    return summarize(outcomes, rate, wall, cfg.response_format, timeline, before, after, client_lag)
+    return outcomes, client_lag
+
+
+def sender_summary(pid: int, outcomes: list[Outcome], lag: list[float]) -> dict:
+    """One sender process in the report: its pid, the requests it sent, its loop's lag."""
+    return {"pid": pid, "requests": len(outcomes),
+            "loop_lag_s": {"samples": len(lag), "p99": _pct(lag, 99), "max": _pct(lag, 100)}}
+
+
+def _sender_main(conn, cfg: OnlineBenchConfig, body: dict, times: list[float]) -> None:
+    """A sender process: say it is ready (its imports done), take the start as a wall-clock time,
+    send its arrivals, hand back ``(its pid, outcomes, lag samples)`` or the error that stopped it."""
+    try:
+        conn.send("ready")
+        start_epoch = conn.recv()
+        begin = time.perf_counter() + (start_epoch - time.time())
+        conn.send((os.getpid(), *asyncio.run(send_arrivals(cfg, body, times, begin))))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
+        conn.send(RuntimeError(f"an overload sender process failed: {type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+class _Senders:
+    """``processes`` sender processes (spawned, so none inherits this process's threads or
+    loop), arrival i going to process i mod ``processes``; :meth:`start` returns once every one
+    has imported what it needs, so the first arrival is not late by a process start."""
+
+    def __init__(self, cfg: OnlineBenchConfig, body: dict, times: list[float], processes: int):
+        context = multiprocessing.get_context("spawn")
+        self._pipes, self._children = [], []
+        for k in range(processes):
+            parent_end, child_end = context.Pipe()
+            child = context.Process(target=_sender_main, args=(child_end, cfg, body, times[k::processes]),
+                                    daemon=True, name=f"overload-sender-{k}")
+            self._pipes.append(parent_end)
+            self._children.append(child)
+        self._processes = processes
+
+    def start(self) -> None:
+        for child in self._children:
+            child.start()
+        for pipe, child in zip(self._pipes, self._children):
+            if not pipe.poll(120) or pipe.recv() != "ready":
+                raise RuntimeError(f"{child.name} did not start within 120 s")
+
+    async def run(self, begin: float) -> tuple[list[Outcome], list[float], list[dict]]:
+        """Send from ``begin`` (this process's ``perf_counter``) on; every process's outcomes
+        (in arrival order), lag samples, and what each sent (:func:`sender_summary`)."""
+        start_epoch = time.time() + (begin - time.perf_counter())
+        for pipe in self._pipes:
+            pipe.send(start_epoch)
+        loop = asyncio.get_running_loop()
+        answers = [await loop.run_in_executor(None, pipe.recv) for pipe in self._pipes]
+        for answer in answers:
+            if isinstance(answer, Exception):
+                raise answer
+        shards = [outcomes for _, outcomes, _ in answers]
+        outcomes = [shards[i % self._processes][i // self._processes] for i in range(sum(map(len, shards)))]
+        return (outcomes, [lag for _, _, lags in answers for lag in lags],
+                [sender_summary(pid, shard, lags) for pid, shard, lags in answers])
+
+    def close(self) -> None:
+        for pipe in self._pipes:
+            pipe.close()
+        for child in self._children:
+            child.join(timeout=10)
+            if child.is_alive():
+                child.terminate()
+                child.join()
+
+
+async def run_overload(cfg: OnlineBenchConfig, overload: OverloadConfig, body: dict, rate: float) -> dict:
+    """Send requests at ``rate`` (Poisson; from ``overload.client_processes`` processes), read
+    every answer, poll /metrics; the overload report."""
+    times = arrival_times(rate, overload.requests, overload.duration_s, overload.seed)
+    senders = _Senders(cfg, body, times, overload.client_processes) if overload.client_processes > 1 else None
+    timeline: list[dict] = []
+    try:
+        if senders is not None:
+            await asyncio.get_running_loop().run_in_executor(None, senders.start)
+        async with httpx.AsyncClient(base_url=cfg.url, timeout=10.0,
+                                     headers={"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}) \
+                as scraper:
+            stop = asyncio.Event()
+            begin = time.perf_counter()
+            before = await _sample(scraper, begin)
+            poller = asyncio.create_task(_timeline(scraper, begin, cfg.metrics_interval_s, stop, timeline))
+            try:
+                if senders is None:
+                    outcomes, client_lag = await send_arrivals(cfg, body, times, begin)
+                    sent_by = [sender_summary(os.getpid(), outcomes, client_lag)]
+                else:
+                    outcomes, client_lag, sent_by = await senders.run(begin)
+            finally:
+                wall = time.perf_counter() - begin
+                stop.set()
+                await poller
+            after = await _after_drain(scraper, begin, cfg.metrics_interval_s, timeout_s=30.0)
+    finally:
+        if senders is not None:
+            senders.close()
+    report = summarize(outcomes, rate, wall, cfg.response_format, timeline, before, after, client_lag)
+    report["client_processes"] = overload.client_processes
+    report["client_senders"] = sent_by
+    return report

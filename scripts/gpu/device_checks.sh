@@ -51,10 +51,11 @@ case $what in
   online-original|online-turbo)
     bash scripts/gpu/online.sh "${what#online-}" "$out" --duration-s "${ONLINE_SECONDS:-20}" --quiet ;;
   overload-turbo)  # the 10x overload soak (docs/benchmarks.md, "Overload soak"); SOAK_S seconds (300),
-    # SWITCH_MS the server's GIL switch interval (its default when unset)
+    # SWITCH_MS the server's GIL switch interval (its default when unset), SOAK_CLIENTS the processes
+    # that send the arrivals (1)
     ${SWITCH_MS:+env CHORUS_SWITCH_INTERVAL_MS=$SWITCH_MS} bash scripts/gpu/online.sh turbo "$out" --concurrency 64,128 \
       --duration-s 20 --overload-multiple 10 --overload-duration-s "${SOAK_S:-300}" --overload-requests 200000 \
-      --timeout-s 120 --quiet ;;
+      --overload-client-processes "${SOAK_CLIENTS:-1}" --timeout-s 120 --quiet ;;
   vc-original|vc-turbo)  # voice conversion of a 10 s source at batch 1 (docs/voice-conversion.md, "Speed")
     python3 -m chorus.cli bench vc --variant "${what#vc-}" --source-s 10 --out "$out/bench_vc_${what#vc-}.json" 2>&1 \
       | tail -5 ;;

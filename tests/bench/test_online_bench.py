@@ -3,6 +3,7 @@ sane numbers, rejections counted as data, and the command line."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -210,6 +211,30 @@ def test_overload_mode_samples_the_server_before_the_first_request_and_after_the
     pauses = result["server_pauses"]  # the server's loop sampled every 50 ms across the run
     assert pauses["lag_samples"] > 0 and pauses["lag_mean_ms"] >= 0 and 0 <= pauses["lag_share_over_50ms"] <= 1
     assert result["client_loop_lag_s"]["samples"] > 0
+
+
+def test_overload_arrivals_can_be_sent_from_several_client_processes(tmp_path, capsys):
+    config = server_config(tmp_path, max_new_tokens=40)
+    out = tmp_path / "overload.json"
+    with LiveServer(config, tiny_loader(config)) as server:
+        assert main(["bench", "online", "--url", server.url, "--text", TEXT, "--warmup", "0", "--arrival-rate", "20",
+                     "--overload-requests", "9", "--arrival-seed", "4", "--overload-client-processes", "3",
+                     "--out", str(out), "--quiet"]) == 0
+        server.wait_idle()
+    result = json.loads(out.read_text())["overload"]
+    assert result["client_processes"] == 3 and result["sent"] == 9 and result["client_errors"] == 0
+    assert result["completed"] + result["rejections"]["count"] == 9, result["status"]
+    assert result["completed"] >= 1 and result["kv_blocks_used_after_drain"] == 0
+    senders = result["client_senders"]  # arrival i from process i mod 3: three each
+    assert [s["requests"] for s in senders] == [3, 3, 3]
+    assert len({s["pid"] for s in senders} | {os.getpid()}) == 4  # three processes, none of them this one
+    assert all(s["loop_lag_s"]["samples"] > 0 for s in senders)
+    assert result["client_loop_lag_s"]["samples"] == sum(s["loop_lag_s"]["samples"] for s in senders)
+
+
+def test_the_client_processes_of_an_overload_run_are_a_positive_count():
+    with pytest.raises(ValueError, match="--overload-client-processes must be an integer >= 1, got 0"):
+        OverloadConfig(arrival_rate=1.0, client_processes=0)
 
 
 def _pause_metrics(lag: list[float], lag_sum: float, full: float, full_s: float) -> str:
