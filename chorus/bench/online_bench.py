@@ -358,9 +358,14 @@ def _by_version(ok: list[Outcome]) -> dict[str, dict]:
     return out
 
 
+def auth_headers(key: str | None) -> dict[str, str]:
+    """The ``Authorization`` header that carries an API key (none without a key)."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 async def run_level(cfg: OnlineBenchConfig, body: dict, concurrency: int) -> dict:
     """N clients back to back; see the module docstring."""
-    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    headers = auth_headers(cfg.api_key)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     timeout = httpx.Timeout(cfg.timeout_s, connect=min(cfg.timeout_s, 30.0), pool=None)
     budget = cfg.level_budget(concurrency)
@@ -433,7 +438,7 @@ def request_body(cfg: OnlineBenchConfig, model: str) -> dict:
 async def _warm_up(cfg: OnlineBenchConfig, body: dict) -> dict:
     """``cfg.warmup`` requests one at a time. A refusal that is not about load (a bad model,
     voice or field: 4xx other than 429) would fail every request, so it stops the run."""
-    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    headers = auth_headers(cfg.api_key)
     outcomes = []
     async with httpx.AsyncClient(base_url=cfg.url, headers=headers, timeout=cfg.timeout_s) as client:
         for _ in range(cfg.warmup):
@@ -448,7 +453,7 @@ async def _warm_up(cfg: OnlineBenchConfig, body: dict) -> dict:
 
 
 async def run_async(cfg: OnlineBenchConfig, progress=None) -> dict:
-    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    headers = auth_headers(cfg.api_key)
     model = cfg.model
     if model is None:
         async with httpx.AsyncClient(base_url=cfg.url, headers=headers, timeout=30.0) as client:

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from chorus.bench.online_bench import (MEASURED_FORMATS, OnlineBenchConfig, Outcome, _pct, parse_metrics,
-                                       speak_once)
+from chorus.bench.online_bench import (MEASURED_FORMATS, OnlineBenchConfig, Outcome, _pct, auth_headers,
+                                       parse_metrics, speak_once)
 from chorus.loop_lag import watch_loop_lag
 
 REFUSALS = ("429", "503")  # answered before any work: admission, memory pressure, not ready
@@ -256,7 +256,7 @@ async def send_arrivals(cfg: OnlineBenchConfig, body: dict, times: list[float],
                         begin: float) -> tuple[list[Outcome], list[float]]:
     """Send one request at ``begin`` (this process's ``time.perf_counter()``) plus each of
     ``times``, read every answer; the outcomes in ``times``' order and this event loop's lag samples."""
-    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    headers = auth_headers(cfg.api_key)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)  # open loop: no client queue
     timeout = httpx.Timeout(cfg.timeout_s, connect=min(cfg.timeout_s, 30.0), pool=None)
     client_lag: list[float] = []
@@ -353,9 +353,7 @@ async def run_overload(cfg: OnlineBenchConfig, overload: OverloadConfig, body: d
     try:
         if senders is not None:
             await asyncio.get_running_loop().run_in_executor(None, senders.start)
-        async with httpx.AsyncClient(base_url=cfg.url, timeout=10.0,
-                                     headers={"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}) \
-                as scraper:
+        async with httpx.AsyncClient(base_url=cfg.url, headers=auth_headers(cfg.api_key), timeout=10.0) as scraper:
             stop = asyncio.Event()
             begin = time.perf_counter()
             before = await _sample(scraper, begin)

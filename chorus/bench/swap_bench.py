@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from chorus.bench.online_bench import (DEFAULT_TEXT, OnlineBenchConfig, OnlineBenchError, Outcome, _pct, first_model,
-                                       request_body, speak_once)
+from chorus.bench.online_bench import (DEFAULT_TEXT, OnlineBenchConfig, OnlineBenchError, Outcome, _pct, auth_headers,
+                                       first_model, request_body, speak_once)
 
 PHASES = ("before", "during", "after")
 
@@ -68,14 +68,14 @@ def _phase_summary(outcomes: list[Outcome]) -> dict:
 
 
 async def run_swap_async(cfg: SwapBenchConfig) -> dict:
-    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    headers = auth_headers(cfg.api_key)
     limits = httpx.Limits(max_connections=cfg.concurrency, max_keepalive_connections=cfg.concurrency)
     timeout = httpx.Timeout(cfg.timeout_s, connect=min(cfg.timeout_s, 30.0), pool=None)
     sent: list[tuple[float, Outcome]] = []
     swap: dict = {}
     async with httpx.AsyncClient(base_url=cfg.url, headers=headers, limits=limits, timeout=timeout) as client, \
             httpx.AsyncClient(base_url=cfg.url, timeout=cfg.swap_timeout_s,
-                              headers={"Authorization": f"Bearer {cfg.admin_key}"}) as admin:
+                              headers=auth_headers(cfg.admin_key)) as admin:
         model = cfg.model or await first_model(cfg.url, client)
         body = request_body(cfg.requests, model)
         stop = asyncio.Event()

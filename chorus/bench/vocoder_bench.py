@@ -16,9 +16,10 @@ prompt, different seeds; the variant's flow steps and CFG unless overridden):
   TFLOP/s of the split, the stage pass and the yardstick;
 - **yardstick**: the same modules at the same shapes in plain PyTorch in the model's dtype
   (unpadded, no masks beyond what the modules need, HiFT's STFT and inverse STFT without the
-  per-item envelopes, its Snake activations as plain tensor ops whatever ``hift_ops`` the stage runs), encoder + solver + HiFT captured as ONE CUDA graph and timed over
-  replays; ``yardstick_fraction = yardstick_seconds / stage_pass_seconds`` (1.0: the stage adds
-  nothing on top of its modules). A yardstick, not a bound: a faster engine (fused kernels,
+  per-item envelopes, its Snake activations as plain tensor ops whatever ``hift_ops`` the stage
+  runs), encoder + solver + HiFT captured as ONE CUDA graph and timed over replays;
+  ``yardstick_fraction = yardstick_seconds / stage_pass_seconds`` (1.0: the stage adds nothing
+  on top of its modules). A yardstick, not a bound: a faster engine (fused kernels,
   other algorithms) can beat it. On the CPU it runs eagerly.
 
 Weights are random (a random-weight checkpoint written for the run unless ``checkpoint`` is

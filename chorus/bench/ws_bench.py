@@ -31,7 +31,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
 from chorus.bench.online_bench import (COUNTERS, GAUGES, MetricsWatch, OnlineBenchError, Playback, _pct,
-                                       check_load, first_model)
+                                       auth_headers, check_load, first_model)
 from chorus.integrations.ws_client import ProtocolError, parse_audio_frame
 
 WS_PATH = "/v1/audio/speech/stream"
@@ -291,7 +291,7 @@ class ConfigRefused(Exception):
 
 async def _open(cfg: AgentBenchConfig, model: str, log: ConnectionLog) -> ClientConnection | None:
     """Handshake, ``config``, ``ready``; None (and the reason in ``log``) when refused."""
-    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None
+    headers = auth_headers(cfg.api_key)
     try:
         # no compression (audio does not compress, and it costs both ends CPU), no proxy from the
         # environment, no keepalive pings (a loaded server must not be dropped for a late pong)
@@ -496,7 +496,7 @@ def summarize(concurrency: int, turns_each: int, logs: list[ConnectionLog], wall
 
 async def run_level(cfg: AgentBenchConfig, model: str, concurrency: int) -> tuple[dict, dict | None]:
     """N agents at once (see the module docstring): the level's report and a ``ready`` event."""
-    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    headers = auth_headers(cfg.api_key)
     logs = [ConnectionLog() for _ in range(concurrency)]
     rngs = [random.Random(f"{cfg.seed}/{concurrency}/{i}") for i in range(concurrency)]
     async with httpx.AsyncClient(base_url=cfg.url, headers=headers, timeout=10.0) as scraper:
@@ -544,7 +544,7 @@ async def _warm_up(cfg: AgentBenchConfig, model: str) -> tuple[dict, dict | None
 async def run_agent_async(cfg: AgentBenchConfig, progress=None) -> dict:
     model = cfg.model
     if model is None:
-        headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+        headers = auth_headers(cfg.api_key)
         async with httpx.AsyncClient(base_url=cfg.url, headers=headers, timeout=30.0) as client:
             model = await first_model(cfg.url, client)
     tokens = llm_tokens(cfg.text)
