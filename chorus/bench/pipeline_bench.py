@@ -99,17 +99,67 @@ def _warm_up(pipe: Pipeline, models: SpeechModels, cfg: PipelineBenchConfig) -> 
     pipe.generate([_request(models, cfg, t, i, stream=i % 2 == 1) for i, t in enumerate(texts)])
 
 
+class _PassTimeline:
+    """What each vocoder pass of a timed span did and when, next to T3's last step: the pipeline's
+    timing listener, reading the stage's live counters on the vocoder thread right after each
+    pass (so two successive reads bracket exactly one pass)."""
+
+    COUNTERS = ("items", "padded_tokens", "eager_runs", "graph_captures", "graph_capture_seconds",
+                "flow_seconds", "hift_seconds")
+
+    def __init__(self, pipe: Pipeline):
+        self._stats = pipe.vocoder.stats  # the live object
+        self._last = self._read()
+        self.t3_ends: list[float] = []
+        self.passes: list[dict] = []
+
+    def _read(self) -> dict:
+        return {name: getattr(self._stats, name) for name in self.COUNTERS}
+
+    def __call__(self, stage: str, seconds: float) -> None:
+        now = time.perf_counter()
+        if stage == "t3":
+            self.t3_ends.append(now)
+        elif stage == "vocoder":
+            counters = self._read()
+            delta = {name: counters[name] - self._last[name] for name in self.COUNTERS}
+            self._last = counters
+            self.passes.append({"end": now, "seconds": seconds, **delta})
+
+    def report(self, start: float) -> dict:
+        t3_end = max(self.t3_ends, default=start) - start
+        rows = [{"end_s": round(p["end"] - start, 4), "seconds": round(p["seconds"], 4), "items": p["items"],
+                 "padded_tokens": p["padded_tokens"], "eager_runs": p["eager_runs"],
+                 "graph_captures": p["graph_captures"],
+                 "flow_device_s": round(p["flow_seconds"], 4), "hift_device_s": round(p["hift_seconds"], 4)}
+                for p in self.passes]
+
+        def part(selected: list[dict]) -> dict:
+            return {"passes": len(selected), "items": sum(r["items"] for r in selected),
+                    "busy_s": round(sum(r["seconds"] for r in selected), 3),
+                    "flow_device_s": round(sum(r["flow_device_s"] for r in selected), 3),
+                    "hift_device_s": round(sum(r["hift_device_s"] for r in selected), 3)}
+
+        return {"t3_last_step_end_s": round(t3_end, 4),
+                "during_t3": part([r for r in rows if r["end_s"] <= t3_end]),
+                "after_t3": part([r for r in rows if r["end_s"] > t3_end]),
+                "passes": rows}
+
+
 def bench_offline(models: SpeechModels, cfg: PipelineBenchConfig, chunks: list[str]) -> dict:
     pipe = _pipeline(models, cfg)
     try:
         _warm_up(pipe, models, cfg)
         before = pipe.stats()
         requests = [_request(models, cfg, c, i, stream=False) for i, c in enumerate(chunks)]
+        timeline = _PassTimeline(pipe)
+        pipe.set_timing_listener(timeline)
         _sync(models.device)
         start = time.perf_counter()
         results = pipe.generate(requests)
         _sync(models.device)
         wall = time.perf_counter() - start
+        pipe.set_timing_listener(None)
         after = pipe.stats()
     finally:
         pipe.close()
@@ -119,17 +169,21 @@ def bench_offline(models: SpeechModels, cfg: PipelineBenchConfig, chunks: list[s
     audio = sum(r.duration for r in results)
     t3_s = after.t3_busy_s - before.t3_busy_s
     s3gen_s = after.vocoder_busy_s - before.vocoder_busy_s
-    graphs = after.vocoder  # cumulative since the pipeline started (warm-up included)
+    done, was = after.vocoder, before.vocoder  # the timed run's share of the stage's counters
     return {"chunks": len(chunks), "speech_tokens": tokens, "audio_seconds": round(audio, 2),
-            "vocoder_passes": graphs.passes, "vocoder_items": graphs.items,
-            "vocoder_graph_replays": graphs.graph_replays, "vocoder_graph_captures": graphs.graph_captures,
-            "vocoder_graph_capture_seconds": round(graphs.graph_capture_seconds, 2),
-            "vocoder_eager_runs": graphs.eager_runs,
-            "vocoder_flow_device_seconds": round(graphs.flow_seconds, 3),
-            "vocoder_hift_device_seconds": round(graphs.hift_seconds, 3),
+            "vocoder_passes": done.passes - was.passes, "vocoder_items": done.items - was.items,
+            "vocoder_graph_replays": done.graph_replays - was.graph_replays,
+            "vocoder_graph_captures": done.graph_captures - was.graph_captures,
+            "vocoder_graph_capture_seconds": round(done.graph_capture_seconds - was.graph_capture_seconds, 2),
+            "vocoder_eager_runs": done.eager_runs - was.eager_runs,
+            "vocoder_flow_device_seconds": round(done.flow_seconds - was.flow_seconds, 3),
+            "vocoder_hift_device_seconds": round(done.hift_seconds - was.hift_seconds, 3),
+            "vocoder_padding_overhead": round(
+                (done.padded_tokens - was.padded_tokens) / max(1, done.real_tokens - was.real_tokens) - 1, 4),
             "t3_seconds": round(t3_s, 3), "s3gen_seconds": round(s3gen_s, 3), "total_seconds": round(wall, 3),
             "overlap_seconds": round(max(0.0, t3_s + s3gen_s - wall), 3),
-            "x_realtime": round(audio / wall, 1), "seconds_per_audio_second": round(wall / audio, 5)}
+            "x_realtime": round(audio / wall, 1), "seconds_per_audio_second": round(wall / audio, 5),
+            "timeline": timeline.report(start)}
 
 
 def bench_stream(pipe: Pipeline, models: SpeechModels, cfg: PipelineBenchConfig, concurrency: int) -> dict:

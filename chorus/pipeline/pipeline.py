@@ -48,7 +48,7 @@ from chorus.pipeline.stitch import stitch_chunks
 from chorus.pipeline.errors import PipelineError
 from chorus.pipeline.stream import AudioPiece, SpeechStream
 from chorus.text import DEFAULT_MAX_CHARS
-from chorus.vocoder import AudioOut, VocoderConfig, VocoderStage
+from chorus.vocoder import AudioOut, VocoderConfig, VocoderStage, VocoderStats
 
 # A vocoder pass is stuck, not just busy, only past this many times its predicted time (its
 # stage's cost model follows the device and the load on it) or the caller's timeout if longer:
@@ -97,7 +97,7 @@ class Progress:
 class PipelineStats:
     t3_busy_s: float
     vocoder_busy_s: float
-    vocoder: Any  # the stage's own counters
+    vocoder: VocoderStats  # a copy of the stage's own counters
     requests_done: int
     audio_seconds: float
 
@@ -358,8 +358,9 @@ class Pipeline:
         self._inbox.put(("abort", request_id))
 
     def stats(self) -> PipelineStats:
+        """A snapshot of the counters (later work does not change it; subtract two to time a span)."""
         return PipelineStats(t3_busy_s=self._t3.busy_s, vocoder_busy_s=self.vocoder_busy_s,
-                             vocoder=self.vocoder.stats, requests_done=self.requests_done,
+                             vocoder=replace(self.vocoder.stats), requests_done=self.requests_done,
                              audio_seconds=self.audio_seconds)
 
     # -- T3 thread -------------------------------------------------------------------------------

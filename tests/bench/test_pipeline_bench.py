@@ -20,6 +20,22 @@ def test_offline_reports_every_stage_and_honours_fixed_lengths():
     assert abs(report["x_realtime"] - report["audio_seconds"] / report["total_seconds"]) < 0.2
 
 
+def test_offline_counts_only_the_timed_run_and_its_passes_add_up():
+    models = tiny_models("turbo")
+    cfg = PipelineBenchConfig(variant="turbo", tokens_per_char=0.5, max_num_seqs=16,
+                              max_num_batched_tokens=2048, max_model_len=1024)
+    report = bench_offline(models, cfg, CHUNKS)
+    timeline = report["timeline"]
+    assert report["vocoder_items"] == len(CHUNKS)  # the warm-up's jobs are not counted
+    assert len(timeline["passes"]) == report["vocoder_passes"] >= 1
+    assert sum(p["items"] for p in timeline["passes"]) == len(CHUNKS)
+    parts = timeline["during_t3"], timeline["after_t3"]
+    assert sum(part["passes"] for part in parts) == report["vocoder_passes"]
+    assert 0 < timeline["t3_last_step_end_s"] <= report["total_seconds"]
+    assert all(0 < p["end_s"] <= report["total_seconds"] for p in timeline["passes"])
+    assert abs(sum(p["seconds"] for p in timeline["passes"]) - report["s3gen_seconds"]) < 1e-3
+
+
 def test_stream_reports_time_to_first_audio_per_concurrency_level():
     models = tiny_models("original")
     cfg = PipelineBenchConfig(variant="original", tokens_per_char=0.4, max_num_seqs=16,
