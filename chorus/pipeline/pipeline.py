@@ -18,6 +18,7 @@ text-to-speech jobs (``chorus.conversion``, docs/voice-conversion.md).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import queue
 import threading
@@ -54,6 +55,10 @@ from chorus.vocoder import AudioOut, VocoderConfig, VocoderStage, VocoderStats
 # stage's cost model follows the device and the load on it) or the caller's timeout if longer:
 # under load a CPU pass of many streams takes seconds, which is not a reason to be unready.
 PASS_STALL_FACTOR = 3.0
+
+# About what a trained model speaks per input character (English, as `chorus bench` assumes):
+# sizes the whole chunks whose vocoder shapes `warmup` captures.
+SPEECH_TOKENS_PER_CHAR = 1.6
 
 logger = logging.getLogger(__name__)
 
@@ -237,9 +242,11 @@ class Pipeline:
     def warmup(self, time_budget_s: float = 120.0) -> int:
         """Compile HiFT's decoder (where ``VocoderConfig.compile_hift`` is on) and capture
         the vocoder's CUDA graphs for common shapes before serving (the T3 engine captures its
-        own at construction). Returns the graphs captured; 0 on the CPU."""
+        own at construction): streaming windows, and whole chunks of up to ``max_chars`` characters
+        at ``SPEECH_TOKENS_PER_CHAR``. Returns the graphs captured; 0 on the CPU."""
+        whole = math.ceil(self.config.max_chars * SPEECH_TOKENS_PER_CHAR)
         with _on_stream(self._cuda_stream):
-            return self.vocoder.warmup(time_budget_s=time_budget_s)
+            return self.vocoder.warmup(whole_chunk_tokens=whole, time_budget_s=time_budget_s)
 
     def stall(self, timeout_s: float) -> str | None:
         """Why the pipeline cannot serve, or None: a thread has died, a T3 step has been running

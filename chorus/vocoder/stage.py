@@ -21,7 +21,7 @@ from chorus.models.s3gen.s3gen import SAMPLE_RATE, SAMPLES_PER_TOKEN, S3Gen, Tok
 from chorus.vocoder.batching import Candidate, PassCostModel, select_batch
 from chorus.vocoder.config import AudioOut, VocoderConfig, VocoderStats
 from chorus.vocoder.job import SAMPLES_PER_FRAME, FlowWindow, Job, new_stream, raised_cosine, trim_fade_gains
-from chorus.vocoder.pass_graphs import FlowCall, HiFTCall, PassGraphs, row_bucket
+from chorus.vocoder.pass_graphs import FlowCall, HiFTCall, PassGraphs, frame_bucket, row_bucket
 from chorus.vocoder.voice_cache import VoiceCache, VoicePrompt, s3gen_part
 from chorus.voices import S3GenPrompt, Voice
 
@@ -144,23 +144,23 @@ class VocoderStage:
         return self._graphs
 
     def warmup(self, *, prompt_tokens: int | None = None, chunk_tokens: int = 240,
-               max_items: int | None = None, n_steps: int | None = None, cfg_rate: float | None = None,
-               time_budget_s: float = 60.0) -> int:
+               whole_chunk_tokens: int | None = None, max_items: int | None = None,
+               n_steps: int | None = None, cfg_rate: float | None = None, time_budget_s: float = 60.0) -> int:
         """Compile HiFT's decoder (with ``compile_hift`` on) and capture the CUDA graphs
-        of the shapes common streaming passes need, so the first requests pay for neither; call
-        once at startup, before serving. Captures nothing (returns 0) on the CPU or with
-        ``cuda_graphs`` off; returns the graphs captured. The compile comes first and is not
-        counted in ``time_budget_s`` (it must happen before serving whatever it costs).
+        of the shapes common passes need, so the first requests pay for neither; call once at
+        startup, before serving. Captures nothing (returns 0) on the CPU or with ``cuda_graphs``
+        off; returns the graphs captured. The compile comes first and is not counted in
+        ``time_budget_s`` (it must happen before serving whatever it costs).
 
-        Shapes: passes over a voice prompt of ``prompt_tokens`` (default: the variant's S3Gen
-        prompt length, 10 s = 250 tokens, or ``VocoderConfig.prompt_tokens`` if smaller) plus at
-        most ``chunk_tokens`` new tokens (under the default left-context cap a stream's passes read
-        at most prompt + 215 tokens, inside these buckets with the default 240). HiFT graphs: the
-        frame buckets of window spans (a window's new frames plus the HiFT context); flow graphs:
-        the frame bucket of the first window, then those of the later window ends, then every
-        other bucket up to the last window end (final passes land anywhere in between). Each at
-        row buckets 1, 2, 4, ... up to ``max_items`` (default ``max_batch_items``, at most
-        ``max_graph_rows``); with the variant's solver settings unless ``n_steps``/``cfg_rate``
+        Shapes (:func:`warmup_shapes`): streaming passes over a voice prompt of ``prompt_tokens``
+        (default: the variant's S3Gen prompt length, 10 s = 250 tokens, or
+        ``VocoderConfig.prompt_tokens`` if smaller) plus at most ``chunk_tokens`` new tokens (under
+        the default left-context cap a stream's passes read at most prompt + 215 tokens, inside
+        these buckets with the default 240), at row buckets 1, 2, 4, ... up to ``max_items``
+        (default ``max_batch_items``, at most ``max_graph_rows``); then, with
+        ``whole_chunk_tokens``, non-streaming passes of whole chunks of up to that many tokens at
+        the two largest row buckets (batch work, where every chunk is submitted at once, vocodes
+        them 16-32 at a time). With the variant's solver settings unless ``n_steps``/``cfg_rate``
         are given. Captures stop once ``time_budget_s`` seconds have passed (a capture already
         started finishes) or ``max_pass_graphs`` graphs of a kind are held, so warm-up never
         evicts its own graphs.
@@ -170,30 +170,19 @@ class VocoderStage:
             logger.info("compiled HiFT's decoder in %.1f s", graphs.hift_runner.compile())
         if not graphs.active:
             return 0
-        settings, ratio = self.s3gen.variant.s3gen, self.s3gen.flow.config.token_mel_ratio
+        settings = self.s3gen.variant.s3gen
         if prompt_tokens is None:
             prompt_tokens = int(self.s3gen.variant.s3gen_prompt_seconds * SAMPLE_RATE / SAMPLES_PER_TOKEN)
             if cfg.prompt_tokens is not None:
                 prompt_tokens = min(prompt_tokens, cfg.prompt_tokens)
         n_steps = settings.flow_steps if n_steps is None else n_steps
         cfg_rate = settings.cfg_rate if cfg_rate is None else cfg_rate
-        ends, window, windows = [cfg.first_window_tokens], cfg.first_window_tokens, [cfg.first_window_tokens]
-        while True:  # window ends as streams advance them (see _advance_window)
-            window = min(2 * window, cfg.max_window_tokens)
-            if ends[-1] + window > chunk_tokens:
-                break
-            ends.append(ends[-1] + window)
-            windows.append(window)
-        flow_frames = [ratio * (prompt_tokens + end + cfg.holdback_tokens) for end in ends]
-        flow_frames += list(range(flow_frames[0], flow_frames[-1], 64))
-        hift_frames = [ratio * (w + cfg.holdback_tokens) + cfg.hift_context_frames for w in windows]
-        rows = [1]
         most = min(cfg.max_batch_items if max_items is None else max_items, cfg.max_graph_rows)
-        while rows[-1] < row_bucket(most):
-            rows.append(2 * rows[-1])
-        plan = [(graphs.hift_graphs, graphs.prepare_hift, (r, f)) for f in dict.fromkeys(hift_frames) for r in rows]
-        plan += [(graphs.flow_graphs, graphs.prepare_flow, (r, f, n_steps, cfg_rate))
-                 for f in dict.fromkeys(flow_frames) for r in rows]
+        shapes = warmup_shapes(cfg, self.s3gen.flow.config.token_mel_ratio, prompt_tokens, chunk_tokens,
+                               whole_chunk_tokens, most)
+        plan = [(graphs.hift_graphs, graphs.prepare_hift, shape) if kind == "hift"
+                else (graphs.flow_graphs, graphs.prepare_flow, (*shape, n_steps, cfg_rate))
+                for kind, shape in shapes]
         started, captured = time.perf_counter(), 0
         for library, prepare, args in plan:
             if time.perf_counter() - started >= time_budget_s:
@@ -473,3 +462,45 @@ def _pad_rows(rows: list[torch.Tensor], device: torch.device) -> tuple[torch.Ten
     for i, r in enumerate(rows):
         out[i, :r.shape[0]] = r.to(device)
     return out, lengths
+
+
+def warmup_shapes(cfg: VocoderConfig, ratio: int, prompt_tokens: int, chunk_tokens: int,
+                  whole_chunk_tokens: int | None, most_rows: int) -> list[tuple[str, tuple[int, int]]]:
+    """The ``("hift" | "flow", (rows, frames))`` shapes :meth:`VocoderStage.warmup` captures, in
+    order, each graph bucket once (``ratio``: mel frames per token).
+
+    Streaming passes first: HiFT over the frame buckets of window spans (a window's new frames
+    plus the HiFT context), the flow over the frame bucket of the first window, then those of
+    the later window ends, then every other bucket up to the last window end (final passes land
+    anywhere in between); each at row buckets 1, 2, 4, ... up to ``most_rows``. Then, with
+    ``whole_chunk_tokens``, non-streaming passes of whole chunks (HiFT over all of a chunk's
+    frames, the flow over prompt + chunk) of 1 to ``whole_chunk_tokens`` tokens, at the two
+    largest of those row buckets.
+    """
+    ends, window, windows = [cfg.first_window_tokens], cfg.first_window_tokens, [cfg.first_window_tokens]
+    while True:  # window ends as streams advance them (see _advance_window)
+        window = min(2 * window, cfg.max_window_tokens)
+        if ends[-1] + window > chunk_tokens:
+            break
+        ends.append(ends[-1] + window)
+        windows.append(window)
+    flow_frames = [ratio * (prompt_tokens + end + cfg.holdback_tokens) for end in ends]
+    flow_frames += list(range(flow_frames[0], flow_frames[-1], 64))
+    hift_frames = [ratio * (w + cfg.holdback_tokens) + cfg.hift_context_frames for w in windows]
+    rows = [1]
+    while rows[-1] < row_bucket(most_rows):
+        rows.append(2 * rows[-1])
+    shapes = [("hift", (r, frame_bucket(f))) for f in hift_frames for r in rows]
+    shapes += [("flow", (r, frame_bucket(f))) for f in flow_frames for r in rows]
+    if whole_chunk_tokens:
+        batch_rows = rows[-2:]
+        shapes += [("hift", (r, f)) for f in _buckets(ratio, ratio * whole_chunk_tokens) for r in batch_rows]
+        shapes += [("flow", (r, f)) for f in _buckets(ratio * (prompt_tokens + 1),
+                                                      ratio * (prompt_tokens + whole_chunk_tokens))
+                   for r in batch_rows]
+    return list(dict.fromkeys(shapes))
+
+
+def _buckets(low: int, high: int) -> list[int]:
+    """Every frame bucket that a count of ``low`` to ``high`` frames falls in, in order."""
+    return list(dict.fromkeys(frame_bucket(f) for f in range(low, high + 1)))

@@ -11,6 +11,7 @@ import torch
 from chorus.models.s3gen.flow_matching import _guide
 from chorus.models.s3gen.hift import SourceNoise
 from chorus.vocoder import VocoderConfig, VocoderStage
+from chorus.vocoder.stage import warmup_shapes
 from chorus.vocoder.config import VocoderStats
 from chorus.vocoder.pass_graphs import (FlowCall, FlowInputs, GraphLibrary, HiFTCall, HiFTInputs, PassGraphs,
                                         frame_bucket, row_bucket, vocode)
@@ -237,6 +238,28 @@ def _eager(s3gen) -> PassGraphs:
     return PassGraphs(s3gen.flow, s3gen.mel2wav, enabled=False)
 
 
+def test_warmup_shapes_of_streams_are_every_window_bucket_at_every_row_bucket():
+    shapes = warmup_shapes(VocoderConfig(max_batch_items=4), ratio=2, prompt_tokens=30, chunk_tokens=60,
+                           whole_chunk_tokens=None, most_rows=2)
+    # windows end at 20 and 60 tokens: flow frames 2 (30 + 23) = 106 and 2 (30 + 63) = 186 -> 128, 192;
+    # HiFT spans 2 (20 + 3) + 16 = 62 and 2 (40 + 3) + 16 = 102 -> 64, 128
+    assert shapes == [("hift", (1, 64)), ("hift", (2, 64)), ("hift", (1, 128)), ("hift", (2, 128)),
+                      ("flow", (1, 128)), ("flow", (2, 128)), ("flow", (1, 192)), ("flow", (2, 192))]
+
+
+def test_warmup_shapes_of_whole_chunks_follow_the_streams_at_the_two_largest_row_buckets():
+    config, whole = VocoderConfig(), 360
+    streams = warmup_shapes(config, 2, 250, 240, None, 32)
+    shapes = warmup_shapes(config, 2, 250, 240, whole, 32)
+    assert shapes[:len(streams)] == streams and len(set(shapes)) == len(shapes)
+    for tokens in range(1, whole + 1):  # every chunk length replays a graph at 16 and 32 rows
+        for rows in (16, 32):
+            assert ("hift", (rows, frame_bucket(2 * tokens))) in shapes
+            assert ("flow", (rows, frame_bucket(2 * (250 + tokens)))) in shapes
+    assert {rows for _, (rows, _) in shapes[len(streams):]} == {16, 32}
+    assert max(frames for kind, (_, frames) in shapes if kind == "flow") == frame_bucket(2 * (250 + whole))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["original", "turbo"])
 def test_graphed_flow_equals_eager_fp32_on_cuda(name):
@@ -388,3 +411,19 @@ def test_warmup_captures_the_first_window_shapes():
     assert stage.stats.graph_captures == 8 and stage.stats.graph_replays == 2  # no capture on first audio
     limited = VocoderStage(s3gen, VocoderConfig(max_pass_graphs=3))
     assert limited.warmup(prompt_tokens=30, chunk_tokens=60) == 6  # never past the cap of each kind
+
+
+@pytest.mark.gpu
+def test_warmup_captures_whole_chunks_so_a_batch_of_them_replays_at_once():
+    s3gen = random_s3gen("turbo", seed=3, device="cuda")
+    stage = VocoderStage(s3gen, VocoderConfig(max_batch_items=4))
+    stage.warmup(prompt_tokens=30, chunk_tokens=60, whole_chunk_tokens=40)
+    captured = stage.stats.graph_captures
+    voice = random_voice(30, seed=1)
+    for i, length in enumerate((40, 33, 25)):  # one pass of three whole chunks (row bucket 4)
+        stage.add(f"w{i}", voice, seed=i, streaming=False)
+        stage.push(f"w{i}", random_tokens(length, seed=10 + i), final=True)
+    pieces = drain(stage)
+    assert sorted(pieces) == ["w0", "w1", "w2"] and stage.stats.passes == 1
+    assert stage.stats.graph_captures == captured and stage.stats.eager_runs == 0
+    assert stage.stats.graph_replays == 2
