@@ -31,8 +31,9 @@ def test_offline_counts_only_the_timed_run_and_its_passes_add_up():
     assert sum(p["items"] for p in timeline["passes"]) == len(CHUNKS)
     parts = timeline["during_t3"], timeline["after_t3"]
     assert sum(part["passes"] for part in parts) == report["vocoder_passes"]
-    assert 0 < timeline["t3_last_step_end_s"] <= report["total_seconds"]
-    assert all(0 < p["end_s"] <= report["total_seconds"] for p in timeline["passes"])
+    wall = report["total_seconds"] + 1e-3  # rounded to the millisecond, the times to 0.1 ms
+    assert 0 < timeline["t3_last_step_end_s"] <= wall
+    assert all(0 < p["end_s"] <= wall for p in timeline["passes"])
     assert abs(sum(p["seconds"] for p in timeline["passes"]) - report["s3gen_seconds"]) < 1e-3
 
 
