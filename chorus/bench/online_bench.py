@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import math
 import re
 import sys
 import time
@@ -55,6 +56,10 @@ COUNTERS = {"t3_tokens": "chorus_t3_tokens_total", "preemptions": "chorus_preemp
 GAUGES = {"degradation_level_max": "chorus_degradation_level", "kv_usage_max": "chorus_kv_usage",
           "queue_depth_max": "chorus_queue_depth", "in_flight_max": "chorus_requests_in_flight",
           "t3_batch_rows_max": "chorus_t3_batch_rows"}
+# Histograms reported as the quantiles of their bucket deltas over a level: the server's own view
+# of a latency the client also measures (time from the application receiving a request to its
+# first audio byte), so a client-side tail can be split into the server's part and the rest.
+HISTOGRAMS = {"ttfa_s": "chorus_time_to_first_audio_seconds"}
 
 
 class OnlineBenchError(Exception):
@@ -252,18 +257,60 @@ def parse_metrics(text: str) -> dict[str, float]:
     return totals
 
 
+_BUCKET_BOUND = re.compile(r'le="([^"]+)"')
+
+
+def parse_buckets(text: str, name: str) -> dict[float, float]:
+    """Prometheus text -> the cumulative counts of histogram ``name``'s buckets by upper bound
+    (``inf`` for ``+Inf``), summed over their other labels; per-replica sums labelled
+    ``replica="total"`` are skipped as in :func:`parse_metrics`."""
+    counts: dict[float, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None or match.group(1) != f"{name}_bucket" or 'replica="total"' in (match.group(2) or ""):
+            continue
+        bound = _BUCKET_BOUND.search(match.group(2) or "")
+        if bound is None:
+            continue
+        try:
+            le, value = float(bound.group(1)), float(match.group(3))
+        except ValueError:
+            continue
+        counts[le] = counts.get(le, 0.0) + value
+    return counts
+
+
+def bucket_quantiles(first: dict[float, float], last: dict[float, float]) -> dict:
+    """The observations between two scrapes of one histogram: their ``count`` and, for p50 and
+    p99, the upper bound of the bucket that holds that quantile (``p50_le``, ``p99_le``; None
+    when nothing was observed, ``inf`` past the last finite bound)."""
+    bounds = sorted(last)
+    delta = [last[b] - first.get(b, 0.0) for b in bounds]
+    count = delta[-1] if delta else 0.0
+    out: dict = {"count": int(count)}
+    for q in (50, 99):
+        target = count * q / 100
+        bound = next((b for b, c in zip(bounds, delta) if c >= target), None) if count > 0 else None
+        out[f"p{q}_le"] = "+Inf" if bound == math.inf else bound
+    return out
+
+
 class MetricsWatch:
-    """Scrapes /metrics at a level's start and end (counter deltas) and polls it in between
-    (gauge peaks). A server without /metrics leaves ``error`` set and the figures out."""
+    """Scrapes /metrics at a level's start and end (counter deltas, histogram quantiles of the
+    level's observations) and polls it in between (gauge peaks). A server without /metrics leaves
+    ``error`` set and the figures out."""
 
     def __init__(self, client: httpx.AsyncClient, counters: dict[str, str] = COUNTERS,
-                 gauges: dict[str, str] = GAUGES):
+                 gauges: dict[str, str] = GAUGES, histograms: dict[str, str] | None = None):
         self.client = client
         self.counters, self.gauges = counters, gauges
+        self.histograms = histograms or {}
         self.error: str | None = None
         self.scrapes = 0
         self.first: dict[str, float] | None = None
         self.last: dict[str, float] | None = None
+        self.first_buckets: dict[str, dict[float, float]] | None = None
+        self.last_buckets: dict[str, dict[float, float]] = {}
         self.peaks = {key: 0.0 for key in gauges}
 
     async def scrape(self) -> dict[str, float] | None:
@@ -279,6 +326,9 @@ class MetricsWatch:
             self.peaks[key] = max(self.peaks[key], values.get(name, 0.0))
         self.first = self.first or values
         self.last = values
+        self.last_buckets = {key: parse_buckets(response.text, name) for key, name in self.histograms.items()}
+        if self.first_buckets is None:
+            self.first_buckets = self.last_buckets
         return values
 
     async def poll(self, interval_s: float, stop: asyncio.Event) -> None:
@@ -295,6 +345,8 @@ class MetricsWatch:
                      for key, name in self.counters.items()}
         out["t3_tokens_per_s"] = round(out["t3_tokens"] / wall_s, 1) if wall_s > 0 else None
         out.update({key: round(value, 4) for key, value in self.peaks.items()})
+        for key in self.histograms:
+            out[key] = bucket_quantiles((self.first_buckets or {}).get(key, {}), self.last_buckets.get(key, {}))
         out["scrapes"] = self.scrapes
         return out
 
@@ -387,7 +439,7 @@ async def run_level(cfg: OnlineBenchConfig, body: dict, concurrency: int) -> dic
 
     async with httpx.AsyncClient(base_url=cfg.url, headers=headers, limits=limits, timeout=timeout) as client, \
             httpx.AsyncClient(base_url=cfg.url, headers=headers, timeout=10.0) as scraper:
-        watch = MetricsWatch(scraper)
+        watch = MetricsWatch(scraper, histograms=HISTOGRAMS)
         await watch.scrape()
         stop = asyncio.Event()
         poller = asyncio.create_task(watch.poll(cfg.metrics_interval_s, stop))

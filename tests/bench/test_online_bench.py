@@ -3,12 +3,13 @@ sane numbers, rejections counted as data, and the command line."""
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
 
-from chorus.bench.online_bench import (STATUSES, OnlineBenchConfig, Playback, parse_metrics, request_body,
-                                         run_online)
+from chorus.bench.online_bench import (STATUSES, OnlineBenchConfig, Playback, bucket_quantiles, parse_buckets,
+                                       parse_metrics, request_body, run_online)
 from chorus.bench.overload_bench import OverloadConfig, arrival_times, pause_report, server_pauses
 from chorus.cli import main
 from chorus.server.model_entries import ModelEntry
@@ -52,6 +53,7 @@ def _check_level(level: dict, concurrency: int, requests: int | None, chunks: in
     # polled every 0.5 s: a fast level may finish between two polls, so only the bound is certain
     assert 0 <= server["in_flight_max"] <= concurrency and server["scrapes"] >= 2
     assert level["versions"]["1"]["ok"] == level["ok"]  # one model version served them all
+    assert server["ttfa_s"]["count"] == level["ok"]  # the server's own time to first audio, once per request
 
 
 def test_the_bench_reports_every_level(live):
@@ -152,6 +154,24 @@ def test_server_figures_of_a_scaled_out_server_count_each_replica_once():
         "chorus_front_retries_total 1.0",
     ])
     assert parse_metrics(text) == {"chorus_requests_in_flight": 7.0, "chorus_front_retries_total": 1.0}
+
+
+def test_histogram_buckets_give_the_level_s_count_and_quantile_buckets():
+    def scrape(counts):
+        bounds = ("0.1", "1.0", "8.0", "+Inf")
+        lines = [f'chorus_time_to_first_audio_seconds_bucket{{le="{b}",replica="{r}"}} {c}'
+                 for r, per in (("a", counts), ("b", counts), ("total", [2 * c for c in counts]))
+                 for b, c in zip(bounds, per)]
+        return "\n".join(lines + ["chorus_time_to_first_audio_seconds_count 99"])
+
+    name = "chorus_time_to_first_audio_seconds"
+    first, last = parse_buckets(scrape([1, 2, 2, 2]), name), parse_buckets(scrape([1, 60, 100, 100]), name)
+    assert first == {0.1: 2.0, 1.0: 4.0, 8.0: 4.0, math.inf: 4.0}  # replicas summed, their total skipped
+    # between the scrapes: 0 under 0.1 s, 116 under 1 s, 196 under 8 s, 196 in all
+    assert bucket_quantiles(first, last) == {"count": 196, "p50_le": 1.0, "p99_le": 8.0}
+    assert bucket_quantiles(last, last) == {"count": 0, "p50_le": None, "p99_le": None}
+    tail = parse_buckets(scrape([1, 2, 2, 50]), name)
+    assert bucket_quantiles(first, tail)["p99_le"] == "+Inf"
 
 
 def test_a_wav_level_measures_a_stream_not_a_whole_file():
