@@ -309,8 +309,7 @@ class MetricsWatch:
         self.scrapes = 0
         self.first: dict[str, float] | None = None
         self.last: dict[str, float] | None = None
-        self.first_buckets: dict[str, dict[float, float]] | None = None
-        self.last_buckets: dict[str, dict[float, float]] = {}
+        self._first_text = self._last_text = ""  # histograms are read from these two alone
         self.peaks = {key: 0.0 for key in gauges}
 
     async def scrape(self) -> dict[str, float] | None:
@@ -326,9 +325,8 @@ class MetricsWatch:
             self.peaks[key] = max(self.peaks[key], values.get(name, 0.0))
         self.first = self.first or values
         self.last = values
-        self.last_buckets = {key: parse_buckets(response.text, name) for key, name in self.histograms.items()}
-        if self.first_buckets is None:
-            self.first_buckets = self.last_buckets
+        self._first_text = self._first_text or response.text
+        self._last_text = response.text
         return values
 
     async def poll(self, interval_s: float, stop: asyncio.Event) -> None:
@@ -345,8 +343,8 @@ class MetricsWatch:
                      for key, name in self.counters.items()}
         out["t3_tokens_per_s"] = round(out["t3_tokens"] / wall_s, 1) if wall_s > 0 else None
         out.update({key: round(value, 4) for key, value in self.peaks.items()})
-        for key in self.histograms:
-            out[key] = bucket_quantiles((self.first_buckets or {}).get(key, {}), self.last_buckets.get(key, {}))
+        for key, name in self.histograms.items():
+            out[key] = bucket_quantiles(parse_buckets(self._first_text, name), parse_buckets(self._last_text, name))
         out["scrapes"] = self.scrapes
         return out
 
