@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from chorus.bench.reference_timing import DEFAULT_REFERENCE_CHUNKS, MIN_TIMED_AUDIO_S
+from chorus.bench.reference_timing import DEFAULT_REFERENCE_CHUNKS, MIN_TIMED_AUDIO_S, SPEECH_TOKENS_PER_SECOND
 from chorus.bench.t3_bench import workload_chunks
 from chorus.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chorus.models.loading import Checkpoint, parse_device, resolve_dtype
@@ -35,7 +35,7 @@ from chorus.models.variants import get_variant
 from chorus.pipeline.models import SpeechModels
 from chorus.pipeline.pipeline import Pipeline, PipelineConfig
 from chorus.pipeline.request import SpeechRequest
-from chorus.vocoder import VocoderConfig
+from chorus.vocoder import VocoderConfig, VocoderStats
 from chorus.text import DEFAULT_MAX_CHARS
 
 STREAM_TEXT = ("The quick brown fox jumps over the lazy dog, and then it runs back into the forest "
@@ -169,9 +169,18 @@ def bench_offline(models: SpeechModels, cfg: PipelineBenchConfig, chunks: list[s
     audio = sum(r.duration for r in results)
     t3_s = after.t3_busy_s - before.t3_busy_s
     s3gen_s = after.vocoder_busy_s - before.vocoder_busy_s
-    done, was = after.vocoder, before.vocoder  # the timed run's share of the stage's counters
     return {"chunks": len(chunks), "speech_tokens": tokens, "audio_seconds": round(audio, 2),
-            "vocoder_passes": done.passes - was.passes, "vocoder_items": done.items - was.items,
+            **_vocoder_work(before.vocoder, after.vocoder),
+            "t3_seconds": round(t3_s, 3), "s3gen_seconds": round(s3gen_s, 3), "total_seconds": round(wall, 3),
+            "overlap_seconds": round(max(0.0, t3_s + s3gen_s - wall), 3),
+            "x_realtime": round(audio / wall, 1), "seconds_per_audio_second": round(wall / audio, 5),
+            "timeline": timeline.report(start)}
+
+
+def _vocoder_work(was: VocoderStats, done: VocoderStats) -> dict:
+    """The vocoder stage's counters between two snapshots (the timed run's share)."""
+    audio_tokens = (done.audio_seconds - was.audio_seconds) * SPEECH_TOKENS_PER_SECOND
+    return {"vocoder_passes": done.passes - was.passes, "vocoder_items": done.items - was.items,
             "vocoder_graph_replays": done.graph_replays - was.graph_replays,
             "vocoder_graph_captures": done.graph_captures - was.graph_captures,
             "vocoder_graph_capture_seconds": round(done.graph_capture_seconds - was.graph_capture_seconds, 2),
@@ -180,10 +189,9 @@ def bench_offline(models: SpeechModels, cfg: PipelineBenchConfig, chunks: list[s
             "vocoder_hift_device_seconds": round(done.hift_seconds - was.hift_seconds, 3),
             "vocoder_padding_overhead": round(
                 (done.padded_tokens - was.padded_tokens) / max(1, done.real_tokens - was.real_tokens) - 1, 4),
-            "t3_seconds": round(t3_s, 3), "s3gen_seconds": round(s3gen_s, 3), "total_seconds": round(wall, 3),
-            "overlap_seconds": round(max(0.0, t3_s + s3gen_s - wall), 3),
-            "x_realtime": round(audio / wall, 1), "seconds_per_audio_second": round(wall / audio, 5),
-            "timeline": timeline.report(start)}
+            # the flow's input (each item's prompt + the tokens its pass read) per token of audio out
+            "vocoder_flow_tokens_per_audio_token": round(
+                (done.real_tokens - was.real_tokens) / audio_tokens, 3) if audio_tokens else None}
 
 
 def bench_stream(pipe: Pipeline, models: SpeechModels, cfg: PipelineBenchConfig, concurrency: int) -> dict:
@@ -216,6 +224,7 @@ def bench_stream(pipe: Pipeline, models: SpeechModels, cfg: PipelineBenchConfig,
     wall = time.perf_counter() - begin
     stats = pipe.stats()
     ttfa, gaps, rtf, stalls = [], [], [], []
+    audio_s = sum(n for pieces in arrivals for _, n in pieces) / SAMPLE_RATE
     for start, pieces in zip(starts, arrivals):
         audible = [(t, n) for t, n in pieces if n]
         if not audible:
@@ -243,7 +252,11 @@ def bench_stream(pipe: Pipeline, models: SpeechModels, cfg: PipelineBenchConfig,
             "streams_faster_than_realtime": sum(1 for s in stalls if s == 0.0),
             "stall_s": {"p50": pct(stalls, 50), "max": pct(stalls, 100)},
             "t3_busy_s": round(stats.t3_busy_s - before.t3_busy_s, 3),
-            "s3gen_busy_s": round(stats.vocoder_busy_s - before.vocoder_busy_s, 3)}
+            "s3gen_busy_s": round(stats.vocoder_busy_s - before.vocoder_busy_s, 3),
+            "audio_seconds": round(audio_s, 2),
+            "s3gen_busy_per_audio_s": round((stats.vocoder_busy_s - before.vocoder_busy_s) / audio_s, 5)
+            if audio_s else None,
+            **_vocoder_work(before.vocoder, stats.vocoder)}
 
 
 def _load(cfg: PipelineBenchConfig, tmp: str) -> tuple[SpeechModels, Path, bool]:

@@ -2,6 +2,8 @@
 the benchmark cannot rot between GPU runs)."""
 from __future__ import annotations
 
+import pytest
+
 from chorus.bench.pipeline_bench import PipelineBenchConfig, _pipeline, _warm_up, bench_offline, bench_stream
 from tests.pipeline.tiny_pipeline import tiny_models
 
@@ -54,3 +56,21 @@ def test_stream_reports_time_to_first_audio_per_concurrency_level():
         assert level["rtf"]["min"] > 0
         assert 0 <= level["streams_faster_than_realtime"] <= n
     assert not pipe.engine.has_unfinished_requests()
+
+
+def test_stream_level_reports_the_vocoder_work_of_that_level_only():
+    models = tiny_models("turbo")
+    cfg = PipelineBenchConfig(variant="turbo", tokens_per_char=0.4, max_num_seqs=16,
+                              max_num_batched_tokens=2048, max_model_len=1024)
+    pipe = _pipeline(models, cfg)
+    try:
+        _warm_up(pipe, models, cfg)
+        level = bench_stream(pipe, models, cfg, 2)
+    finally:
+        pipe.close()
+    assert level["num_errors"] == 0 and level["audio_seconds"] > 0
+    assert level["vocoder_passes"] >= 1 and level["vocoder_items"] >= 2  # at least one pass per stream
+    # both sides rounded: busy to the millisecond, audio to 10 ms
+    assert level["s3gen_busy_per_audio_s"] == pytest.approx(level["s3gen_busy_s"] / level["audio_seconds"], rel=0.01)
+    # every pass reads the voice prompt beside the stream's tokens: more flow tokens than audio tokens
+    assert level["vocoder_flow_tokens_per_audio_token"] > 1
