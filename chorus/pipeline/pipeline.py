@@ -372,7 +372,7 @@ class Pipeline:
 
     # -- T3 thread -------------------------------------------------------------------------------
     def _on_t3_step(self, events: list[RequestOutput]) -> None:
-        self._inbox.put(("t3", events))
+        self._inbox.put(("t3", (time.monotonic(), events)))  # when T3 made them, not when they are read
 
     # -- vocoder thread --------------------------------------------------------------------------
     def set_timing_listener(self, listener: Callable[[str, float], None] | None) -> None:
@@ -451,14 +451,16 @@ class Pipeline:
                 add_to_stage(self.vocoder, state.plan, job_id)
             self._jobs[job_id] = state.jobs[0]
         elif kind == "t3":
-            for event in payload:
-                self._on_t3_event(event, touched)
+            stepped_at, events = payload
+            for event in events:
+                self._on_t3_event(event, stepped_at, touched)
         elif kind == "abort":
             state = self._requests.get(payload)
             if state is not None:
                 self._fail(state, "aborted", "cancelled")
 
-    def _on_t3_event(self, event: RequestOutput, touched: set[str]) -> None:
+    def _on_t3_event(self, event: RequestOutput, stepped_at: float, touched: set[str]) -> None:
+        """``stepped_at``: the ``time.monotonic()`` at which T3's step produced ``event``."""
         job = self._jobs.get(event.request_id)
         if job is None:
             return  # a job of a request that already ended
@@ -466,7 +468,7 @@ class Pipeline:
             job.tokens.append(event.new_token)
             touched.add(event.request_id)
             if job.index == 0 and job.request.first_token is None:
-                job.request.first_token = time.monotonic()
+                job.request.first_token = stepped_at
                 self._timing("queue", job.request.first_token - job.request.submitted)
         reason = event.finish_reason
         if reason is None:
