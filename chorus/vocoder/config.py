@@ -21,7 +21,12 @@ class VocoderConfig:
     """Tokens a stream needs (beyond the held-back ones) before its first pass: small means a
     short time to first audio."""
     max_window_tokens: int = 100
-    """Later windows double from ``first_window_tokens`` up to this many tokens."""
+    """Later windows grow from ``first_window_tokens`` by ``window_growth`` up to this many tokens."""
+    window_growth: int = 2
+    """Each window of a stream is this many times the one before (up to ``max_window_tokens``):
+    2 gives 20, 40, 80, 100, 100 ... Every window is a pass that re-reads the voice prompt, so
+    faster growth means fewer passes per stream and less flow work; the next window then needs
+    more of T3's tokens before it can run (docs/vocoder.md, "Windows")."""
     max_batch_items: int = 32
     """Items (jobs) in one batched pass."""
     max_batch_tokens: int = 16384
@@ -101,6 +106,8 @@ class VocoderConfig:
     def __post_init__(self) -> None:
         if self.first_window_tokens < 1 or self.max_window_tokens < self.first_window_tokens:
             raise ValueError("need 1 <= first_window_tokens <= max_window_tokens")
+        if isinstance(self.window_growth, bool) or not isinstance(self.window_growth, int) or self.window_growth < 1:
+            raise ValueError(f"window_growth must be an int >= 1, got {self.window_growth!r}")
         if self.max_pass_seconds is not None and not self.max_pass_seconds > 0:
             raise ValueError(f"max_pass_seconds must be > 0 or None, got {self.max_pass_seconds!r}")
         if not self.playback_margin_s >= 0:
@@ -133,6 +140,10 @@ class VocoderConfig:
             raise ValueError(f"hift_ops must be one of {BACKENDS}, got {self.hift_ops!r}")
         if self.batching not in ("fifo", "length"):
             raise ValueError(f"batching must be 'fifo' or 'length', got {self.batching!r}")
+
+    def next_window(self, window: int) -> int:
+        """The size of a stream's window after one of ``window`` tokens."""
+        return min(self.window_growth * window, self.max_window_tokens)
 
 
 @dataclass

@@ -421,7 +421,7 @@ class VocoderStage:
         return AudioOut(job.job_id, samples, final=False) if samples.shape[0] else None
 
     def _advance_window(self, stream) -> None:
-        stream.next_window = min(2 * stream.next_window, self.config.max_window_tokens)
+        stream.next_window = self.config.next_window(stream.next_window)
         stream.next_threshold += stream.next_window
 
 
@@ -479,7 +479,7 @@ def warmup_shapes(cfg: VocoderConfig, ratio: int, prompt_tokens: int, chunk_toke
     """
     ends, window, windows = [cfg.first_window_tokens], cfg.first_window_tokens, [cfg.first_window_tokens]
     while True:  # window ends as streams advance them (see _advance_window)
-        window = min(2 * window, cfg.max_window_tokens)
+        window = cfg.next_window(window)
         if ends[-1] + window > chunk_tokens:
             break
         ends.append(ends[-1] + window)

@@ -247,6 +247,16 @@ def test_warmup_shapes_of_streams_are_every_window_bucket_at_every_row_bucket():
                       ("flow", (1, 128)), ("flow", (2, 128)), ("flow", (1, 192)), ("flow", (2, 192))]
 
 
+def test_warmup_shapes_of_streams_follow_the_window_growth():
+    shapes = warmup_shapes(VocoderConfig(max_batch_items=1, window_growth=4), ratio=2, prompt_tokens=30,
+                           chunk_tokens=120, whole_chunk_tokens=None, most_rows=1)
+    # windows of 20 and 80 tokens end at 20 and 100: HiFT spans 2 (20 + 3) + 16 = 62 -> 64 and
+    # 2 (80 + 3) + 16 = 182 -> 192; flow frames 106 -> 128 and 2 (30 + 103) = 266 -> 320, and the
+    # bucket between them (final passes)
+    assert shapes == [("hift", (1, 64)), ("hift", (1, 192)),
+                      ("flow", (1, 128)), ("flow", (1, 320)), ("flow", (1, 192)), ("flow", (1, 256))]
+
+
 def test_warmup_shapes_of_whole_chunks_follow_the_streams_at_the_two_largest_row_buckets():
     config, whole = VocoderConfig(), 360
     streams = warmup_shapes(config, 2, 250, 240, None, 32)

@@ -54,6 +54,16 @@ def test_stream_comes_in_several_pieces_and_only_the_last_is_final(streamed):
     assert pieces[0].samples.shape[0] < 20 * 960  # the first window is small
 
 
+def test_window_growth_sets_how_many_pieces_a_stream_takes(tiny_turbo):
+    voice, tokens = random_voice(50, seed=4), random_tokens(150, seed=5)
+    # pushed one token at a time, a pass runs as soon as its window (+ 3 held back) is there:
+    # doubling windows end at 20, 60, 140 and the rest; growing by 4, at 20, 100 and the rest
+    doubling = list(_stream(tiny_turbo, tokens, voice, 7, [1]))
+    by_four = list(_stream(tiny_turbo, tokens, voice, 7, [1], VocoderConfig(window_growth=4)))
+    assert (len(doubling), len(by_four)) == (4, 3)
+    assert joined(by_four).shape == joined(doubling).shape
+
+
 def test_streamed_length_equals_one_pass_length(streamed):
     s3gen, pieces, reference = streamed
     assert joined(pieces).shape == reference.shape
@@ -129,3 +139,9 @@ def test_streams_in_one_batch_equal_each_stream_alone(tiny_turbo):
         alone = joined(list(_stream(tiny_turbo, tokens, voice, seed, [len(tokens)])))
         assert together[job_id].shape == alone.shape
         assert (together[job_id] - alone).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("value", [0, 1.5, True])
+def test_config_rejects_a_bad_window_growth(value):
+    with pytest.raises(ValueError, match="window_growth"):
+        VocoderConfig(window_growth=value)
