@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -48,14 +49,49 @@ class NoiseTape:
         self._row_keys = torch.stack(keys, dim=1).to(device)  # [rows, 2]
 
     def slice(self, start: int, end: int) -> torch.Tensor:
+        """Columns ``[start, end)``: ``[rows, end - start]``."""
         assert 0 <= start <= end, (start, end)
-        columns = mix32(torch.arange(start, end, dtype=torch.int64, device=self.device))[None, :]
-        first = mix32(columns ^ self._row_keys[:, :1])
-        second = mix32(columns ^ self._row_keys[:, 1:])
-        u1 = (first.to(torch.float32) + 0.5) * 2.0 ** -32  # in (0, 1]: log never sees 0
-        u2 = second.to(torch.float32) * 2.0 ** -32
-        normal = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2 * math.pi) * u2)
-        return normal.to(self.dtype)
+        columns = torch.arange(start, end, dtype=torch.int64, device=self.device)[None, :]
+        return _normals(columns, self._row_keys).to(self.dtype)
+
+
+def read_tapes(tapes: Sequence[NoiseTape], columns: Sequence[np.ndarray], width: int) -> torch.Tensor:
+    """Item ``i``'s noise at the absolute columns ``columns[i]`` of ``tapes[i]``:
+    ``[len(tapes), rows, width]``, zero past each item's columns. The values are those of
+    :meth:`NoiseTape.slice` bit for bit; one pass's items share one set of kernels (in groups of
+    at most ``READ_GROUP_ELEMENTS`` values) instead of a set per item, whose launches were
+    most of a streaming pass's host time. The tapes must agree in rows, dtype and device."""
+    first = tapes[0]
+    assert all((t.rows, t.dtype, t.device) == (first.rows, first.dtype, first.device) for t in tapes)
+    assert len(columns) == len(tapes) and all(len(c) <= width for c in columns)
+    index = np.zeros((len(tapes), width), np.int64)
+    valid = np.zeros((len(tapes), width), bool)
+    for i, c in enumerate(columns):
+        index[i, :len(c)], valid[i, :len(c)] = c, True
+    index_d = torch.from_numpy(index).to(first.device)[:, None, :]
+    valid_d = torch.from_numpy(valid).to(first.device)[:, None, :]
+    keys = torch.stack([t._row_keys for t in tapes])  # [items, rows, 2]
+    out = torch.empty(len(tapes), first.rows, width, dtype=first.dtype, device=first.device)
+    group = max(1, READ_GROUP_ELEMENTS // max(1, first.rows * width))
+    for g in range(0, len(tapes), group):
+        part = slice(g, g + group)
+        out[part] = torch.where(valid_d[part], _normals(index_d[part], keys[part]), 0.0).to(first.dtype)
+    return out
+
+
+# Values one read_tapes kernel set computes at most (its int64 temporaries: 32 MiB each).
+READ_GROUP_ELEMENTS = 1 << 22
+
+
+def _normals(columns: torch.Tensor, row_keys: torch.Tensor) -> torch.Tensor:
+    """float32 standard normals of the columns (int64 ``[..., 1, W]``) under the row keys
+    (``[..., rows, 2]``): ``[..., rows, W]``."""
+    hashed = mix32(columns)
+    first = mix32(hashed ^ row_keys[..., :1])
+    second = mix32(hashed ^ row_keys[..., 1:])
+    u1 = (first.to(torch.float32) + 0.5) * 2.0 ** -32  # in (0, 1]: log never sees 0
+    u2 = second.to(torch.float32) * 2.0 ** -32
+    return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2 * math.pi) * u2)
 
 
 _ROW_SALTS = (0x165667B1, 0xD3A2646C)

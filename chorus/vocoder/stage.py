@@ -12,6 +12,7 @@ import math
 import time
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from chorus import faults
@@ -20,7 +21,7 @@ from chorus.models.s3gen.postprocess import apply_trim_fade
 from chorus.models.s3gen.s3gen import SAMPLE_RATE, SAMPLES_PER_TOKEN, S3Gen, TokenRules, item_generators
 from chorus.vocoder.batching import Candidate, PassCostModel, select_batch
 from chorus.vocoder.config import AudioOut, VocoderConfig, VocoderStats
-from chorus.vocoder.job import SAMPLES_PER_FRAME, FlowWindow, Job, new_stream, raised_cosine, trim_fade_gains
+from chorus.vocoder.job import SAMPLES_PER_FRAME, FlowWindow, Job, new_stream, raised_cosine, read_tapes, trim_fade_gains
 from chorus.vocoder.pass_graphs import FlowCall, HiFTCall, PassGraphs, frame_bucket, row_bucket
 from chorus.vocoder.voice_cache import VoiceCache, VoicePrompt, s3gen_part
 from chorus.voices import S3GenPrompt, Voice
@@ -277,10 +278,17 @@ class VocoderStage:
         for i, (p, t) in enumerate(zip(prompts, items)):
             host_tokens[i, :lengths[i]] = torch.tensor(p.host_tokens + t, dtype=torch.long)
         cond = torch.zeros(batch, 80, ratio * width, device=device, dtype=flow.dtype)
-        noise = torch.zeros_like(cond)
-        for i, (job, p) in enumerate(zip(jobs, prompts)):
+        for i, p in enumerate(prompts):
             cond[i, :, :p.mel_frames] = p.cond
-            noise[i, :, :ratio * lengths[i]] = self._flow_noise(job, p, windows[i])
+        noise = torch.zeros_like(cond)
+        streams = [i for i, job in enumerate(jobs) if job.stream is not None]
+        if streams:  # every stream's noise from its tape in one read
+            noise[streams] = read_tapes([jobs[i].stream.flow_noise for i in streams],
+                                        [self._flow_columns(prompts[i], windows[i]) for i in streams],
+                                        ratio * width)
+        for i, (job, p) in enumerate(zip(jobs, prompts)):
+            if job.stream is None:
+                noise[i, :, :ratio * lengths[i]] = self._drawn_flow_noise(job, p, windows[i])
         call = FlowCall(host_tokens.to(device), torch.tensor(lengths).to(device), cond, noise,
                         torch.stack([p.speaker for p in prompts]), n_steps, cfg_rate)
         timer = _PassTimer(device)
@@ -299,9 +307,8 @@ class VocoderStage:
             for row, i in enumerate(vocode):
                 start = prompts[i].mel_frames + spans[i][0] - windows[i].frame_offset
                 hift_mel[row, :, :counts[row]] = mel[i, :, start:start + counts[row]]
-            phases, source_noise = zip(*(self._source_noise(jobs[i], *spans[i]) for i in vocode))
-            excitation_noise, _ = _pad_rows([n.transpose(0, 1) for n in source_noise], device)
-            source = SourceNoise(torch.stack(phases).to(device), excitation_noise.transpose(1, 2))
+            source = self._source_noise([jobs[i] for i in vocode], [spans[i] for i in vocode],
+                                        SAMPLES_PER_FRAME * max(counts))
             wav, f0 = self._graphs.run_hift(HiFTCall(hift_mel, torch.tensor(counts).to(device), source))
             timer.mark()
             wav, f0 = wav.cpu(), f0.cpu()  # waits for the pass
@@ -337,22 +344,23 @@ class VocoderStage:
         return job.flow_window(self.config.holdback_tokens, self.config.stream_context_tokens,
                                prompt.mel_frames - ratio * prompt.num_tokens)
 
-    def _flow_noise(self, job: Job, prompt: VoicePrompt, window: FlowWindow) -> torch.Tensor:
-        """The solver's starting noise [80, 2 (Tp + N)] (prompt frames, then new frames). A
-        stream's comes from its noise tape by absolute column, in the layout of the voice's whole
-        prompt (``d`` tokens cut by ``prompt_tokens``): the prompt's columns ``[2 d, 2 (d + Tp))``,
-        then those of the window's tokens, ``[2 (d + Tp + first_token), 2 (d + Tp + end))``."""
+    def _flow_columns(self, prompt: VoicePrompt, window: FlowWindow) -> np.ndarray:
+        """A stream's flow-noise columns for its pass (``2 (Tp + N)``: prompt frames, then new
+        frames), by absolute column of its noise tape, in the layout of the voice's whole prompt
+        (``d`` tokens cut by ``prompt_tokens``): the prompt's ``[2 d, 2 (d + Tp))``, then the
+        window's tokens' ``[2 (d + Tp + first_token), 2 (d + Tp + end))``."""
+        ratio = self.s3gen.flow.config.token_mel_ratio
+        start = ratio * prompt.dropped_tokens
+        prompt_end = start + ratio * prompt.num_tokens
+        return np.concatenate([np.arange(start, prompt_end),
+                               np.arange(prompt_end + ratio * window.first_token, prompt_end + ratio * window.end)])
+
+    def _drawn_flow_noise(self, job: Job, prompt: VoicePrompt, window: FlowWindow) -> torch.Tensor:
+        """A non-streaming job's solver noise [80, 2 (Tp + N)], drawn as ``FlowDecoder.inference``
+        draws it from the job's generator."""
         ratio = self.s3gen.flow.config.token_mel_ratio
         num_tokens = len(window.tokens)
         total = ratio * (prompt.num_tokens + num_tokens)
-        if job.stream is not None:
-            tape, start = job.stream.flow_noise, ratio * prompt.dropped_tokens
-            prompt_end = start + ratio * prompt.num_tokens
-            if window.first_token == 0:
-                return tape.slice(start, start + total)
-            first, end = prompt_end + ratio * window.first_token, prompt_end + ratio * window.end
-            return torch.cat([tape.slice(start, prompt_end), tape.slice(first, end)], dim=1)
-        # Non-streaming: drawn as FlowDecoder.inference draws it from a generator.
         generator = self._generators[job.job_id][0]
         like = dict(generator=generator, device=self.s3gen.device, dtype=self.s3gen.dtype)
         if self.s3gen.flow.config.meanflow:
@@ -370,20 +378,32 @@ class VocoderStage:
         end = frames if final else frames - 2 * self.config.holdback_tokens
         return stream.hift_start, end if end > stream.mel_end else stream.hift_start
 
-    def _source_noise(self, job: Job, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(initial phases [H] float32, noise [H, samples]) of the harmonic source for the span."""
-        if job.stream is None:
-            p, n = self._generators[job.job_id][1], self._generators[job.job_id][0]
-            drawn = draw_source_noise([end - start], self.s3gen.mel2wav.config, self.s3gen.device,
-                                      noise_generators=[n], phase_generators=[p])
-            return drawn.phases[0].cpu(), drawn.noise[0]
-        stream = job.stream
-        assert start == stream.hift_start
-        harmonics = torch.arange(1, stream.phases.shape[0] + 1, dtype=torch.float64)
-        # Continue each harmonic's phase where the one-pass sine would be at this span's start.
-        offset = 2 * math.pi * torch.remainder(stream.cycles * harmonics, 1.0)
-        phases = (stream.phases + offset).float()
-        return phases, stream.source_noise.slice(start * SAMPLES_PER_FRAME, end * SAMPLES_PER_FRAME)
+    def _source_noise(self, jobs: list[Job], spans: list[tuple[int, int]], width: int) -> SourceNoise:
+        """HiFT's source draws for the pass's vocoded items (mel frames ``spans[i]`` of
+        ``jobs[i]``), noise zero-padded to ``width`` samples. A stream's phases continue where the
+        one-pass sine would be at its span's start, and its noise comes from its tape by absolute
+        sample (all streams in one read); a non-streaming job draws both from its generators."""
+        device, config = self.s3gen.device, self.s3gen.mel2wav.config
+        noise = torch.zeros(len(jobs), config.num_harmonics, width, device=device)
+        phases = []
+        for i, (job, (start, end)) in enumerate(zip(jobs, spans)):
+            if job.stream is None:
+                p, n = self._generators[job.job_id][1], self._generators[job.job_id][0]
+                drawn = draw_source_noise([end - start], config, device, noise_generators=[n], phase_generators=[p])
+                phases.append(drawn.phases[0].cpu())
+                noise[i, :, :drawn.noise.shape[-1]] = drawn.noise[0]
+                continue
+            stream = job.stream
+            assert start == stream.hift_start
+            harmonics = torch.arange(1, stream.phases.shape[0] + 1, dtype=torch.float64)
+            offset = 2 * math.pi * torch.remainder(stream.cycles * harmonics, 1.0)
+            phases.append((stream.phases + offset).float())
+        streams = [i for i, job in enumerate(jobs) if job.stream is not None]
+        if streams:
+            noise[streams] = read_tapes(
+                [jobs[i].stream.source_noise for i in streams],
+                [np.arange(spans[i][0] * SAMPLES_PER_FRAME, spans[i][1] * SAMPLES_PER_FRAME) for i in streams], width)
+        return SourceNoise(torch.stack(phases).to(device), noise)
 
     def _emit(self, job: Job, piece: torch.Tensor, start: int, end: int, f0: torch.Tensor,
               num_tokens: int, final: bool) -> AudioOut | None:
@@ -453,15 +473,6 @@ class _PassTimer:
             spans = [b - a for a, b in zip(self.marks, self.marks[1:])]
         spans += [0.0] * (2 - len(spans))
         return spans[0], spans[1]
-
-
-def _pad_rows(rows: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack tensors of shape [L_i, ...] into [B, max L, ...] (zero-padded) and their lengths."""
-    lengths = torch.tensor([r.shape[0] for r in rows], device=device)
-    out = torch.zeros(len(rows), int(lengths.max()), *rows[0].shape[1:], dtype=rows[0].dtype, device=device)
-    for i, r in enumerate(rows):
-        out[i, :r.shape[0]] = r.to(device)
-    return out, lengths
 
 
 def warmup_shapes(cfg: VocoderConfig, ratio: int, prompt_tokens: int, chunk_tokens: int,

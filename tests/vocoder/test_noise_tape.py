@@ -1,10 +1,12 @@
 """The streams' counter-based noise: a value depends only on (seed, row, column)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from chorus.vocoder.job import NoiseTape
+from chorus.vocoder import job as job_module
+from chorus.vocoder.job import NoiseTape, read_tapes
 
 
 def test_a_slice_equals_the_same_columns_of_a_wider_slice():
@@ -28,6 +30,38 @@ def test_the_noise_is_standard_normal_and_differs_by_seed_and_row():
 
 def test_the_tape_gives_its_dtype():
     assert NoiseTape(80, seed=1, device=torch.device("cpu"), dtype=torch.bfloat16).slice(0, 3).dtype == torch.bfloat16
+
+
+def _read_and_slices(device: str, dtype=torch.float32):
+    tapes = [NoiseTape(9, seed=s, device=torch.device(device), dtype=dtype) for s in (1, 2, 3)]
+    ranges = [[(0, 700)], [(40, 90), (500, 800)], [(3000, 3001)]]  # one, two (a prompt, a window), one column
+    columns = [np.concatenate([np.arange(a, b) for a, b in r]) for r in ranges]
+    read = read_tapes(tapes, columns, 800)
+    sliced = [torch.cat([t.slice(a, b) for a, b in r], dim=1) for t, r in zip(tapes, ranges)]
+    return read, sliced
+
+
+@pytest.mark.parametrize("group", [1 << 22, 9 * 800])  # all items in one group; one item per group
+def test_one_read_of_many_tapes_equals_their_slices_bitwise_and_zero_after(monkeypatch, group):
+    monkeypatch.setattr(job_module, "READ_GROUP_ELEMENTS", group)
+    read, sliced = _read_and_slices("cpu")
+    assert read.shape == (3, 9, 800)
+    for row, expected in zip(read, sliced):
+        width = expected.shape[1]
+        assert torch.equal(row[:, :width], expected)
+        assert not row[:, width:].any()
+
+
+def test_a_read_gives_the_tapes_dtype():
+    read, sliced = _read_and_slices("cpu", torch.bfloat16)
+    assert read.dtype == torch.bfloat16 and torch.equal(read[0, :, :700], sliced[0])
+
+
+@pytest.mark.gpu
+def test_one_read_equals_the_slices_bitwise_on_cuda():
+    read, sliced = _read_and_slices("cuda")
+    for row, expected in zip(read, sliced):
+        assert torch.equal(row[:, :expected.shape[1]], expected)
 
 
 @pytest.mark.gpu
