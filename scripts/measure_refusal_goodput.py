@@ -181,7 +181,7 @@ async def busy_load(port: int, clients: int, stop: asyncio.Event, done: list[flo
 
 
 async def measure(port: int, pid: int, rate: float, mode: str, duration_s: float, busy: int) -> dict:
-    from chorus.bench.overload_bench import pause_report, server_pauses
+    from chorus.bench.online_bench import pause_report, server_pauses
 
     stop, done = asyncio.Event(), []
     load = asyncio.create_task(busy_load(port, busy, stop, done))

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING
 import httpx
 import numpy as np
 
+from chorus.loop_lag import watch_loop_lag
+
 if TYPE_CHECKING:
     from chorus.bench.overload_bench import OverloadConfig
 
@@ -60,6 +62,10 @@ GAUGES = {"degradation_level_max": "chorus_degradation_level", "kv_usage_max": "
 # of a latency the client also measures (time from the application receiving a request to its
 # first audio byte), so a client-side tail can be split into the server's part and the rest.
 HISTOGRAMS = {"ttfa_s": "chorus_time_to_first_audio_seconds"}
+# the server's event-loop lag and garbage-collector pauses (histograms of chorus/server/metrics.py)
+_PAUSES = re.compile(r'^(chorus_event_loop_lag_seconds|chorus_gc_pause_seconds)_(bucket|count|sum)'
+                     r'(?:\{([^}]*)\})?\s+(\S+)$', re.M)
+LAG_THRESHOLDS = ("0.01", "0.05", "0.25")  # lag samples counted above these (seconds; bucket bounds)
 
 
 class OnlineBenchError(Exception):
@@ -345,8 +351,54 @@ class MetricsWatch:
         out.update({key: round(value, 4) for key, value in self.peaks.items()})
         for key, name in self.histograms.items():
             out[key] = bucket_quantiles(parse_buckets(self._first_text, name), parse_buckets(self._last_text, name))
+        out["pauses"] = pause_report(server_pauses(self._first_text), server_pauses(self._last_text))
         out["scrapes"] = self.scrapes
         return out
+
+
+def server_pauses(text: str) -> dict[str, float] | None:
+    """The server's cumulative event-loop lag samples (all, and above each of ``LAG_THRESHOLDS``;
+    their sum in seconds) and its full garbage collections (count, seconds), from /metrics;
+    None from a server that exports neither."""
+    out = {"lag_samples": 0.0, "lag_s": 0.0, **{f"lag_over_{t}": 0.0 for t in LAG_THRESHOLDS},
+           "gc_full": 0.0, "gc_full_s": 0.0}
+    seen = False
+    for name, kind, labels, value in _PAUSES.findall(text):
+        labels = labels or ""
+        if 'replica="total"' in labels:
+            continue
+        seen, value = True, float(value)
+        if name == "chorus_gc_pause_seconds":
+            if 'generation="2"' in labels and kind in ("count", "sum"):
+                out["gc_full" if kind == "count" else "gc_full_s"] += value
+        elif kind == "count":
+            out["lag_samples"] += value
+            for t in LAG_THRESHOLDS:  # above t = all samples - those at or below t
+                out[f"lag_over_{t}"] += value
+        elif kind == "sum":
+            out["lag_s"] += value
+        else:
+            for t in LAG_THRESHOLDS:
+                if f'le="{t}"' in labels:
+                    out[f"lag_over_{t}"] -= value
+    return out if seen else None
+
+
+def pause_report(before: dict | None, after: dict | None) -> dict | None:
+    """What the server's event loop and garbage collector did between two samples' pauses."""
+    if not before or not after:
+        return None
+    delta = {key: after[key] - before[key] for key in after}
+    samples = delta["lag_samples"]
+    return {
+        "lag_samples": int(samples),
+        "lag_mean_ms": round(1000 * delta["lag_s"] / samples, 3) if samples else None,
+        **{f"lag_share_over_{float(t) * 1000:g}ms": round(delta[f"lag_over_{t}"] / samples, 5) if samples else None
+           for t in LAG_THRESHOLDS},
+        "gc_full_collections": int(delta["gc_full"]),
+        "gc_full_pause_s": round(delta["gc_full_s"], 4),
+        "gc_full_pause_mean_ms": round(1000 * delta["gc_full_s"] / delta["gc_full"], 3) if delta["gc_full"] else None,
+    }
 
 
 # ---------------------------------------------------------------------------------- a level
@@ -421,6 +473,7 @@ async def run_level(cfg: OnlineBenchConfig, body: dict, concurrency: int) -> dic
     budget = cfg.level_budget(concurrency)
     remaining = [budget]
     outcomes: list[Outcome] = []
+    client_lag: list[float] = []  # this process's event loop: how late it ran what was due
 
     async def client_loop(client: httpx.AsyncClient, stop_at: float | None) -> None:
         while True:
@@ -443,15 +496,21 @@ async def run_level(cfg: OnlineBenchConfig, body: dict, concurrency: int) -> dic
         poller = asyncio.create_task(watch.poll(cfg.metrics_interval_s, stop))
         begin = time.perf_counter()
         stop_at = begin + cfg.duration_s if cfg.duration_s is not None else None
+        lag_watch = asyncio.create_task(watch_loop_lag(client_lag.append))
         try:
             await asyncio.gather(*(client_loop(client, stop_at) for _ in range(concurrency)))
         finally:
             wall = time.perf_counter() - begin
+            lag_watch.cancel()
             stop.set()
             await poller
         await asyncio.sleep(cfg.settle_s)
         await watch.scrape()
     level = summarize(concurrency, outcomes, wall, cfg.response_format)
+    # a client-side latency the server's histogram does not see is either the client's loop (this)
+    # or the server's before its handler runs (its loop's lag: server["pauses"])
+    level["client_loop_lag_s"] = {"samples": len(client_lag), "p50": _pct(client_lag, 50),
+                                  "p99": _pct(client_lag, 99), "max": _pct(client_lag, 100)}
     level["server"] = watch.report(wall)
     return level
 

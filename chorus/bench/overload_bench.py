@@ -26,15 +26,11 @@ from dataclasses import dataclass
 import httpx
 
 from chorus.bench.online_bench import (MEASURED_FORMATS, OnlineBenchConfig, Outcome, _pct, auth_headers,
-                                       parse_metrics, speak_once)
+                                       parse_metrics, pause_report, server_pauses, speak_once)
 from chorus.loop_lag import watch_loop_lag
 
 REFUSALS = ("429", "503")  # answered before any work: admission, memory pressure, not ready
 _KV_USED = re.compile(r'^chorus_kv_blocks\{([^}]*)\}\s+(\S+)', re.M)
-# the server's event-loop lag and garbage-collector pauses (histograms of chorus/server/metrics.py)
-_PAUSES = re.compile(r'^(chorus_event_loop_lag_seconds|chorus_gc_pause_seconds)_(bucket|count|sum)'
-                     r'(?:\{([^}]*)\})?\s+(\S+)$', re.M)
-LAG_THRESHOLDS = ("0.01", "0.05", "0.25")  # lag samples counted above these (seconds; bucket bounds)
 
 
 @dataclass(frozen=True)
@@ -100,51 +96,6 @@ def kv_blocks_used(text: str) -> float:
     """``chorus_kv_blocks{state="used"}`` summed over replicas (their ``total`` series skipped)."""
     return sum(float(value) for labels, value in _KV_USED.findall(text)
                if 'state="used"' in labels and 'replica="total"' not in labels)
-
-
-def server_pauses(text: str) -> dict[str, float] | None:
-    """The server's cumulative event-loop lag samples (all, and above each of ``LAG_THRESHOLDS``;
-    their sum in seconds) and its full garbage collections (count, seconds), from /metrics;
-    None from a server that exports neither."""
-    out = {"lag_samples": 0.0, "lag_s": 0.0, **{f"lag_over_{t}": 0.0 for t in LAG_THRESHOLDS},
-           "gc_full": 0.0, "gc_full_s": 0.0}
-    seen = False
-    for name, kind, labels, value in _PAUSES.findall(text):
-        labels = labels or ""
-        if 'replica="total"' in labels:
-            continue
-        seen, value = True, float(value)
-        if name == "chorus_gc_pause_seconds":
-            if 'generation="2"' in labels and kind in ("count", "sum"):
-                out["gc_full" if kind == "count" else "gc_full_s"] += value
-        elif kind == "count":
-            out["lag_samples"] += value
-            for t in LAG_THRESHOLDS:  # above t = all samples - those at or below t
-                out[f"lag_over_{t}"] += value
-        elif kind == "sum":
-            out["lag_s"] += value
-        else:
-            for t in LAG_THRESHOLDS:
-                if f'le="{t}"' in labels:
-                    out[f"lag_over_{t}"] -= value
-    return out if seen else None
-
-
-def pause_report(before: dict | None, after: dict | None) -> dict | None:
-    """What the server's event loop and garbage collector did between two samples' pauses."""
-    if not before or not after:
-        return None
-    delta = {key: after[key] - before[key] for key in after}
-    samples = delta["lag_samples"]
-    return {
-        "lag_samples": int(samples),
-        "lag_mean_ms": round(1000 * delta["lag_s"] / samples, 3) if samples else None,
-        **{f"lag_share_over_{float(t) * 1000:g}ms": round(delta[f"lag_over_{t}"] / samples, 5) if samples else None
-           for t in LAG_THRESHOLDS},
-        "gc_full_collections": int(delta["gc_full"]),
-        "gc_full_pause_s": round(delta["gc_full_s"], 4),
-        "gc_full_pause_mean_ms": round(1000 * delta["gc_full_s"] / delta["gc_full"], 3) if delta["gc_full"] else None,
-    }
 
 
 async def _sample(client: httpx.AsyncClient, begin: float) -> dict | None:

@@ -9,8 +9,8 @@ import os
 import pytest
 
 from chorus.bench.online_bench import (STATUSES, OnlineBenchConfig, Playback, bucket_quantiles, parse_buckets,
-                                       parse_metrics, request_body, run_online)
-from chorus.bench.overload_bench import OverloadConfig, arrival_times, pause_report, server_pauses
+                                       parse_metrics, pause_report, request_body, run_online, server_pauses)
+from chorus.bench.overload_bench import OverloadConfig, arrival_times
 from chorus.cli import main
 from chorus.server.model_entries import ModelEntry
 from chorus.server.service import CANARY_TOKENS
@@ -54,6 +54,14 @@ def _check_level(level: dict, concurrency: int, requests: int | None, chunks: in
     assert 0 <= server["in_flight_max"] <= concurrency and server["scrapes"] >= 2
     assert level["versions"]["1"]["ok"] == level["ok"]  # one model version served them all
     assert server["ttfa_s"]["count"] == level["ok"]  # the server's own time to first audio, once per request
+    # where a tail outside the server's histogram comes from: the server's loop sampled every
+    # 50 ms between the level's scrapes (0.5 s of settling at least), and the client's own loop
+    pauses = server["pauses"]
+    assert pauses["lag_samples"] > 0 and pauses["lag_mean_ms"] >= 0 and 0 <= pauses["lag_share_over_50ms"] <= 1
+    lag = level["client_loop_lag_s"]
+    assert 0 <= lag["samples"] <= level["wall_s"] / 0.05 + 1
+    if lag["samples"]:
+        assert 0 <= lag["p50"] <= lag["p99"] <= lag["max"]
 
 
 def test_the_bench_reports_every_level(live):
