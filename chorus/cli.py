@@ -320,7 +320,7 @@ def _cmd_bench_online(args: argparse.Namespace) -> int:
         try:
             overload = OverloadConfig(arrival_rate=args.arrival_rate, overload_multiple=args.overload_multiple,
                                       requests=args.overload_requests, duration_s=args.overload_duration_s,
-                                      seed=args.arrival_seed, client_processes=args.overload_client_processes)
+                                      seed=args.arrival_seed)
         except ValueError as exc:
             raise CliError(str(exc)) from None
     cfg = OnlineBenchConfig(
@@ -328,7 +328,8 @@ def _cmd_bench_online(args: argparse.Namespace) -> int:
         requests_per_level=args.requests_per_level, duration_s=args.duration_s,
         text=DEFAULT_TEXT if args.text is None else args.text,
         response_format=args.response_format, max_new_tokens=args.max_new_tokens, warmup=args.warmup,
-        timeout_s=args.timeout_s, honor_retry_after=args.honor_retry_after, overload=overload)
+        timeout_s=args.timeout_s, honor_retry_after=args.honor_retry_after, overload=overload,
+        client_processes=args.client_processes)
     try:
         report = run_online(cfg, progress=not args.quiet)
     except OnlineBenchError as exc:
@@ -364,6 +365,7 @@ def _bench_online_agent(args: argparse.Namespace, concurrency: tuple[int, ...]) 
 
     given = [flag for name, flag in _HTTP_ONLY_OPTIONS.items() if getattr(args, name) is not None]
     given += ["--honor-retry-after"] if args.honor_retry_after else []
+    given += ["--client-processes"] if args.client_processes != 1 else []
     if given:
         raise CliError(f"{', '.join(given)}: not with --agent (it runs --turns turns on each connection)")
     options = {name: getattr(args, name) for name in _AGENT_OPTIONS if getattr(args, name) is not None}
@@ -446,9 +448,11 @@ def _add_online_bench_parser(bench_sub) -> None:
     p.add_argument("--overload-duration-s", type=float, default=60.0, metavar="SECONDS",
                    help="overload mode: stop sending after this long (default 60); requests in flight finish")
     p.add_argument("--arrival-seed", type=int, default=0, help="overload mode: seed of the arrival times")
-    p.add_argument("--overload-client-processes", type=int, default=1, metavar="N",
-                   help="overload mode: send the arrivals from N processes (arrival i from process i mod N), so "
-                        "one busy client process's own lag does not add to the latencies it measures (default 1)")
+    p.add_argument("--client-processes", "--overload-client-processes", dest="client_processes", type=int,
+                   default=1, metavar="N",
+                   help="send the requests from N processes (a level's clients split between them, the overload "
+                        "mode's arrival i from process i mod N), so one busy client process's own lag does not add "
+                        "to the latencies it measures (default 1; not with --agent)")
     agent = p.add_argument_group(
         "voice-agent mode", "--agent: each level opens N WebSocket connections (WS /v1/audio/speech/stream), each an "
         "agent streaming --text as LLM token deltas turn after turn (docs/benchmarks.md, \"Voice-agent latency\")")

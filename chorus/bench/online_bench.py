@@ -1,7 +1,8 @@
 """``chorus bench online``: a load test of a running ``chorus serve``, over HTTP.
 
 Per concurrency level N, N clients (asyncio tasks sharing one httpx connection pool of N
-connections) send ``POST /v1/audio/speech`` back to back, each reading its response as a stream,
+connections; with ``client_processes`` P, split between P processes, each with its own pool and
+event loop) send ``POST /v1/audio/speech`` back to back, each reading its response as a stream,
 until the level's request budget is spent (``requests_per_level``) or its time is up
 (``duration_s``; requests in flight then are finished and counted). Per request: its status, time
 to the first audio byte, end-to-end time, the audio received, the real-time factor and whether a
@@ -21,6 +22,8 @@ import asyncio
 import datetime
 import json
 import math
+import multiprocessing
+import os
 import re
 import sys
 import time
@@ -108,6 +111,10 @@ class OnlineBenchConfig:
     settle_s: float = 0.5  # wait before the closing scrape: engine metrics refresh every 0.25 s
     extra_body: dict = field(default_factory=dict)  # more request fields (e.g. seed, priority)
     overload: "OverloadConfig | None" = None  # an open-loop overload run (overload_bench.py)
+    client_processes: int = 1
+    """Processes that send the requests (a level's clients, the overload mode's arrivals), each
+    with its own event loop and connections, so that one busy client loop's lag does not add to
+    the latencies it measures; this process polls ``/metrics``."""
 
     def __post_init__(self):
         self.url, self.concurrency = check_load(self.url, self.concurrency, self.text, self.max_new_tokens)
@@ -122,6 +129,9 @@ class OnlineBenchConfig:
                              f"got {self.response_format!r}")
         if self.warmup < 0 or not self.timeout_s > 0:
             raise ValueError("--warmup must be >= 0 and --timeout-s > 0")
+        if isinstance(self.client_processes, bool) or not isinstance(self.client_processes, int) \
+                or self.client_processes < 1:
+            raise ValueError(f"--client-processes must be an integer >= 1, got {self.client_processes!r}")
 
     def level_budget(self, concurrency: int) -> int | None:
         """Requests a level sends in all (None: as many as fit in ``duration_s``)."""
@@ -465,17 +475,21 @@ def auth_headers(key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-async def run_level(cfg: OnlineBenchConfig, body: dict, concurrency: int) -> dict:
-    """N clients back to back; see the module docstring."""
+async def run_clients(cfg: OnlineBenchConfig, body: dict, clients: int, budget: int | None,
+                      begin: float) -> tuple[list[Outcome], list[float]]:
+    """``clients`` closed-loop clients on this process's event loop from ``begin`` (its
+    ``time.perf_counter()``): each sends a request, reads its answer, and sends the next, until
+    ``budget`` requests were sent by them all (None: until ``cfg.duration_s`` after ``begin``).
+    Their outcomes and this loop's lag samples (``chorus.loop_lag``)."""
     headers = auth_headers(cfg.api_key)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     timeout = httpx.Timeout(cfg.timeout_s, connect=min(cfg.timeout_s, 30.0), pool=None)
-    budget = cfg.level_budget(concurrency)
+    stop_at = begin + cfg.duration_s if cfg.duration_s is not None else None
     remaining = [budget]
     outcomes: list[Outcome] = []
-    client_lag: list[float] = []  # this process's event loop: how late it ran what was due
+    lag: list[float] = []
 
-    async def client_loop(client: httpx.AsyncClient, stop_at: float | None) -> None:
+    async def client_loop(client: httpx.AsyncClient) -> None:
         while True:
             if budget is not None:
                 if remaining[0] <= 0:
@@ -488,31 +502,140 @@ async def run_level(cfg: OnlineBenchConfig, body: dict, concurrency: int) -> dic
             if cfg.honor_retry_after and outcome.status in ("429", "503") and outcome.retry_after_s:
                 await asyncio.sleep(outcome.retry_after_s)
 
-    async with httpx.AsyncClient(base_url=cfg.url, headers=headers, limits=limits, timeout=timeout) as client, \
-            httpx.AsyncClient(base_url=cfg.url, headers=headers, timeout=10.0) as scraper:
-        watch = MetricsWatch(scraper, histograms=HISTOGRAMS)
-        await watch.scrape()
-        stop = asyncio.Event()
-        poller = asyncio.create_task(watch.poll(cfg.metrics_interval_s, stop))
-        begin = time.perf_counter()
-        stop_at = begin + cfg.duration_s if cfg.duration_s is not None else None
-        lag_watch = asyncio.create_task(watch_loop_lag(client_lag.append))
+    async with httpx.AsyncClient(base_url=cfg.url, headers=headers, limits=limits, timeout=timeout) as client:
+        await asyncio.sleep(max(0.0, begin - time.perf_counter()))
+        lag_watch = asyncio.create_task(watch_loop_lag(lag.append))
         try:
-            await asyncio.gather(*(client_loop(client, stop_at) for _ in range(concurrency)))
+            await asyncio.gather(*(client_loop(client) for _ in range(clients)))
         finally:
-            wall = time.perf_counter() - begin
             lag_watch.cancel()
-            stop.set()
-            await poller
-        await asyncio.sleep(cfg.settle_s)
-        await watch.scrape()
+    return outcomes, lag
+
+
+def shares(total: int, parts: int) -> list[int]:
+    """``total`` split into ``parts`` counts that differ by at most one, larger ones first."""
+    assert parts >= 1, parts
+    return [total // parts + (k < total % parts) for k in range(parts)]
+
+
+async def run_level(cfg: OnlineBenchConfig, body: dict, concurrency: int) -> dict:
+    """N clients back to back (from ``cfg.client_processes`` processes, at most one client
+    each); see the module docstring."""
+    budget = cfg.level_budget(concurrency)
+    processes = min(cfg.client_processes, concurrency)
+    clients = shares(concurrency, processes)
+    budgets = [None] * processes if budget is None else shares(budget, processes)
+    pool = None
+    if processes > 1:
+        pool = ClientProcesses(f"level-{concurrency}", run_clients,
+                               [(cfg, body, n, b) for n, b in zip(clients, budgets)])
+    headers = auth_headers(cfg.api_key)
+    try:
+        if pool is not None:
+            await asyncio.get_running_loop().run_in_executor(None, pool.start)
+        async with httpx.AsyncClient(base_url=cfg.url, headers=headers, timeout=10.0) as scraper:
+            watch = MetricsWatch(scraper, histograms=HISTOGRAMS)
+            await watch.scrape()
+            stop = asyncio.Event()
+            poller = asyncio.create_task(watch.poll(cfg.metrics_interval_s, stop))
+            begin = time.perf_counter()
+            try:
+                if pool is None:
+                    outcomes, client_lag = await run_clients(cfg, body, concurrency, budget, begin)
+                    senders = None
+                else:
+                    shards, client_lag, senders = await pool.run(begin)
+                    outcomes = [o for shard in shards for o in shard]
+            finally:
+                wall = time.perf_counter() - begin
+                stop.set()
+                await poller
+            await asyncio.sleep(cfg.settle_s)
+            await watch.scrape()
+    finally:
+        if pool is not None:
+            pool.close()
     level = summarize(concurrency, outcomes, wall, cfg.response_format)
     # a client-side latency the server's histogram does not see is either the client's loop (this)
     # or the server's before its handler runs (its loop's lag: server["pauses"])
     level["client_loop_lag_s"] = {"samples": len(client_lag), "p50": _pct(client_lag, 50),
                                   "p99": _pct(client_lag, 99), "max": _pct(client_lag, 100)}
+    level["client_processes"] = processes
+    if senders is not None:
+        level["client_senders"] = senders
     level["server"] = watch.report(wall)
     return level
+
+
+# ---------------------------------------------------------------------------------- client processes
+
+def sender_summary(pid: int, outcomes: list[Outcome], lag: list[float]) -> dict:
+    """One client process in the report: its pid, the requests it sent, its loop's lag."""
+    return {"pid": pid, "requests": len(outcomes),
+            "loop_lag_s": {"samples": len(lag), "p99": _pct(lag, 99), "max": _pct(lag, 100)}}
+
+
+def _client_process_main(conn, work, args: tuple) -> None:
+    """A client process: say it is ready (its imports done), take the start as a wall-clock time,
+    run ``work(*args, begin)`` on its own loop, hand back ``(its pid, *what work returned)`` or
+    the error that stopped it."""
+    try:
+        conn.send("ready")
+        start_epoch = conn.recv()
+        begin = time.perf_counter() + (start_epoch - time.time())
+        conn.send((os.getpid(), *asyncio.run(work(*args, begin))))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
+        conn.send(RuntimeError(f"a bench client process failed: {type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+class ClientProcesses:
+    """One spawned process per entry of ``shards`` (none inherits this process's threads or
+    loop), each running ``await work(*shard, begin)`` (a module-level coroutine function that
+    returns ``(outcomes, lag samples)``); :meth:`start` returns once every one has imported what
+    it needs, so the first request is not late by a process start."""
+
+    def __init__(self, name: str, work, shards: list[tuple]):
+        context = multiprocessing.get_context("spawn")
+        self._pipes, self._children = [], []
+        for k, shard in enumerate(shards):
+            parent_end, child_end = context.Pipe()
+            child = context.Process(target=_client_process_main, args=(child_end, work, shard),
+                                    daemon=True, name=f"bench-{name}-client-{k}")
+            self._pipes.append(parent_end)
+            self._children.append(child)
+
+    def start(self) -> None:
+        for child in self._children:
+            child.start()
+        for pipe, child in zip(self._pipes, self._children):
+            if not pipe.poll(120) or pipe.recv() != "ready":
+                raise RuntimeError(f"{child.name} did not start within 120 s")
+
+    async def run(self, begin: float) -> tuple[list[list[Outcome]], list[float], list[dict]]:
+        """Start every process's work at ``begin`` (this process's ``perf_counter``); its
+        outcomes per process (in ``shards`` order), every process's lag samples, and what each
+        sent (:func:`sender_summary`)."""
+        start_epoch = time.time() + (begin - time.perf_counter())
+        for pipe in self._pipes:
+            pipe.send(start_epoch)
+        loop = asyncio.get_running_loop()
+        answers = [await loop.run_in_executor(None, pipe.recv) for pipe in self._pipes]
+        for answer in answers:
+            if isinstance(answer, Exception):
+                raise answer
+        return ([shard for _, shard, _ in answers], [lag for _, _, lags in answers for lag in lags],
+                [sender_summary(pid, shard, lags) for pid, shard, lags in answers])
+
+    def close(self) -> None:
+        for pipe in self._pipes:
+            pipe.close()
+        for child in self._children:
+            child.join(timeout=10)
+            if child.is_alive():
+                child.terminate()
+                child.join()
 
 
 # ---------------------------------------------------------------------------------- the run

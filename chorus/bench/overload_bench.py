@@ -16,7 +16,6 @@ explains every field.
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import os
 import random
 import re
@@ -25,8 +24,9 @@ from dataclasses import dataclass
 
 import httpx
 
-from chorus.bench.online_bench import (MEASURED_FORMATS, OnlineBenchConfig, Outcome, _pct, auth_headers,
-                                       parse_metrics, pause_report, server_pauses, speak_once)
+from chorus.bench.online_bench import (MEASURED_FORMATS, ClientProcesses, OnlineBenchConfig, Outcome, _pct,
+                                       auth_headers, parse_metrics, pause_report, sender_summary, server_pauses,
+                                       speak_once)
 from chorus.loop_lag import watch_loop_lag
 
 REFUSALS = ("429", "503")  # answered before any work: admission, memory pressure, not ready
@@ -44,10 +44,6 @@ class OverloadConfig:
     requests: int = 200
     duration_s: float = 60.0
     seed: int = 0
-    client_processes: int = 1
-    """Processes that send the arrivals (arrival i from process i mod N, each with its own event
-    loop and connections), so that the lag of one busy client process does not add to the
-    latencies it measures; this process polls ``/metrics`` and ``/ready``."""
 
     def __post_init__(self):
         if (self.arrival_rate is None) == (self.overload_multiple is None):
@@ -58,9 +54,6 @@ class OverloadConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
         if self.requests < 1:
             raise ValueError(f"--overload-requests must be >= 1, got {self.requests}")
-        if isinstance(self.client_processes, bool) or not isinstance(self.client_processes, int) \
-                or self.client_processes < 1:
-            raise ValueError(f"--overload-client-processes must be an integer >= 1, got {self.client_processes!r}")
 
 
 REALTIME_SHARE = 0.95  # a level serves in real time when this share of its streams never stalled
@@ -226,80 +219,14 @@ async def send_arrivals(cfg: OnlineBenchConfig, body: dict, times: list[float],
     return outcomes, client_lag
 
 
-def sender_summary(pid: int, outcomes: list[Outcome], lag: list[float]) -> dict:
-    """One sender process in the report: its pid, the requests it sent, its loop's lag."""
-    return {"pid": pid, "requests": len(outcomes),
-            "loop_lag_s": {"samples": len(lag), "p99": _pct(lag, 99), "max": _pct(lag, 100)}}
-
-
-def _sender_main(conn, cfg: OnlineBenchConfig, body: dict, times: list[float]) -> None:
-    """A sender process: say it is ready (its imports done), take the start as a wall-clock time,
-    send its arrivals, hand back ``(its pid, outcomes, lag samples)`` or the error that stopped it."""
-    try:
-        conn.send("ready")
-        start_epoch = conn.recv()
-        begin = time.perf_counter() + (start_epoch - time.time())
-        conn.send((os.getpid(), *asyncio.run(send_arrivals(cfg, body, times, begin))))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
-        conn.send(RuntimeError(f"an overload sender process failed: {type(exc).__name__}: {exc}"))
-    finally:
-        conn.close()
-
-
-class _Senders:
-    """``processes`` sender processes (spawned, so none inherits this process's threads or
-    loop), arrival i going to process i mod ``processes``; :meth:`start` returns once every one
-    has imported what it needs, so the first arrival is not late by a process start."""
-
-    def __init__(self, cfg: OnlineBenchConfig, body: dict, times: list[float], processes: int):
-        context = multiprocessing.get_context("spawn")
-        self._pipes, self._children = [], []
-        for k in range(processes):
-            parent_end, child_end = context.Pipe()
-            child = context.Process(target=_sender_main, args=(child_end, cfg, body, times[k::processes]),
-                                    daemon=True, name=f"overload-sender-{k}")
-            self._pipes.append(parent_end)
-            self._children.append(child)
-        self._processes = processes
-
-    def start(self) -> None:
-        for child in self._children:
-            child.start()
-        for pipe, child in zip(self._pipes, self._children):
-            if not pipe.poll(120) or pipe.recv() != "ready":
-                raise RuntimeError(f"{child.name} did not start within 120 s")
-
-    async def run(self, begin: float) -> tuple[list[Outcome], list[float], list[dict]]:
-        """Send from ``begin`` (this process's ``perf_counter``) on; every process's outcomes
-        (in arrival order), lag samples, and what each sent (:func:`sender_summary`)."""
-        start_epoch = time.time() + (begin - time.perf_counter())
-        for pipe in self._pipes:
-            pipe.send(start_epoch)
-        loop = asyncio.get_running_loop()
-        answers = [await loop.run_in_executor(None, pipe.recv) for pipe in self._pipes]
-        for answer in answers:
-            if isinstance(answer, Exception):
-                raise answer
-        shards = [outcomes for _, outcomes, _ in answers]
-        outcomes = [shards[i % self._processes][i // self._processes] for i in range(sum(map(len, shards)))]
-        return (outcomes, [lag for _, _, lags in answers for lag in lags],
-                [sender_summary(pid, shard, lags) for pid, shard, lags in answers])
-
-    def close(self) -> None:
-        for pipe in self._pipes:
-            pipe.close()
-        for child in self._children:
-            child.join(timeout=10)
-            if child.is_alive():
-                child.terminate()
-                child.join()
-
-
 async def run_overload(cfg: OnlineBenchConfig, overload: OverloadConfig, body: dict, rate: float) -> dict:
-    """Send requests at ``rate`` (Poisson; from ``overload.client_processes`` processes), read
-    every answer, poll /metrics; the overload report."""
+    """Send requests at ``rate`` (Poisson; from ``cfg.client_processes`` processes, arrival i from
+    process i mod N), read every answer, poll /metrics; the overload report."""
     times = arrival_times(rate, overload.requests, overload.duration_s, overload.seed)
-    senders = _Senders(cfg, body, times, overload.client_processes) if overload.client_processes > 1 else None
+    processes = cfg.client_processes
+    senders = None
+    if processes > 1:
+        senders = ClientProcesses("overload", send_arrivals, [(cfg, body, times[k::processes]) for k in range(processes)])
     timeline: list[dict] = []
     try:
         if senders is not None:
@@ -314,7 +241,8 @@ async def run_overload(cfg: OnlineBenchConfig, overload: OverloadConfig, body: d
                     outcomes, client_lag = await send_arrivals(cfg, body, times, begin)
                     sent_by = [sender_summary(os.getpid(), outcomes, client_lag)]
                 else:
-                    outcomes, client_lag, sent_by = await senders.run(begin)
+                    shards, client_lag, sent_by = await senders.run(begin)
+                    outcomes = [shards[i % processes][i // processes] for i in range(sum(map(len, shards)))]
             finally:
                 wall = time.perf_counter() - begin
                 stop.set()
@@ -324,6 +252,6 @@ async def run_overload(cfg: OnlineBenchConfig, overload: OverloadConfig, body: d
         if senders is not None:
             senders.close()
     report = summarize(outcomes, rate, wall, cfg.response_format, timeline, before, after, client_lag)
-    report["client_processes"] = overload.client_processes
+    report["client_processes"] = processes
     report["client_senders"] = sent_by
     return report

@@ -9,7 +9,8 @@ import os
 import pytest
 
 from chorus.bench.online_bench import (STATUSES, OnlineBenchConfig, Playback, bucket_quantiles, parse_buckets,
-                                       parse_metrics, pause_report, request_body, run_online, server_pauses)
+                                       parse_metrics, pause_report, request_body, run_online, server_pauses,
+                                       shares)
 from chorus.bench.overload_bench import OverloadConfig, arrival_times
 from chorus.cli import main
 from chorus.server.model_entries import ModelEntry
@@ -59,7 +60,7 @@ def _check_level(level: dict, concurrency: int, requests: int | None, chunks: in
     pauses = server["pauses"]
     assert pauses["lag_samples"] > 0 and pauses["lag_mean_ms"] >= 0 and 0 <= pauses["lag_share_over_50ms"] <= 1
     lag = level["client_loop_lag_s"]
-    assert 0 <= lag["samples"] <= level["wall_s"] / 0.05 + 1
+    assert 0 <= lag["samples"] <= level["client_processes"] * (level["wall_s"] / 0.05 + 1)  # each process's loop
     if lag["samples"]:
         assert 0 <= lag["p50"] <= lag["p99"] <= lag["max"]
 
@@ -260,9 +261,35 @@ def test_overload_arrivals_can_be_sent_from_several_client_processes(tmp_path, c
     assert result["client_loop_lag_s"]["samples"] == sum(s["loop_lag_s"]["samples"] for s in senders)
 
 
-def test_the_client_processes_of_an_overload_run_are_a_positive_count():
-    with pytest.raises(ValueError, match="--overload-client-processes must be an integer >= 1, got 0"):
-        OverloadConfig(arrival_rate=1.0, client_processes=0)
+def test_the_client_processes_are_a_positive_count():
+    with pytest.raises(ValueError, match="--client-processes must be an integer >= 1, got 0"):
+        OnlineBenchConfig(url="http://127.0.0.1:1", client_processes=0)
+
+
+def test_a_level_s_clients_and_requests_are_split_between_client_processes(live):
+    cfg = OnlineBenchConfig(url=live.url, concurrency=(3,), requests_per_level=7, text=TEXT,
+                            max_new_tokens=TOKENS, warmup=0, client_processes=2)
+    level = run_online(cfg)["levels"][0]
+    _check_level(level, 3, 7)
+    assert level["client_processes"] == 2
+    senders = level["client_senders"]  # 2 + 1 clients; 4 + 3 requests
+    assert [s["requests"] for s in senders] == [4, 3]
+    assert len({s["pid"] for s in senders} | {os.getpid()}) == 3  # two processes, neither of them this one
+    assert level["client_loop_lag_s"]["samples"] == sum(s["loop_lag_s"]["samples"] for s in senders)
+    live.wait_idle()
+
+
+def test_a_level_never_has_more_client_processes_than_clients(live):
+    cfg = OnlineBenchConfig(url=live.url, concurrency=(1,), requests_per_level=2, text=TEXT,
+                            max_new_tokens=TOKENS, warmup=0, client_processes=4)
+    level = run_online(cfg)["levels"][0]
+    _check_level(level, 1, 2)
+    assert level["client_processes"] == 1 and "client_senders" not in level
+    live.wait_idle()
+
+
+def test_shares_split_a_count_as_evenly_as_possible():
+    assert shares(7, 2) == [4, 3] and shares(8, 4) == [2, 2, 2, 2] and shares(2, 3) == [1, 1, 0]
 
 
 def _pause_metrics(lag: list[float], lag_sum: float, full: float, full_s: float) -> str:
