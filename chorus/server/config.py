@@ -130,6 +130,7 @@ class ServerConfig:
     kv_cache_dtype: str = "auto"  # "auto" (the model's dtype) or "fp8_e4m3"
     gpu_memory_utilization: float = 0.85
     cuda_graphs: bool = True
+    vocoder_max_pass_seconds: float | None = None  # while streams play, a vocoder pass's predicted time at most
     # operations
     warmup: bool = True
     canary_interval_s: float = 60.0  # canaries re-run this often (a failed one fails /ready; a late one not)
@@ -170,7 +171,7 @@ class ServerConfig:
         _require(self.realtime_headroom is None or (isinstance(self.realtime_headroom, (int, float))
                                                     and self.realtime_headroom >= 0),
                  f"realtime_headroom must be a number >= 0 (0: off) or unset, got {self.realtime_headroom!r}")
-        for name in ("start_deadline_s", "default_deadline_s"):
+        for name in ("start_deadline_s", "default_deadline_s", "vocoder_max_pass_seconds"):
             value = getattr(self, name)
             _require(value is None or (isinstance(value, (int, float)) and value > 0),
                      f"{name} must be a positive number or unset, got {value!r}")
@@ -343,6 +344,9 @@ FIELD_HELP = {
                       "the cached positions, at a small measured accuracy cost; needs compute capability 8.9+)",
     "gpu_memory_utilization": "fraction of GPU memory the process may use",
     "cuda_graphs": "capture CUDA graphs (T3 decode and the S3Gen solver)",
+    "vocoder_max_pass_seconds": "while streams are playing, fill a vocoder pass only while its predicted time stays "
+                                "under this, so a new stream's first audio waits for a shorter pass (default: no "
+                                "limit but the batch size; docs/vocoder.md, \"Pass sizing while streams run\")",
     "warmup": "warm up (capture CUDA graphs) before reporting ready",
     "canary_interval_s": "seconds between canary syntheses; one that fails in a model step makes /ready fail "
                          "until one passes (one that is late under load does not)",

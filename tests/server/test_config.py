@@ -283,3 +283,15 @@ def test_a_models_vocoder_batch_limit_reaches_its_vocoder_stage():
 
     config = _build(flags={"models": "id=a,variant=turbo,vocoder_max_batch_items=8"})
     assert vocoder_config(config.for_entry(config.entries()[0])).max_batch_items == 8
+
+
+def test_the_vocoder_pass_time_limit_reaches_the_vocoder_stage():
+    from chorus.server.main import vocoder_config
+
+    assert vocoder_config(_build()).max_pass_seconds is None
+    assert vocoder_config(_build(flags={"vocoder_max_pass_seconds": "0.1"})).max_pass_seconds == 0.1
+
+
+def test_the_vocoder_pass_time_limit_must_be_positive():
+    with pytest.raises(ValueError, match="vocoder_max_pass_seconds must be a positive number or unset, got 0"):
+        _build(flags={"vocoder_max_pass_seconds": "0"})
