@@ -329,7 +329,7 @@ def _cmd_bench_online(args: argparse.Namespace) -> int:
         text=DEFAULT_TEXT if args.text is None else args.text,
         response_format=args.response_format, max_new_tokens=args.max_new_tokens, warmup=args.warmup,
         timeout_s=args.timeout_s, honor_retry_after=args.honor_retry_after, overload=overload,
-        client_processes=args.client_processes)
+        client_processes=args.client_processes, ramp_s=0.0 if args.ramp_s is None else args.ramp_s)
     try:
         report = run_online(cfg, progress=not args.quiet)
     except OnlineBenchError as exc:
@@ -353,7 +353,7 @@ def _chunking(value: str) -> dict:
 _AGENT_OPTIONS = {"turns": "--turns", "llm_tokens_per_s": "--llm-tokens-per-s", "token_spacing": "--token-spacing",
                   "cancel_fraction": "--cancel-fraction", "turn_gap_s": "--turn-gap-s", "agent_seed": "--agent-seed",
                   "chunking": "--chunking"}
-_HTTP_ONLY_OPTIONS = {"requests_per_level": "--requests-per-level", "duration_s": "--duration-s",
+_HTTP_ONLY_OPTIONS = {"requests_per_level": "--requests-per-level", "duration_s": "--duration-s", "ramp_s": "--ramp-s",
                       "arrival_rate": "--arrival-rate", "overload_multiple": "--overload-multiple"}
 
 
@@ -432,6 +432,9 @@ def _add_online_bench_parser(bench_sub) -> None:
     p.add_argument("--timeout-s", type=float, default=300.0,
                    help="seconds a request may take, from sending it to the end of its audio (with --agent: a "
                         "turn, from its first delta to its end; default 300)")
+    p.add_argument("--ramp-s", type=float, default=None, metavar="SECONDS",
+                   help="a level's clients send their first requests spread evenly over this long instead of all "
+                        "at once (default 0: a level starts with a burst of N requests)")
     p.add_argument("--honor-retry-after", action="store_true",
                    help="after a 429 or 503, a client waits the answer's Retry-After before its next request "
                         "(default: it sends the next one at once)")

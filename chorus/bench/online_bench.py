@@ -107,6 +107,7 @@ class OnlineBenchConfig:
     warmup: int = 1  # requests sent one at a time before the first level, not counted
     timeout_s: float = 300.0  # per request, from sending it to the end of its body
     honor_retry_after: bool = False  # after a 429/503, a client waits Retry-After before its next request
+    ramp_s: float = 0.0  # a level's clients send their first requests spread over this long (0: all at once)
     metrics_interval_s: float = 0.5  # /metrics polling during a level (gauge peaks)
     settle_s: float = 0.5  # wait before the closing scrape: engine metrics refresh every 0.25 s
     extra_body: dict = field(default_factory=dict)  # more request fields (e.g. seed, priority)
@@ -129,6 +130,8 @@ class OnlineBenchConfig:
                              f"got {self.response_format!r}")
         if self.warmup < 0 or not self.timeout_s > 0:
             raise ValueError("--warmup must be >= 0 and --timeout-s > 0")
+        if not (isinstance(self.ramp_s, (int, float)) and self.ramp_s >= 0):
+            raise ValueError(f"--ramp-s must be a number >= 0, got {self.ramp_s!r}")
         if isinstance(self.client_processes, bool) or not isinstance(self.client_processes, int) \
                 or self.client_processes < 1:
             raise ValueError(f"--client-processes must be an integer >= 1, got {self.client_processes!r}")
@@ -475,12 +478,14 @@ def auth_headers(key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-async def run_clients(cfg: OnlineBenchConfig, body: dict, clients: int, budget: int | None,
+async def run_clients(cfg: OnlineBenchConfig, body: dict, starts: list[float], budget: int | None,
                       begin: float) -> tuple[list[Outcome], list[float]]:
-    """``clients`` closed-loop clients on this process's event loop from ``begin`` (its
-    ``time.perf_counter()``): each sends a request, reads its answer, and sends the next, until
-    ``budget`` requests were sent by them all (None: until ``cfg.duration_s`` after ``begin``).
-    Their outcomes and this loop's lag samples (``chorus.loop_lag``)."""
+    """Closed-loop clients on this process's event loop, client i from ``starts[i]`` seconds after
+    ``begin`` (this process's ``time.perf_counter()``): each sends a request, reads its answer,
+    and sends the next, until ``budget`` requests were sent by them all (None: until
+    ``cfg.duration_s`` after ``begin``). Their outcomes and this loop's lag samples
+    (``chorus.loop_lag``)."""
+    clients = len(starts)
     headers = auth_headers(cfg.api_key)
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     timeout = httpx.Timeout(cfg.timeout_s, connect=min(cfg.timeout_s, 30.0), pool=None)
@@ -489,7 +494,10 @@ async def run_clients(cfg: OnlineBenchConfig, body: dict, clients: int, budget: 
     outcomes: list[Outcome] = []
     lag: list[float] = []
 
-    async def client_loop(client: httpx.AsyncClient) -> None:
+    async def client_loop(client: httpx.AsyncClient, start: float) -> None:
+        if stop_at is not None and begin + start >= stop_at:
+            return  # its turn in the ramp comes after the level's end
+        await asyncio.sleep(max(0.0, begin + start - time.perf_counter()))
         while True:
             if budget is not None:
                 if remaining[0] <= 0:
@@ -506,7 +514,7 @@ async def run_clients(cfg: OnlineBenchConfig, body: dict, clients: int, budget: 
         await asyncio.sleep(max(0.0, begin - time.perf_counter()))
         lag_watch = asyncio.create_task(watch_loop_lag(lag.append))
         try:
-            await asyncio.gather(*(client_loop(client) for _ in range(clients)))
+            await asyncio.gather(*(client_loop(client, start) for start in starts))
         finally:
             lag_watch.cancel()
     return outcomes, lag
@@ -523,12 +531,12 @@ async def run_level(cfg: OnlineBenchConfig, body: dict, concurrency: int) -> dic
     each); see the module docstring."""
     budget = cfg.level_budget(concurrency)
     processes = min(cfg.client_processes, concurrency)
-    clients = shares(concurrency, processes)
+    starts = [cfg.ramp_s * i / concurrency for i in range(concurrency)]  # client i's first request
     budgets = [None] * processes if budget is None else shares(budget, processes)
     pool = None
-    if processes > 1:
+    if processes > 1:  # client i in process i mod P, so every process's clients span the ramp
         pool = ClientProcesses(f"level-{concurrency}", run_clients,
-                               [(cfg, body, n, b) for n, b in zip(clients, budgets)])
+                               [(cfg, body, starts[k::processes], b) for k, b in enumerate(budgets)])
     headers = auth_headers(cfg.api_key)
     try:
         if pool is not None:
@@ -541,7 +549,7 @@ async def run_level(cfg: OnlineBenchConfig, body: dict, concurrency: int) -> dic
             begin = time.perf_counter()
             try:
                 if pool is None:
-                    outcomes, client_lag = await run_clients(cfg, body, concurrency, budget, begin)
+                    outcomes, client_lag = await run_clients(cfg, body, starts, budget, begin)
                     senders = None
                 else:
                     shards, client_lag, senders = await pool.run(begin)
@@ -697,7 +705,7 @@ async def run_async(cfg: OnlineBenchConfig, progress=None) -> dict:
         "audio_measured": cfg.response_format in MEASURED_FORMATS, "sample_rate": SAMPLE_RATE,
         "text_chars": len(cfg.text), "text_words": len(cfg.text.split()), "max_new_tokens": cfg.max_new_tokens,
         "requests_per_level": cfg.requests_per_level, "duration_s": cfg.duration_s,
-        "honor_retry_after": cfg.honor_retry_after,
+        "honor_retry_after": cfg.honor_retry_after, "ramp_s": cfg.ramp_s,
         "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     report["warmup"] = await _warm_up(cfg, body)

@@ -288,6 +288,24 @@ def test_a_level_never_has_more_client_processes_than_clients(live):
     live.wait_idle()
 
 
+def test_a_ramp_holds_back_a_client_s_first_request_until_its_turn(live):
+    # three clients over a 60 s ramp: clients 1 and 2 are due at 20 s and 40 s, after the 3 s
+    # level, so only client 0 (one per process, so each process's count is one client's) sends
+    cfg = OnlineBenchConfig(url=live.url, concurrency=(3,), duration_s=3.0, ramp_s=60.0, text=TEXT,
+                            max_new_tokens=TOKENS, warmup=0, client_processes=3)
+    report = run_online(cfg)
+    level = report["levels"][0]
+    assert report["ramp_s"] == 60.0
+    assert [s["requests"] for s in level["client_senders"]][1:] == [0, 0]
+    assert level["client_senders"][0]["requests"] == level["requests"] >= 1 and level["ok"] == level["requests"]
+    live.wait_idle()
+
+
+def test_a_ramp_is_not_negative():
+    with pytest.raises(ValueError, match="--ramp-s must be a number >= 0, got -1"):
+        OnlineBenchConfig(url="http://127.0.0.1:1", ramp_s=-1)
+
+
 def test_shares_split_a_count_as_evenly_as_possible():
     assert shares(7, 2) == [4, 3] and shares(8, 4) == [2, 2, 2, 2] and shares(2, 3) == [1, 1, 0]
 
