@@ -65,6 +65,9 @@ GAUGES = {"degradation_level_max": "chorus_degradation_level", "kv_usage_max": "
 # of a latency the client also measures (time from the application receiving a request to its
 # first audio byte), so a client-side tail can be split into the server's part and the rest.
 HISTOGRAMS = {"ttfa_s": "chorus_time_to_first_audio_seconds"}
+# Counters reported per label value (deltas over a level): which admission rule answered a 429
+# `overloaded` (docs/server.md, "Admission").
+LABELLED_COUNTERS = {"overloaded_by_rule": ("chorus_admission_overloaded_total", "rule")}
 # the server's event-loop lag and garbage-collector pauses (histograms of chorus/server/metrics.py)
 _PAUSES = re.compile(r'^(chorus_event_loop_lag_seconds|chorus_gc_pause_seconds)_(bucket|count|sum)'
                      r'(?:\{([^}]*)\})?\s+(\S+)$', re.M)
@@ -276,6 +279,21 @@ def parse_metrics(text: str) -> dict[str, float]:
     return totals
 
 
+def labelled_totals(text: str, name: str, label: str) -> dict[str, float]:
+    """Prometheus text -> metric ``name``'s samples summed per value of ``label`` (over its other
+    labels; ``replica="total"`` sums skipped, as in :func:`parse_metrics`)."""
+    pattern = re.compile(rf'{label}="([^"]*)"')
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None or match.group(1) != name or 'replica="total"' in (match.group(2) or ""):
+            continue
+        value = pattern.search(match.group(2) or "")
+        if value is not None:
+            totals[value.group(1)] = totals.get(value.group(1), 0.0) + float(match.group(3))
+    return totals
+
+
 _BUCKET_BOUND = re.compile(r'le="([^"]+)"')
 
 
@@ -364,6 +382,10 @@ class MetricsWatch:
         out.update({key: round(value, 4) for key, value in self.peaks.items()})
         for key, name in self.histograms.items():
             out[key] = bucket_quantiles(parse_buckets(self._first_text, name), parse_buckets(self._last_text, name))
+        for key, (name, label) in LABELLED_COUNTERS.items():
+            first = labelled_totals(self._first_text, name, label)
+            out[key] = {value: round(count - first.get(value, 0.0), 3)
+                        for value, count in labelled_totals(self._last_text, name, label).items()}
         out["pauses"] = pause_report(server_pauses(self._first_text), server_pauses(self._last_text))
         out["scrapes"] = self.scrapes
         return out

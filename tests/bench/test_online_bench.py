@@ -9,8 +9,8 @@ import os
 import pytest
 
 from chorus.bench.online_bench import (STATUSES, OnlineBenchConfig, Playback, bucket_quantiles, parse_buckets,
-                                       parse_metrics, pause_report, request_body, run_online, server_pauses,
-                                       shares)
+                                       labelled_totals, parse_metrics, pause_report, request_body, run_online,
+                                       server_pauses, shares)
 from chorus.bench.overload_bench import OverloadConfig, arrival_times
 from chorus.cli import main
 from chorus.server.model_entries import ModelEntry
@@ -57,6 +57,7 @@ def _check_level(level: dict, concurrency: int, requests: int | None, chunks: in
     assert server["ttfa_s"]["count"] == level["ok"]  # the server's own time to first audio, once per request
     # where a tail outside the server's histogram comes from: the server's loop sampled every
     # 50 ms between the level's scrapes (0.5 s of settling at least), and the client's own loop
+    assert server["overloaded_by_rule"] == {"start": 0, "realtime": 0}  # none refused, both rules listed
     pauses = server["pauses"]
     assert pauses["lag_samples"] > 0 and pauses["lag_mean_ms"] >= 0 and 0 <= pauses["lag_share_over_50ms"] <= 1
     lag = level["client_loop_lag_s"]
@@ -304,6 +305,15 @@ def test_a_ramp_holds_back_a_client_s_first_request_until_its_turn(live):
 def test_a_ramp_is_not_negative():
     with pytest.raises(ValueError, match="--ramp-s must be a number >= 0, got -1"):
         OnlineBenchConfig(url="http://127.0.0.1:1", ramp_s=-1)
+
+
+def test_labelled_totals_sum_a_counter_per_label_value():
+    text = "\n".join(['chorus_admission_overloaded_total{rule="start",replica="0"} 3.0',
+                      'chorus_admission_overloaded_total{rule="start",replica="1"} 2.0',
+                      'chorus_admission_overloaded_total{rule="start",replica="total"} 5.0',
+                      'chorus_admission_overloaded_total{rule="realtime"} 7.0',
+                      'chorus_admission_refusals_total{reason="overloaded"} 12.0'])
+    assert labelled_totals(text, "chorus_admission_overloaded_total", "rule") == {"start": 5.0, "realtime": 7.0}
 
 
 def test_shares_split_a_count_as_evenly_as_possible():
