@@ -19,6 +19,7 @@ that reaches the server. docs/benchmarks.md ("Online load test") explains every 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
 import math
@@ -332,6 +333,12 @@ def bucket_quantiles(first: dict[float, float], last: dict[float, float]) -> dic
     return out
 
 
+@dataclass
+class LevelClock:
+    begin: float  # time.perf_counter() when the level's load started
+    wall_s: float = 0.0  # from begin to the load's end (set when it ends)
+
+
 class MetricsWatch:
     """Scrapes /metrics at a level's start and end (counter deltas, histogram quantiles of the
     level's observations) and polls it in between (gauge peaks). A server without /metrics leaves
@@ -372,6 +379,24 @@ class MetricsWatch:
                 await asyncio.wait_for(stop.wait(), interval_s)
             except asyncio.TimeoutError:
                 await self.scrape()
+
+    @contextlib.asynccontextmanager
+    async def level(self, interval_s: float, settle_s: float):
+        """Around a level's load: the opening scrape, a poll every ``interval_s`` while the load
+        runs, and the closing scrape ``settle_s`` after it ends. Yields the level's
+        :class:`LevelClock` (its ``wall_s`` set when the load ends)."""
+        await self.scrape()
+        stop = asyncio.Event()
+        poller = asyncio.create_task(self.poll(interval_s, stop))
+        clock = LevelClock(time.perf_counter())
+        try:
+            yield clock
+        finally:
+            clock.wall_s = time.perf_counter() - clock.begin
+            stop.set()
+            await poller
+        await asyncio.sleep(settle_s)
+        await self.scrape()
 
     def report(self, wall_s: float) -> dict:
         if self.first is None or self.last is None or self.scrapes < 2:
@@ -565,26 +590,17 @@ async def run_level(cfg: OnlineBenchConfig, body: dict, concurrency: int) -> dic
             await asyncio.get_running_loop().run_in_executor(None, pool.start)
         async with httpx.AsyncClient(base_url=cfg.url, headers=headers, timeout=10.0) as scraper:
             watch = MetricsWatch(scraper, histograms=HISTOGRAMS)
-            await watch.scrape()
-            stop = asyncio.Event()
-            poller = asyncio.create_task(watch.poll(cfg.metrics_interval_s, stop))
-            begin = time.perf_counter()
-            try:
+            async with watch.level(cfg.metrics_interval_s, cfg.settle_s) as clock:
                 if pool is None:
-                    outcomes, client_lag = await run_clients(cfg, body, starts, budget, begin)
+                    outcomes, client_lag = await run_clients(cfg, body, starts, budget, clock.begin)
                     senders = None
                 else:
-                    shards, client_lag, senders = await pool.run(begin)
+                    shards, client_lag, senders = await pool.run(clock.begin)
                     outcomes = [o for shard in shards for o in shard]
-            finally:
-                wall = time.perf_counter() - begin
-                stop.set()
-                await poller
-            await asyncio.sleep(cfg.settle_s)
-            await watch.scrape()
     finally:
         if pool is not None:
             pool.close()
+    wall = clock.wall_s
     level = summarize(concurrency, outcomes, wall, cfg.response_format)
     # a client-side latency the server's histogram does not see is either the client's loop (this)
     # or the server's before its handler runs (its loop's lag: server["pauses"])

@@ -501,24 +501,14 @@ async def run_level(cfg: AgentBenchConfig, model: str, concurrency: int) -> tupl
     rngs = [random.Random(f"{cfg.seed}/{concurrency}/{i}") for i in range(concurrency)]
     async with httpx.AsyncClient(base_url=cfg.url, headers=headers, timeout=10.0) as scraper:
         watch = MetricsWatch(scraper, COUNTERS_WS, GAUGES_WS)
-        await watch.scrape()
-        stop = asyncio.Event()
-        poller = asyncio.create_task(watch.poll(cfg.metrics_interval_s, stop))
-        begin = time.perf_counter()
-        try:
+        async with watch.level(cfg.metrics_interval_s, cfg.settle_s) as clock:
             # each agent starts its first turn at a random phase within one token interval, so N
             # agents at a fixed rate do not send in lockstep
             await asyncio.gather(*(run_connection(cfg, model, log, rng, cfg.turns, f"n{concurrency}c{i}",
                                                   rng.uniform(0.0, 1.0 / cfg.llm_tokens_per_s))
                                    for i, (log, rng) in enumerate(zip(logs, rngs))))
-        finally:
-            wall = time.perf_counter() - begin
-            stop.set()
-            await poller
-        await asyncio.sleep(cfg.settle_s)
-        await watch.scrape()
-    level = summarize(concurrency, cfg.turns, logs, wall, cfg.response_format)
-    level["server"] = watch.report(wall)
+    level = summarize(concurrency, cfg.turns, logs, clock.wall_s, cfg.response_format)
+    level["server"] = watch.report(clock.wall_s)
     return level, next((log.ready for log in logs if log.ready is not None), None)
 
 
