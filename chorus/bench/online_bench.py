@@ -604,8 +604,7 @@ async def run_level(cfg: OnlineBenchConfig, body: dict, concurrency: int) -> dic
     level = summarize(concurrency, outcomes, wall, cfg.response_format)
     # a client-side latency the server's histogram does not see is either the client's loop (this)
     # or the server's before its handler runs (its loop's lag: server["pauses"])
-    level["client_loop_lag_s"] = {"samples": len(client_lag), "p50": _pct(client_lag, 50),
-                                  "p99": _pct(client_lag, 99), "max": _pct(client_lag, 100)}
+    level["client_loop_lag_s"] = lag_summary(client_lag)
     level["client_processes"] = processes
     if senders is not None:
         level["client_senders"] = senders
@@ -614,6 +613,11 @@ async def run_level(cfg: OnlineBenchConfig, body: dict, concurrency: int) -> dic
 
 
 # ---------------------------------------------------------------------------------- client processes
+
+def lag_summary(lag: list[float]) -> dict:
+    """Event-loop lag samples in a report: how many, p50, p99 and max (seconds)."""
+    return {"samples": len(lag), "p50": _pct(lag, 50), "p99": _pct(lag, 99), "max": _pct(lag, 100)}
+
 
 def sender_summary(pid: int, outcomes: list[Outcome], lag: list[float]) -> dict:
     """One client process in the report: its pid, the requests it sent, its loop's lag."""

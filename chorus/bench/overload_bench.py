@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import httpx
 
 from chorus.bench.online_bench import (MEASURED_FORMATS, ClientProcesses, OnlineBenchConfig, Outcome, _pct,
-                                       auth_headers, parse_metrics, pause_report, sender_summary, server_pauses,
-                                       speak_once)
+                                       auth_headers, lag_summary, parse_metrics, pause_report, sender_summary,
+                                       server_pauses, speak_once)
 from chorus.loop_lag import watch_loop_lag
 
 REFUSALS = ("429", "503")  # answered before any work: admission, memory pressure, not ready
@@ -190,8 +190,7 @@ def summarize(outcomes: list[Outcome], rate: float, wall_s: float, fmt: str, tim
         # where a short answer's wait can come from besides the server's work: its event loop's
         # lag and its full garbage collections over the run, and the client's own loop's lag
         "server_pauses": pause_report(before and before.get("pauses"), after and after.get("pauses")),
-        "client_loop_lag_s": {"samples": len(client_lag), "p50": _pct(client_lag, 50), "p99": _pct(client_lag, 99),
-                              "max": _pct(client_lag, 100)},
+        "client_loop_lag_s": lag_summary(client_lag),
         "timeline": timeline,
     }
 
