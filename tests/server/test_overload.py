@@ -5,6 +5,7 @@ are one log line each, never a traceback; shutdown drains what can finish."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import socket
 import time
@@ -26,6 +27,22 @@ def _post(url: str, **body) -> tuple[httpx.Response, float]:
     started = time.monotonic()
     response = httpx.post(f"{url}/v1/audio/speech", json=body, timeout=120)
     return response, time.monotonic() - started
+
+
+@contextlib.contextmanager
+def _held_mid_stream(server: LiveServer, **body):
+    """A stream of one text piece whose first audio has come, with T3 held mid-way: it runs 30
+    tokens (past the 20 of the first audio; seed 1 runs longer), then its next step waits until
+    ``pause.release`` is set or the block ends. The hold is installed before the request, so it
+    never depends on how far T3 got while the first audio was being made (on a loaded machine, T3
+    can finish first); one piece, so the 30 tokens are all the stream's first (several pieces
+    would share them). Yields (the response, the rest of its chunks, its first bytes, the pause)."""
+    with EnginePause(server, after_tokens=30) as pause, server.client.stream("POST", "/v1/audio/speech", json={
+            "model": "chatterbox-turbo", "input": TEXT, "response_format": "pcm", "seed": 1, **body}) as response:
+        chunks = response.iter_raw()
+        first = next(chunks)
+        assert pause.entered.wait(30)
+        yield response, chunks, first, pause
 
 
 def _tracebacks(caplog) -> list[logging.LogRecord]:
@@ -96,16 +113,13 @@ def test_a_flowing_stream_outlives_the_start_deadline(tmp_path, caplog):
     caplog.set_level(logging.INFO)
     # first audio takes 0.5-0.8 s here on an idle 2-core machine and over 1 s on a loaded one:
     # the deadline leaves room for it, since a 504 before the first byte is another test's case
-    config = server_config(tmp_path, max_new_tokens=300, start_deadline_s=FIRST_AUDIO_ROOM_S)
+    config = server_config(tmp_path, max_new_tokens=300, start_deadline_s=FIRST_AUDIO_ROOM_S,
+                           canary_interval_s=3600.0)  # no canary's tokens in the pause's count
     with LiveServer(config, tiny_loader(config)) as server:
         started = time.monotonic()
-        with server.client.stream("POST", "/v1/audio/speech", json={
-                "model": "chatterbox-turbo", "input": LONG_TEXT, "response_format": "pcm"}) as response:
-            chunks = response.iter_raw()
-            body = next(chunks)
-            with EnginePause(server) as pause:  # hold T3 mid-stream until the start deadline has passed
-                assert pause.entered.wait(10)
-                until(lambda: time.monotonic() > started + FIRST_AUDIO_ROOM_S + 0.5, what="the start deadline to pass")
+        with _held_mid_stream(server) as (response, chunks, body, pause):  # held until the start deadline has passed
+            until(lambda: time.monotonic() > started + FIRST_AUDIO_ROOM_S + 0.5, what="the start deadline to pass")
+            pause.release.set()
             body += b"".join(chunks)  # raises if the server cut the stream
         assert response.status_code == 200 and len(body) > 0
     access = [r for r in caplog.records if getattr(r, "outcome", None) and r.request_id ==
@@ -115,16 +129,13 @@ def test_a_flowing_stream_outlives_the_start_deadline(tmp_path, caplog):
 
 def test_a_total_deadline_cut_is_one_log_line_not_a_traceback(tmp_path, caplog):
     caplog.set_level(logging.INFO)
-    config = server_config(tmp_path, max_new_tokens=300)
+    config = server_config(tmp_path, max_new_tokens=300, canary_interval_s=3600.0)
     with LiveServer(config, tiny_loader(config)) as server:
-        with server.client.stream("POST", "/v1/audio/speech", json={
-                "model": "chatterbox-turbo", "input": LONG_TEXT, "response_format": "pcm",
-                "deadline_s": FIRST_AUDIO_ROOM_S}) as response:
-            chunks = response.iter_raw()
-            next(chunks)  # (a first byte after the deadline would be a 504: room is left for it)
-            with EnginePause(server), pytest.raises(httpx.RemoteProtocolError):
-                for _ in chunks:  # the rest cannot come before the total deadline: the stream is cut
-                    pass
+        # (a first byte after the deadline would be a 504: room is left for it)
+        with _held_mid_stream(server, deadline_s=FIRST_AUDIO_ROOM_S) as (response, chunks, _, _), \
+                pytest.raises(httpx.RemoteProtocolError):
+            for _ in chunks:  # the rest cannot come before the total deadline: the stream is cut
+                pass
         request_id = response.headers["x-request-id"]
         until(lambda: any(getattr(r, "request_id", None) == request_id and getattr(r, "outcome", None)
                            for r in caplog.records), what="the access line")
@@ -139,17 +150,13 @@ def test_a_total_deadline_cut_is_one_log_line_not_a_traceback(tmp_path, caplog):
 
 def test_shutdown_lets_a_stream_in_flight_finish(tmp_path, caplog):
     caplog.set_level(logging.INFO)
-    config = server_config(tmp_path, max_new_tokens=300, shutdown_grace_s=60.0)
+    config = server_config(tmp_path, max_new_tokens=300, shutdown_grace_s=60.0, canary_interval_s=3600.0)
     with LiveServer(config, tiny_loader(config)) as server:
-        with server.client.stream("POST", "/v1/audio/speech", json={
-                "model": "chatterbox-turbo", "input": LONG_TEXT, "response_format": "pcm"}) as response:
-            chunks = response.iter_raw()
-            body = next(chunks)
-            with EnginePause(server) as pause:  # the stream is mid-way when shutdown begins
-                assert pause.entered.wait(10)
-                server.begin_shutdown()
-                until(lambda: server.service.state == "draining", what="draining")
-                assert server.service.readiness() == (False, "the server is draining")
+        with _held_mid_stream(server) as (response, chunks, body, pause):  # mid-way when shutdown begins
+            server.begin_shutdown()
+            until(lambda: server.service.state == "draining", what="draining")
+            assert server.service.readiness() == (False, "the server is draining")
+            pause.release.set()
             body += b"".join(chunks)  # finishes whole: no cut
         assert response.status_code == 200
         assert server.service.admission.in_flight == 0
@@ -161,17 +168,12 @@ def test_shutdown_lets_a_stream_in_flight_finish(tmp_path, caplog):
 
 def test_shutdown_past_the_grace_period_cuts_with_one_line_each(tmp_path, caplog):
     caplog.set_level(logging.INFO)
-    config = server_config(tmp_path, max_new_tokens=300, shutdown_grace_s=0.5)
+    config = server_config(tmp_path, max_new_tokens=300, shutdown_grace_s=0.5, canary_interval_s=3600.0)
     with LiveServer(config, tiny_loader(config)) as server:
-        with server.client.stream("POST", "/v1/audio/speech", json={
-                "model": "chatterbox-turbo", "input": LONG_TEXT, "response_format": "pcm"}) as response:
-            chunks = response.iter_raw()
-            next(chunks)
-            with EnginePause(server) as pause, pytest.raises(httpx.RemoteProtocolError):
-                assert pause.entered.wait(10)
-                server.begin_shutdown()  # the stream cannot finish within 0.5 s: it is cut
-                for _ in chunks:
-                    pass
+        with _held_mid_stream(server) as (response, chunks, _, _), pytest.raises(httpx.RemoteProtocolError):
+            server.begin_shutdown()  # the stream cannot finish within 0.5 s: it is cut
+            for _ in chunks:
+                pass
         request_id = response.headers["x-request-id"]
         until(lambda: any(getattr(r, "outcome", None) and r.request_id == request_id for r in caplog.records),
                what="the access line")
