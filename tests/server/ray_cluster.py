@@ -3,6 +3,7 @@ a local cluster with the application deployed, and reading the replica board."""
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import time
 
@@ -14,6 +15,7 @@ from chorus.deploy import board, build
 
 APP = "chorus"
 LOADER = "tests.server.ray_cluster:load_tiny"
+PROXY_TIMEOUTS = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60"}
 
 
 def load_tiny(config):
@@ -61,6 +63,11 @@ def deploy(config, **scale) -> None:
 def serve_cluster(config, *, ready: int, **scale):
     """A local Ray cluster running the application built from ``config`` and ``scale``
     (``build``'s keyword arguments); yields an httpx client once ``ready`` replicas are."""
+    # Serve's proxy must answer its ready check within 5 s and its health check within 10 s, or
+    # Serve kills it: a loaded 2-core machine misses that, and every request through the proxy
+    # fails. The tests kill replicas, never the proxy: give it a minute (the cluster's processes
+    # inherit the environment at ray.init)
+    os.environ.update(PROXY_TIMEOUTS)
     ray.init(num_cpus=3, object_store_memory=128 << 20, include_dashboard=False, configure_logging=False,
              log_to_driver=False)
     port = free_port()
@@ -75,3 +82,5 @@ def serve_cluster(config, *, ready: int, **scale):
     finally:
         serve.shutdown()
         ray.shutdown()
+        for name in PROXY_TIMEOUTS:
+            os.environ.pop(name, None)
