@@ -131,6 +131,7 @@ class ServerConfig:
     gpu_memory_utilization: float = 0.85
     cuda_graphs: bool = True
     vocoder_max_pass_seconds: float | None = None  # while streams play, a vocoder pass's predicted time at most
+    vocoder_first_window_prompt_tokens: int | None = None  # voice-prompt tokens of a stream's first vocoder pass
     # operations
     warmup: bool = True
     canary_interval_s: float = 60.0  # canaries re-run this often (a failed one fails /ready; a late one not)
@@ -156,8 +157,10 @@ class ServerConfig:
                      f"{name} must be a positive integer, got {value!r}")
         _require(self.max_new_tokens is None or (isinstance(self.max_new_tokens, int) and self.max_new_tokens > 0),
                  f"max_new_tokens must be a positive integer or unset, got {self.max_new_tokens!r}")
-        _require(self.kv_cache_bytes is None or (isinstance(self.kv_cache_bytes, int) and self.kv_cache_bytes > 0),
-                 f"kv_cache_bytes must be a positive integer or unset, got {self.kv_cache_bytes!r}")
+        for name in ("kv_cache_bytes", "vocoder_first_window_prompt_tokens"):
+            value = getattr(self, name)
+            _require(value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0),
+                     f"{name} must be a positive integer or unset, got {value!r}")
         from chorus.engine.config import KV_CACHE_DTYPES
 
         _require(self.kv_cache_dtype in KV_CACHE_DTYPES,
@@ -347,6 +350,11 @@ FIELD_HELP = {
     "vocoder_max_pass_seconds": "while streams are playing, fill a vocoder pass only while its predicted time stays "
                                 "under this, so a new stream's first audio waits for a shorter pass (default: no "
                                 "limit but the batch size; docs/vocoder.md, \"Pass sizing while streams run\")",
+    "vocoder_first_window_prompt_tokens": "a stream's first vocoder pass (its first second of audio) reads only "
+                                          "the last this many tokens of the voice prompt (25 per second), so "
+                                          "first audio comes sooner under load, with less voice context in that "
+                                          "second (default: the whole prompt; docs/vocoder.md, "
+                                          "\"First-window prompt\")",
     "warmup": "warm up (capture CUDA graphs) before reporting ready",
     "canary_interval_s": "seconds between canary syntheses; one that fails in a model step makes /ready fail "
                          "until one passes (one that is late under load does not)",

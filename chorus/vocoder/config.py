@@ -57,6 +57,16 @@ class VocoderConfig:
     end. Shortens every pass's flow (streams and non-streaming jobs alike) at the price of less
     voice context; it changes the audio of every job against the reference
     (docs/vocoder.md, "Left context and prompt length")."""
+    first_window_prompt_tokens: int | None = None
+    """A stream's passes before its first audio (its first window) use only the last this many
+    tokens of the voice's S3Gen prompt (and their mel frames, as ``prompt_tokens`` cuts them; the
+    smaller of the two caps holds); later passes use the prompt as ``prompt_tokens`` leaves it.
+    None (the default): every pass uses the same prompt. A first window reads 20 new tokens
+    beside the 250 of a 10 s prompt, so the prompt is most of the flow's work in the pass that
+    decides a stream's time to first audio; capping it there shortens that pass at the price of
+    less voice context for the stream's first second of audio, which is cross-faded into the
+    next window as any window boundary is. Non-streaming jobs are not affected
+    (docs/vocoder.md, "First-window prompt")."""
     batching: Literal["fifo", "length"] = "length"
     """Which ready jobs share a pass: ``fifo`` takes them oldest first; ``length`` starts from
     the oldest and adds the jobs closest in length (less padding)."""
@@ -118,16 +128,10 @@ class VocoderConfig:
             raise ValueError("holdback_tokens must be >= 1")
         if not 0 <= self.crossfade_frames <= self.hift_context_frames:
             raise ValueError("need 0 <= crossfade_frames <= hift_context_frames")
-        if self.stream_context_tokens is not None and (
-                isinstance(self.stream_context_tokens, bool) or not isinstance(self.stream_context_tokens, int)
-                or self.stream_context_tokens < 0):
-            raise ValueError(f"stream_context_tokens must be None (unbounded) or an int >= 0, "
-                             f"got {self.stream_context_tokens!r}")
-        if self.prompt_tokens is not None and (
-                isinstance(self.prompt_tokens, bool) or not isinstance(self.prompt_tokens, int)
-                or self.prompt_tokens < 1):
-            raise ValueError(f"prompt_tokens must be None (the whole voice prompt) or an int >= 1, "
-                             f"got {self.prompt_tokens!r}")
+        _check_optional_int("stream_context_tokens", self.stream_context_tokens, 0, "unbounded")
+        _check_optional_int("prompt_tokens", self.prompt_tokens, 1, "the whole voice prompt")
+        _check_optional_int("first_window_prompt_tokens", self.first_window_prompt_tokens, 1,
+                            "the same prompt as later windows")
         if self.voice_cache_size < 1:
             raise ValueError(f"voice_cache_size must be positive, got {self.voice_cache_size}")
         if self.max_graph_rows < 1 or self.capture_after < 1:
@@ -144,6 +148,11 @@ class VocoderConfig:
     def next_window(self, window: int) -> int:
         """The size of a stream's window after one of ``window`` tokens."""
         return min(self.window_growth * window, self.max_window_tokens)
+
+
+def _check_optional_int(name: str, value: object, minimum: int, none_means: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
+        raise ValueError(f"{name} must be None ({none_means}) or an int >= {minimum}, got {value!r}")
 
 
 @dataclass

@@ -230,7 +230,7 @@ class VocoderStage:
         ratio = self.s3gen.flow.config.token_mel_ratio
         candidates, inputs = [], []
         for i, job in enumerate(ready):
-            prompt = self.voices.get(job.voice)
+            prompt = self.voices.get(job.voice, self._prompt_cap(job))
             window = self._flow_window(job, prompt)
             frames = ratio * window.end - (job.stream.hift_start if job.stream is not None else 0)  # HiFT's
             candidates.append(Candidate(i, prompt.num_tokens + len(window.tokens), self._solver_key(job), frames))
@@ -240,6 +240,13 @@ class VocoderStage:
         self.expected_pass_seconds = self.cost.predict(len(chosen) * max(candidates[i].length for i in chosen),
                                                        sum(candidates[i].frames for i in chosen))
         return [inputs[i] for i in chosen]
+
+    def _prompt_cap(self, job: Job) -> int | None:
+        """The prompt cap of the job's next pass beyond ``prompt_tokens``: a stream's
+        ``first_window_prompt_tokens`` until its first piece of audio (its first pass), else
+        None. A function of the job's windows, so the audio still depends only on the tokens."""
+        stream = job.stream
+        return self.config.first_window_prompt_tokens if stream is not None and not stream.passes else None
 
     def _pass_budget(self) -> float | None:
         """Seconds a pass may take while streams are running: ``max_pass_seconds``, or less (down
@@ -481,8 +488,8 @@ def warmup_shapes(cfg: VocoderConfig, ratio: int, prompt_tokens: int, chunk_toke
     order, each graph bucket once (``ratio``: mel frames per token).
 
     Streaming passes first: HiFT over the frame buckets of window spans (a window's new frames
-    plus the HiFT context), the flow over the frame bucket of the first window, then those of
-    the later window ends, then every other bucket up to the last window end (final passes land
+    plus the HiFT context), the flow over the frame bucket of the first window (over the prompt
+    ``first_window_prompt_tokens`` leaves), then those of the later window ends, then every other bucket up to the last window end (final passes land
     anywhere in between); each at row buckets 1, 2, 4, ... up to ``most_rows``. Then, with
     ``whole_chunk_tokens``, non-streaming passes of whole chunks (HiFT over all of a chunk's
     frames, the flow over prompt + chunk) of 1 to ``whole_chunk_tokens`` tokens, at the two
@@ -495,8 +502,11 @@ def warmup_shapes(cfg: VocoderConfig, ratio: int, prompt_tokens: int, chunk_toke
             break
         ends.append(ends[-1] + window)
         windows.append(window)
-    flow_frames = [ratio * (prompt_tokens + end + cfg.holdback_tokens) for end in ends]
-    flow_frames += list(range(flow_frames[0], flow_frames[-1], 64))
+    first_prompt = prompt_tokens if cfg.first_window_prompt_tokens is None \
+        else min(prompt_tokens, cfg.first_window_prompt_tokens)
+    later = [ratio * (prompt_tokens + end + cfg.holdback_tokens) for end in ends]
+    flow_frames = [ratio * (first_prompt + ends[0] + cfg.holdback_tokens)] + later
+    flow_frames += list(range(later[0], later[-1], 64))
     hift_frames = [ratio * (w + cfg.holdback_tokens) + cfg.hift_context_frames for w in windows]
     rows = [1]
     while rows[-1] < row_bucket(most_rows):

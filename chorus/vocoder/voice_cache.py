@@ -63,7 +63,8 @@ class VoiceCache:
     (``S3GenPrompt.content_hash``: voices that share it share an entry) and the prompt cap.
 
     ``prompt_tokens`` (``VocoderConfig.prompt_tokens``) keeps only the last that many prompt
-    tokens and their mel frames (:func:`last_prompt_tokens`); None keeps the whole prompt.
+    tokens and their mel frames (:func:`last_prompt_tokens`); None keeps the whole prompt. A
+    call of :meth:`get` may cap the prompt further (``keep``); each cap is its own entry.
     """
 
     def __init__(self, flow: FlowDecoder, capacity: int, prompt_tokens: int | None = None):
@@ -76,15 +77,19 @@ class VoiceCache:
         return len(self._entries)
 
     def __contains__(self, voice: Voice | S3GenPrompt) -> bool:
-        return self._key(s3gen_part(voice)) in self._entries
+        return self._key(s3gen_part(voice), None) in self._entries
 
-    def _key(self, prompt: S3GenPrompt) -> tuple[str, int | None]:
-        return prompt.content_hash, self.prompt_tokens
+    def _key(self, prompt: S3GenPrompt, keep: int | None) -> tuple[str, int | None]:
+        caps = [cap for cap in (self.prompt_tokens, keep) if cap is not None]
+        return prompt.content_hash, min(caps, default=None)
 
     @torch.inference_mode()
-    def get(self, voice: Voice | S3GenPrompt) -> VoicePrompt:
+    def get(self, voice: Voice | S3GenPrompt, keep: int | None = None) -> VoicePrompt:
+        """The voice's prompt on the device, cut to the last ``keep`` tokens when that is fewer
+        than ``prompt_tokens`` leaves (None: as ``prompt_tokens`` leaves it)."""
+        assert keep is None or keep >= 1, keep
         prompt = s3gen_part(voice)
-        key = self._key(prompt)
+        key = self._key(prompt, keep)
         entry = self._entries.get(key)
         if entry is not None:
             self.hits += 1
@@ -93,7 +98,7 @@ class VoiceCache:
         self.misses += 1
         device = self.flow.encoder_proj.weight.device
         xvector = prompt.xvector.to(device=device, dtype=torch.float32)
-        tokens, mel = last_prompt_tokens(prompt.tokens[0], prompt.mel[0], self.prompt_tokens)
+        tokens, mel = last_prompt_tokens(prompt.tokens[0], prompt.mel[0], key[1])
         mel = mel.to(device=device, dtype=torch.float32)
         entry = VoicePrompt(
             tokens=tokens.to(device=device, dtype=torch.long),

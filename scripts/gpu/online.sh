@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The online load test on one GPU: a random-weight checkpoint, `chorus serve` in the background,
 # `chorus bench online` against it, the server's log and metrics kept.
-#   bash scripts/gpu/online.sh VARIANT OUT_DIR [bench online options]
+#   [SERVE_ARGS="--flag value ..."] bash scripts/gpu/online.sh VARIANT OUT_DIR [bench online options]
+# SERVE_ARGS: more `chorus serve` options (split at spaces)
 set -uo pipefail
 variant=${1:?VARIANT}; out=${2:?OUT_DIR}; shift 2
 ckpt=/tmp/chorus-online-$variant port=${CHORUS_BENCH_PORT:-8123}
 [[ -f $ckpt/CHORUS_RANDOM_WEIGHTS.txt ]] || python3 -m chorus.cli checkpoint random --variant "$variant" --out "$ckpt" >/dev/null
 # 210 tokens per chunk: what a trained model speaks for the bench sentence (1.6 tokens/char)
 python3 -m chorus.cli serve --variant "$variant" --checkpoint "$ckpt" --port "$port" --max-new-tokens 210 \
-  --max-queue 1024 --voices-dir /tmp/chorus-voices >"$out/serve_$variant.log" 2>&1 &
+  --max-queue 1024 --voices-dir /tmp/chorus-voices ${SERVE_ARGS:-} >"$out/serve_$variant.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT
 for _ in $(seq 600); do

@@ -292,6 +292,18 @@ def test_the_vocoder_pass_time_limit_reaches_the_vocoder_stage():
     assert vocoder_config(_build(flags={"vocoder_max_pass_seconds": "0.1"})).max_pass_seconds == 0.1
 
 
+def test_the_first_window_prompt_cap_reaches_the_vocoder_stage():
+    from chorus.server.main import vocoder_config
+
+    assert vocoder_config(_build()).first_window_prompt_tokens is None
+    assert vocoder_config(_build(flags={"vocoder_first_window_prompt_tokens": "50"})).first_window_prompt_tokens == 50
+
+
+def test_the_first_window_prompt_cap_must_be_a_positive_integer():
+    with pytest.raises(ValueError, match="vocoder_first_window_prompt_tokens must be a positive integer or unset, got 0"):
+        _build(flags={"vocoder_first_window_prompt_tokens": "0"})
+
+
 def test_the_vocoder_pass_time_limit_must_be_positive():
     with pytest.raises(ValueError, match="vocoder_max_pass_seconds must be a positive number or unset, got 0"):
         _build(flags={"vocoder_max_pass_seconds": "0"})
