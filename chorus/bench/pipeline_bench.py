@@ -216,20 +216,26 @@ def bench_stream(pipe: Pipeline, models: SpeechModels, cfg: PipelineBenchConfig,
             errors.append(f"{type(exc).__name__}: {exc}")
 
     threads = [threading.Thread(target=consume, args=(i,)) for i in range(len(plans))]
+    timeline = _PassTimeline(pipe)
+    pipe.set_timing_listener(timeline)
     begin = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        pipe.set_timing_listener(None)
     wall = time.perf_counter() - begin
     stats = pipe.stats()
-    ttfa, gaps, rtf, stalls = [], [], [], []
+    ttfa, first_audio, gaps, rtf, stalls = [], [], [], [], []
     audio_s = sum(n for pieces in arrivals for _, n in pieces) / SAMPLE_RATE
     for start, pieces in zip(starts, arrivals):
         audible = [(t, n) for t, n in pieces if n]
         if not audible:
             continue
         ttfa.append(audible[0][0] - start)
+        first_audio.append(audible[0][0])
         times = [t for t, _ in audible]
         gaps.extend(np.diff(times).tolist())
         audio = sum(n for _, n in audible) / SAMPLE_RATE
@@ -256,7 +262,10 @@ def bench_stream(pipe: Pipeline, models: SpeechModels, cfg: PipelineBenchConfig,
             "audio_seconds": round(audio_s, 2),
             "s3gen_busy_per_audio_s": round((stats.vocoder_busy_s - before.vocoder_busy_s) / audio_s, 5)
             if audio_s else None,
-            **_vocoder_work(before.vocoder, stats.vocoder)}
+            **_vocoder_work(before.vocoder, stats.vocoder),
+            # when each pass ended and when each stream's first audio arrived, from the level's start
+            "timeline": {**timeline.report(begin),
+                         "first_audio_s": sorted(round(t - begin, 4) for t in first_audio)}}
 
 
 def _load(cfg: PipelineBenchConfig, tmp: str) -> tuple[SpeechModels, Path, bool]:

@@ -74,3 +74,22 @@ def test_stream_level_reports_the_vocoder_work_of_that_level_only():
     assert level["s3gen_busy_per_audio_s"] == pytest.approx(level["s3gen_busy_s"] / level["audio_seconds"], rel=0.01)
     # every pass reads the voice prompt beside the stream's tokens: more flow tokens than audio tokens
     assert level["vocoder_flow_tokens_per_audio_token"] > 1
+
+
+def test_stream_level_has_a_timeline_of_its_passes_and_first_audio():
+    models = tiny_models("turbo")
+    cfg = PipelineBenchConfig(variant="turbo", tokens_per_char=0.4, max_num_seqs=16,
+                              max_num_batched_tokens=2048, max_model_len=1024)
+    pipe = _pipeline(models, cfg)
+    try:
+        _warm_up(pipe, models, cfg)
+        level = bench_stream(pipe, models, cfg, 3)
+    finally:
+        pipe.close()
+    timeline = level["timeline"]
+    assert len(timeline["passes"]) == level["vocoder_passes"]
+    assert all(0 < p["end_s"] <= level["wall_seconds"] for p in timeline["passes"])
+    first = timeline["first_audio_s"]
+    assert len(first) == 3 and first == sorted(first)
+    # a stream's first audio comes out of a pass: after the first pass ended
+    assert first[0] >= timeline["passes"][0]["end_s"]
