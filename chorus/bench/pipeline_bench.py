@@ -263,8 +263,10 @@ def bench_stream(pipe: Pipeline, models: SpeechModels, cfg: PipelineBenchConfig,
             "s3gen_busy_per_audio_s": round((stats.vocoder_busy_s - before.vocoder_busy_s) / audio_s, 5)
             if audio_s else None,
             **_vocoder_work(before.vocoder, stats.vocoder),
-            # when each pass ended and when each stream's first audio arrived, from the level's start
+            # when each pass and each T3 step ended and when each stream's first audio arrived,
+            # from the level's start
             "timeline": {**timeline.report(begin),
+                         "t3_step_ends_s": [round(t - begin, 4) for t in timeline.t3_ends],
                          "first_audio_s": sorted(round(t - begin, 4) for t in first_audio)}}
 
 

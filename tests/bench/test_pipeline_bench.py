@@ -91,5 +91,6 @@ def test_stream_level_has_a_timeline_of_its_passes_and_first_audio():
     assert all(0 < p["end_s"] <= level["wall_seconds"] for p in timeline["passes"])
     first = timeline["first_audio_s"]
     assert len(first) == 3 and first == sorted(first)
-    # a stream's first audio comes out of a pass: after the first pass ended
-    assert first[0] >= timeline["passes"][0]["end_s"]
+    # a stream's first audio comes out of a pass: after the first pass ended, which needed T3's tokens
+    assert first[0] >= timeline["passes"][0]["end_s"] > timeline["t3_step_ends_s"][0]
+    assert timeline["t3_step_ends_s"] == sorted(timeline["t3_step_ends_s"])
