@@ -38,21 +38,27 @@ class NoiseTape:
     the device (integer hashing is exact; the float conversion differs between devices by at
     most a few ulps), and it needs no generator state, so a pass asks for exactly the columns it
     vocodes. Uniforms from two hash lanes become normals by the Box-Muller transform.
+
+    Making one is host work in numpy alone, no tensor call: streams are added on the vocoder
+    thread, and each tensor call there gives the GIL away to T3's thread, which may keep it for a
+    switch interval (measured on an H200: 64 streams added at once held their first pass back
+    by about 0.24 s while each tape's row keys were made and copied with tensor calls). The keys
+    reach the device with the first read (:func:`read_tapes`: one copy for a pass's tapes).
     """
 
     def __init__(self, rows: int, seed: int, device: torch.device, dtype: torch.dtype = torch.float32):
         low, high = split_seed(seed % 2**64)
         self.lanes = tuple(int(x) for x in seed_lanes(np.array([[low, high]], dtype=np.int64))[0])
         self.rows, self.device, self.dtype = rows, device, dtype
-        rows_index = torch.arange(rows, dtype=torch.int64)
+        rows_index = np.arange(rows, dtype=np.int64)
         keys = [mix32(lane ^ mix32(rows_index ^ salt)) for lane, salt in zip(self.lanes, _ROW_SALTS)]
-        self._row_keys = torch.stack(keys, dim=1).to(device)  # [rows, 2]
+        self.row_keys = np.stack(keys, axis=1)  # [rows, 2] int64, on the host
 
     def slice(self, start: int, end: int) -> torch.Tensor:
         """Columns ``[start, end)``: ``[rows, end - start]``."""
         assert 0 <= start <= end, (start, end)
         columns = torch.arange(start, end, dtype=torch.int64, device=self.device)[None, :]
-        return _normals(columns, self._row_keys).to(self.dtype)
+        return _normals(columns, torch.from_numpy(self.row_keys).to(self.device)).to(self.dtype)
 
 
 def read_tapes(tapes: Sequence[NoiseTape], columns: Sequence[np.ndarray], width: int) -> torch.Tensor:
@@ -70,7 +76,7 @@ def read_tapes(tapes: Sequence[NoiseTape], columns: Sequence[np.ndarray], width:
         index[i, :len(c)], valid[i, :len(c)] = c, True
     index_d = torch.from_numpy(index).to(first.device)[:, None, :]
     valid_d = torch.from_numpy(valid).to(first.device)[:, None, :]
-    keys = torch.stack([t._row_keys for t in tapes])  # [items, rows, 2]
+    keys = torch.from_numpy(np.stack([t.row_keys for t in tapes])).to(first.device)  # [items, rows, 2]
     out = torch.empty(len(tapes), first.rows, width, dtype=first.dtype, device=first.device)
     group = max(1, READ_GROUP_ELEMENTS // max(1, first.rows * width))
     for g in range(0, len(tapes), group):
