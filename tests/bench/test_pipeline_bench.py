@@ -58,16 +58,21 @@ def test_stream_reports_time_to_first_audio_per_concurrency_level():
     assert not pipe.engine.has_unfinished_requests()
 
 
-def test_stream_level_reports_the_vocoder_work_of_that_level_only():
+def _turbo_stream_level(concurrency: int) -> dict:
+    """One level of ``concurrency`` streams on a warmed tiny turbo pipeline."""
     models = tiny_models("turbo")
     cfg = PipelineBenchConfig(variant="turbo", tokens_per_char=0.4, max_num_seqs=16,
                               max_num_batched_tokens=2048, max_model_len=1024)
     pipe = _pipeline(models, cfg)
     try:
         _warm_up(pipe, models, cfg)
-        level = bench_stream(pipe, models, cfg, 2)
+        return bench_stream(pipe, models, cfg, concurrency)
     finally:
         pipe.close()
+
+
+def test_stream_level_reports_the_vocoder_work_of_that_level_only():
+    level = _turbo_stream_level(2)
     assert level["num_errors"] == 0 and level["audio_seconds"] > 0
     assert level["vocoder_passes"] >= 1 and level["vocoder_items"] >= 2  # at least one pass per stream
     # both sides rounded: busy to the millisecond, audio to 10 ms
@@ -77,15 +82,7 @@ def test_stream_level_reports_the_vocoder_work_of_that_level_only():
 
 
 def test_stream_level_has_a_timeline_of_its_passes_and_first_audio():
-    models = tiny_models("turbo")
-    cfg = PipelineBenchConfig(variant="turbo", tokens_per_char=0.4, max_num_seqs=16,
-                              max_num_batched_tokens=2048, max_model_len=1024)
-    pipe = _pipeline(models, cfg)
-    try:
-        _warm_up(pipe, models, cfg)
-        level = bench_stream(pipe, models, cfg, 3)
-    finally:
-        pipe.close()
+    level = _turbo_stream_level(3)
     timeline = level["timeline"]
     assert len(timeline["passes"]) == level["vocoder_passes"]
     assert all(0 < p["end_s"] <= level["wall_seconds"] for p in timeline["passes"])
