@@ -69,3 +69,26 @@ def test_the_noise_is_the_same_on_cuda():
     cpu = NoiseTape(9, seed=77, device=torch.device("cpu")).slice(100, 30_000)
     cuda = NoiseTape(9, seed=77, device=torch.device("cuda")).slice(100, 30_000).cpu()
     torch.testing.assert_close(cuda, cpu, rtol=1e-5, atol=1e-5)
+
+
+class _TensorCalls(torch.overrides.TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_new_stream_makes_few_tensor_calls():
+    """Streams are added on the vocoder thread, where each tensor call can wait for the GIL
+    behind T3's host loop (docs/vocoder.md, "Streams' noise"): a tape is numpy work, and a new
+    stream's few tensor calls are its seeds and harmonic phases (200 calls before)."""
+    cpu = torch.device("cpu")
+    with _TensorCalls() as calls:
+        NoiseTape(80, seed=7, device=cpu)
+    assert calls.count == 0
+    with _TensorCalls() as calls:
+        job_module.new_stream(7, cpu, torch.float32, 9, 20)
+    assert calls.count <= 12
