@@ -243,8 +243,9 @@ class VocoderStage:
 
     def _prompt_cap(self, job: Job) -> int | None:
         """The prompt cap of the job's next pass beyond ``prompt_tokens``: a stream's
-        ``first_window_prompt_tokens`` until its first piece of audio (its first pass), else
-        None. A function of the job's windows, so the audio still depends only on the tokens."""
+        ``first_window_prompt_tokens`` until a pass of it has emitted (its first, unless that one
+        settled no frame), else None. A function of the job's windows, so the audio still depends
+        only on the tokens."""
         stream = job.stream
         return self.config.first_window_prompt_tokens if stream is not None and not stream.passes else None
 
@@ -489,11 +490,11 @@ def warmup_shapes(cfg: VocoderConfig, ratio: int, prompt_tokens: int, chunk_toke
 
     Streaming passes first: HiFT over the frame buckets of window spans (a window's new frames
     plus the HiFT context), the flow over the frame bucket of the first window (over the prompt
-    ``first_window_prompt_tokens`` leaves), then those of the later window ends, then every other bucket up to the last window end (final passes land
-    anywhere in between); each at row buckets 1, 2, 4, ... up to ``most_rows``. Then, with
-    ``whole_chunk_tokens``, non-streaming passes of whole chunks (HiFT over all of a chunk's
-    frames, the flow over prompt + chunk) of 1 to ``whole_chunk_tokens`` tokens, at the two
-    largest of those row buckets.
+    ``first_window_prompt_tokens`` leaves), then those of the later window ends, then every other
+    bucket up to the last window end (final passes land anywhere in between); each at row buckets
+    1, 2, 4, ... up to ``most_rows``. Then, with ``whole_chunk_tokens``, non-streaming passes of
+    whole chunks (HiFT over all of a chunk's frames, the flow over prompt + chunk) of 1 to
+    ``whole_chunk_tokens`` tokens, at the two largest of those row buckets.
     """
     ends, window, windows = [cfg.first_window_tokens], cfg.first_window_tokens, [cfg.first_window_tokens]
     while True:  # window ends as streams advance them (see _advance_window)

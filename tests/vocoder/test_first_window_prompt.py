@@ -57,7 +57,8 @@ def test_non_streaming_jobs_keep_the_whole_prompt(tiny_turbo):
 
 def test_the_smaller_of_the_two_caps_holds(tiny_turbo):
     voice, tokens = random_voice(30, seed=1), random_tokens(90, seed=2)
-    both, stats = _audio(tiny_turbo, voice, tokens, VocoderConfig(prompt_tokens=12, first_window_prompt_tokens=20), True)
+    both, stats = _audio(tiny_turbo, voice, tokens,
+                         VocoderConfig(prompt_tokens=12, first_window_prompt_tokens=20), True)
     only, only_stats = _audio(tiny_turbo, voice, tokens, VocoderConfig(prompt_tokens=12), True)
     assert stats.real_tokens == only_stats.real_tokens and torch.equal(both, only)
     _, tighter = _audio(tiny_turbo, voice, tokens, VocoderConfig(prompt_tokens=12, first_window_prompt_tokens=5), True)
