@@ -11,7 +11,7 @@ does not depend on the device or the model's size, only on the stage's host code
 their first windows and the pass of their second windows. Model calls count once each on a
 GPU (graph replays) but here run eagerly, so the calls inside the pass's two model calls
 (``PassGraphs.run_flow`` and ``run_hift``) are counted apart (``model_calls``) and left out of
-``host_calls``.
+``host_calls``; ``by_site`` splits ``host_calls`` by the chorus function that made them.
 """
 from __future__ import annotations
 
@@ -31,19 +31,38 @@ from tests.vocoder.models import random_s3gen, random_tokens, random_voice  # no
 
 
 class CallCounter(TorchFunctionMode):
-    """Counts tensor calls by name; calls made inside ``model`` (a depth counter the model's
-    wrapped entry points raise) are counted apart."""
+    """Counts tensor calls by name and by call site (the innermost ``chorus`` function on the
+    stack); calls made inside the model (a depth counter its wrapped entry points raise) are
+    counted apart, and so are attribute reads (``tensor.shape`` and the like: ``__get__``), which
+    do not give the GIL away."""
 
     def __init__(self):
         super().__init__()
-        self.host, self.model, self.depth = Counter(), 0, 0
+        self.host, self.sites, self.model, self.attribute_reads, self.depth = Counter(), Counter(), 0, 0, 0
+
+    def clear(self) -> None:
+        self.host.clear()
+        self.sites.clear()
+        self.model = self.attribute_reads = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
         if self.depth:
             self.model += 1
+        elif name == "__get__":
+            self.attribute_reads += 1
         else:
-            self.host[getattr(func, "__name__", str(func))] += 1
+            self.host[name] += 1
+            self.sites[_site(sys._getframe(1))] += 1
         return func(*args, **(kwargs or {}))
+
+
+def _site(frame) -> str:
+    """``file:function`` of the innermost frame in the chorus package."""
+    package = str(Path(__file__).resolve().parents[1] / "chorus")
+    while frame is not None and not frame.f_code.co_filename.startswith(package):
+        frame = frame.f_back
+    return "?" if frame is None else f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"
 
 
 def _count_model_apart(counter: CallCounter, owner, name: str) -> None:
@@ -62,6 +81,7 @@ def _count_model_apart(counter: CallCounter, owner, name: str) -> None:
 def _report(counter: CallCounter, per: int) -> dict:
     total = sum(counter.host.values())
     return {"host_calls": total, "host_calls_per_stream": round(total / per, 1), "model_calls": counter.model,
+            "attribute_reads": counter.attribute_reads, "by_site": dict(counter.sites.most_common()),
             "top": dict(counter.host.most_common(12))}
 
 
@@ -97,8 +117,7 @@ def main() -> None:
         for i in range(n):
             stage.push(f"s{i}", tokens[i][pushed:end])
         pushed = end
-        counter.host.clear()
-        counter.model = 0
+        counter.clear()
         with counter:
             pieces = stage.step()
         assert len(pieces) == n, (name, len(pieces))
