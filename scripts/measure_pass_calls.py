@@ -18,67 +18,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import Counter
 from pathlib import Path
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from chorus.vocoder import VocoderConfig, VocoderStage  # noqa: E402
 from tests.vocoder.models import random_s3gen, random_tokens, random_voice  # noqa: E402
+from tests.vocoder.tensor_calls import TensorCalls  # noqa: E402
 
 
-class CallCounter(TorchFunctionMode):
-    """Counts tensor calls by name and by call site (the innermost ``chorus`` function on the
-    stack); calls made inside the model (a depth counter its wrapped entry points raise) are
-    counted apart, and so are attribute reads (``tensor.shape`` and the like: ``__get__``), which
-    do not give the GIL away."""
-
-    def __init__(self):
-        super().__init__()
-        self.host, self.sites, self.model, self.attribute_reads, self.depth = Counter(), Counter(), 0, 0, 0
-
-    def clear(self) -> None:
-        self.host.clear()
-        self.sites.clear()
-        self.model = self.attribute_reads = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", str(func))
-        if self.depth:
-            self.model += 1
-        elif name == "__get__":
-            self.attribute_reads += 1
-        else:
-            self.host[name] += 1
-            self.sites[_site(sys._getframe(1))] += 1
-        return func(*args, **(kwargs or {}))
-
-
-def _site(frame) -> str:
-    """``file:function`` of the innermost frame in the chorus package."""
-    package = str(Path(__file__).resolve().parents[1] / "chorus")
-    while frame is not None and not frame.f_code.co_filename.startswith(package):
-        frame = frame.f_back
-    return "?" if frame is None else f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"
-
-
-def _count_model_apart(counter: CallCounter, owner, name: str) -> None:
-    inner = getattr(owner, name)
-
-    def wrapped(*args, **kwargs):
-        counter.depth += 1
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            counter.depth -= 1
-
-    setattr(owner, name, wrapped)
-
-
-def _report(counter: CallCounter, per: int) -> dict:
+def _report(counter: TensorCalls, per: int) -> dict:
     total = sum(counter.host.values())
     return {"host_calls": total, "host_calls_per_stream": round(total / per, 1), "model_calls": counter.model,
             "attribute_reads": counter.attribute_reads, "by_site": dict(counter.sites.most_common()),
@@ -104,9 +55,9 @@ def main() -> None:
     while stage.has_work():
         stage.step()
 
-    counter = CallCounter()
-    _count_model_apart(counter, stage.graphs, "run_flow")  # a graph replay each on a GPU
-    _count_model_apart(counter, stage.graphs, "run_hift")
+    counter = TensorCalls()
+    counter.count_apart(stage.graphs, "run_flow")  # a graph replay each on a GPU
+    counter.count_apart(stage.graphs, "run_hift")
     report = {"variant": args.variant, "streams": n, "voice_prompt_tokens": 30}
     with counter:
         for i in range(n):

@@ -42,6 +42,17 @@ def joined(pieces) -> torch.Tensor:
     return torch.cat([p.samples for p in pieces])
 
 
+def one_job_audio(s3gen, voice, tokens, config, streaming):
+    """One job's whole audio (all its tokens pushed at once, seed 5, 2 flow steps) on a fresh
+    stage, and the stage's counters."""
+    from chorus.vocoder import VocoderStage
+
+    stage = VocoderStage(s3gen, config)
+    stage.add("j", voice, seed=5, streaming=streaming, n_steps=2)
+    stage.push("j", tokens, final=True)
+    return joined(drain(stage)["j"]), stage.stats
+
+
 def graphed_and_eager_stream_audio(stage) -> dict[str, torch.Tensor]:
     """Three streams of 60 tokens pushed 9 at a time (passes of 3 rows, graphed), then six of 80
     pushed at once (passes of 6 rows, more than the stage's ``max_graph_rows``: eager)."""

@@ -6,24 +6,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chorus.vocoder import VocoderConfig, VocoderStage
+from chorus.vocoder import VocoderConfig
 from chorus.vocoder.stage import warmup_shapes
 from chorus.vocoder.voice_cache import VoiceCache
-from tests.vocoder.conftest import drain, joined
+from tests.vocoder.conftest import one_job_audio
 from tests.vocoder.models import local_flow, random_tokens, random_voice
-
-
-def _audio(s3gen, voice, tokens, config, streaming):
-    stage = VocoderStage(s3gen, config)
-    stage.add("j", voice, seed=5, streaming=streaming, n_steps=2)
-    stage.push("j", tokens, final=True)
-    return joined(drain(stage)["j"]), stage.stats
 
 
 def test_only_a_streams_first_pass_reads_the_capped_prompt(tiny_turbo):
     voice, tokens = random_voice(30, seed=1), random_tokens(90, seed=2)
-    whole, whole_stats = _audio(tiny_turbo, voice, tokens, VocoderConfig(), True)
-    capped, stats = _audio(tiny_turbo, voice, tokens, VocoderConfig(first_window_prompt_tokens=8), True)
+    whole, whole_stats = one_job_audio(tiny_turbo, voice, tokens, VocoderConfig(), True)
+    capped, stats = one_job_audio(tiny_turbo, voice, tokens, VocoderConfig(first_window_prompt_tokens=8), True)
     assert stats.passes == whole_stats.passes > 2
     assert stats.real_tokens == whole_stats.real_tokens - (30 - 8)
     assert capped.shape == whole.shape and not torch.equal(capped, whole)
@@ -35,33 +28,33 @@ def test_the_first_pass_keeps_the_noise_of_its_frames(tiny_turbo, monkeypatch, o
     bitwise the uncapped one: its new frames keep their noise columns and positions."""
     monkeypatch.setattr(tiny_turbo.flow, "generate_mel", local_flow(tiny_turbo))
     voice, tokens = random_voice(30, seed=1, odd_mel=odd_mel), random_tokens(90, seed=2)
-    whole, _ = _audio(tiny_turbo, voice, tokens, VocoderConfig(), True)
-    capped, _ = _audio(tiny_turbo, voice, tokens, VocoderConfig(first_window_prompt_tokens=8), True)
+    whole, _ = one_job_audio(tiny_turbo, voice, tokens, VocoderConfig(), True)
+    capped, _ = one_job_audio(tiny_turbo, voice, tokens, VocoderConfig(first_window_prompt_tokens=8), True)
     assert torch.equal(whole, capped)
 
 
 def test_a_cap_at_least_the_prompt_changes_nothing(tiny_turbo):
     voice, tokens = random_voice(30, seed=1, odd_mel=True), random_tokens(70, seed=2)
-    whole, _ = _audio(tiny_turbo, voice, tokens, VocoderConfig(), True)
-    capped, _ = _audio(tiny_turbo, voice, tokens, VocoderConfig(first_window_prompt_tokens=30), True)
+    whole, _ = one_job_audio(tiny_turbo, voice, tokens, VocoderConfig(), True)
+    capped, _ = one_job_audio(tiny_turbo, voice, tokens, VocoderConfig(first_window_prompt_tokens=30), True)
     assert torch.equal(whole, capped)
 
 
 def test_non_streaming_jobs_keep_the_whole_prompt(tiny_turbo):
     voice, tokens = random_voice(30, seed=3), random_tokens(40, seed=4)
-    whole, whole_stats = _audio(tiny_turbo, voice, tokens, VocoderConfig(), False)
-    capped, stats = _audio(tiny_turbo, voice, tokens, VocoderConfig(first_window_prompt_tokens=8), False)
+    whole, whole_stats = one_job_audio(tiny_turbo, voice, tokens, VocoderConfig(), False)
+    capped, stats = one_job_audio(tiny_turbo, voice, tokens, VocoderConfig(first_window_prompt_tokens=8), False)
     assert stats.real_tokens == whole_stats.real_tokens
     assert torch.equal(whole, capped)
 
 
 def test_the_smaller_of_the_two_caps_holds(tiny_turbo):
     voice, tokens = random_voice(30, seed=1), random_tokens(90, seed=2)
-    both, stats = _audio(tiny_turbo, voice, tokens,
+    both, stats = one_job_audio(tiny_turbo, voice, tokens,
                          VocoderConfig(prompt_tokens=12, first_window_prompt_tokens=20), True)
-    only, only_stats = _audio(tiny_turbo, voice, tokens, VocoderConfig(prompt_tokens=12), True)
+    only, only_stats = one_job_audio(tiny_turbo, voice, tokens, VocoderConfig(prompt_tokens=12), True)
     assert stats.real_tokens == only_stats.real_tokens and torch.equal(both, only)
-    _, tighter = _audio(tiny_turbo, voice, tokens, VocoderConfig(prompt_tokens=12, first_window_prompt_tokens=5), True)
+    _, tighter = one_job_audio(tiny_turbo, voice, tokens, VocoderConfig(prompt_tokens=12, first_window_prompt_tokens=5), True)
     assert tighter.real_tokens == only_stats.real_tokens - (12 - 5)
 
 

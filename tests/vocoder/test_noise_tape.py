@@ -7,6 +7,7 @@ import torch
 
 from chorus.vocoder import job as job_module
 from chorus.vocoder.job import NoiseTape, read_tapes
+from tests.vocoder.tensor_calls import TensorCalls
 
 
 def test_a_slice_equals_the_same_columns_of_a_wider_slice():
@@ -71,24 +72,14 @@ def test_the_noise_is_the_same_on_cuda():
     torch.testing.assert_close(cuda, cpu, rtol=1e-5, atol=1e-5)
 
 
-class _TensorCalls(torch.overrides.TorchFunctionMode):
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
 def test_a_new_stream_makes_few_tensor_calls():
     """Streams are added on the vocoder thread, where each tensor call can wait for the GIL
     behind T3's host loop (docs/vocoder.md, "Streams' noise"): a tape is numpy work, and a new
     stream's few tensor calls are its seeds and harmonic phases (200 calls before)."""
     cpu = torch.device("cpu")
-    with _TensorCalls() as calls:
+    with TensorCalls() as calls:
         NoiseTape(80, seed=7, device=cpu)
-    assert calls.count == 0
-    with _TensorCalls() as calls:
+    assert calls.total == 0
+    with TensorCalls() as calls:
         job_module.new_stream(7, cpu, torch.float32, 9, 20)
-    assert calls.count <= 12
+    assert calls.total <= 12

@@ -5,18 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chorus.vocoder import VocoderConfig, VocoderStage
+from chorus.vocoder import VocoderConfig
 from chorus.vocoder.voice_cache import VoiceCache, last_prompt_tokens
 from chorus.voices import Voice
-from tests.vocoder.conftest import drain, joined
+from tests.vocoder.conftest import one_job_audio
 from tests.vocoder.models import local_flow, random_tokens, random_voice
-
-
-def _audio(s3gen, voice, tokens, config, streaming):
-    stage = VocoderStage(s3gen, config)
-    stage.add("j", voice, seed=5, streaming=streaming, n_steps=2)
-    stage.push("j", tokens, final=True)
-    return joined(drain(stage)["j"]), stage.stats
 
 
 def _trimmed_by_hand(voice: Voice, keep: int) -> Voice:
@@ -29,8 +22,8 @@ def _trimmed_by_hand(voice: Voice, keep: int) -> Voice:
 @pytest.mark.parametrize("streaming", [False, True])
 def test_cap_at_least_the_prompt_gives_the_reference_audio(tiny_turbo, streaming):
     voice, tokens = random_voice(30, seed=1, odd_mel=True), random_tokens(70, seed=2)
-    whole, _ = _audio(tiny_turbo, voice, tokens, VocoderConfig(), streaming)
-    capped, _ = _audio(tiny_turbo, voice, tokens, VocoderConfig(prompt_tokens=30), streaming)
+    whole, _ = one_job_audio(tiny_turbo, voice, tokens, VocoderConfig(), streaming)
+    capped, _ = one_job_audio(tiny_turbo, voice, tokens, VocoderConfig(prompt_tokens=30), streaming)
     assert torch.equal(whole, capped)
 
 
@@ -48,8 +41,8 @@ def test_capped_prompt_equals_a_voice_trimmed_by_hand(tiny_models, name):
     """Non-streaming audio with the cap is the audio of the same voice with its prompt cut to the
     last K tokens and 2 K (+- the odd frame) mel frames."""
     voice, tokens = random_voice(30, seed=3, odd_mel=name == "turbo"), random_tokens(40, seed=4)
-    capped, stats = _audio(tiny_models[name], voice, tokens, VocoderConfig(prompt_tokens=12), False)
-    by_hand, _ = _audio(tiny_models[name], _trimmed_by_hand(voice, 12), tokens, VocoderConfig(), False)
+    capped, stats = one_job_audio(tiny_models[name], voice, tokens, VocoderConfig(prompt_tokens=12), False)
+    by_hand, _ = one_job_audio(tiny_models[name], _trimmed_by_hand(voice, 12), tokens, VocoderConfig(), False)
     assert stats.real_tokens == 12 + 40 + tiny_models[name].variant.append_silence_tokens
     assert torch.equal(capped, by_hand)
 
@@ -60,8 +53,8 @@ def test_capped_prompt_keeps_the_noise_of_a_streams_frames(tiny_turbo, monkeypat
     attention (only the prompt's context is cut) the audio is bitwise the full prompt's."""
     monkeypatch.setattr(tiny_turbo.flow, "generate_mel", local_flow(tiny_turbo))
     voice, tokens = random_voice(30, seed=1, odd_mel=odd_mel), random_tokens(90, seed=2)
-    whole, whole_stats = _audio(tiny_turbo, voice, tokens, VocoderConfig(), True)
-    capped, stats = _audio(tiny_turbo, voice, tokens, VocoderConfig(prompt_tokens=8), True)
+    whole, whole_stats = one_job_audio(tiny_turbo, voice, tokens, VocoderConfig(), True)
+    capped, stats = one_job_audio(tiny_turbo, voice, tokens, VocoderConfig(prompt_tokens=8), True)
     assert stats.real_tokens == whole_stats.real_tokens - stats.passes * (30 - 8)  # 8 prompt tokens a pass
     assert torch.equal(whole, capped)
 
