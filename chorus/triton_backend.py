@@ -28,10 +28,15 @@ def kernels_import(module: str) -> bool:
 
 def use_triton(backend: str, tensor: torch.Tensor, module: str, what: str) -> bool:
     """Whether ``what`` (e.g. "attention") runs ``module``'s Triton kernels for ``tensor``."""
+    return use_triton_on(backend, tensor.device, module, what)
+
+
+def use_triton_on(backend: str, device: torch.device, module: str, what: str) -> bool:
+    """:func:`use_triton` for work on ``device`` (where no tensor is at hand)."""
     if backend not in BACKENDS:
         raise ValueError(f"{what} backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        return tensor.is_cuda and kernels_import(module)
+        return device.type == "cuda" and kernels_import(module)
     if backend == "triton" and not kernels_import(module):
         raise RuntimeError(f"{what} backend 'triton' was requested but Triton is not installed")
     return backend == "triton"

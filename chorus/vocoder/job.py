@@ -12,6 +12,7 @@ is then the stream's new frame ``i + FlowWindow.frame_offset`` (see :class:`Flow
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ import torch
 
 from chorus.models.s3gen.s3gen import SAMPLE_RATE, SAMPLES_PER_TOKEN, SILENCE_TOKEN, TokenRules
 from chorus.sampling.counter_rng import mix32, seed_lanes, split_seed
+from chorus.triton_backend import use_triton_on
 from chorus.voices import S3GenPrompt
 
 logger = logging.getLogger(__name__)
@@ -61,19 +63,35 @@ class NoiseTape:
         return _normals(columns, torch.from_numpy(self.row_keys).to(self.device)).to(self.dtype)
 
 
-def read_tapes(tapes: Sequence[NoiseTape], columns: Sequence[np.ndarray], width: int) -> torch.Tensor:
-    """Item ``i``'s noise at the absolute columns ``columns[i]`` of ``tapes[i]``:
-    ``[len(tapes), rows, width]``, zero past each item's columns. The values are those of
-    :meth:`NoiseTape.slice` bit for bit; one pass's items share one set of kernels (in groups of
-    at most ``READ_GROUP_ELEMENTS`` values) instead of a set per item, whose launches were
-    most of a streaming pass's host time. The tapes must agree in rows, dtype and device."""
+ColumnRanges = Sequence[tuple[int, int]]
+"""An item's columns of its tape: ``(start, end)`` ranges, laid out one after another."""
+
+_TAPE_KERNELS = "chorus.vocoder.triton_tapes"
+
+
+def read_tapes(tapes: Sequence[NoiseTape], ranges: Sequence[ColumnRanges], width: int, *,
+               backend: str = "auto") -> torch.Tensor:
+    """Item ``i``'s noise at the columns ``ranges[i]`` of ``tapes[i]``: ``[len(tapes), rows,
+    width]``, zero past each item's columns. The values are those of :meth:`NoiseTape.slice`:
+    bit for bit on the PyTorch path, where one pass's items share one set of kernels (in groups
+    of at most ``READ_GROUP_ELEMENTS`` values) instead of a set per item; on CUDA one Triton
+    kernel computes the same function (``triton_tapes``, at most two ranges per item; equal to
+    the PyTorch path on the same device). ``backend``: ``"auto"`` (the kernel for CUDA tapes),
+    ``"triton"`` or ``"torch"`` (:mod:`chorus.triton_backend`). The tapes must agree in rows,
+    dtype and device."""
     first = tapes[0]
     assert all((t.rows, t.dtype, t.device) == (first.rows, first.dtype, first.device) for t in tapes)
-    assert len(columns) == len(tapes) and all(len(c) <= width for c in columns)
+    assert len(ranges) == len(tapes)
+    if use_triton_on(backend, first.device, _TAPE_KERNELS, "noise tape"):
+        from chorus.vocoder.triton_tapes import read_tapes_triton
+
+        return read_tapes_triton([t.row_keys for t in tapes], ranges, width, first.dtype, first.device)
     index = np.zeros((len(tapes), width), np.int64)
     valid = np.zeros((len(tapes), width), bool)
-    for i, c in enumerate(columns):
-        index[i, :len(c)], valid[i, :len(c)] = c, True
+    for i, item_ranges in enumerate(ranges):
+        columns = np.concatenate([np.arange(a, b) for a, b in item_ranges]) if item_ranges else index[i, :0]
+        assert len(columns) <= width, (len(columns), width)
+        index[i, :len(columns)], valid[i, :len(columns)] = columns, True
     index_d = torch.from_numpy(index).to(first.device)[:, None, :]
     valid_d = torch.from_numpy(valid).to(first.device)[:, None, :]
     keys = torch.from_numpy(np.stack([t.row_keys for t in tapes])).to(first.device)  # [items, rows, 2]
@@ -142,14 +160,14 @@ class StreamState:
 
     flow_noise: NoiseTape
     source_noise: NoiseTape
-    phases: torch.Tensor  # [harmonics] initial harmonic phases (CPU float64)
+    phases: np.ndarray  # [harmonics] initial harmonic phases (float64)
     next_threshold: int  # usable tokens at which the next window ends (its pass reads holdback more)
     next_window: int  # size of that window
     mel_end: int = 0  # mel frames vocoded so far
     hift_start: int = 0  # first mel frame the next pass's HiFT reads
     cycles: float = 0.0  # fundamental cycles (f0 integrated) over frames [0, hift_start)
     sent: int = 0  # samples sent
-    tail: torch.Tensor = field(default_factory=lambda: torch.zeros(0))  # held audio after `sent`
+    tail: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # held audio after `sent`
     passes: int = 0
     first_sent_at: float | None = None  # stage clock when its first audio left
 
@@ -274,25 +292,36 @@ def new_stream(seed: int, device: torch.device, flow_dtype: torch.dtype, harmoni
     return StreamState(
         flow_noise=NoiseTape(80, seeds[0], device, flow_dtype),
         source_noise=NoiseTape(harmonics, seeds[1], device),
-        phases=phases, next_threshold=first_window, next_window=first_window,
+        phases=phases.numpy(), next_threshold=first_window, next_window=first_window,
     )
 
 
-def raised_cosine(length: int) -> torch.Tensor:
-    """Fade-in gains 0 -> 1 over ``length`` samples (the fade-out is ``1 - gains``)."""
+@functools.lru_cache(maxsize=64)
+def raised_cosine(length: int) -> tuple[np.ndarray, np.ndarray]:
+    """(fade-in gains 0 -> 1 over ``length`` samples, the fade-out ``1 - gains``), float32,
+    read-only: computed once per length (a stream's cross-fades are all of a few lengths), so a
+    pass's cross-fades are host arithmetic alone."""
     i = torch.arange(length, dtype=torch.float64)
-    return ((1 - torch.cos(math.pi * (i + 0.5) / length)) / 2).float()
+    gains = ((1 - torch.cos(math.pi * (i + 0.5) / length)) / 2).float().numpy()
+    fade_out = 1 - gains
+    gains.flags.writeable = fade_out.flags.writeable = False
+    return gains, fade_out
 
 
-def trim_fade_gains(start: int, length: int) -> torch.Tensor | None:
-    """The trim/fade envelope over samples ``[start, start + length)`` of a job's audio, or None
-    when those samples are past its 40 ms."""
+@functools.cache
+def _trim_fade_envelope() -> np.ndarray:
     from chorus.models.s3gen.postprocess import trim_fade_envelope
 
-    if start >= TRIM_FADE_SAMPLES:
-        return None
-    gains = torch.ones(length)
-    envelope = trim_fade_envelope()
-    head = min(length, TRIM_FADE_SAMPLES - start)
-    gains[:head] = envelope[start:start + head]
-    return gains
+    envelope = trim_fade_envelope(SAMPLE_RATE).numpy()
+    assert envelope.shape == (TRIM_FADE_SAMPLES,)
+    envelope.flags.writeable = False
+    return envelope
+
+
+def apply_trim_fade_at(samples: np.ndarray, start: int) -> None:
+    """Multiply, in place, samples ``[start, start + len(samples))`` of a job's audio by the
+    trim/fade envelope of its first 40 ms (``apply_trim_fade``'s, bit for bit); samples past
+    them are left alone."""
+    head = min(samples.shape[0], TRIM_FADE_SAMPLES - start)
+    if head > 0:
+        samples[:head] *= _trim_fade_envelope()[start:start + head]

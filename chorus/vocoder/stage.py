@@ -17,11 +17,11 @@ import torch
 
 from chorus import faults
 from chorus.models.s3gen.hift import SourceNoise, draw_source_noise
-from chorus.models.s3gen.postprocess import apply_trim_fade
 from chorus.models.s3gen.s3gen import SAMPLE_RATE, SAMPLES_PER_TOKEN, S3Gen, TokenRules, item_generators
 from chorus.vocoder.batching import Candidate, PassCostModel, select_batch
 from chorus.vocoder.config import AudioOut, VocoderConfig, VocoderStats
-from chorus.vocoder.job import SAMPLES_PER_FRAME, FlowWindow, Job, new_stream, raised_cosine, read_tapes, trim_fade_gains
+from chorus.vocoder.job import (SAMPLES_PER_FRAME, FlowWindow, Job, apply_trim_fade_at, new_stream, raised_cosine,
+                                read_tapes)
 from chorus.vocoder.pass_graphs import FlowCall, HiFTCall, PassGraphs, frame_bucket, row_bucket
 from chorus.vocoder.voice_cache import VoiceCache, VoicePrompt, s3gen_part
 from chorus.voices import S3GenPrompt, Voice
@@ -110,7 +110,8 @@ class VocoderStage:
         start = time.perf_counter()
         try:
             poison = self.faults is not None and self.faults.check("vocoder_pass")  # tests only
-            out += self._finite(self._run_pass(batch), poison)
+            pieces, broken = self._run_pass(batch)
+            out += self._finite(pieces, broken, poison)
         except Exception as exc:  # one bad pass fails its own jobs only
             logger.exception("vocoder pass over %d job(s) failed", len(batch))
             self._stats.failed_passes += 1
@@ -147,11 +148,12 @@ class VocoderStage:
     def warmup(self, *, prompt_tokens: int | None = None, chunk_tokens: int = 240,
                whole_chunk_tokens: int | None = None, max_items: int | None = None,
                n_steps: int | None = None, cfg_rate: float | None = None, time_budget_s: float = 60.0) -> int:
-        """Compile HiFT's decoder (with ``compile_hift`` on) and capture the CUDA graphs
-        of the shapes common passes need, so the first requests pay for neither; call once at
-        startup, before serving. Captures nothing (returns 0) on the CPU or with ``cuda_graphs``
-        off; returns the graphs captured. The compile comes first and is not counted in
-        ``time_budget_s`` (it must happen before serving whatever it costs).
+        """Compile the noise-tape kernel (on CUDA) and HiFT's decoder (with ``compile_hift`` on),
+        and capture the CUDA graphs of the shapes common passes need, so the first requests pay
+        for none of them; call once at startup, before serving. Captures nothing (returns 0) on
+        the CPU or with ``cuda_graphs`` off; returns the graphs captured. The compiles come first
+        and are not counted in ``time_budget_s`` (they must happen before serving whatever they
+        cost).
 
         Shapes (:func:`warmup_shapes`): streaming passes over a voice prompt of ``prompt_tokens``
         (default: the variant's S3Gen prompt length, 10 s = 250 tokens, or
@@ -167,6 +169,7 @@ class VocoderStage:
         evicts its own graphs.
         """
         graphs, cfg = self._graphs, self.config
+        self._read_each_tape_kind()
         if graphs.hift_runner.compiled:
             logger.info("compiled HiFT's decoder in %.1f s", graphs.hift_runner.compile())
         if not graphs.active:
@@ -194,28 +197,34 @@ class VocoderStage:
         return captured
 
     # -------------------------------------------------------------------------------- internals
+    def _read_each_tape_kind(self) -> None:
+        """One read of a stream's flow-noise tape and of its source-noise tape: on CUDA this
+        compiles the tape kernel's two variants (rows and dtype differ) before serving."""
+        stream = new_stream(0, self.s3gen.device, self.s3gen.dtype, self.s3gen.mel2wav.config.num_harmonics,
+                            self.config.first_window_tokens)
+        for tape in (stream.flow_noise, stream.source_noise):
+            read_tapes([tape], [((0, 1),)], 1)
+
     def _forget(self, job_id: str) -> None:
         self._jobs.pop(job_id, None)
         self._generators.pop(job_id, None)
 
-    def _finite(self, pieces: list[AudioOut], poison: bool) -> list[AudioOut]:
-        """NaN or inf audio is never sent: such a piece fails its own job, the others go on.
-        ``poison``: a test's fault rule turns the first non-empty piece to NaN."""
+    def _finite(self, pieces: list[AudioOut], broken: set[str], poison: bool) -> list[AudioOut]:
+        """NaN or inf audio is never sent: the pieces of ``broken`` jobs (whose pass audio was not
+        finite) fail their own jobs, the others go on. ``poison``: a test's fault rule breaks the
+        job of the first non-empty piece."""
+        if poison:
+            broken = broken | {next((p.job_id for p in pieces if p.samples.numel()), None)}
         for i, piece in enumerate(pieces):
-            if poison and piece.samples.numel():
-                piece = pieces[i] = AudioOut(piece.job_id, torch.full_like(piece.samples, float("nan")), piece.final)
-                poison = False
-            if piece.samples.numel() and not bool(torch.isfinite(piece.samples).all()):
+            if piece.job_id in broken:
                 logger.error("vocoder job %s produced non-finite audio; failing it", piece.job_id)
                 self._forget(piece.job_id)
                 pieces[i] = AudioOut(piece.job_id, torch.zeros(0), final=True, error="non-finite (NaN) audio")
         return pieces
 
     def _finish_empty(self, job: Job) -> AudioOut:
-        stream = job.stream
-        samples = torch.zeros(0) if stream is None else stream.tail[:0]
         self._forget(job.job_id)
-        return AudioOut(job.job_id, samples, final=True)
+        return AudioOut(job.job_id, torch.zeros(0), final=True)
 
     def _solver_key(self, job: Job) -> tuple[int, float]:
         settings = self.s3gen.variant.s3gen
@@ -267,73 +276,87 @@ class VocoderStage:
         return min([limit] + [max(s, limit / 2) for s in slack])
 
     @torch.inference_mode()
-    def _run_pass(self, picked: list[tuple[Job, VoicePrompt, FlowWindow]]) -> list[AudioOut]:
+    def _run_pass(self, picked: list[tuple[Job, VoicePrompt, FlowWindow]]) -> tuple[list[AudioOut], set[str]]:
+        """One batched pass: the pieces it produced, and the ids of jobs whose audio came out
+        not finite (for :meth:`_finite`).
+
+        Its host work is laid out in numpy and made of a few tensor calls per pass, not per
+        item: on a server each tensor call hands the GIL to T3's thread (docs/vocoder.md,
+        "A pass's host work"); per item there are only slices and numpy arithmetic."""
         s3gen, device = self.s3gen, self.s3gen.device
         flow, stats = s3gen.flow, self._stats
         ratio = flow.config.token_mel_ratio
         jobs, prompts, windows = (list(column) for column in zip(*picked))
-        items = [w.tokens for w in windows]
-        finals = [w.final for w in windows]
         n_steps, cfg_rate = self._solver_key(jobs[0])
-        lengths = [p.num_tokens + len(t) for p, t in zip(prompts, items)]
-        width, batch = max(lengths), len(jobs)
+        lengths = np.array([p.num_tokens + len(w.tokens) for p, w in zip(prompts, windows)])
+        width, batch = int(lengths.max()), len(jobs)
         stats.padded_tokens += batch * width
-        stats.real_tokens += sum(lengths)
+        stats.real_tokens += int(lengths.sum())
 
         # The flow's inputs, laid out as FlowDecoder.inference lays them: prompt then new tokens,
         # the prompt mel as the condition of its frames, each item's noise over its frames.
-        host_tokens = torch.zeros(batch, width, dtype=torch.long)
-        for i, (p, t) in enumerate(zip(prompts, items)):
-            host_tokens[i, :lengths[i]] = torch.tensor(p.host_tokens + t, dtype=torch.long)
+        host_tokens = np.zeros((batch, width), np.int64)
+        for i, (p, w) in enumerate(zip(prompts, windows)):
+            host_tokens[i, :p.num_tokens] = p.host_tokens
+            host_tokens[i, p.num_tokens:lengths[i]] = w.tokens
         cond = torch.zeros(batch, 80, ratio * width, device=device, dtype=flow.dtype)
-        for i, p in enumerate(prompts):
-            cond[i, :, :p.mel_frames] = p.cond
-        noise = torch.zeros_like(cond)
+        for p, rows in _rows_by_prompt(prompts).values():
+            cond[rows, :, :p.mel_frames] = p.cond
         streams = [i for i, job in enumerate(jobs) if job.stream is not None]
+        stream_noise = None
         if streams:  # every stream's noise from its tape in one read
-            noise[streams] = read_tapes([jobs[i].stream.flow_noise for i in streams],
-                                        [self._flow_columns(prompts[i], windows[i]) for i in streams],
-                                        ratio * width)
-        for i, (job, p) in enumerate(zip(jobs, prompts)):
-            if job.stream is None:
-                noise[i, :, :ratio * lengths[i]] = self._drawn_flow_noise(job, p, windows[i])
-        call = FlowCall(host_tokens.to(device), torch.tensor(lengths).to(device), cond, noise,
-                        torch.stack([p.speaker for p in prompts]), n_steps, cfg_rate)
+            stream_noise = read_tapes([jobs[i].stream.flow_noise for i in streams],
+                                      [self._flow_columns(prompts[i], windows[i]) for i in streams],
+                                      ratio * width)
+        if len(streams) == batch:
+            noise = stream_noise
+        else:
+            noise = torch.zeros_like(cond)
+            if streams:
+                noise[streams] = stream_noise
+            for i, (job, p) in enumerate(zip(jobs, prompts)):
+                if job.stream is None:
+                    noise[i, :, :ratio * lengths[i]] = self._drawn_flow_noise(job, p, windows[i])
+        speaker = torch.stack([p.speaker for p in prompts])
+        call = FlowCall(torch.from_numpy(host_tokens).to(device), torch.from_numpy(lengths).to(device), cond, noise,
+                        speaker, n_steps, cfg_rate)
         timer = _PassTimer(device)
         mel = self._graphs.run_flow(call)
         timer.mark()
 
         # Item i's pass starts at its job's frame `frame_offset` (the left-context cap); its new
         # frames start where its prompt mel ends (odd prompt mels: see FlowDecoder).
-        new_frames = [ratio * n - p.mel_frames for n, p in zip(lengths, prompts)]
+        new_frames = [ratio * int(n) - p.mel_frames for n, p in zip(lengths, prompts)]
         spans = [self._hift_span(job, w.frame_offset + f, w.final) for job, f, w in zip(jobs, new_frames, windows)]
         vocode = [i for i, (a, b) in enumerate(spans) if b > a]
         wav = f0 = None
+        broken: set[str] = set()
         if vocode:
-            counts = [spans[i][1] - spans[i][0] for i in vocode]
-            hift_mel = torch.zeros(len(vocode), 80, max(counts), device=device, dtype=mel.dtype)
-            for row, i in enumerate(vocode):
-                start = prompts[i].mel_frames + spans[i][0] - windows[i].frame_offset
-                hift_mel[row, :, :counts[row]] = mel[i, :, start:start + counts[row]]
+            counts = np.array([spans[i][1] - spans[i][0] for i in vocode])
+            starts = np.array([prompts[i].mel_frames + spans[i][0] - windows[i].frame_offset for i in vocode])
+            hift_mel = _gather_frames(mel, np.array(vocode), starts, counts)
             source = self._source_noise([jobs[i] for i in vocode], [spans[i] for i in vocode],
-                                        SAMPLES_PER_FRAME * max(counts))
-            wav, f0 = self._graphs.run_hift(HiFTCall(hift_mel, torch.tensor(counts).to(device), source))
+                                        SAMPLES_PER_FRAME * int(counts.max()))
+            wav, f0 = self._graphs.run_hift(HiFTCall(hift_mel, torch.from_numpy(counts).to(device), source))
             timer.mark()
-            wav, f0 = wav.cpu(), f0.cpu()  # waits for the pass
+            wav, f0 = wav.cpu().numpy(), f0.cpu().numpy()  # waits for the pass
+            finite = np.isfinite(wav) | (np.arange(wav.shape[1]) >= SAMPLES_PER_FRAME * counts[:, None])
+            broken = {jobs[i].job_id for i, ok in zip(vocode, finite.all(axis=1)) if not ok}
         flow_seconds, hift_seconds = timer.seconds()
 
         out, rows = [], {i: r for r, i in enumerate(vocode)}
         for i, job in enumerate(jobs):
             start, end = spans[i]
-            piece = wav[rows[i], :(end - start) * SAMPLES_PER_FRAME] if i in rows else torch.zeros(0)
+            piece = wav[rows[i], :(end - start) * SAMPLES_PER_FRAME] if i in rows else np.zeros(0, np.float32)
             if job.stream is None:
-                samples = apply_trim_fade(piece)
                 limit = job.sample_limit(windows[i].end)
-                out.append(AudioOut(job.job_id, samples[:limit] if limit is not None else samples, final=True))
+                samples = piece[:limit].copy()
+                apply_trim_fade_at(samples, 0)
+                out.append(AudioOut(job.job_id, torch.from_numpy(samples), final=True))
                 self._forget(job.job_id)
-            elif i in rows or finals[i]:
-                f0_row = f0[rows[i], :end - start] if i in rows else torch.zeros(0)
-                piece_out = self._emit(job, piece, start, end, f0_row, windows[i].end, finals[i])
+            elif i in rows or windows[i].final:
+                f0_row = f0[rows[i], :end - start] if i in rows else np.zeros(0, np.float32)
+                piece_out = self._emit(job, piece, start, end, f0_row, windows[i].end, windows[i].final)
                 if piece_out is not None:
                     out.append(piece_out)
             else:  # no settled frames yet (a prompt mel longer than 2 Tp): a larger window
@@ -344,7 +367,7 @@ class VocoderStage:
         stats.hift_seconds += hift_seconds
         self.cost.observe(batch * width, sum(b - a for a, b in spans), flow_seconds, hift_seconds)
         stats.audio_seconds += sum(o.samples.shape[0] for o in out) / SAMPLE_RATE
-        return out
+        return out, broken
 
     def _flow_window(self, job: Job, prompt: VoicePrompt) -> FlowWindow:
         """The job's next flow input (its left-context cap applied to a stream)."""
@@ -352,16 +375,15 @@ class VocoderStage:
         return job.flow_window(self.config.holdback_tokens, self.config.stream_context_tokens,
                                prompt.mel_frames - ratio * prompt.num_tokens)
 
-    def _flow_columns(self, prompt: VoicePrompt, window: FlowWindow) -> np.ndarray:
-        """A stream's flow-noise columns for its pass (``2 (Tp + N)``: prompt frames, then new
-        frames), by absolute column of its noise tape, in the layout of the voice's whole prompt
-        (``d`` tokens cut by ``prompt_tokens``): the prompt's ``[2 d, 2 (d + Tp))``, then the
+    def _flow_columns(self, prompt: VoicePrompt, window: FlowWindow) -> tuple[tuple[int, int], tuple[int, int]]:
+        """A stream's flow-noise column ranges for its pass (``2 (Tp + N)`` columns: prompt frames,
+        then new frames), by absolute column of its noise tape, in the layout of the voice's whole
+        prompt (``d`` tokens cut by ``prompt_tokens``): the prompt's ``[2 d, 2 (d + Tp))``, then the
         window's tokens' ``[2 (d + Tp + first_token), 2 (d + Tp + end))``."""
         ratio = self.s3gen.flow.config.token_mel_ratio
         start = ratio * prompt.dropped_tokens
         prompt_end = start + ratio * prompt.num_tokens
-        return np.concatenate([np.arange(start, prompt_end),
-                               np.arange(prompt_end + ratio * window.first_token, prompt_end + ratio * window.end)])
+        return (start, prompt_end), (prompt_end + ratio * window.first_token, prompt_end + ratio * window.end)
 
     def _drawn_flow_noise(self, job: Job, prompt: VoicePrompt, window: FlowWindow) -> torch.Tensor:
         """A non-streaming job's solver noise [80, 2 (Tp + N)], drawn as ``FlowDecoder.inference``
@@ -392,61 +414,68 @@ class VocoderStage:
         one-pass sine would be at its span's start, and its noise comes from its tape by absolute
         sample (all streams in one read); a non-streaming job draws both from its generators."""
         device, config = self.s3gen.device, self.s3gen.mel2wav.config
-        noise = torch.zeros(len(jobs), config.num_harmonics, width, device=device)
-        phases = []
+        phases = np.zeros((len(jobs), config.num_harmonics), np.float32)
+        harmonics = np.arange(1, config.num_harmonics + 1, dtype=np.float64)
+        drawn = {}
         for i, (job, (start, end)) in enumerate(zip(jobs, spans)):
             if job.stream is None:
                 p, n = self._generators[job.job_id][1], self._generators[job.job_id][0]
-                drawn = draw_source_noise([end - start], config, device, noise_generators=[n], phase_generators=[p])
-                phases.append(drawn.phases[0].cpu())
-                noise[i, :, :drawn.noise.shape[-1]] = drawn.noise[0]
+                drawn[i] = draw_source_noise([end - start], config, device, noise_generators=[n],
+                                             phase_generators=[p])
+                phases[i] = drawn[i].phases[0].cpu().numpy()
                 continue
             stream = job.stream
             assert start == stream.hift_start
-            harmonics = torch.arange(1, stream.phases.shape[0] + 1, dtype=torch.float64)
-            offset = 2 * math.pi * torch.remainder(stream.cycles * harmonics, 1.0)
-            phases.append((stream.phases + offset).float())
+            cycles = stream.cycles * harmonics  # the fraction of a cycle each harmonic is into
+            phases[i] = stream.phases + 2 * math.pi * (cycles - np.floor(cycles))
         streams = [i for i, job in enumerate(jobs) if job.stream is not None]
+        tapes = None
         if streams:
-            noise[streams] = read_tapes(
+            tapes = read_tapes(
                 [jobs[i].stream.source_noise for i in streams],
-                [np.arange(spans[i][0] * SAMPLES_PER_FRAME, spans[i][1] * SAMPLES_PER_FRAME) for i in streams], width)
-        return SourceNoise(torch.stack(phases).to(device), noise)
+                [((spans[i][0] * SAMPLES_PER_FRAME, spans[i][1] * SAMPLES_PER_FRAME),) for i in streams], width)
+        if len(streams) == len(jobs):
+            noise = tapes
+        else:
+            noise = torch.zeros(len(jobs), config.num_harmonics, width, device=device)
+            if streams:
+                noise[streams] = tapes
+            for i, source in drawn.items():
+                noise[i, :, :source.noise.shape[-1]] = source.noise[0]
+        return SourceNoise(torch.from_numpy(phases).to(device), noise)
 
-    def _emit(self, job: Job, piece: torch.Tensor, start: int, end: int, f0: torch.Tensor,
+    def _emit(self, job: Job, piece: np.ndarray, start: int, end: int, f0: np.ndarray,
               num_tokens: int, final: bool) -> AudioOut | None:
         """Cross-fade the pass's audio into the stream, send what is settled, hold the rest."""
         cfg, stream = self.config, job.stream
         a0, a1 = start * SAMPLES_PER_FRAME, end * SAMPLES_PER_FRAME
         assert a0 <= stream.sent <= a1, (a0, stream.sent, a1)
-        audio = piece[stream.sent - a0:].clone()
+        audio = piece[stream.sent - a0:].copy()
         held = stream.tail.shape[0]
         if held:
-            gains = raised_cosine(held)
-            audio[:held] = stream.tail * (1 - gains) + audio[:held] * gains
+            fade_in, fade_out = raised_cosine(held)
+            audio[:held] = stream.tail * fade_out + audio[:held] * fade_in
         limit = a1 if final else a1 - cfg.crossfade_frames * SAMPLES_PER_FRAME
         cap = job.sample_limit(num_tokens)
         if cap is not None:
             limit = min(limit, cap)
         limit = max(limit, stream.sent)
         samples = audio[:limit - stream.sent]
-        gains = trim_fade_gains(stream.sent, samples.shape[0])
-        if gains is not None:
-            samples = samples * gains
+        apply_trim_fade_at(samples, stream.sent)
         stream.tail = audio[limit - stream.sent:]
         if stream.first_sent_at is None and samples.shape[0]:
             stream.first_sent_at = self._clock()
         stream.sent, stream.mel_end, stream.passes = limit, end, stream.passes + 1
         if final:
             self._forget(job.job_id)
-            return AudioOut(job.job_id, samples, final=True)
+            return AudioOut(job.job_id, torch.from_numpy(samples), final=True)
         # The next pass re-reads HiFT context from here; carry the harmonic phase up to it.
         next_start = max(stream.hift_start, min(end - cfg.hift_context_frames, limit // SAMPLES_PER_FRAME))
-        used = f0[:next_start - start].double()
+        used = f0[:next_start - start].astype(np.float64)
         stream.cycles += float(used.sum()) * SAMPLES_PER_FRAME / self.s3gen.mel2wav.config.sample_rate
         stream.hift_start = next_start
         self._advance_window(stream)
-        return AudioOut(job.job_id, samples, final=False) if samples.shape[0] else None
+        return AudioOut(job.job_id, torch.from_numpy(samples), final=False) if samples.shape[0] else None
 
     def _advance_window(self, stream) -> None:
         stream.next_window = self.config.next_window(stream.next_window)
@@ -526,3 +555,27 @@ def warmup_shapes(cfg: VocoderConfig, ratio: int, prompt_tokens: int, chunk_toke
 def _buckets(low: int, high: int) -> list[int]:
     """Every frame bucket that a count of ``low`` to ``high`` frames falls in, in order."""
     return list(dict.fromkeys(frame_bucket(f) for f in range(low, high + 1)))
+
+
+def _rows_by_prompt(prompts: list[VoicePrompt]) -> dict[int, tuple[VoicePrompt, slice | list[int]]]:
+    """The pass's rows of each distinct prompt (by identity; the voice cache hands out one
+    object per voice and cap): all rows as a slice when every row shares one prompt."""
+    groups: dict[int, tuple[VoicePrompt, list[int]]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(id(p), (p, []))[1].append(i)
+    if len(groups) == 1:
+        return {key: (p, slice(None)) for key, (p, _) in groups.items()}
+    return groups
+
+
+def _gather_frames(mel: torch.Tensor, items: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> torch.Tensor:
+    """Row ``r``: ``mel[items[r], :, starts[r]:starts[r] + counts[r]]``, zero-padded to the largest
+    count (``[len(items), 80, max(counts)]``), in one gather."""
+    width = int(counts.max())
+    offsets = np.arange(width)
+    valid = offsets < counts[:, None]
+    index = np.where(valid, starts[:, None] + offsets, 0)
+    device = mel.device
+    index_d = torch.from_numpy(index).to(device)[:, None, :].expand(-1, mel.shape[1], -1)
+    rows = mel[torch.from_numpy(items).to(device)]
+    return torch.where(torch.from_numpy(valid).to(device)[:, None, :], torch.gather(rows, 2, index_d), 0.0)

@@ -1,12 +1,14 @@
 """The streams' counter-based noise: a value depends only on (seed, row, column)."""
 from __future__ import annotations
 
-import numpy as np
+import os
+
 import pytest
 import torch
 
 from chorus.vocoder import job as job_module
 from chorus.vocoder.job import NoiseTape, read_tapes
+from chorus.triton_backend import kernels_import
 from tests.vocoder.tensor_calls import TensorCalls
 
 
@@ -33,11 +35,10 @@ def test_the_tape_gives_its_dtype():
     assert NoiseTape(80, seed=1, device=torch.device("cpu"), dtype=torch.bfloat16).slice(0, 3).dtype == torch.bfloat16
 
 
-def _read_and_slices(device: str, dtype=torch.float32):
+def _read_and_slices(device: str, dtype=torch.float32, backend: str = "torch", width: int = 800):
     tapes = [NoiseTape(9, seed=s, device=torch.device(device), dtype=dtype) for s in (1, 2, 3)]
     ranges = [[(0, 700)], [(40, 90), (500, 800)], [(3000, 3001)]]  # one, two (a prompt, a window), one column
-    columns = [np.concatenate([np.arange(a, b) for a, b in r]) for r in ranges]
-    read = read_tapes(tapes, columns, 800)
+    read = read_tapes(tapes, ranges, width, backend=backend)
     sliced = [torch.cat([t.slice(a, b) for a, b in r], dim=1) for t, r in zip(tapes, ranges)]
     return read, sliced
 
@@ -58,11 +59,48 @@ def test_a_read_gives_the_tapes_dtype():
     assert read.dtype == torch.bfloat16 and torch.equal(read[0, :, :700], sliced[0])
 
 
+_NEEDS_KERNEL = pytest.mark.skipif(
+    not kernels_import("chorus.vocoder.triton_tapes")
+    or (not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"),
+    reason="needs Triton (and TRITON_INTERPRET=1 without a GPU, set by tests/conftest.py)")
+
+
+@_NEEDS_KERNEL
+@pytest.mark.parametrize("width", [800, 2100])  # one tile of columns; three, the last one partial
+def test_the_kernel_reads_the_same_noise_and_zero_after(width):
+    """Under the interpreter the kernel's log and cosine are numpy's: equal to a few ulps here,
+    bit for bit on CUDA (below)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    read, sliced = _read_and_slices(device, backend="triton", width=width)
+    assert read.shape == (3, 9, width)
+    for row, expected in zip(read, sliced):
+        torch.testing.assert_close(row[:, :expected.shape[1]], expected, rtol=2e-6, atol=2e-6)
+        assert not row[:, expected.shape[1]:].any()
+
+
+@_NEEDS_KERNEL
+def test_the_kernel_gives_the_tapes_dtype():
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    read, sliced = _read_and_slices(device, torch.bfloat16, backend="triton")
+    assert read.dtype == torch.bfloat16
+    torch.testing.assert_close(read[0, :, :700], sliced[0], rtol=2 ** -7, atol=1e-6)  # a bf16 ulp at most
+
+
+@_NEEDS_KERNEL
+def test_the_kernel_takes_at_most_two_ranges_per_item():
+    tape = NoiseTape(9, seed=1, device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    with pytest.raises(AssertionError, match="at most 2 column ranges"):
+        read_tapes([tape], [[(0, 1), (2, 3), (4, 5)]], 3, backend="triton")
+
+
 @pytest.mark.gpu
-def test_one_read_equals_the_slices_bitwise_on_cuda():
-    read, sliced = _read_and_slices("cuda")
+@pytest.mark.parametrize("backend", ["torch", "auto"])  # auto: the Triton kernel on CUDA
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_read_equals_the_slices_bitwise_on_cuda(backend, dtype):
+    read, sliced = _read_and_slices("cuda", dtype, backend=backend)
     for row, expected in zip(read, sliced):
         assert torch.equal(row[:, :expected.shape[1]], expected)
+        assert not row[:, expected.shape[1]:].any()
 
 
 @pytest.mark.gpu
@@ -83,3 +121,28 @@ def test_a_new_stream_makes_few_tensor_calls():
     with TensorCalls() as calls:
         job_module.new_stream(7, cpu, torch.float32, 9, 20)
     assert calls.total <= 12
+
+
+@pytest.mark.gpu
+def test_after_the_stage_warm_up_streams_compile_no_tape_kernel():
+    """The tape kernel's variants (flow and source tapes differ in rows and dtype) compile in
+    ``VocoderStage.warmup``, not in a stream's first pass (Triton 3.6 keeps them per device in
+    ``device_caches[device][0]``)."""
+    from chorus.vocoder import VocoderConfig, VocoderStage
+    from chorus.vocoder.triton_tapes import _read_kernel
+    from tests.vocoder.conftest import drain
+    from tests.vocoder.models import random_s3gen, random_tokens, random_voice
+
+    def variants() -> int:
+        return sum(len(caches[0]) for caches in _read_kernel.device_caches.values())
+
+    s3gen = random_s3gen("turbo", seed=3, device="cuda", dtype=torch.bfloat16)
+    stage = VocoderStage(s3gen, VocoderConfig(cuda_graphs=False))
+    stage.warmup()
+    compiled = variants()
+    assert compiled >= 2
+    for i in range(3):
+        stage.add(f"s{i}", random_voice(30, seed=1), seed=i, streaming=True)
+        stage.push(f"s{i}", random_tokens(70 + 9 * i, seed=i), final=True)
+    assert len(drain(stage)) == 3
+    assert variants() == compiled
