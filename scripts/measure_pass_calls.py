@@ -11,7 +11,9 @@ does not depend on the device or the model's size, only on the stage's host code
 their first windows and the pass of their second windows. Model calls count once each on a
 GPU (graph replays) but here run eagerly, so the calls inside the pass's two model calls
 (``PassGraphs.run_flow`` and ``run_hift``) are counted apart (``model_calls``) and left out of
-``host_calls``; ``by_site`` splits ``host_calls`` by the chorus function that made them.
+``host_calls``; ``by_site`` splits ``host_calls`` by the chorus function that made them. The
+noise-tape reads counted here are the PyTorch path's (the CPU's); on CUDA each read is one
+Triton kernel instead (docs/vocoder.md, "A pass's host work").
 """
 from __future__ import annotations
 
