@@ -18,7 +18,8 @@ _MASK16 = 0xFFFF
 _MASK32 = 0xFFFFFFFF
 # Odd constants (golden ratio and murmur3 finaliser words) to separate the hash lanes.
 _LANE_SALTS = (0x9E3779B9, 0x85EBCA6B, 0xC2B2AE35, 0x27D4EB2F)
-# mix32's two multipliers ("lowbias32"); the Triton sampler (triton_sampler.py) reads both tuples.
+# mix32's two multipliers ("lowbias32"); the Triton kernels read them (triton_mix.py), the
+# sampler's (triton_sampler.py) the salts too.
 _MIX_MULTIPLIERS = (0x7FEB352D, 0x846CA68B)
 
 

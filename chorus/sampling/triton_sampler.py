@@ -32,28 +32,17 @@ import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
 # counter_rng's constants (one owner: the values are read from there at import)
-from chorus.sampling.counter_rng import _LANE_SALTS, _MIX_MULTIPLIERS
+from chorus.sampling.counter_rng import _LANE_SALTS
+from chorus.sampling.triton_mix import mix32 as _mix32
 
 _SALT2 = tl.constexpr(_LANE_SALTS[2])
 _SALT3 = tl.constexpr(_LANE_SALTS[3])
-_MIX_MUL1 = tl.constexpr(_MIX_MULTIPLIERS[0])
-_MIX_MUL2 = tl.constexpr(_MIX_MULTIPLIERS[1])
 
 # Vocabulary tile per loop iteration and warps per row: the fastest of tiles 512..4096 x 4/8/16
 # warps on an H200 at 1, 64 and 256 rows (scripts/gpu/bench_sampler.py --sweep); 16 warps hide
 # the float64 logs' latency best, tiles of 512 or 1024 were within 1 us of each other.
 _BLOCK = 1024
 _NUM_WARPS = 16
-
-
-@triton.jit
-def _mix32(x):
-    """counter_rng.mix32 on uint32 values (wrapping multiply, logical shifts)."""
-    x = x ^ (x >> 16)
-    x = x * _MIX_MUL1
-    x = x ^ (x >> 15)
-    x = x * _MIX_MUL2
-    return x ^ (x >> 16)
 
 
 @triton.jit

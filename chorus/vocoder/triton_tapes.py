@@ -30,24 +30,11 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
-# counter_rng's constants (one owner: the values are read from there at import)
-from chorus.sampling.counter_rng import _MIX_MULTIPLIERS
+from chorus.sampling.triton_mix import mix32 as _mix32
 
-_MIX_MUL1 = tl.constexpr(_MIX_MULTIPLIERS[0])
-_MIX_MUL2 = tl.constexpr(_MIX_MULTIPLIERS[1])
 _BLOCK = 1024
 MAX_RANGES = 2
 """Column ranges an item may have."""
-
-
-@triton.jit
-def _mix32(x):
-    """counter_rng.mix32 on uint32 values (wrapping multiply, logical shifts)."""
-    x = x ^ (x >> 16)
-    x = x * _MIX_MUL1
-    x = x ^ (x >> 15)
-    x = x * _MIX_MUL2
-    return x ^ (x >> 16)
 
 
 @triton.jit
