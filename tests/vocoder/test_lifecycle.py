@@ -121,3 +121,38 @@ def test_stats_count_passes_items_and_audio(tiny_turbo):
     assert stats.audio_seconds == pytest.approx(2 * 25 * 960 / 24000)
     assert stats.flow_seconds > 0 and stats.hift_seconds > 0
     assert stats.padded_tokens >= stats.real_tokens > 0
+
+
+def _pass_with_nan_in_hift(s3gen, where: str) -> dict[str, list]:
+    """One pass over a short (12 tokens) and a long (30 tokens) non-streaming job, HiFT's
+    waveform turned NaN at one sample: ``"long"``, the long job's first sample, or ``"padding"``,
+    the short job's row just past its own frames (the batch is padded to the long job's)."""
+    stage = VocoderStage(s3gen)
+    run_hift = stage.graphs.run_hift
+
+    def nan_hift(call):
+        wav, f0 = run_hift(call)
+        wav, counts = wav.clone(), call.counts.tolist()
+        short, long = counts.index(min(counts)), counts.index(max(counts))
+        row, sample = (long, 0) if where == "long" else (short, 480 * counts[short])
+        wav[row, sample] = float("nan")
+        return wav, f0
+
+    stage.graphs.run_hift = nan_hift
+    for job, length in (("short", 12), ("long", 30)):
+        stage.add(job, random_voice(10, seed=1), seed=3, streaming=False, n_steps=2)
+        stage.push(job, random_tokens(length, seed=2), final=True)
+    pieces = drain(stage)
+    assert stage.stats.passes == 1
+    return pieces
+
+
+def test_a_job_whose_pass_audio_is_not_finite_fails_alone(tiny_turbo):
+    pieces = _pass_with_nan_in_hift(tiny_turbo, "long")
+    assert "non-finite" in pieces["long"][-1].error
+    assert pieces["short"][-1].error is None and bool(torch.isfinite(joined(pieces["short"])).all())
+
+
+def test_a_nan_in_a_row_s_padding_fails_no_job(tiny_turbo):
+    pieces = _pass_with_nan_in_hift(tiny_turbo, "padding")
+    assert all(outs[-1].error is None and outs[-1].final for outs in pieces.values())
