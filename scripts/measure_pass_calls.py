@@ -32,7 +32,7 @@ from tests.vocoder.tensor_calls import TensorCalls  # noqa: E402
 
 
 def _report(counter: TensorCalls, per: int) -> dict:
-    total = sum(counter.host.values())
+    total = counter.host_total
     return {"host_calls": total, "host_calls_per_stream": round(total / per, 1), "model_calls": counter.model,
             "attribute_reads": counter.attribute_reads, "by_site": dict(counter.sites.most_common()),
             "top": dict(counter.host.most_common(12))}
@@ -57,9 +57,7 @@ def main() -> None:
     while stage.has_work():
         stage.step()
 
-    counter = TensorCalls()
-    counter.count_apart(stage.graphs, "run_flow")  # a graph replay each on a GPU
-    counter.count_apart(stage.graphs, "run_hift")
+    counter = TensorCalls.for_passes(stage)
     report = {"variant": args.variant, "streams": n, "voice_prompt_tokens": 30}
     with counter:
         for i in range(n):

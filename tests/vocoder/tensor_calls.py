@@ -24,10 +24,25 @@ class TensorCalls(TorchFunctionMode):
         self.host, self.sites = Counter(), Counter()
         self.model = self.attribute_reads = self._depth = 0
 
+    @classmethod
+    def for_passes(cls, stage) -> "TensorCalls":
+        """A counter for a vocoder stage's passes: the calls inside its two model calls
+        (``PassGraphs.run_flow`` and ``run_hift``, a graph replay each on a GPU, eager here)
+        counted apart as ``model``."""
+        counter = cls()
+        counter.count_apart(stage.graphs, "run_flow")
+        counter.count_apart(stage.graphs, "run_hift")
+        return counter
+
+    @property
+    def host_total(self) -> int:
+        """The tensor calls counted by name (neither attribute reads nor model calls)."""
+        return sum(self.host.values())
+
     @property
     def total(self) -> int:
         """Every call counted, of all three kinds."""
-        return sum(self.host.values()) + self.attribute_reads + self.model
+        return self.host_total + self.attribute_reads + self.model
 
     def clear(self) -> None:
         self.host.clear()

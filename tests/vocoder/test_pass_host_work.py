@@ -22,13 +22,10 @@ def _first_pass_calls(s3gen, streams: int, voices: int) -> int:
     for i in range(streams):
         stage.add(f"s{i}", prompts[i % voices], seed=i, streaming=True)
         stage.push(f"s{i}", random_tokens(end, seed=10 + i))
-    counter = TensorCalls()
-    counter.count_apart(stage.graphs, "run_flow")
-    counter.count_apart(stage.graphs, "run_hift")
-    with counter:
+    with TensorCalls.for_passes(stage) as counter:
         pieces = stage.step()
     assert len(pieces) == streams and all(p.samples.numel() for p in pieces)
-    return sum(counter.host.values())
+    return counter.host_total
 
 
 def test_a_pass_makes_as_many_tensor_calls_for_eight_streams_as_for_two(tiny_turbo):
