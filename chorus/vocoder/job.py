@@ -29,7 +29,6 @@ from chorus.voices import S3GenPrompt
 logger = logging.getLogger(__name__)
 
 SAMPLES_PER_FRAME = 480
-TRIM_FADE_SAMPLES = 960  # the 40 ms start envelope of apply_trim_fade
 
 
 class NoiseTape:
@@ -306,22 +305,3 @@ def raised_cosine(length: int) -> tuple[np.ndarray, np.ndarray]:
     fade_out = 1 - gains
     gains.flags.writeable = fade_out.flags.writeable = False
     return gains, fade_out
-
-
-@functools.cache
-def _trim_fade_envelope() -> np.ndarray:
-    from chorus.models.s3gen.postprocess import trim_fade_envelope
-
-    envelope = trim_fade_envelope(SAMPLE_RATE).numpy()
-    assert envelope.shape == (TRIM_FADE_SAMPLES,)
-    envelope.flags.writeable = False
-    return envelope
-
-
-def apply_trim_fade_at(samples: np.ndarray, start: int) -> None:
-    """Multiply, in place, samples ``[start, start + len(samples))`` of a job's audio by the
-    trim/fade envelope of its first 40 ms (``apply_trim_fade``'s, bit for bit); samples past
-    them are left alone."""
-    head = min(samples.shape[0], TRIM_FADE_SAMPLES - start)
-    if head > 0:
-        samples[:head] *= _trim_fade_envelope()[start:start + head]

@@ -17,11 +17,11 @@ import torch
 
 from chorus import faults
 from chorus.models.s3gen.hift import SourceNoise, draw_source_noise
+from chorus.models.s3gen.postprocess import apply_trim_fade_at
 from chorus.models.s3gen.s3gen import SAMPLE_RATE, SAMPLES_PER_TOKEN, S3Gen, TokenRules, item_generators
 from chorus.vocoder.batching import Candidate, PassCostModel, select_batch
 from chorus.vocoder.config import AudioOut, VocoderConfig, VocoderStats
-from chorus.vocoder.job import (SAMPLES_PER_FRAME, FlowWindow, Job, apply_trim_fade_at, new_stream, raised_cosine,
-                                read_tapes)
+from chorus.vocoder.job import SAMPLES_PER_FRAME, FlowWindow, Job, NoiseTape, new_stream, raised_cosine, read_tapes
 from chorus.vocoder.pass_graphs import FlowCall, HiFTCall, PassGraphs, frame_bucket, row_bucket
 from chorus.vocoder.voice_cache import VoiceCache, VoicePrompt, s3gen_part
 from chorus.voices import S3GenPrompt, Voice
@@ -200,9 +200,10 @@ class VocoderStage:
     def _read_each_tape_kind(self) -> None:
         """One read of a stream's flow-noise tape and of its source-noise tape: on CUDA this
         compiles the tape kernel's two variants (rows and dtype differ) before serving."""
-        stream = new_stream(0, self.s3gen.device, self.s3gen.dtype, self.s3gen.mel2wav.config.num_harmonics,
-                            self.config.first_window_tokens)
-        for tape in (stream.flow_noise, stream.source_noise):
+        device = self.s3gen.device
+        flow_noise = NoiseTape(self.s3gen.flow.config.mel_bins, 0, device, self.s3gen.dtype)
+        source_noise = NoiseTape(self.s3gen.mel2wav.config.num_harmonics, 0, device)
+        for tape in (flow_noise, source_noise):
             read_tapes([tape], [((0, 1),)], 1)
 
     def _forget(self, job_id: str) -> None:
@@ -300,7 +301,7 @@ class VocoderStage:
             host_tokens[i, :p.num_tokens] = p.host_tokens
             host_tokens[i, p.num_tokens:lengths[i]] = w.tokens
         cond = torch.zeros(batch, 80, ratio * width, device=device, dtype=flow.dtype)
-        for p, rows in _rows_by_prompt(prompts).values():
+        for p, rows in _rows_by_prompt(prompts):
             cond[rows, :, :p.mel_frames] = p.cond
         streams = [i for i, job in enumerate(jobs) if job.stream is not None]
         stream_noise = None
@@ -557,15 +558,15 @@ def _buckets(low: int, high: int) -> list[int]:
     return list(dict.fromkeys(frame_bucket(f) for f in range(low, high + 1)))
 
 
-def _rows_by_prompt(prompts: list[VoicePrompt]) -> dict[int, tuple[VoicePrompt, slice | list[int]]]:
+def _rows_by_prompt(prompts: list[VoicePrompt]) -> list[tuple[VoicePrompt, slice | list[int]]]:
     """The pass's rows of each distinct prompt (by identity; the voice cache hands out one
     object per voice and cap): all rows as a slice when every row shares one prompt."""
     groups: dict[int, tuple[VoicePrompt, list[int]]] = {}
     for i, p in enumerate(prompts):
         groups.setdefault(id(p), (p, []))[1].append(i)
     if len(groups) == 1:
-        return {key: (p, slice(None)) for key, (p, _) in groups.items()}
-    return groups
+        return [(prompts[0], slice(None))]
+    return list(groups.values())
 
 
 def _gather_frames(mel: torch.Tensor, items: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> torch.Tensor:

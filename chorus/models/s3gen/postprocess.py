@@ -5,8 +5,10 @@ vocoder's start-up transient.
 """
 from __future__ import annotations
 
+import functools
 import math
 
+import numpy as np
 import torch
 
 
@@ -31,3 +33,21 @@ def apply_trim_fade(wav: torch.Tensor, sample_rate: int = 24000) -> torch.Tensor
     out = wav.clone()
     out[..., :head] *= envelope[:head]
     return out
+
+
+@functools.cache
+def _host_envelope(sample_rate: int) -> np.ndarray:
+    envelope = trim_fade_envelope(sample_rate).numpy()
+    envelope.flags.writeable = False
+    return envelope
+
+
+def apply_trim_fade_at(samples: np.ndarray, start: int, sample_rate: int = 24000) -> None:
+    """The host form for audio that arrives in pieces: multiply, in place, samples
+    ``[start, start + len(samples))`` of a waveform by its envelope (``apply_trim_fade``'s
+    gains, bit for bit; the envelope is made once per sample rate). Samples past the first
+    40 ms are left alone."""
+    envelope = _host_envelope(sample_rate)
+    head = min(samples.shape[0], envelope.shape[0] - start)
+    if head > 0:
+        samples[:head] *= envelope[start:start + head]

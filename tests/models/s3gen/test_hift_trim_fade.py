@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from chorus.models.s3gen.postprocess import apply_trim_fade, trim_fade_envelope
+from chorus.models.s3gen.postprocess import apply_trim_fade, apply_trim_fade_at, trim_fade_envelope
 
 
 def test_trim_fade_envelope_is_20ms_silence_then_20ms_raised_cosine():
@@ -32,3 +33,12 @@ def test_trim_fade_handles_waveforms_shorter_than_the_envelope():
     wav = torch.ones(700)
     out = apply_trim_fade(wav)
     assert torch.equal(out, trim_fade_envelope()[:700])
+
+
+@pytest.mark.parametrize("cuts", [(0, 3000), (0, 100, 959, 961, 3000), (0, 500, 700)])
+def test_trim_fade_in_pieces_equals_the_whole_bitwise(cuts):
+    wav = torch.randn(cuts[-1])
+    pieces = [wav[a:b].numpy().copy() for a, b in zip(cuts, cuts[1:])]
+    for (a, _), piece in zip(zip(cuts, cuts[1:]), pieces):
+        apply_trim_fade_at(piece, a)
+    assert torch.equal(torch.from_numpy(np.concatenate(pieces)), apply_trim_fade(wav))
