@@ -155,7 +155,7 @@ class EngineReplica:
     takes traffic. A replica whose start failed raises, so Serve retries it and reports why."""
 
     async def __init__(self, config: ServerConfig, loader: str = DEFAULT_LOADER):
-        from chorus.server import gc_pauses
+        from chorus import gc_pauses
         from chorus.server.main import effective_config
         from chorus.server.process_watch import ProcessWatch
         from chorus.server.service import SpeechService

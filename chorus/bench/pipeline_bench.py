@@ -16,6 +16,7 @@ input character; EOS banned until then), so random weights give a trained model'
 """
 from __future__ import annotations
 
+import gc
 import tempfile
 import threading
 import time
@@ -25,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from chorus import gc_pauses
 from chorus.bench.reference_timing import DEFAULT_REFERENCE_CHUNKS, MIN_TIMED_AUDIO_S, SPEECH_TOKENS_PER_SECOND
 from chorus.bench.t3_bench import workload_chunks
 from chorus.engine.config import CacheConfig, EngineConfig, SchedulerConfig
@@ -99,6 +101,35 @@ def _warm_up(pipe: Pipeline, models: SpeechModels, cfg: PipelineBenchConfig) -> 
     pipe.generate([_request(models, cfg, t, i, stream=i % 2 == 1) for i, t in enumerate(texts)])
 
 
+class _Collector:
+    """A timed run under the garbage collector `chorus serve` runs with (its ``gc_freeze``):
+    what is alive when the run starts (models, graphs, the warm pipeline) is frozen, so the
+    collector's full collections, which stop every thread, traverse only what the run creates;
+    thawed when it ends. Reports the run's pauses (every thread's): their number, their sum
+    and the longest per generation, and how many objects were frozen."""
+
+    def __init__(self):
+        self._watch = gc_pauses.PauseWatch()
+        self._frozen = 0
+
+    def __enter__(self) -> "_Collector":
+        gc_pauses.freeze()
+        self._frozen = gc.get_freeze_count()
+        self._watch.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._watch.stop()
+        gc_pauses.thaw()
+
+    def report(self) -> dict:
+        seen: list[tuple[int, float]] = []
+        self._watch.drain(lambda generation, seconds: seen.append((generation, seconds)))
+        return {"frozen_objects": self._frozen, "count": len(seen), "total_s": round(sum(s for _, s in seen), 4),
+                "max_s_by_generation": {str(g): round(max(s for h, s in seen if h == g), 4)
+                                        for g in sorted({g for g, _ in seen})}}
+
+
 class _PassTimeline:
     """What each vocoder pass of a timed span did and when, next to T3's last step: the pipeline's
     timing listener, reading the stage's live counters on the vocoder thread right after each
@@ -155,10 +186,11 @@ def bench_offline(models: SpeechModels, cfg: PipelineBenchConfig, chunks: list[s
         timeline = _PassTimeline(pipe)
         pipe.set_timing_listener(timeline)
         _sync(models.device)
-        start = time.perf_counter()
-        results = pipe.generate(requests)
-        _sync(models.device)
-        wall = time.perf_counter() - start
+        with _Collector() as collector:
+            start = time.perf_counter()
+            results = pipe.generate(requests)
+            _sync(models.device)
+            wall = time.perf_counter() - start
         pipe.set_timing_listener(None)
         after = pipe.stats()
     finally:
@@ -174,7 +206,7 @@ def bench_offline(models: SpeechModels, cfg: PipelineBenchConfig, chunks: list[s
             "t3_seconds": round(t3_s, 3), "s3gen_seconds": round(s3gen_s, 3), "total_seconds": round(wall, 3),
             "overlap_seconds": round(max(0.0, t3_s + s3gen_s - wall), 3),
             "x_realtime": round(audio / wall, 1), "seconds_per_audio_second": round(wall / audio, 5),
-            "timeline": timeline.report(start)}
+            "gc": collector.report(), "timeline": timeline.report(start)}
 
 
 def _vocoder_work(was: VocoderStats, done: VocoderStats) -> dict:
@@ -218,14 +250,15 @@ def bench_stream(pipe: Pipeline, models: SpeechModels, cfg: PipelineBenchConfig,
     threads = [threading.Thread(target=consume, args=(i,)) for i in range(len(plans))]
     timeline = _PassTimeline(pipe)
     pipe.set_timing_listener(timeline)
-    begin = time.perf_counter()
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        pipe.set_timing_listener(None)
+    with _Collector() as collector:
+        begin = time.perf_counter()
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            pipe.set_timing_listener(None)
     wall = time.perf_counter() - begin
     stats = pipe.stats()
     ttfa, first_audio, gaps, rtf, stalls = [], [], [], [], []
@@ -262,7 +295,7 @@ def bench_stream(pipe: Pipeline, models: SpeechModels, cfg: PipelineBenchConfig,
             "audio_seconds": round(audio_s, 2),
             "s3gen_busy_per_audio_s": round((stats.vocoder_busy_s - before.vocoder_busy_s) / audio_s, 5)
             if audio_s else None,
-            **_vocoder_work(before.vocoder, stats.vocoder),
+            **_vocoder_work(before.vocoder, stats.vocoder), "gc": collector.report(),
             # when each pass and each T3 step ended and when each stream's first audio arrived,
             # from the level's start
             "timeline": {**timeline.report(begin),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from chorus.loop_lag import watch_loop_lag
-from chorus.server.gc_pauses import PauseWatch
+from chorus.gc_pauses import PauseWatch
 
 
 class ProcessWatch:

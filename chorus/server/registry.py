@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from chorus.server import gc_pauses
+from chorus import gc_pauses
 from chorus.server.config import ServerConfig
 from chorus.server.errors import APIError
 from chorus.server.metrics import ProcessMetrics

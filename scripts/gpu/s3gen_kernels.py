@@ -2,6 +2,7 @@
 
     python scripts/gpu/s3gen_kernels.py --out results/s3gen_kernels.json
     python scripts/gpu/s3gen_kernels.py --out /tmp/smoke.json --device cpu --tiny   # smoke test
+    python scripts/gpu/s3gen_kernels.py --flow-only --new-tokens 23 --out flow.json  # a first window
 
 Full-size S3Gen with random weights (the work does not depend on the weights), bf16 on CUDA,
 one batch of B items of N new tokens on a P-token voice prompt (default turbo, 32 x 250 on 250:
@@ -156,6 +157,7 @@ def main() -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="tiny models (a smoke test)")
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--flow-only", action="store_true", help="measure the flow alone (no whole call, no HiFT)")
     args = parser.parse_args()
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -166,6 +168,11 @@ def main() -> int:
                     "prompt_tokens": args.prompt_tokens, "dtype": str(dtype).removeprefix("torch."),
                     "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                     "torch": torch.__version__}
+
+    if args.flow_only:
+        report["flow"] = flow_figures(s3gen, args, device, dtype)
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        return 0
 
     def whole():
         return s3gen.tokens_to_wav(tokens, voice, seeds=list(range(args.batch)))

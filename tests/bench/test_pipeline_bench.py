@@ -91,3 +91,14 @@ def test_stream_level_has_a_timeline_of_its_passes_and_first_audio():
     # a stream's first audio comes out of a pass: after the first pass ended, which needed T3's tokens
     assert first[0] >= timeline["passes"][0]["end_s"] > timeline["t3_step_ends_s"][0]
     assert timeline["t3_step_ends_s"] == sorted(timeline["t3_step_ends_s"])
+
+
+def test_a_stream_level_runs_on_a_frozen_heap_and_reports_the_collectors_pauses():
+    import gc
+
+    level = _turbo_stream_level(2)
+    report = level["gc"]
+    assert report["frozen_objects"] > 0  # frozen as `chorus serve` freezes its warm heap
+    assert gc.get_freeze_count() == 0  # and thawed when the level ended
+    assert report["count"] >= 0 and report["total_s"] >= 0
+    assert set(report["max_s_by_generation"]) <= {"0", "1", "2"}

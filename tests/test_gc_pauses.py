@@ -1,4 +1,4 @@
-"""The garbage collector's pauses (chorus/server/gc_pauses.py): timed by generation, kept short
+"""The garbage collector's pauses (chorus/gc_pauses.py): timed by generation, kept short
 by the frozen start-up heap, and exported by a live server with its event-loop lag."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 
-from chorus.server import gc_pauses
+from chorus import gc_pauses
 from tests.server.live import LiveServer, metric, server_config, tiny_loader, until
 
 pytestmark = pytest.mark.timeout(120)
