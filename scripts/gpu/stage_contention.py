@@ -13,6 +13,11 @@ count meanwhile. ``vocoder_alone`` times the same passes with T3 idle. The diffe
 ``graphed`` and ``alone`` is what sharing the GPU (and the little host work left) costs T3; the
 difference between ``eager`` and ``graphed`` is what the eager passes' thousands of launches,
 each taking the GIL back, cost it.
+
+``--green-sms 96,112`` adds modes ``green-N``: the vocoder thread's passes (graphed) run in a CUDA
+green context of N of the device's SMs (``torch.cuda.green_contexts``), T3 on the whole device as
+before, so T3's kernels always find SMs that no vocoder block holds. ``vocoder_alone`` then also
+times the passes in each partition with T3 idle (what the partition costs the vocoder).
 """
 from __future__ import annotations
 
@@ -36,13 +41,39 @@ from chorus.vocoder import VocoderConfig, VocoderStage  # noqa: E402
 from tests.vocoder.models import random_s3gen, random_tokens, random_voice  # noqa: E402
 
 
+class GreenPartition:
+    """A green context of ``sms`` SMs and a stream whose work runs on them (torch's API as the
+    installed version offers it: ``GreenContext.Stream()``, or the context made current on this
+    thread and its default stream)."""
+
+    def __init__(self, sms: int):
+        from torch.cuda.green_contexts import GreenContext
+
+        self.context = GreenContext.create(num_sms=sms, device_id=torch.cuda.current_device())
+        self.sms = sms
+        if hasattr(self.context, "Stream"):
+            self.api = "GreenContext.Stream"
+            self.stream = self.context.Stream()
+        else:
+            self.api = "set_context + default stream"
+            self.stream = None
+
+    def enter(self) -> torch.cuda.Stream:
+        """On the thread that will launch the work: the stream to launch it on."""
+        if self.stream is not None:
+            return self.stream
+        self.context.set_context()
+        return torch.cuda.default_stream()
+
+
 class VocoderLoad:
     """Back-to-back vocoder passes on a side stream in a thread, until stopped."""
 
-    def __init__(self, stage: VocoderStage, items: int, tokens: int):
+    def __init__(self, stage: VocoderStage, items: int, tokens: int, partition: GreenPartition | None = None):
         self.stage, self.items, self.tokens = stage, items, tokens
         self.voice = random_voice(250, seed=1)
         self.batch = [random_tokens(tokens, seed=i) for i in range(items)]
+        self.partition = partition
         self.stream = torch.cuda.Stream()
         self.pass_seconds: list[float] = []
         self._stop = threading.Event()
@@ -61,8 +92,24 @@ class VocoderLoad:
         return time.perf_counter() - started
 
     def run(self) -> None:
+        if self.partition is not None:
+            self.stream = self.partition.enter()
         while not self._stop.is_set():
             self.pass_seconds.append(self.one_pass())
+
+    def alone(self, passes: int) -> list[float]:
+        """``passes`` passes on a thread of their own (as under load), T3 idle."""
+        times: list[float] = []
+
+        def run() -> None:
+            if self.partition is not None:
+                self.stream = self.partition.enter()
+            times.extend(self.one_pass() for _ in range(passes))
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join()
+        return times
 
     def __enter__(self):
         self.pass_seconds.clear()
@@ -123,6 +170,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--vocoder-items", type=int, default=8)
     parser.add_argument("--vocoder-tokens", type=int, default=100)
+    parser.add_argument("--modes", default="alone,graphed,eager")
+    parser.add_argument("--green-sms", default="", help="SM counts of green-context modes, e.g. 96,112")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     cfg = T3BenchConfig(variant=args.variant)
@@ -133,16 +182,27 @@ def main() -> None:
     report = {"variant": args.variant, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "steps": args.steps, "vocoder_items": args.vocoder_items, "vocoder_tokens": args.vocoder_tokens,
               "vocoder_alone": {}, "t3": []}
+    modes = [m for m in args.modes.split(",") if m] + [f"green-{n}" for n in args.green_sms.split(",") if n]
+    report["sms"] = torch.cuda.get_device_properties().multi_processor_count
     loads = {}
-    for mode in ("graphed", "eager"):
-        stage = VocoderStage(s3gen, VocoderConfig(cuda_graphs=mode == "graphed", capture_after=1,
+    for mode in [m for m in modes if m != "alone"]:
+        stage = VocoderStage(s3gen, VocoderConfig(cuda_graphs=mode != "eager", capture_after=1,
                                                   max_batch_items=args.vocoder_items))
-        load = VocoderLoad(stage, args.vocoder_items, args.vocoder_tokens)
-        times = [load.one_pass() for _ in range(6)][2:]  # captures and first-use costs first
-        report["vocoder_alone"][mode] = {"pass_ms_p50": _ms(times, 0.5)}
+        try:
+            partition = GreenPartition(int(mode.removeprefix("green-"))) if mode.startswith("green-") else None
+            load = VocoderLoad(stage, args.vocoder_items, args.vocoder_tokens, partition)
+            [load.one_pass() for _ in range(2)]  # captures and first-use costs first, on the default context
+            times = load.alone(4)
+        except Exception as error:  # an experiment: record why a mode could not run and go on
+            report["vocoder_alone"][mode] = {"error": f"{type(error).__name__}: {error}"[:1000]}
+            print(mode, report["vocoder_alone"][mode], flush=True)
+            continue
+        report["vocoder_alone"][mode] = {"pass_ms_p50": _ms(times, 0.5),
+                                         **({"api": partition.api} if partition else {})}
+        print(mode, report["vocoder_alone"][mode], flush=True)
         loads[mode] = load
     for batch in (int(b) for b in args.batch_sizes.split(",")):
-        for mode in ("alone", "graphed", "eager"):
+        for mode in [m for m in modes if m == "alone" or m in loads]:
             engine = t3_engine(model, variant, cfg, conditioning, text_ids, batch, args.steps)
             if mode == "alone":
                 steps, passes = t3_steps(engine, args.steps), []
