@@ -91,6 +91,10 @@ def test_stream_level_has_a_timeline_of_its_passes_and_first_audio():
     # a stream's first audio comes out of a pass: after the first pass ended, which needed T3's tokens
     assert first[0] >= timeline["passes"][0]["end_s"] > timeline["t3_step_ends_s"][0]
     assert timeline["t3_step_ends_s"] == sorted(timeline["t3_step_ends_s"])
+    steps = timeline["t3_step_seconds"]
+    assert len(steps) == len(timeline["t3_step_ends_s"]) and all(s > 0 for s in steps)
+    # a step ends no earlier than it lasted, counted from the level's start
+    assert all(end >= s - 1e-3 for end, s in zip(timeline["t3_step_ends_s"], steps))
 
 
 def test_a_stream_level_runs_on_a_frozen_heap_and_reports_the_collectors_pauses():
@@ -102,3 +106,28 @@ def test_a_stream_level_runs_on_a_frozen_heap_and_reports_the_collectors_pauses(
     assert gc.get_freeze_count() == 0  # and thawed when the level ended
     assert report["count"] >= 0 and report["total_s"] >= 0
     assert set(report["max_s_by_generation"]) <= {"0", "1", "2"}
+
+
+def test_a_stream_level_consumes_its_streams_without_a_thread_each(monkeypatch):
+    import threading
+
+    models = tiny_models("turbo")
+    cfg = PipelineBenchConfig(variant="turbo", tokens_per_char=0.4, max_num_seqs=16,
+                              max_num_batched_tokens=2048, max_model_len=1024)
+    pipe = _pipeline(models, cfg)
+    try:
+        _warm_up(pipe, models, cfg)
+        started: list[threading.Thread] = []
+        original = threading.Thread.start
+
+        def start(thread: threading.Thread) -> None:
+            started.append(thread)
+            original(thread)
+
+        monkeypatch.setattr(threading.Thread, "start", start)
+        level = bench_stream(pipe, models, cfg, 6)
+    finally:
+        monkeypatch.undo()
+        pipe.close()
+    assert level["num_errors"] == 0 and len(level["timeline"]["first_audio_s"]) == 6
+    assert started == []  # the streams were read on this thread's event loop, as the server reads them
