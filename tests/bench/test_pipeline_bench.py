@@ -2,6 +2,10 @@
 the benchmark cannot rot between GPU runs)."""
 from __future__ import annotations
 
+import contextlib
+import gc
+import threading
+
 import pytest
 
 from chorus.bench.pipeline_bench import PipelineBenchConfig, _pipeline, _warm_up, bench_offline, bench_stream
@@ -58,15 +62,17 @@ def test_stream_reports_time_to_first_audio_per_concurrency_level():
     assert not pipe.engine.has_unfinished_requests()
 
 
-def _turbo_stream_level(concurrency: int) -> dict:
-    """One level of ``concurrency`` streams on a warmed tiny turbo pipeline."""
+def _turbo_stream_level(concurrency: int, around=contextlib.nullcontext) -> dict:
+    """One level of ``concurrency`` streams on a warmed tiny turbo pipeline, inside ``around()``
+    (entered after the warm-up)."""
     models = tiny_models("turbo")
     cfg = PipelineBenchConfig(variant="turbo", tokens_per_char=0.4, max_num_seqs=16,
                               max_num_batched_tokens=2048, max_model_len=1024)
     pipe = _pipeline(models, cfg)
     try:
         _warm_up(pipe, models, cfg)
-        return bench_stream(pipe, models, cfg, concurrency)
+        with around():
+            return bench_stream(pipe, models, cfg, concurrency)
     finally:
         pipe.close()
 
@@ -98,8 +104,6 @@ def test_stream_level_has_a_timeline_of_its_passes_and_first_audio():
 
 
 def test_a_stream_level_runs_on_a_frozen_heap_and_reports_the_collectors_pauses():
-    import gc
-
     level = _turbo_stream_level(2)
     report = level["gc"]
     assert report["frozen_objects"] > 0  # frozen as `chorus serve` freezes its warm heap
@@ -109,25 +113,19 @@ def test_a_stream_level_runs_on_a_frozen_heap_and_reports_the_collectors_pauses(
 
 
 def test_a_stream_level_consumes_its_streams_without_a_thread_each(monkeypatch):
-    import threading
+    started: list[threading.Thread] = []
+    original = threading.Thread.start
 
-    models = tiny_models("turbo")
-    cfg = PipelineBenchConfig(variant="turbo", tokens_per_char=0.4, max_num_seqs=16,
-                              max_num_batched_tokens=2048, max_model_len=1024)
-    pipe = _pipeline(models, cfg)
-    try:
-        _warm_up(pipe, models, cfg)
-        started: list[threading.Thread] = []
-        original = threading.Thread.start
+    def start(thread: threading.Thread) -> None:
+        started.append(thread)
+        original(thread)
 
-        def start(thread: threading.Thread) -> None:
-            started.append(thread)
-            original(thread)
+    @contextlib.contextmanager
+    def watching_thread_starts():
+        with monkeypatch.context() as patch:
+            patch.setattr(threading.Thread, "start", start)
+            yield
 
-        monkeypatch.setattr(threading.Thread, "start", start)
-        level = bench_stream(pipe, models, cfg, 6)
-    finally:
-        monkeypatch.undo()
-        pipe.close()
+    level = _turbo_stream_level(6, watching_thread_starts)
     assert level["num_errors"] == 0 and len(level["timeline"]["first_audio_s"]) == 6
     assert started == []  # the streams were read on this thread's event loop, as the server reads them
