@@ -160,28 +160,44 @@ class AsyncT3Engine:
             loop, events = consumer
             loop.call_soon_threadsafe(events.put_nowait, event)
 
-    def _apply(self, command: str, payload) -> None:
-        if command == "add_many":
-            failed = []
-            for request in payload:
-                try:
-                    self.engine.add_request(request)
-                except Exception as exc:  # noqa: BLE001 - reported to the listener as an error output
-                    failed.append(RequestOutput(request.request_id, None, FinishReason.ERROR, str(exc)))
-            if failed:
-                self.on_step(failed)
-        elif command == "add":
-            try:
-                self.engine.add_request(payload)
-            except Exception as exc:  # noqa: BLE001 - the consumer gets the exception itself
-                self._deliver(payload.request_id, TokenEvent(None, FinishReason.ERROR, str(exc), exc))
-        elif command == "abort":
-            out = self.engine.abort(payload)
-            if out is not None:
-                self._deliver(payload, TokenEvent(None, FinishReason.ABORTED))
-        elif command == "stats":
-            if payload.set_running_or_notify_cancel():
-                payload.set_result(self.engine.stats())
+    def _apply(self, commands: list[tuple[str, object]]) -> None:
+        """Apply commands in their order; a run of consecutive admissions ("add", "add_many")
+        is admitted as one burst (``T3Engine.add_requests``: their prompt embeddings in one
+        batch)."""
+        burst: list[tuple[T3Request, bool]] = []  # (request, its consumer waits on a stream())
+        for command, payload in commands:
+            if command == "add_many":
+                burst.extend((request, False) for request in payload)
+                continue
+            if command == "add":
+                burst.append((payload, True))
+                continue
+            self._admit(burst)
+            burst = []
+            if command == "abort":
+                out = self.engine.abort(payload)
+                if out is not None:
+                    self._deliver(payload, TokenEvent(None, FinishReason.ABORTED))
+            elif command == "stats":
+                if payload.set_running_or_notify_cancel():
+                    payload.set_result(self.engine.stats())
+        self._admit(burst)
+
+    def _admit(self, burst: list[tuple[T3Request, bool]]) -> None:
+        """Admit a burst; a refused request's failure goes where its caller looks: the exception
+        itself to a ``stream()`` consumer, an ``ERROR`` output to ``on_step`` for ``submit()``."""
+        if not burst:
+            return
+        failed = []
+        for (request, streamed), outcome in zip(burst, self.engine.add_requests([r for r, _ in burst])):
+            if not isinstance(outcome, Exception):
+                continue
+            if streamed:
+                self._deliver(request.request_id, TokenEvent(None, FinishReason.ERROR, str(outcome), outcome))
+            else:
+                failed.append(RequestOutput(request.request_id, None, FinishReason.ERROR, str(outcome)))
+        if failed:
+            self.on_step(failed)
 
     def _run(self) -> None:
         if self.intra_op_threads is not None:
@@ -191,17 +207,17 @@ class AsyncT3Engine:
         try:
             while not self._stopping.is_set():
                 busy = self.engine.has_unfinished_requests()
+                commands = []
                 try:
                     if busy:
-                        command, payload = self._commands.get_nowait()
+                        commands.append(self._commands.get_nowait())
                     else:  # idle: sleep until a command arrives
-                        command, payload = self._commands.get(timeout=self._idle_wait_s)
-                    self._apply(command, payload)
+                        commands.append(self._commands.get(timeout=self._idle_wait_s))
                     while True:  # drain what else arrived
-                        command, payload = self._commands.get_nowait()
-                        self._apply(command, payload)
+                        commands.append(self._commands.get_nowait())
                 except queue.Empty:
                     pass
+                self._apply(commands)
                 if self.engine.has_unfinished_requests():
                     start = time.perf_counter()
                     self.step_started_at = time.monotonic()

@@ -236,6 +236,35 @@ class T3Engine:
         ``max_model_len``, the KV pool and the model's position tables; the prompt embeddings)
         runs before anything is queued, and a request that raises ``AdmissionError`` /
         ``ValueError`` leaves no trace in the scheduler or the runner."""
+        return self._enter(self._admission(request))
+
+    def add_requests(self, requests: Sequence[T3Request]) -> list[str | Exception]:
+        """Admit several requests, each as :meth:`add_request` admits it (atomically: one that
+        fails leaves no trace and does not keep the others out), in order; per request its id or
+        the exception that refused it. Their prompt embeddings are made in one batch
+        (``ModelRunner.embed_ahead``), so a burst of arrivals costs this thread a few tensor
+        calls, not about ten per request (docs/engine.md, "Admission")."""
+        outcomes: list[_Admission | str | Exception] = []
+        for request in requests:
+            try:
+                outcomes.append(self._admission(request))
+            except Exception as exc:  # noqa: BLE001 - handed back as this request's outcome
+                outcomes.append(exc)
+        admitted = [a for a in outcomes if isinstance(a, _Admission)]
+        self.runner.embed_ahead({a.request_id: (a.cond_embeds, a.text_ids, a.cfg) for a in admitted})
+        try:
+            for i, outcome in enumerate(outcomes):
+                if isinstance(outcome, _Admission):
+                    try:
+                        outcomes[i] = self._enter(outcome)
+                    except Exception as exc:  # noqa: BLE001 - handed back as this request's outcome
+                        outcomes[i] = exc
+        finally:
+            self.runner.forget_ahead()
+        return outcomes  # type: ignore[return-value]  # every _Admission was replaced
+
+    def _admission(self, request: T3Request) -> "_Admission":
+        """Every check of a request that needs no engine state; what :meth:`_enter` queues."""
         params = request.params.fitted_to(self.variant)
         request_id = request.request_id or f"t3-{next(_ids)}"
         cfg = self.variant.t3.supports_cfg and params.cfg_weight > 0
@@ -252,11 +281,16 @@ class T3Engine:
             deadline=None if deadline_s is None else time.monotonic() + deadline_s,
             max_tokens=params.max_new_tokens, min_tokens=params.min_new_tokens, ignore_eos=params.ignore_eos,
         )
+        return _Admission(request_id, cond.embeds, text_ids, cfg, params, engine_request)
+
+    def _enter(self, admission: "_Admission") -> str:
+        request_id = admission.request_id
         if self.scheduler.get_request(request_id) is not None:
             raise ValueError(f"request id {request_id!r} is already in the engine")
-        self.runner.add_request(request_id, cond.embeds, text_ids, cfg, params)  # may raise: nothing queued yet
+        self.runner.add_request(request_id, admission.cond_embeds, admission.text_ids, admission.cfg,
+                                admission.params)  # may raise: nothing queued yet
         try:
-            self.scheduler.add_request(engine_request)
+            self.scheduler.add_request(admission.engine_request)
         except BaseException:
             self.runner.remove_request(request_id)
             raise
@@ -403,3 +437,15 @@ class T3Engine:
                 if event.finish_reason is not None:
                     result.finish_reason, result.error = event.finish_reason, event.error
         return [results[rid] for rid in ids]
+
+
+@dataclass(frozen=True)
+class _Admission:
+    """A request that passed every check of :meth:`T3Engine._admission`, ready to be queued."""
+
+    request_id: str
+    cond_embeds: torch.Tensor
+    text_ids: torch.Tensor
+    cfg: bool
+    params: SamplingParams
+    engine_request: Request

@@ -110,12 +110,34 @@ class ModelRunner:
         self._staging: list[tuple[torch.Tensor | None, torch.cuda.Event | None]] = [(None, None)] * 4
         self._staging_turn = 0
         self._sampling: _SamplingState | None = None
+        # prompt embeddings made in one batch for requests being admitted together (embed_ahead)
+        self._ahead: dict[str, tuple[tuple[torch.Tensor, torch.Tensor, bool], torch.Tensor]] = {}
 
     # -- request lifetime ------------------------------------------------------------------------
+    def embed_ahead(self, prompts: dict[str, tuple[torch.Tensor, torch.Tensor, bool]]) -> None:
+        """Make the prompt embeddings of requests about to be added, ``{request_id: (cond_embeds,
+        text_ids, cfg)}``, in one batch (``T3Model.prefill_embeds_many``); :meth:`add_request`
+        then takes them instead of making its own. When the batch cannot be made (one of them is
+        invalid), nothing is kept and each request makes its own, so that only the invalid one
+        fails. :meth:`forget_ahead` drops what no add took."""
+        try:
+            with torch.inference_mode():
+                embeds = self.model.prefill_embeds_many(list(prompts.values()))
+        except Exception:  # noqa: BLE001 - each request then meets its own error in add_request
+            return
+        self._ahead = {request_id: (prompt, e) for (request_id, prompt), e in zip(prompts.items(), embeds)}
+
+    def forget_ahead(self) -> None:
+        self._ahead = {}
+
     def add_request(self, request_id: str, cond_embeds: torch.Tensor, text_ids: torch.Tensor,
                     cfg: bool, params: SamplingParams) -> None:
-        with torch.inference_mode():
-            embeds = self.model.prefill_embeds(cond_embeds, text_ids, cfg=cfg)
+        ahead = self._ahead.pop(request_id, None)
+        if ahead is not None and _same_prompt(ahead[0], (cond_embeds, text_ids, cfg)):
+            embeds = ahead[1]
+        else:
+            with torch.inference_mode():
+                embeds = self.model.prefill_embeds(cond_embeds, text_ids, cfg=cfg)
         self.requests[request_id] = RequestTensors(
             prompt_embeds=embeds, seen_mask=initial_penalty_mask(self.variant, 1, device=self.device),
             params=params,
@@ -391,3 +413,8 @@ class ModelRunner:
             seen=torch.cat([s.seen_mask for s in states]), steps=index[2],
             cond_index=index[0], uncond_index=index[1])
         return self._sampling
+
+
+def _same_prompt(a: tuple[torch.Tensor, torch.Tensor, bool], b: tuple[torch.Tensor, torch.Tensor, bool]) -> bool:
+    """Whether two (cond_embeds, text_ids, cfg) are the same inputs (the same tensors)."""
+    return a[0] is b[0] and a[1] is b[1] and a[2] == b[2]

@@ -11,7 +11,7 @@ at inference (the backbone's inner token table, ``tfmr.embed_tokens`` or ``tfmr.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -175,31 +175,14 @@ class T3Model(nn.Module):
     # ---- input embeddings -------------------------------------------------------------------
 
     def frame_text(self, text_ids: torch.Tensor) -> torch.Tensor:
-        """Tokenizer output [Lt] -> the text part of the input: SOT + ids + EOT for variants
-        that frame the text (original, multilingual), the ids unchanged otherwise."""
-        ids = text_ids.to(device=self.device, dtype=torch.long).reshape(-1)
+        """Tokenizer output [Lt] -> the text part of the input, on the host: SOT + ids + EOT for
+        variants that frame the text (original, multilingual), the ids unchanged otherwise."""
+        ids = torch.as_tensor(text_ids).to(device="cpu", dtype=torch.long).reshape(-1)
         sot, eot = self.config.start_text_token, self.config.stop_text_token
         if sot is None:
             return ids
         assert eot is not None
         return torch.cat([ids.new_tensor([sot]), ids, ids.new_tensor([eot])])
-
-    def text_embeds(self, framed_ids: torch.Tensor, *, unconditional: bool = False) -> torch.Tensor:
-        """Framed text ids [L] -> [L, D]. The unconditional (CFG) row has no token
-        embeddings but keeps the text position embeddings, as the reference does."""
-        length = framed_ids.shape[0]
-        if unconditional:
-            embeds = torch.zeros(length, self.config.hidden_size, dtype=self.dtype, device=self.device)
-        else:
-            embeds = self.text_emb(framed_ids)
-        if self.text_pos_emb is not None:
-            if length > self.text_pos_emb.rows:
-                raise ValueError(
-                    f"text of {length} tokens (with start/stop) exceeds the {self.text_pos_emb.rows} "
-                    "text positions of this model"
-                )
-            embeds = embeds + self.text_pos_emb(torch.arange(length, device=self.device))
-        return embeds
 
     def speech_embeds(self, tokens: torch.Tensor, speech_positions: torch.Tensor | None) -> torch.Tensor:
         """Speech tokens [N] -> input embeddings [N, D].
@@ -225,19 +208,51 @@ class T3Model(nn.Module):
         """[cond | framed text | BOS] for one request -> [rows, L, D].
 
         cond: [1, C, D] from :meth:`encode_conditioning`; text_ids: tokenizer output [Lt]
-        (unframed). With ``cfg`` there are two rows: 0 conditional, 1 unconditional.
+        (unframed). With ``cfg`` there are two rows: 0 conditional, 1 unconditional (no token
+        embeddings, the text position embeddings kept, as the reference does).
         """
-        if cfg and not self.config.supports_cfg:
-            raise ValueError("this variant has no classifier-free guidance")
-        if cond.ndim != 3 or cond.shape[0] != 1:
-            raise ValueError(f"conditioning must be [1, C, D], got {tuple(cond.shape)}")
-        framed = self.frame_text(text_ids)
+        return self.prefill_embeds_many([(cond, text_ids, cfg)])[0]
+
+    def prefill_embeds_many(self, requests: Sequence[tuple[torch.Tensor, torch.Tensor, bool]]) -> list[torch.Tensor]:
+        """:meth:`prefill_embeds` of several requests, ``(cond, text_ids, cfg)`` each, equal to
+        it bit for bit. Their text is looked up together: every request's framed ids and text
+        positions go to the device in one copy and through each table once; per request there
+        is only the concatenation. A burst of arrivals then costs the engine's thread a few
+        tensor calls instead of about ten per request, each of which can hand the GIL to
+        another thread (docs/engine.md, "Admission")."""
+        for cond, _, cfg in requests:
+            if cfg and not self.config.supports_cfg:
+                raise ValueError("this variant has no classifier-free guidance")
+            if cond.ndim != 3 or cond.shape[0] != 1:
+                raise ValueError(f"conditioning must be [1, C, D], got {tuple(cond.shape)}")
+        framed = [self.frame_text(text_ids) for _, text_ids, _ in requests]
+        lengths = [f.shape[0] for f in framed]
+        if self.text_pos_emb is not None and max(lengths, default=0) > self.text_pos_emb.rows:
+            raise ValueError(f"text of {max(lengths)} tokens (with start/stop) exceeds the "
+                             f"{self.text_pos_emb.rows} text positions of this model")
+        if not requests:
+            return []
+        positions = torch.cat([torch.arange(n) for n in lengths])
+        ids, positions = torch.cat([*framed, positions]).to(self.device).split(sum(lengths))
+        text = self.text_emb(ids)
+        unconditional = None
+        if self.text_pos_emb is not None:
+            position_embeds = self.text_pos_emb(positions)
+            text = text + position_embeds
+            if any(cfg for _, _, cfg in requests):
+                unconditional = torch.zeros_like(text) + position_embeds
+        elif any(cfg for _, _, cfg in requests):
+            unconditional = torch.zeros_like(text)
         bos = self.bos_embeds()
-        cond = cond[0].to(self.dtype)
-        rows = [torch.cat([cond, self.text_embeds(framed), bos])]
-        if cfg:
-            rows.append(torch.cat([cond, self.text_embeds(framed, unconditional=True), bos]))
-        return torch.stack(rows)
+        out, start = [], 0
+        for (cond, _, cfg), length in zip(requests, lengths):
+            cond, end = cond[0].to(self.dtype), start + length
+            rows = [torch.cat([cond, text[start:end], bos])]
+            if cfg:
+                rows.append(torch.cat([cond, unconditional[start:end], bos]))
+            out.append(torch.stack(rows))
+            start = end
+        return out
 
     # ---- backbone and head ------------------------------------------------------------------
 

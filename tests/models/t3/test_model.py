@@ -191,6 +191,61 @@ def test_prefill_layout_turbo_has_raw_text_and_one_bos():
     torch.testing.assert_close(embeds[0, -1], model.speech_emb.weight[config.start_speech_token])
 
 
+def _one_by_one(model, requests):
+    """Each request's prompt embeddings computed alone, as a burst of one."""
+    return [model.prefill_embeds_many([r])[0] for r in requests]
+
+
+@pytest.mark.parametrize("name", ["original", "turbo"])
+def test_prompt_embeddings_of_a_burst_equal_each_alone_bitwise(name):
+    config = tiny_variant(name).t3
+    model = T3Model.from_state_dict(config, random_t3_state(config))
+    cfg = config.supports_cfg
+    conds = [model.encode_conditioning(torch.randn(1, 256), torch.randint(0, 6561, (1, n)), 0.5 if cfg else 0.0)
+             for n in (4, 9)]
+    requests = [(conds[i % 2], torch.randint(1, 200, (n,)), cfg and i % 3 == 0) for i, n in enumerate((3, 1, 7, 12, 5))]
+    together = model.prefill_embeds_many(requests)
+    for got, alone, (cond, text, guided) in zip(together, _one_by_one(model, requests), requests):
+        assert torch.equal(got, alone)
+        assert torch.equal(got, model.prefill_embeds(cond, text, cfg=guided))
+        assert got.shape[0] == (2 if guided else 1)
+
+
+def test_a_burst_looks_its_text_up_once(tiny_original):
+    """A burst's text goes through each embedding table once, however many requests it has
+    (the engine admits bursts of hundreds, docs/engine.md, "Admission")."""
+    from torch.overrides import TorchFunctionMode
+
+    _, _, model = tiny_original
+    cond = model.encode_conditioning(torch.randn(1, 256), None, 0.5)
+
+    class Lookups(TorchFunctionMode):
+        count = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Lookups.count += func is torch.nn.functional.embedding
+            return func(*args, **(kwargs or {}))
+
+    def lookups(n: int) -> int:
+        Lookups.count = 0
+        with Lookups():
+            model.prefill_embeds_many([(cond, torch.tensor([5, 6, 7 + i]), True) for i in range(n)])
+        return Lookups.count
+
+    assert lookups(16) == lookups(2) > 0
+
+
+def test_a_burst_with_one_bad_request_is_refused_whole(tiny_original):
+    """The batch is all or nothing; the engine admits a burst's requests one by one when it
+    fails (tests/engine)."""
+    config, _, model = tiny_original
+    cond = model.encode_conditioning(torch.randn(1, 256), None, 0.5)
+    too_long = torch.ones(config.text_pos_rows, dtype=torch.long)
+    with pytest.raises(ValueError, match="text positions"):
+        model.prefill_embeds_many([(cond, torch.tensor([1, 2]), False), (cond, too_long, False)])
+    assert model.prefill_embeds_many([]) == []
+
+
 def test_cfg_is_refused_by_variants_without_it():
     config = tiny_variant("nano").t3
     model = T3Model.from_state_dict(config, random_t3_state(config))
