@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from chorus.sampling.counter_rng import mix32, seed_lanes, split_seed, uniform01, uniform_hash
+from chorus.sampling.counter_rng import mix32, seed_lanes, seed_lanes_of, split_seed, uniform01, uniform_hash
 
 EDGES = [0, 1, 2**15, 2**16 - 1, 2**16, 2**31 - 1, 2**31, 2**32 - 2, 2**32 - 1, 0x9E3779B9, 123456789]
 
@@ -53,3 +53,12 @@ def test_seed_lanes_of_a_numpy_array_equal_those_of_a_tensor():
     words = [split_seed(s) for s in (0, 1, 2**63 + 5, 2**64 - 1, 123456789)]
     assert np.array_equal(seed_lanes(np.array(words, dtype=np.int64)),
                           seed_lanes(torch.tensor(words, dtype=torch.int64)).numpy())
+
+
+def test_one_seeds_lanes_in_python_integers_equal_its_row_of_seed_lanes():
+    import numpy as np
+
+    seeds = (0, 1, 2**32 - 1, 2**32, 2**63 + 5, 2**64 - 1, 123456789)
+    rows = seed_lanes(np.array([split_seed(s) for s in seeds], dtype=np.int64))
+    for seed, row in zip(seeds, rows):
+        assert seed_lanes_of(seed) == tuple(int(x) for x in row)

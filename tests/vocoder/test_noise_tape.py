@@ -110,6 +110,22 @@ def test_the_noise_is_the_same_on_cuda():
     torch.testing.assert_close(cuda, cpu, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 9, 80])
+def test_a_tapes_row_keys_are_its_seed_lanes_hashed_with_each_row(rows):
+    """The keys are (seed, row) hashes whatever shortcuts make them (the rows' half is made once
+    per row count): written out here in arrays, as the tape first made them."""
+    import numpy as np
+
+    from chorus.sampling.counter_rng import mix32, seed_lanes, split_seed
+
+    index = np.arange(rows, dtype=np.int64)
+    for seed in (0, 7, 2**40 + 3, 2**64 - 1, -5):
+        lanes = seed_lanes(np.array([split_seed(seed % 2**64)], dtype=np.int64))[0]
+        expected = np.stack([mix32(int(lane) ^ mix32(index ^ salt)) for lane, salt in zip(lanes, job_module._ROW_SALTS)],
+                            axis=1)
+        assert np.array_equal(NoiseTape(rows, seed=seed, device=torch.device("cpu")).row_keys, expected)
+
+
 def test_a_new_stream_makes_few_tensor_calls():
     """Streams are added on the vocoder thread, where each tensor call can wait for the GIL
     behind T3's host loop (docs/vocoder.md, "Streams' noise"): a tape is numpy work, and a new
