@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from chorus.bench.report import write_report  # noqa: E402
 from chorus.bench.pipeline_bench import PipelineBenchConfig, _pipeline, _request, _warm_up  # noqa: E402
 from chorus.engine.engine import T3Engine  # noqa: E402
 from tests.voices.checkpoints import BASE_ENV  # noqa: E402
@@ -70,10 +70,7 @@ def main() -> None:
         T3Engine.step = original
         pipe.close()
     report = {"streams": args.streams, "first_step_starts_s": waits, "device": "cpu", "models": "tiny turbo"}
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    write_report(report, args.out)
 
 
 if __name__ == "__main__":

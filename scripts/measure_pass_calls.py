@@ -18,7 +18,6 @@ Triton kernel instead (docs/vocoder.md, "A pass's host work").
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from chorus.bench.report import write_report  # noqa: E402
 from chorus.vocoder import VocoderConfig, VocoderStage  # noqa: E402
 from tests.vocoder.models import random_s3gen, random_tokens, random_voice  # noqa: E402
 from tests.vocoder.tensor_calls import TensorCalls  # noqa: E402
@@ -73,10 +73,7 @@ def main() -> None:
             pieces = stage.step()
         assert len(pieces) == n, (name, len(pieces))
         report[name] = _report(counter, n)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    write_report(report, args.out)
 
 
 if __name__ == "__main__":
