@@ -264,17 +264,33 @@ class Job:
         first = max(0, min(first_read - context_tokens, stream.hift_start // 2))
         return FlowWindow(tokens[first:], first, final)
 
-    def deadline(self, margin_s: float) -> float:
-        """When this job's next pass is due, on the stage clock (earliest deadline first): a
-        stream that has sent nothing is due since it was added (time to first audio); one that
-        has audio out is due ``margin_s`` before its listener would run out of it; a
-        non-streaming job is due since its tokens were complete."""
+    def plays_from(self, lead: float | None) -> float | None:
+        """When its listener starts hearing its audio, on the stage clock: once its first audio
+        has left and the listener has heard what comes before it (``lead``: when that runs out;
+        None: nothing comes before it). None before its first audio."""
         stream = self.stream
-        if stream is None:
+        if stream is None or stream.first_sent_at is None:
+            return None
+        return stream.first_sent_at if lead is None else max(stream.first_sent_at, lead)
+
+    def runs_out_at(self, lead: float | None) -> float | None:
+        """When its listener runs out of the audio it has sent so far (None before its first audio)."""
+        start = self.plays_from(lead)
+        return None if start is None else start + self.stream.sent / SAMPLE_RATE
+
+    def deadline(self, margin_s: float, lead: float | None = None) -> float:
+        """When this job's next pass is due, on the stage clock (earliest deadline first): a
+        stream that has sent nothing is due since it was added (time to first audio), or, when
+        its listener still has earlier audio to hear (``lead``: when that runs out, see
+        :class:`~chorus.vocoder.listeners.Listeners`), ``margin_s`` before that; one that has
+        audio out is due ``margin_s`` before its listener would run out of it; a non-streaming
+        job is due since its tokens were complete."""
+        if self.stream is None:
             return self.final_at if self.final_at is not None else self.added_at
-        if stream.first_sent_at is None:
-            return self.added_at
-        return stream.first_sent_at + stream.sent / SAMPLE_RATE - margin_s
+        runs_out = self.runs_out_at(lead)
+        if runs_out is not None:
+            return runs_out - margin_s
+        return self.added_at if lead is None else max(self.added_at, lead - margin_s)
 
     def is_ready(self, holdback: int) -> bool:
         if self.final:

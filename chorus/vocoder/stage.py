@@ -22,6 +22,7 @@ from chorus.models.s3gen.s3gen import SAMPLE_RATE, SAMPLES_PER_TOKEN, S3Gen, Tok
 from chorus.vocoder.batching import Candidate, PassCostModel, select_batch
 from chorus.vocoder.config import AudioOut, VocoderConfig, VocoderStats
 from chorus.vocoder.job import SAMPLES_PER_FRAME, FlowWindow, Job, NoiseTape, new_stream, raised_cosine, read_tapes
+from chorus.vocoder.listeners import Listeners
 from chorus.vocoder.pass_graphs import FlowCall, HiFTCall, PassGraphs, frame_bucket, row_bucket
 from chorus.vocoder.voice_cache import VoiceCache, VoicePrompt, s3gen_part
 from chorus.voices import S3GenPrompt, Voice
@@ -41,6 +42,7 @@ class VocoderStage:
         self.faults = faults.from_env()  # test-only fault injection (chorus/faults.py); None in use
         self.voices = VoiceCache(s3gen.flow, self.config.voice_cache_size, self.config.prompt_tokens)
         self._jobs: dict[str, Job] = {}
+        self._listeners = Listeners()
         self._generators: dict[str, tuple[torch.Generator, torch.Generator]] = {}
         self._order = 0
         self._stats = VocoderStats()
@@ -59,12 +61,16 @@ class VocoderStage:
     # ------------------------------------------------------------------------------- interface
     def add(self, job_id: str, voice: Voice | S3GenPrompt, *, seed: int, streaming: bool,
             n_steps: int | None = None, cfg_rate: float | None = None, priority: int = 1,
-            rules: TokenRules | None = None) -> None:
+            rules: TokenRules | None = None, listener: str | None = None) -> None:
         """Register a job. ``seed`` fixes all its randomness; a job's audio never depends on
         the other jobs. ``n_steps``/``cfg_rate`` default to the variant's solver settings.
         ``priority`` (lower first) orders passes before deadlines do. ``rules``: what is done
         to the pushed tokens and the audio (default: the variant's, for T3 output; voice
-        conversion passes ``TokenRules.verbatim()``). Only the voice's S3Gen part is used.
+        conversion passes ``TokenRules.verbatim()``). ``listener`` (streams only): streams added
+        with the same key are heard one after another in the order they were added (a request's
+        chunks, a voice-agent turn's pieces), so a later one is scheduled for when the audio
+        before it runs out, not at once (``chorus.vocoder.listeners``); it never changes the
+        audio. Only the voice's S3Gen part is used.
         Non-streaming jobs give their whole audio in one piece once final, equal to
         ``S3Gen.tokens_to_wav`` for the same tokens, rules and seed."""
         if job_id in self._jobs:
@@ -81,6 +87,8 @@ class VocoderStage:
             job.stream = new_stream(job.seed, self.s3gen.device, self.s3gen.dtype,
                                     self.s3gen.mel2wav.config.num_harmonics,
                                     cfg.first_window_tokens)
+            if listener is not None:
+                self._listeners.join(listener, job)
         else:
             self._generators[job_id] = item_generators(job.seed, self.s3gen.device)
         self._jobs[job_id] = job
@@ -206,9 +214,12 @@ class VocoderStage:
         for tape in (flow_noise, source_noise):
             read_tapes([tape], [((0, 1),)], 1)
 
-    def _forget(self, job_id: str) -> None:
+    def _forget(self, job_id: str, *, finished: bool = False) -> None:
+        """Drop a job: ``finished`` when its last audio has just been sent (its listener hears
+        all of it), not when it was aborted or failed."""
         self._jobs.pop(job_id, None)
         self._generators.pop(job_id, None)
+        self._listeners.leave(job_id, finished=finished)
 
     def _finite(self, pieces: list[AudioOut], broken: set[str], poison: bool) -> list[AudioOut]:
         """NaN or inf audio is never sent: the pieces of ``broken`` jobs (whose pass audio was not
@@ -224,7 +235,7 @@ class VocoderStage:
         return pieces
 
     def _finish_empty(self, job: Job) -> AudioOut:
-        self._forget(job.job_id)
+        self._forget(job.job_id, finished=True)
         return AudioOut(job.job_id, torch.zeros(0), final=True)
 
     def _solver_key(self, job: Job) -> tuple[int, float]:
@@ -236,7 +247,10 @@ class VocoderStage:
         """The next pass's jobs, each with its voice prompt and flow window (worked out once,
         here, and read again by ``_run_pass``)."""
         cfg = self.config
-        ready.sort(key=lambda j: (j.priority, j.deadline(cfg.playback_margin_s), j.order))  # then earliest deadline
+        now = self._clock()
+        leads = self._listeners.leads(now)
+        margin = cfg.playback_margin_s
+        ready.sort(key=lambda j: (j.priority, j.deadline(margin, leads.get(j.job_id)), j.order))  # then earliest deadline
         ratio = self.s3gen.flow.config.token_mel_ratio
         candidates, inputs = [], []
         for i, job in enumerate(ready):
@@ -246,7 +260,7 @@ class VocoderStage:
             candidates.append(Candidate(i, prompt.num_tokens + len(window.tokens), self._solver_key(job), frames))
             inputs.append((job, prompt, window))
         chosen = select_batch(candidates, cfg.max_batch_items, cfg.max_batch_tokens, cfg.batching,
-                              self.cost, self._pass_budget())
+                              self.cost, self._pass_budget(now, leads))
         self.expected_pass_seconds = self.cost.predict(len(chosen) * max(candidates[i].length for i in chosen),
                                                        sum(candidates[i].frames for i in chosen))
         return [inputs[i] for i in chosen]
@@ -259,18 +273,19 @@ class VocoderStage:
         stream = job.stream
         return self.config.first_window_prompt_tokens if stream is not None and not stream.passes else None
 
-    def _pass_budget(self) -> float | None:
+    def _pass_budget(self, now: float, leads: dict[str, float]) -> float | None:
         """Seconds a pass may take while streams are running: ``max_pass_seconds``, or less (down
-        to half of it) when a playing stream would run out of audio sooner. None (no limit)
-        without streams or without ``max_pass_seconds``."""
+        to half of it) when a playing stream would run out of audio sooner (``leads``: its
+        listener's, ``Listeners.leads(now)``). None (no limit) without streams or without
+        ``max_pass_seconds``."""
         limit = self.config.max_pass_seconds
         if limit is None:
             return None
-        streams = [job.stream for job in self._jobs.values() if job.stream is not None]
+        streams = [job for job in self._jobs.values() if job.stream is not None]
         if not streams:
             return None
-        now = self._clock()
-        slack = [s.first_sent_at + s.sent / SAMPLE_RATE - now for s in streams if s.first_sent_at is not None]
+        runs_out = (job.runs_out_at(leads.get(job.job_id)) for job in streams)
+        slack = [t - now for t in runs_out if t is not None]
         # a stream with less in hand than half a pass cannot be saved by a smaller pass, and
         # passes of a few items would starve every other stream (measured: at 256 streams a
         # budget that followed the slack down shrank passes to single items and every stream stalled)
@@ -468,7 +483,7 @@ class VocoderStage:
             stream.first_sent_at = self._clock()
         stream.sent, stream.mel_end, stream.passes = limit, end, stream.passes + 1
         if final:
-            self._forget(job.job_id)
+            self._forget(job.job_id, finished=True)
             return AudioOut(job.job_id, torch.from_numpy(samples), final=True)
         # The next pass re-reads HiFT context from here; carry the harmonic phase up to it.
         next_start = max(stream.hift_start, min(end - cfg.hift_context_frames, limit // SAMPLES_PER_FRAME))

@@ -3,6 +3,7 @@ stream that would run dry soonest)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from chorus.vocoder import VocoderConfig, VocoderStage
 from tests.vocoder.models import random_tokens, random_voice
@@ -58,6 +59,57 @@ def test_a_stream_about_to_run_dry_goes_before_a_later_arrival_with_none(tiny_tu
     assert [o.job_id for o in stage.step()] == ["old"]
 
 
+def _heard_piece(stage, clock, listener: str) -> None:
+    """A listener's first piece, vocoded to its end at t = 0: about 0.5 s of audio in its ears."""
+    stage.add("piece0", random_voice(10, seed=1), seed=1, streaming=True, n_steps=1, listener=listener)
+    stage.push("piece0", random_tokens(12, seed=1), final=True)
+    [out] = stage.step()
+    assert out.final and out.samples.numel() > 0.4 * 24_000
+
+
+def test_a_later_piece_with_audio_still_to_be_heard_goes_after_a_new_stream(tiny_turbo):
+    clock, voice = FakeClock(), random_voice(10, seed=1)
+    stage = _stage(tiny_turbo, clock)
+    _heard_piece(stage, clock, "turn")
+    clock.now = 0.1
+    stage.add("piece1", voice, seed=2, streaming=True, n_steps=1, listener="turn")  # due when piece0 runs out
+    stage.push("piece1", random_tokens(30, seed=2))
+    clock.now = 0.2
+    stage.add("new", voice, seed=3, streaming=True, n_steps=1)  # its listener is waiting for it now
+    stage.push("new", random_tokens(30, seed=3))
+    assert [o.job_id for o in stage.step()] == ["new"]
+
+
+def test_a_later_piece_whose_listener_ran_dry_is_due_since_it_was_added(tiny_turbo):
+    clock, voice = FakeClock(), random_voice(10, seed=1)
+    stage = _stage(tiny_turbo, clock)
+    _heard_piece(stage, clock, "turn")
+    clock.now = 5.0  # the first piece was heard long ago
+    stage.add("piece1", voice, seed=2, streaming=True, n_steps=1, listener="turn")
+    stage.push("piece1", random_tokens(30, seed=2))
+    clock.now = 5.1
+    stage.add("new", voice, seed=3, streaming=True, n_steps=1)
+    stage.push("new", random_tokens(30, seed=3))
+    assert [o.job_id for o in stage.step()] == ["piece1"]
+
+
+def test_a_listener_changes_when_a_stream_is_vocoded_not_its_audio(tiny_turbo):
+    voice, tokens = random_voice(10, seed=1), random_tokens(40, seed=2)
+
+    def audio(listener):
+        stage = _stage(tiny_turbo, FakeClock())
+        if listener is not None:
+            _heard_piece(stage, FakeClock(), listener)
+        stage.add("piece1", voice, seed=2, streaming=True, n_steps=1, listener=listener)
+        stage.push("piece1", tokens, final=True)
+        pieces = []
+        while stage.has_work():
+            pieces += [o.samples for o in stage.step()]
+        return torch.cat(pieces)
+
+    assert torch.equal(audio("turn"), audio(None))
+
+
 def test_without_streams_passes_run_in_arrival_order(tiny_turbo):
     clock, voice = FakeClock(), random_voice(10, seed=1)
     stage = _stage(tiny_turbo, clock)
@@ -109,6 +161,6 @@ def test_a_pass_ends_before_the_most_urgent_playing_stream_runs_dry(tiny_turbo):
     stage.cost.observe(100, 100, flow_seconds=0.01, hift_seconds=0.01)
     clock.now = 0.1  # ~0.22 s left of its audio (0.4 s less the 0.08 s cross-fade held back)
     _ready_streams(stage, 5)
-    assert stage._pass_budget() == pytest.approx(0.4 - 4 * 480 / 24000 - 0.1, abs=0.02)
+    assert stage._pass_budget(clock.now, {}) == pytest.approx(0.4 - 4 * 480 / 24000 - 0.1, abs=0.02)
     clock.now = 0.39  # it is about to run dry: no smaller pass can save it, so half the limit
-    assert stage._pass_budget() == pytest.approx(0.2)
+    assert stage._pass_budget(clock.now, {}) == pytest.approx(0.2)
