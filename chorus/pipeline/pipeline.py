@@ -437,11 +437,13 @@ class Pipeline:
             state: _RequestState = payload
             plan = state.plan
             self._requests[plan.request_id] = state
+            # a stream's chunks, and streams sharing a listener, are heard one after another
+            listener = plan.listener or (plan.request_id if plan.stream and len(plan.chunks) > 1 else None)
             with _on_stream(self._cuda_stream):
                 for job in state.jobs:
                     chunk = plan.chunks[job.index]
                     self.vocoder.add(state.job_id(job.index), plan.voice, seed=chunk.seed, streaming=plan.stream,
-                                     n_steps=plan.flow_steps, priority=int(plan.priority))
+                                     n_steps=plan.flow_steps, priority=int(plan.priority), listener=listener)
                     self._jobs[state.job_id(job.index)] = job
         elif kind == "convert":
             state = payload

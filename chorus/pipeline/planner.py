@@ -60,6 +60,7 @@ class SpeechPlan:
     deadline_s: float | None  # total: submission to the end (SpeechRequest)
     start_deadline_s: float | None  # submission to the first audio piece (SpeechRequest)
     stream: bool
+    listener: str | None  # streamed requests heard one after another (SpeechRequest)
     watermark: str | None
     seed: int  # the base seed; chunk i uses seed + i
     ignored: tuple[str, ...]
@@ -182,6 +183,11 @@ class RequestPlanner:
             value = getattr(request, name)
             if value is not None and _number(name, value, 0.0) <= 0:
                 raise ValueError(f"{name} must be positive, got {value!r}")
+        if request.listener is not None:
+            if not isinstance(request.listener, str) or not request.listener:
+                raise ValueError(f"listener must be a non-empty string, got {request.listener!r}")
+            if not request.stream:
+                raise ValueError("listener orders streamed audio; it needs stream=True")
         if request.watermark is not None:
             if request.stream:
                 raise ValueError("a watermark needs the whole waveform; it cannot be applied to a streamed request")
@@ -194,6 +200,7 @@ class RequestPlanner:
         return dict(
             request_id=request.request_id or f"speech-{next(_ids)}", chunks=planned,
             exaggeration=exaggeration, flow_steps=flow_steps, priority=Priority(request.priority),
-            deadline_s=request.deadline_s, start_deadline_s=request.start_deadline_s, stream=bool(request.stream), watermark=request.watermark,
+            deadline_s=request.deadline_s, start_deadline_s=request.start_deadline_s, stream=bool(request.stream),
+            listener=request.listener, watermark=request.watermark,
             seed=base_seed, ignored=tuple(sorted(set(ignored))),
         )

@@ -35,6 +35,10 @@ class SpeechRequest:
     ``default_start_deadline_s``). A non-streaming request delivers its audio at the end, so
     for it the start deadline bounds the whole request.
     stream: deliver audio while it is generated (see ``SpeechStream``).
+    listener: streamed requests with the same ``listener`` are heard one after another, in the
+    order they were submitted (a voice-agent turn's pieces): a later one's audio is scheduled
+    for when the audio before it runs out, not as urgently as a new stream's first audio. A
+    request's own chunks are always heard that way. Never changes the audio.
     normalize: spell out numbers and abbreviations the model would misread (English only).
     """
 
@@ -57,6 +61,7 @@ class SpeechRequest:
     deadline_s: float | None = None
     start_deadline_s: float | None = None
     stream: bool = False
+    listener: str | None = None
     normalize: bool = True
     request_id: str | None = None
 

@@ -457,10 +457,10 @@ class SpeechService:
             raise APIError(400, f"deadline_s must be at most {config.max_deadline_s:g}, got {deadline:g}",
                            code="invalid_parameter", param="deadline_s")
 
-    def speech_request(self, body: SpeechBody, voice, priority: Priority, request_id: str
-                       ) -> tuple[SpeechRequest, Applied]:
+    def speech_request(self, body: SpeechBody, voice, priority: Priority, request_id: str,
+                       listener: str | None = None) -> tuple[SpeechRequest, Applied]:
         """The pipeline request of a checked API body (:meth:`check_body`), with the current
-        degradation applied."""
+        degradation applied; ``listener``: see ``SpeechRequest``."""
         config = self.config
         max_new_tokens = body.max_new_tokens if body.max_new_tokens is not None else config.max_new_tokens
         deadline = body.deadline_s if body.deadline_s is not None else config.default_deadline_s
@@ -469,7 +469,8 @@ class SpeechService:
             cfg_weight=body.cfg_weight, temperature=body.temperature, top_p=body.top_p, min_p=body.min_p,
             top_k=body.top_k, repetition_penalty=body.repetition_penalty, seed=body.seed,
             max_new_tokens=max_new_tokens, flow_steps=body.flow_steps, priority=priority,
-            deadline_s=deadline, start_deadline_s=self.start_deadline_s, stream=True, request_id=request_id)
+            deadline_s=deadline, start_deadline_s=self.start_deadline_s, stream=True, listener=listener,
+            request_id=request_id)
         request, applied = self.degradation.apply(request, self.pipeline.models.variant)
         for change in applied.changes:
             self.metrics.degraded.labels(change.split("=")[0]).inc()

@@ -159,12 +159,13 @@ _LOOK_UP = object()  # start_call's voice: look the body's voice up in the store
 
 
 async def start_call(service: "SpeechService", body: SpeechBody, priority, request_id: str, arrived: float, *,
-                     voice=_LOOK_UP, continues: "Ticket | None" = None) -> "SpeechCall":
+                     voice=_LOOK_UP, continues: "Ticket | None" = None, listener: str | None = None) -> "SpeechCall":
     """Check ``body`` against the server's limits, admit it (before any thread-pool or model
     work) and submit it to the pipeline: the :class:`SpeechCall` holding its ticket and stream.
     ``voice``: the voice already looked up (the WebSocket does it once per connection).
     ``continues``: the ticket of the call before it in the same stream (a voice-agent turn's
-    earlier piece), admitted as its continuation (``Admission.admit``).
+    earlier piece), admitted as its continuation (``Admission.admit``). ``listener``: the
+    pipeline's (``SpeechRequest.listener``: the pieces of one turn are heard one after another).
     Raises ``APIError``; whatever it took is given back. Cancelled while the pipeline plans the
     request (on a worker thread), the request is cancelled as soon as it exists."""
     service.check_body(body)
@@ -172,7 +173,7 @@ async def start_call(service: "SpeechService", body: SpeechBody, priority, reque
     try:
         if voice is _LOOK_UP:
             voice = await asyncio.to_thread(request_voice, service.voices, body.voice)
-        pipeline_request, applied = service.speech_request(body, voice, priority, request_id)
+        pipeline_request, applied = service.speech_request(body, voice, priority, request_id, listener)
         stream = await _submitted(service.submit, pipeline_request)
     except BaseException:
         service.admission.release(ticket)

@@ -147,8 +147,9 @@ class Turn:
                 body = settings.body.model_copy(update={"input": piece.text})
                 # a later piece continues the turn's stream: admitted with it, never refused
                 continues = self.calls[-1].ticket if self.calls else None
-                call = await start_call(service, body, settings.priority, f"{connection.id}.t{self.index}.p{index}",
-                                        time.perf_counter(), voice=settings.voice, continues=continues)
+                turn_key = f"{connection.id}.t{self.index}"
+                call = await start_call(service, body, settings.priority, f"{turn_key}.p{index}", time.perf_counter(),
+                                        voice=settings.voice, continues=continues, listener=turn_key)
             except APIError as error:
                 await self._ready.put(error)
                 return

@@ -58,6 +58,14 @@ def test_a_streamed_request_cannot_be_watermarked(planner):
         planner.validate(SpeechRequest("Hello.", watermark="perth", stream=True))
 
 
+def test_a_listener_orders_streamed_audio_only(planner):
+    assert planner.plan(SpeechRequest("Hello.", stream=True, listener="turn-1")).listener == "turn-1"
+    with pytest.raises(ValueError, match="stream=True"):
+        planner.validate(SpeechRequest("Hello.", listener="turn-1"))
+    with pytest.raises(ValueError, match="listener"):
+        planner.validate(SpeechRequest("Hello.", stream=True, listener=""))
+
+
 def test_validate_never_resolves_the_voice():
     def no_voice():
         raise AssertionError("resolved")
