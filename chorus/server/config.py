@@ -132,6 +132,7 @@ class ServerConfig:
     cuda_graphs: bool = True
     vocoder_max_pass_seconds: float | None = None  # while streams play, a vocoder pass's predicted time at most
     vocoder_first_window_prompt_tokens: int | None = None  # voice-prompt tokens of a stream's first vocoder pass
+    vocoder_follower_first_window_tokens: int | None = None  # first vocoder window of a turn's later piece
     # operations
     warmup: bool = True
     canary_interval_s: float = 60.0  # canaries re-run this often (a failed one fails /ready; a late one not)
@@ -157,7 +158,7 @@ class ServerConfig:
                      f"{name} must be a positive integer, got {value!r}")
         _require(self.max_new_tokens is None or (isinstance(self.max_new_tokens, int) and self.max_new_tokens > 0),
                  f"max_new_tokens must be a positive integer or unset, got {self.max_new_tokens!r}")
-        for name in ("kv_cache_bytes", "vocoder_first_window_prompt_tokens"):
+        for name in ("kv_cache_bytes", "vocoder_first_window_prompt_tokens", "vocoder_follower_first_window_tokens"):
             value = getattr(self, name)
             _require(value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0),
                      f"{name} must be a positive integer or unset, got {value!r}")
@@ -355,6 +356,11 @@ FIELD_HELP = {
                                           "first audio comes sooner under load, with less voice context in that "
                                           "second (default: the whole prompt; docs/vocoder.md, "
                                           "\"First-window prompt\")",
+    "vocoder_follower_first_window_tokens": "the first vocoder window, in speech tokens (25 per second), of a "
+                                            "stream added while its listener still has audio to hear (a "
+                                            "voice-agent turn's later piece, a long text's later chunk): fewer "
+                                            "passes per piece, its first audio needing more tokens (default: "
+                                            "the first window of every stream, 20; docs/vocoder.md, \"Listeners\")",
     "warmup": "warm up (capture CUDA graphs) before reporting ready",
     "canary_interval_s": "seconds between canary syntheses; one that fails in a model step makes /ready fail "
                          "until one passes (one that is late under load does not)",

@@ -20,6 +20,16 @@ class VocoderConfig:
     first_window_tokens: int = 20
     """Tokens a stream needs (beyond the held-back ones) before its first pass: small means a
     short time to first audio."""
+    follower_first_window_tokens: int | None = None
+    """The first window of a *follower*: a stream added while its listener still has audio ahead
+    of it to hear (a streamed request's later chunk, a voice-agent turn's later piece while the
+    earlier one plays; docs/vocoder.md, "Listeners"). None (the default): ``first_window_tokens``
+    like every stream. Larger means fewer passes per follower, each re-reading the voice prompt
+    (a piece of 80 tokens takes one pass at 100 instead of three at 20, 60 and 80), at the
+    price of its first audio needing more of T3's tokens, which the audio ahead of it has to
+    cover. Whether a stream is a follower depends on when it is added (a piece added after the
+    earlier one was heard to the end is not), so with this set a later piece's window
+    boundaries, and so its audio to within the cross-fades, can differ between runs."""
     max_window_tokens: int = 100
     """Later windows grow from ``first_window_tokens`` by ``window_growth`` up to this many tokens."""
     window_growth: int = 2
@@ -116,6 +126,11 @@ class VocoderConfig:
     def __post_init__(self) -> None:
         if self.first_window_tokens < 1 or self.max_window_tokens < self.first_window_tokens:
             raise ValueError("need 1 <= first_window_tokens <= max_window_tokens")
+        _check_optional_int("follower_first_window_tokens", self.follower_first_window_tokens, 1,
+                            "first_window_tokens")
+        if (self.follower_first_window_tokens or 0) > self.max_window_tokens:
+            raise ValueError(f"follower_first_window_tokens must be at most max_window_tokens "
+                             f"({self.max_window_tokens}), got {self.follower_first_window_tokens}")
         if isinstance(self.window_growth, bool) or not isinstance(self.window_growth, int) or self.window_growth < 1:
             raise ValueError(f"window_growth must be an int >= 1, got {self.window_growth!r}")
         if self.max_pass_seconds is not None and not self.max_pass_seconds > 0:

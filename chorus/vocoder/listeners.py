@@ -41,6 +41,13 @@ class Listeners:
         self._by_key.setdefault(key, _Listener()).jobs.append(job)
         self._key_of[job.job_id] = key
 
+    def has_audio_ahead(self, key: str, now: float) -> bool:
+        """Whether a stream joining listener ``key`` now would have audio ahead of it to be
+        heard first (a stream before it still in the stage, or audio not yet heard)."""
+        listener = self._by_key.get(key)
+        return listener is not None and (bool(listener.jobs) or
+                                         (listener.heard_until is not None and listener.heard_until > now))
+
     def leave(self, job_id: str, *, finished: bool) -> None:
         """A stream leaves the stage: ``finished`` (its last audio sent: the listener hears all of
         it, after the streams before it) or not (aborted or failed: it is dropped)."""

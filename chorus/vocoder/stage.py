@@ -84,9 +84,12 @@ class VocoderStage:
                   priority=int(priority), added_at=self._clock())
         self._order += 1
         if streaming:
+            first_window = cfg.first_window_tokens
+            if (listener is not None and cfg.follower_first_window_tokens is not None
+                    and self._listeners.has_audio_ahead(listener, job.added_at)):
+                first_window = cfg.follower_first_window_tokens
             job.stream = new_stream(job.seed, self.s3gen.device, self.s3gen.dtype,
-                                    self.s3gen.mel2wav.config.num_harmonics,
-                                    cfg.first_window_tokens)
+                                    self.s3gen.mel2wav.config.num_harmonics, first_window)
             if listener is not None:
                 self._listeners.join(listener, job)
         else:
@@ -537,7 +540,8 @@ def warmup_shapes(cfg: VocoderConfig, ratio: int, prompt_tokens: int, chunk_toke
     plus the HiFT context), the flow over the frame bucket of the first window (over the prompt
     ``first_window_prompt_tokens`` leaves), then those of the later window ends, then every other
     bucket up to the last window end (final passes land anywhere in between); each at row buckets
-    1, 2, 4, ... up to ``most_rows``. Then, with ``whole_chunk_tokens``, non-streaming passes of
+    1, 2, 4, ... up to ``most_rows`` (with ``follower_first_window_tokens``, HiFT over a
+    follower's first window too). Then, with ``whole_chunk_tokens``, non-streaming passes of
     whole chunks (HiFT over all of a chunk's frames, the flow over prompt + chunk) of 1 to
     ``whole_chunk_tokens`` tokens, at the two largest of those row buckets.
     """
@@ -553,6 +557,8 @@ def warmup_shapes(cfg: VocoderConfig, ratio: int, prompt_tokens: int, chunk_toke
     later = [ratio * (prompt_tokens + end + cfg.holdback_tokens) for end in ends]
     flow_frames = [ratio * (first_prompt + ends[0] + cfg.holdback_tokens)] + later
     flow_frames += list(range(later[0], later[-1], 64))
+    if cfg.follower_first_window_tokens is not None:  # a follower's first window (its flow lies among ``later``'s)
+        windows.append(cfg.follower_first_window_tokens)
     hift_frames = [ratio * (w + cfg.holdback_tokens) + cfg.hift_context_frames for w in windows]
     rows = [1]
     while rows[-1] < row_bucket(most_rows):

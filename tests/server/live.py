@@ -17,7 +17,7 @@ from chorus.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chorus.pipeline import ConversionConfig
 from chorus.pipeline.pipeline import Pipeline, PipelineConfig
 from chorus.server.config import DegradationConfig, ServerConfig
-from chorus.server.main import uvicorn_server
+from chorus.server.main import uvicorn_server, vocoder_config
 from chorus.server.registry import ModelRegistry
 from chorus.server.service import Loaded, SpeechService
 from chorus.voices.objectstore import open_blob_store
@@ -38,9 +38,10 @@ def server_config(voices_dir: Path, **overrides) -> ServerConfig:
 def tiny_loader(config: ServerConfig, *, front_end=None, max_num_seqs: int = 16,
                 kv_cache_bytes: int = 64 << 20, max_chars: int = 60, models_of=None):
     """A loader of the tiny models of a model version's config (the real one is
-    chorus.server.main.load_models; called without one, ``config``'s). ``front_end``: the voice
-    front end, or a function of the variant name that returns one (several models);
-    ``models_of(variant)`` replaces ``tiny_models`` (e.g. models that can convert voices)."""
+    chorus.server.main.load_models; called without one, ``config``'s), with the config's vocoder
+    settings. ``front_end``: the voice front end, or a function of the variant name that returns
+    one (several models); ``models_of(variant)`` replaces ``tiny_models`` (e.g. models that can
+    convert voices)."""
 
     def load(version_config: ServerConfig | None = None) -> Loaded:
         model_config = version_config or config
@@ -52,7 +53,8 @@ def tiny_loader(config: ServerConfig, *, front_end=None, max_num_seqs: int = 16,
         engine = EngineConfig(variant=model_config.variant, cache=CacheConfig(kv_cache_bytes=kv_cache_bytes),
                               scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=1024,
                                                         max_model_len=1024))
-        pipeline = Pipeline(models, PipelineConfig(engine=engine, max_chars=max_chars,
+        pipeline = Pipeline(models, PipelineConfig(engine=engine, vocoder=vocoder_config(model_config),
+                                                   max_chars=max_chars,
                                                    conversion=ConversionConfig(max_source_s=model_config.max_source_s),
                                                    default_deadline_s=model_config.default_deadline_s,
                                                    default_start_deadline_s=model_config.start_deadline_for("cpu")))

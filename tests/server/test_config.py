@@ -299,6 +299,14 @@ def test_the_first_window_prompt_cap_reaches_the_vocoder_stage():
     assert vocoder_config(_build(flags={"vocoder_first_window_prompt_tokens": "50"})).first_window_prompt_tokens == 50
 
 
+def test_the_followers_first_window_reaches_the_vocoder_stage():
+    from chorus.server.main import vocoder_config
+
+    assert vocoder_config(_build()).follower_first_window_tokens is None
+    flags = {"vocoder_follower_first_window_tokens": "100"}
+    assert vocoder_config(_build(flags=flags)).follower_first_window_tokens == 100
+
+
 def test_the_first_window_prompt_cap_must_be_a_positive_integer():
     with pytest.raises(ValueError, match="vocoder_first_window_prompt_tokens must be a positive integer or unset, got 0"):
         _build(flags={"vocoder_first_window_prompt_tokens": "0"})

@@ -164,3 +164,36 @@ def test_a_pass_ends_before_the_most_urgent_playing_stream_runs_dry(tiny_turbo):
     assert stage._pass_budget(clock.now, {}) == pytest.approx(0.4 - 4 * 480 / 24000 - 0.1, abs=0.02)
     clock.now = 0.39  # it is about to run dry: no smaller pass can save it, so half the limit
     assert stage._pass_budget(clock.now, {}) == pytest.approx(0.2)
+
+
+def _follower_stage(s3gen, clock) -> VocoderStage:
+    return VocoderStage(s3gen, VocoderConfig(max_batch_items=4, first_window_tokens=10, max_window_tokens=40,
+                                             follower_first_window_tokens=30, playback_margin_s=0.0), clock=clock)
+
+
+def test_a_follower_starts_with_its_own_first_window(tiny_turbo):
+    clock, voice = FakeClock(), random_voice(10, seed=1)
+    stage = _follower_stage(tiny_turbo, clock)
+    _heard_piece(stage, clock, "turn")  # about 0.5 s of audio ahead of the next piece
+    clock.now = 0.1
+    stage.add("piece1", voice, seed=2, streaming=True, n_steps=1, listener="turn")
+    stage.push("piece1", random_tokens(20, seed=2))  # past a first window of 10 (+3), short of 30 (+3)
+    assert not stage.has_work()
+    stage.push("piece1", random_tokens(14, seed=3))
+    assert stage.has_work()
+
+
+def test_a_stream_whose_listener_has_nothing_ahead_is_no_follower(tiny_turbo):
+    clock, voice = FakeClock(), random_voice(10, seed=1)
+    stage = _follower_stage(tiny_turbo, clock)
+    _heard_piece(stage, clock, "turn")
+    clock.now = 5.0  # heard to the end: the listener waits for this piece
+    stage.add("piece1", voice, seed=2, streaming=True, n_steps=1, listener="turn")
+    stage.push("piece1", random_tokens(14, seed=2))
+    assert stage.has_work()
+
+
+@pytest.mark.parametrize("value", [0, 41])
+def test_a_follower_window_outside_1_to_the_largest_window_is_refused(value):
+    with pytest.raises(ValueError, match="follower_first_window_tokens"):
+        VocoderConfig(first_window_tokens=10, max_window_tokens=40, follower_first_window_tokens=value)
