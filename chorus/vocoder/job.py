@@ -264,19 +264,15 @@ class Job:
         first = max(0, min(first_read - context_tokens, stream.hift_start // 2))
         return FlowWindow(tokens[first:], first, final)
 
-    def plays_from(self, lead: float | None) -> float | None:
-        """When its listener starts hearing its audio, on the stage clock: once its first audio
-        has left and the listener has heard what comes before it (``lead``: when that runs out;
-        None: nothing comes before it). None before its first audio."""
+    def runs_out_at(self, lead: float | None) -> float | None:
+        """When its listener runs out of the audio it has sent so far, on the stage clock: that
+        audio plays from when its first sample left or, if later, when the audio ahead of it
+        runs out (``lead``; None: nothing ahead). None before its first audio."""
         stream = self.stream
         if stream is None or stream.first_sent_at is None:
             return None
-        return stream.first_sent_at if lead is None else max(stream.first_sent_at, lead)
-
-    def runs_out_at(self, lead: float | None) -> float | None:
-        """When its listener runs out of the audio it has sent so far (None before its first audio)."""
-        start = self.plays_from(lead)
-        return None if start is None else start + self.stream.sent / SAMPLE_RATE
+        start = stream.first_sent_at if lead is None else max(stream.first_sent_at, lead)
+        return start + stream.sent / SAMPLE_RATE
 
     def deadline(self, margin_s: float, lead: float | None = None) -> float:
         """When this job's next pass is due, on the stage clock (earliest deadline first): a

@@ -235,14 +235,12 @@ class T3Model(nn.Module):
         positions = torch.cat([torch.arange(n) for n in lengths])
         ids, positions = torch.cat([*framed, positions]).to(self.device).split(sum(lengths))
         text = self.text_emb(ids)
-        unconditional = None
+        unconditional = torch.zeros_like(text) if any(cfg for _, _, cfg in requests) else None
         if self.text_pos_emb is not None:
             position_embeds = self.text_pos_emb(positions)
             text = text + position_embeds
-            if any(cfg for _, _, cfg in requests):
-                unconditional = torch.zeros_like(text) + position_embeds
-        elif any(cfg for _, _, cfg in requests):
-            unconditional = torch.zeros_like(text)
+            if unconditional is not None:
+                unconditional = unconditional + position_embeds
         bos = self.bos_embeds()
         out, start = [], 0
         for (cond, _, cfg), length in zip(requests, lengths):
