@@ -34,6 +34,15 @@ whatever the load, since refusing it would cut the turn's speech mid-way, and th
 count as one stream in the real-time bound (they play one after the other). Their work counts
 in the predictions like any other.
 
+**Learning from first audio.** Admission tells the capacity model how its predictions turned
+out (:meth:`Admission.started`): each request's first audio (or its start deadline passing)
+calibrates the model, and at every decision the request that has waited longest for its first
+audio, if it is already past its prediction, raises the calibration to at least that error
+(``CapacityModel.observe_waiting``), so a burst turning out slower than predicted tightens
+admission before any of it has started. A continuation is left out of both: the vocoder holds
+its first audio back while its listener still has audio to hear (docs/vocoder.md,
+"Listeners"), so when it starts says nothing of the server's speed.
+
 ``Retry-After`` comes from the estimates: for ``overloaded``, how long until enough of the work
 in flight has drained for the prediction to fit; for ``queue_full`` and the real-time bound, until
 the first request in flight is predicted to finish; never below ``retry_after_s`` nor above ``max_retry_after_s``.
@@ -43,6 +52,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -64,6 +74,7 @@ class Ticket:
     alone: bool  # nothing else was in flight when it was admitted
     estimate: Estimate  # what was predicted at admission
     chars: int  # characters of its input
+    admitted: float  # when (the admission's clock)
     head: "Ticket | None" = field(default=None, repr=False)  # the first ticket of its stream (None: itself)
 
     @property
@@ -77,7 +88,7 @@ class Admission:
 
     def __init__(self, max_queue: int, memory_pressure: float, retry_after_s: int, *,
                  capacity: CapacityModel, policy: str = "predicted", max_retry_after_s: int = 60,
-                 realtime_headroom: float = 0.0):
+                 realtime_headroom: float = 0.0, clock=time.perf_counter):
         assert policy in POLICIES, policy
         assert 0 < retry_after_s <= max_retry_after_s
         assert realtime_headroom >= 0, realtime_headroom
@@ -92,6 +103,9 @@ class Admission:
         self._tickets: set[Ticket] = set()
         self._streams: Counter[Ticket] = Counter()  # tickets in flight per stream (kept with _tickets)
         self._work = InFlight()  # the tickets' work, summarised for the estimates (kept with _tickets)
+        # the tickets whose first audio has not come, oldest first (continuations left out)
+        self._waiting: dict[Ticket, None] = {}
+        self._clock = clock
         self.delivered_tokens = 0.0  # speech tokens of audio delivered, all requests, ever
 
     @property
@@ -133,8 +147,10 @@ class Admission:
             else:
                 estimate = self.capacity.estimate(tokens, self._work, rows)
             ticket = Ticket(priority, Work(tokens, rows), alone=not self._work.count, estimate=estimate, chars=chars,
-                            head=None if continues is None else continues.stream)
+                            admitted=self._clock(), head=None if continues is None else continues.stream)
             self._tickets.add(ticket)
+            if continues is None:
+                self._waiting[ticket] = None
             self._streams[ticket.stream] += 1
             self._work.add(ticket.work)
         return ticket
@@ -174,6 +190,9 @@ class Admission:
         work = self._work
         in_flight = work.count
         streams = len(self._streams)  # a turn's pieces in flight are one stream
+        oldest = next(iter(self._waiting), None)
+        if oldest is not None:
+            self.capacity.observe_waiting(oldest.estimate, self._clock() - oldest.admitted)
         estimate = self.capacity.estimate(tokens, work, rows)
         if in_flight >= limit:
             headers = self._retry_after(self._first_done_s(work, estimate.rate))
@@ -206,6 +225,18 @@ class Admission:
         """Seconds until the first request in flight is predicted to finish (processor sharing)."""
         return work.min_remaining() * work.count / rate if rate > 0 else math.inf
 
+    def started(self, ticket: Ticket, waited_s: float, *, audio: bool = True) -> None:
+        """The ticket's first audio came ``waited_s`` after its request arrived (``audio``
+        False: its start deadline passed first, after ``waited_s``): what the capacity model
+        learns from it (see the module's docstring)."""
+        with self._lock:
+            self._waiting.pop(ticket, None)
+        if ticket.head is not None:
+            return
+        self.capacity.observe_start(ticket.estimate, waited_s)
+        if audio and ticket.alone:
+            self.capacity.observe_solo_start(waited_s)
+
     def delivered(self, ticket: Ticket, samples: int, sample_rate: int) -> None:
         """``samples`` of the ticket's audio went out."""
         tokens = samples / sample_rate * TOKENS_PER_SECOND
@@ -217,6 +248,7 @@ class Admission:
         with self._lock:
             assert ticket in self._tickets, ticket
             self._tickets.discard(ticket)
+            self._waiting.pop(ticket, None)
             self._streams[ticket.stream] -= 1
             if not self._streams[ticket.stream]:
                 del self._streams[ticket.stream]

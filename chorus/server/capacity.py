@@ -24,7 +24,10 @@ requests) and capped by its token budget. ``drain_s`` (everything in flight, fin
 total remaining work over the rate. The model is then calibrated by its own errors: ``bias`` is
 the EWMA of observed over predicted first-audio times of admitted requests (kept within
 ``BIAS_RANGE``), and ``start_s`` is the prediction times it, so a machine that turns out slower
-than measured (other work on it, a batch that scales worse) tightens admission by itself. Every estimate is an EWMA (``EWMA_ALPHA``); the rate is
+than measured (other work on it, a batch that scales worse) tightens admission by itself. A
+request still waiting for its first audio beyond its prediction is a lower bound of the error,
+known before its first audio comes: it raises the bias at once (``observe_waiting``), so a burst
+that turns out slower than predicted tightens admission while it is still arriving. Every estimate is an EWMA (``EWMA_ALPHA``); the rate is
 sampled over ``RATE_WINDOW_S`` of wall time with requests in flight, so an idle server keeps its
 last estimate. A sample extrapolates from the busiest stage's utilization u (its busy seconds
 over the wall seconds) as delivered / (seconds x u), u at least ``MIN_UTILIZATION``: a stage
@@ -61,6 +64,12 @@ class Estimate:
     start_s: float  # seconds until its first audio, if admitted now
     drain_s: float  # seconds until everything in flight (this request included) is delivered
     rate: float  # speech tokens per second the server delivers now (estimate)
+    calibration: float = 1.0  # the bias ``start_s`` was multiplied by
+
+    @property
+    def raw_start_s(self) -> float:
+        """The prediction before calibration."""
+        return self.start_s / self.calibration
 
 
 @dataclass
@@ -193,11 +202,11 @@ class CapacityModel:
         with self._lock:
             rate, solo, bias = self.rate, self.solo_start_s or 0.0, self.bias
         if rate is None or rate <= 0:  # nothing measured yet: only the solo latency is known
-            return Estimate(tokens, solo * bias, math.inf if in_flight.count else solo, 0.0)
+            return Estimate(tokens, solo * bias, math.inf if in_flight.count else solo, 0.0, bias)
         ahead = in_flight.ahead(self.first_window_tokens)
         total = in_flight.remaining + tokens
         row_wait = in_flight.row_wait(rows, self.max_rows)
-        return Estimate(tokens, (solo + (row_wait + ahead) / rate) * bias, total / rate, rate)
+        return Estimate(tokens, (solo + (row_wait + ahead) / rate) * bias, total / rate, rate, bias)
 
     # -- observations -----------------------------------------------------------------------------
     def observe_delivery(self, seconds: float, tokens: float, busy: bool, stage_busy_s: float | None = None) -> None:
@@ -243,14 +252,24 @@ class CapacityModel:
         with self._lock:
             self.solo_start_s = _ewma(self.solo_start_s, seconds)
 
-    def observe_start(self, predicted_s: float, observed_s: float) -> None:
-        """An admitted request's first audio came after ``observed_s``; ``predicted_s`` was its
-        (calibrated) prediction at admission."""
-        if predicted_s <= 0 or observed_s <= 0:
+    def observe_start(self, estimate: Estimate, observed_s: float) -> None:
+        """An admitted request's first audio came after ``observed_s``; ``estimate`` was its
+        prediction at admission."""
+        raw = estimate.raw_start_s
+        if raw <= 0 or observed_s <= 0:
             return
         with self._lock:
-            ratio = self.bias * observed_s / predicted_s  # the uncalibrated prediction's error
-            self.bias = min(BIAS_RANGE[1], max(BIAS_RANGE[0], _ewma(self.bias, ratio)))
+            self.bias = min(BIAS_RANGE[1], max(BIAS_RANGE[0], _ewma(self.bias, observed_s / raw)))
+
+    def observe_waiting(self, estimate: Estimate, waited_s: float) -> None:
+        """An admitted request has waited ``waited_s`` and its first audio has not come yet: the
+        prediction (``estimate``) was at least that wrong, so the bias is raised to that at once
+        (it is never lowered here: only a first audio that came says by how much to lower it)."""
+        raw = estimate.raw_start_s
+        if raw <= 0 or waited_s <= raw:
+            return
+        with self._lock:
+            self.bias = min(BIAS_RANGE[1], max(self.bias, waited_s / raw))
 
     def observe_solo_run(self, tokens: int, seconds: float) -> None:
         """A request alone delivered ``tokens`` in ``seconds``: a first rate (one stream's)

@@ -216,7 +216,7 @@ class SpeechCall:
             first = await self.stream._anext()
         except PipelineError as exc:
             if exc.reason == "deadline":  # a miss: the prediction was at least this wrong
-                service.capacity.observe_start(self.ticket.estimate.start_s, time.perf_counter() - self.arrived)
+                service.admission.started(self.ticket, time.perf_counter() - self.arrived, audio=False)
                 service.metrics.deadline_misses.labels(exc.deadline).inc()
             error = pipeline_error(exc)
             self.end(error.code)
@@ -224,11 +224,8 @@ class SpeechCall:
         except BaseException:  # the caller went away while waiting
             self.end(None)
             raise
-        waited = time.perf_counter() - self.arrived
         if first is not None:
-            service.capacity.observe_start(self.ticket.estimate.start_s, waited)
-            if self.ticket.alone:
-                service.capacity.observe_solo_start(waited)
+            service.admission.started(self.ticket, time.perf_counter() - self.arrived)
         return first
 
     def delivered(self, samples: int) -> None:

@@ -113,13 +113,71 @@ def test_the_queue_policy_ignores_predictions():
 def test_predictions_are_calibrated_by_their_own_errors():
     model = _model(rate=100.0, solo=0.5)
     in_flight = [Work(tokens=500)]
-    raw = model.estimate(100, in_flight).start_s  # 0.7 s
-    model.observe_start(raw, 2 * raw)  # the first audio came twice as late as predicted
+    estimate = model.estimate(100, in_flight)
+    raw = estimate.start_s  # 0.7 s
+    model.observe_start(estimate, 2 * raw)  # the first audio came twice as late as predicted
     assert model.bias == pytest.approx(1.3)  # EWMA 0.3
     assert model.estimate(100, in_flight).start_s == pytest.approx(1.3 * raw)
     for _ in range(50):
-        model.observe_start(model.estimate(100, in_flight).start_s, 100 * raw)
+        model.observe_start(model.estimate(100, in_flight), 100 * raw)
     assert model.bias == 4.0  # bounded
+
+
+def test_a_request_waiting_past_its_prediction_raises_the_calibration_at_once():
+    model = _model(rate=100.0, solo=0.5)
+    estimate = model.estimate(100, [Work(tokens=500)])  # 0.7 s
+    model.observe_waiting(estimate, 0.5)  # not late yet: says nothing
+    assert model.bias == 1.0
+    model.observe_waiting(estimate, 2.1)  # still waiting at three times the prediction
+    assert model.bias == pytest.approx(3.0)
+    model.observe_waiting(estimate, 1.4)  # a smaller lower bound never lowers it
+    assert model.bias == pytest.approx(3.0)
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_request_late_for_its_first_audio_tightens_admission_before_it_starts():
+    clock = _Clock()
+    late = Admission(100, 0.98, 1, capacity=_model(rate=100.0, solo=0.5), clock=clock)
+    _admit(late)  # predicted 0.5 s
+    clock.now = 1.5  # still no audio at three times that: the next one is predicted 3 x 0.7 s
+    with pytest.raises(APIError) as info:
+        _admit(late)
+    assert info.value.code == "overloaded" and late.capacity.bias == pytest.approx(3.0)
+    on_time = Admission(100, 0.98, 1, capacity=_model(rate=100.0, solo=0.5), clock=_Clock())
+    _admit(on_time)
+    _admit(on_time)  # 0.7 s <= 0.9 x 1 s
+
+
+def test_a_request_counts_as_late_only_until_its_first_audio_or_its_end():
+    clock = _Clock()
+    admission = Admission(100, 0.98, 1, capacity=_model(rate=100.0, solo=0.5), clock=clock)
+    started, released = _admit(admission), _admit(admission)
+    admission.started(started, 0.5)  # on time: the bias stays 1
+    admission.release(released)
+    clock.now = 10.0
+    _admit(admission)
+    assert admission.capacity.bias == pytest.approx(1.0)
+
+
+def test_a_continuations_first_audio_teaches_nothing():
+    # the vocoder holds a continuation back while its listener has audio ahead
+    clock = _Clock()
+    admission = Admission(100, 0.98, 1, capacity=_model(rate=100.0, solo=0.5), clock=clock)
+    head = _admit(admission)
+    admission.started(head, head.estimate.start_s)
+    piece = admission.admit(Priority.NORMAL, tokens=500.0, chars=100, start_deadline_s=1.0, queue_limit=100,
+                            kv_usage=0.0, waiting=0, continues=head)
+    clock.now = 30.0
+    _admit(admission)  # the piece waiting long is not late
+    admission.started(piece, 30.0)
+    assert admission.capacity.bias == pytest.approx(1.0)
 
 
 def test_a_full_t3_batch_adds_the_wait_for_rows():
