@@ -1,6 +1,7 @@
 """HiFT's decoder through torch.compile (``VocoderConfig.compile_hift``): the default and the
 stage's wiring on the CPU; compiled against eager bf16 audio, and a whole compiled stage
-against an eager one without compiles after warm-up, on a GPU."""
+against an eager one without compiles after warm-up, on a GPU (where the option is meant to
+run: on a 2-core CPU one compile of even a tiny decoder took 70-150 s of the suite's time)."""
 from __future__ import annotations
 
 import dataclasses
@@ -58,21 +59,6 @@ def test_compile_hift_must_be_a_bool():
 def test_a_stage_runs_hift_eagerly_unless_its_config_compiles_it(tiny_turbo):
     assert not VocoderStage(tiny_turbo).graphs.hift_runner.compiled
     assert VocoderStage(tiny_turbo, VocoderConfig(compile_hift=True)).graphs.hift_runner.compiled
-
-
-def test_the_compiled_decoder_gives_the_eager_audio_for_two_shapes_with_one_compile(tiny_turbo):
-    compiled, eager = HiFTRunner(tiny_turbo.mel2wav, compiled=True), HiFTRunner(tiny_turbo.mel2wav)
-    before = _compiles()
-    with torch.inference_mode():
-        # frame counts up to 42 stay inside one compile on the CPU (past them its convolution
-        # backend's choice changes, which compiles again)
-        for rows, frames in [(2, 40), (3, 29)]:
-            mel, counts, source = _hift_inputs(rows, frames, seed=frames, device="cpu")
-            (got, _), (expected, _) = compiled(mel, counts, source), eager(mel, counts, source)
-            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
-            for row, count in enumerate(counts.tolist()):
-                assert not got[row, 480 * count:].any()
-    assert _compiles() - before == 1
 
 
 # ------------------------------------------------------------------------------------ a GPU
