@@ -16,11 +16,11 @@ prompt, different seeds; the variant's flow steps and CFG unless overridden):
   TFLOP/s of the split, the stage pass and the yardstick;
 - **yardstick**: the same modules at the same shapes in plain PyTorch in the model's dtype
   (unpadded, no masks beyond what the modules need, HiFT's STFT and inverse STFT without the
-  per-item envelopes, its Snake activations as plain tensor ops whatever ``hift_ops`` the stage
-  runs), encoder + solver + HiFT captured as ONE CUDA graph and timed over replays;
-  ``yardstick_fraction = yardstick_seconds / stage_pass_seconds`` (1.0: the stage adds nothing
-  on top of its modules). A yardstick, not a bound: a faster engine (fused kernels,
-  other algorithms) can beat it. On the CPU it runs eagerly.
+  per-item envelopes, its Snake activations and the estimator's norms as plain tensor ops whatever
+  ``hift_ops`` and ``flow_ops`` the stage runs), encoder + solver + HiFT captured as ONE CUDA
+  graph and timed over replays; ``yardstick_fraction = yardstick_seconds / stage_pass_seconds``
+  (1.0: the stage adds nothing on top of its modules). A yardstick, not a bound: a faster engine
+  (fused kernels, other algorithms) can beat it. On the CPU it runs eagerly.
 
 Weights are random (a random-weight checkpoint written for the run unless ``checkpoint`` is
 given): the time of a pass does not depend on them.
@@ -64,6 +64,7 @@ class VocoderBenchConfig:
     cuda_graphs: bool = True  # VocoderConfig.cuda_graphs of the stage
     compile_hift: bool = False  # VocoderConfig.compile_hift of the stage
     hift_ops: str = "auto"  # VocoderConfig.hift_ops of the stage (the yardstick always runs the plain ops)
+    flow_ops: str = "torch"  # VocoderConfig.flow_ops of the stage (the yardstick always runs the plain ops)
     seed: int = 0
 
 
@@ -320,7 +321,9 @@ def time_yardstick(s3gen: S3Gen, inp: PassInputs, *, replays: int, warmup: int =
     """Seconds per yardstick pass (mean over ``replays`` after ``warmup``), its mode and, if the
     capture failed, why."""
     device = s3gen.device
+    estimator = s3gen.flow.decoder.estimator
     stage_ops, s3gen.mel2wav.ops_backend = s3gen.mel2wav.ops_backend, "torch"  # plain PyTorch
+    stage_flow_ops, estimator.ops_backend = estimator.ops_backend, "torch"
     yardstick = YardstickPass(s3gen, inp, cuda_graph=cuda_graph)
     try:
         for _ in range(warmup):
@@ -341,6 +344,7 @@ def time_yardstick(s3gen: S3Gen, inp: PassInputs, *, replays: int, warmup: int =
         return seconds, yardstick.mode, yardstick.capture_error
     finally:
         s3gen.mel2wav.ops_backend = stage_ops
+        estimator.ops_backend = stage_flow_ops
         del yardstick
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -499,7 +503,7 @@ def run(cfg: VocoderBenchConfig, s3gen: S3Gen | None = None, voice: Voice | None
     device, dtype = s3gen.device, s3gen.dtype
     stage = VocoderStage(s3gen, VocoderConfig(
         max_batch_items=max(cfg.batch_sizes), cuda_graphs=cfg.cuda_graphs, compile_hift=cfg.compile_hift,
-        hift_ops=cfg.hift_ops,
+        hift_ops=cfg.hift_ops, flow_ops=cfg.flow_ops,
         max_batch_tokens=max(VocoderConfig().max_batch_tokens,
                              max(cfg.batch_sizes) * (voice.s3gen_prompt_tokens.shape[1] + max(cfg.new_tokens) + 16))))
     settings = s3gen.variant.s3gen
@@ -513,6 +517,7 @@ def run(cfg: VocoderBenchConfig, s3gen: S3Gen | None = None, voice: Voice | None
         "repeats": cfg.repeats, "warmup_passes": cfg.warmup_passes, "stage_cuda_graphs": cfg.cuda_graphs,
         "stage_compile_hift": stage.graphs.hift_runner.compiled,
         "stage_hift_ops": cfg.hift_ops,
+        "stage_flow_ops": cfg.flow_ops,
         "hift_compile_seconds": round(stage.graphs.hift_runner.compile(), 1),  # as VocoderStage.warmup
     }
     job_counter = [0]

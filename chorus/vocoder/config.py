@@ -122,6 +122,14 @@ class VocoderConfig:
     elsewhere; ``"torch"`` the plain ops everywhere; ``"triton"`` requires the kernel. The kernel
     rounds where the plain ops round, so the audio is the same to within fp32's last bit of a
     sine (docs/vocoder.md, "Fused Snake")."""
+    flow_ops: str = "torch"
+    """The kernels of the flow estimator's norms (``ConditionalDecoder.ops_backend``): each causal
+    block's LayerNorm + Mish + mask (with the add after it) and each transformer block's residual
+    add + LayerNorm. ``"torch"`` (default) runs the plain tensor ops, exactly as before the kernels
+    existed; ``"auto"`` runs each as one Triton kernel on CUDA (the plain ops elsewhere);
+    ``"triton"`` requires the kernels. The default stays ``"torch"`` because the kernels have not
+    been measured on a GPU yet; they round where the plain ops round (docs/vocoder.md, "Fused flow
+    norms")."""
 
     def __post_init__(self) -> None:
         if self.first_window_tokens < 1 or self.max_window_tokens < self.first_window_tokens:
@@ -157,6 +165,8 @@ class VocoderConfig:
             raise ValueError(f"compile_hift must be True or False, got {self.compile_hift!r}")
         if self.hift_ops not in BACKENDS:
             raise ValueError(f"hift_ops must be one of {BACKENDS}, got {self.hift_ops!r}")
+        if self.flow_ops not in BACKENDS:
+            raise ValueError(f"flow_ops must be one of {BACKENDS}, got {self.flow_ops!r}")
         if self.batching not in ("fifo", "length"):
             raise ValueError(f"batching must be 'fifo' or 'length', got {self.batching!r}")
 

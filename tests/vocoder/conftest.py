@@ -71,3 +71,23 @@ def graphed_and_eager_stream_audio(stage) -> dict[str, torch.Tensor]:
         pieces.setdefault(job, []).extend(outs)
     assert all(outs[-1].final and outs[-1].error is None for outs in pieces.values())
     return {job: joined(outs) for job, outs in pieces.items()}
+
+
+def assert_kernels_keep_the_plain_audio(option: str, min_snr_db: float) -> None:
+    """A full-size bf16 turbo stage with ``VocoderConfig.<option>`` = ``"auto"`` (the Triton
+    kernels) against one with ``"torch"`` (the plain ops), streams in graphed and eager passes:
+    every stream's audio at ``min_snr_db`` or better (CUDA only)."""
+    from chorus.vocoder import VocoderConfig, VocoderStage
+    from chorus.vocoder.quality import snr_db
+
+    s3gen = random_s3gen("turbo", tiny=False, seed=3, dtype=torch.bfloat16, device="cuda")
+    audio = {}
+    for ops in ("torch", "auto"):
+        stage = VocoderStage(s3gen, VocoderConfig(max_graph_rows=4, **{option: ops}))
+        stage.warmup(prompt_tokens=30, chunk_tokens=60, max_items=4)
+        audio[ops] = graphed_and_eager_stream_audio(stage)
+        assert stage.stats.graph_replays > 0 and stage.stats.eager_runs > 0
+    assert audio["auto"].keys() == audio["torch"].keys() and len(audio["auto"]) == 9
+    for job, expected in audio["torch"].items():
+        assert audio["auto"][job].shape == expected.shape
+        assert snr_db(expected, audio["auto"][job]) >= min_snr_db, job

@@ -3,12 +3,10 @@ a stage with the fused kernel against one with the plain ops, in graphed and eag
 from __future__ import annotations
 
 import pytest
-import torch
 
 from chorus.vocoder import VocoderConfig, VocoderStage
-from chorus.vocoder.quality import snr_db
+from tests.vocoder.conftest import assert_kernels_keep_the_plain_audio
 from tests.vocoder.models import random_s3gen
-from tests.vocoder.conftest import graphed_and_eager_stream_audio
 
 # bf16 streams with the fused Snake against the plain ops: the kernel rounds as they do, so only
 # a sine differing in fp32's last bit moves a rounding, which random weights then amplify
@@ -30,14 +28,4 @@ def test_a_stage_sets_the_backend_of_its_hift():
 
 @pytest.mark.gpu
 def test_a_stage_with_the_fused_snake_gives_the_plain_audio_graphed_and_eager():
-    s3gen = random_s3gen("turbo", tiny=False, seed=3, dtype=torch.bfloat16, device="cuda")
-    audio = {}
-    for ops in ("torch", "auto"):
-        stage = VocoderStage(s3gen, VocoderConfig(max_graph_rows=4, hift_ops=ops))
-        stage.warmup(prompt_tokens=30, chunk_tokens=60, max_items=4)
-        audio[ops] = graphed_and_eager_stream_audio(stage)
-        assert stage.stats.graph_replays > 0 and stage.stats.eager_runs > 0
-    assert audio["auto"].keys() == audio["torch"].keys() and len(audio["auto"]) == 9
-    for job, expected in audio["torch"].items():
-        assert audio["auto"][job].shape == expected.shape
-        assert snr_db(expected, audio["auto"][job]) >= MIN_STAGE_SNR_DB
+    assert_kernels_keep_the_plain_audio("hift_ops", MIN_STAGE_SNR_DB)

@@ -8,15 +8,25 @@ attention over valid frames.
 
 Batch-safe: convs are causal and see only masked inputs, attention masks padded keys and
 LayerNorms act per frame, so a valid frame never depends on padding.
+
+Elementwise work between the GEMMs, convolutions and attention goes through
+:mod:`chorus.models.s3gen.fused_ops`: a causal block's LayerNorm + Mish + mask (with the term
+added after it) and a transformer block's residual add + the LayerNorm that follows it, each one
+Triton kernel on CUDA where ``ConditionalDecoder.ops_backend`` says so. The default, ``"torch"``,
+runs the plain tensor ops in the order they always ran, until the kernels are measured on a GPU.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from chorus.models.s3gen.fused_ops import add_layer_norm, norm_mish_mask
+from chorus.triton_backend import BACKENDS
 
 
 @dataclass(frozen=True)
@@ -73,20 +83,27 @@ class CausalConv1d(nn.Conv1d):
 
 
 class CausalBlock(nn.Module):
-    """Masked causal conv k3 -> LayerNorm over channels -> Mish, masked (keys ``block.0``, ``block.2``)."""
+    """Masked causal conv k3 -> LayerNorm over channels -> Mish, masked (keys ``block.0``, ``block.2``).
+
+    Everything after the conv, and a term added after the mask, is :func:`fused_ops.norm_mish_mask
+    <chorus.models.s3gen.fused_ops.norm_mish_mask>` with ``ops_backend``."""
 
     def __init__(self, dim: int, dim_out: int, eps: float):
         super().__init__()
         self.block = nn.ModuleDict({"0": CausalConv1d(dim, dim_out, 3), "2": nn.LayerNorm(dim_out, eps=eps)})
+        self.ops_backend = "torch"  # set through ConditionalDecoder.ops_backend
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
+        """``mish(LN(conv(x * mask))) * mask``, plus ``addend`` (broadcast to ``[B, C, T]``) if given."""
+        norm = self.block["2"]
         h = self.block["0"](x * mask)
-        h = self.block["2"](h.transpose(1, 2)).transpose(1, 2)
-        return F.mish(h) * mask
+        return norm_mish_mask(h, norm.weight, norm.bias, norm.eps, mask, addend, self.ops_backend)
 
 
 class CausalResnetBlock(nn.Module):
-    """Two causal blocks with the time embedding added in between, plus a 1x1 residual conv."""
+    """Two causal blocks with the time embedding added in between, plus a 1x1 residual conv.
+
+    Each add is folded into the causal block before it (the time term is read with stride 0 over T)."""
 
     def __init__(self, dim: int, dim_out: int, time_embed_dim: int, eps: float):
         super().__init__()
@@ -97,10 +114,9 @@ class CausalResnetBlock(nn.Module):
         self.res_conv = nn.Conv1d(dim, dim_out, 1)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, time_embed: torch.Tensor) -> torch.Tensor:
-        h = self.block1(x, mask)
-        h = h + self.mlp["1"](F.mish(time_embed))[:, :, None]
-        h = self.block2(h, mask)
-        return h + self.res_conv(x * mask)
+        time_term = self.mlp["1"](F.mish(time_embed))[:, :, None]
+        h = self.block1(x, mask, addend=time_term)
+        return self.block2(h, mask, addend=self.res_conv(x * mask))
 
 
 class SelfAttention(nn.Module):
@@ -150,7 +166,11 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """Pre-norm: x += attention(LN1(x)); x += FF(LN3(x)). Works on ``[B, T, C]``."""
+    """Pre-norm: x += attention(LN1(x)); x += FF(LN3(x)). Works on ``[B, T, C]``.
+
+    Each residual add and the LayerNorm that reads its sum are :func:`fused_ops.add_layer_norm
+    <chorus.models.s3gen.fused_ops.add_layer_norm>` with ``ops_backend``: LN3 here, the next
+    block's LN1 in :func:`run_transformer_blocks`."""
 
     def __init__(self, config: EstimatorConfig):
         super().__init__()
@@ -159,10 +179,39 @@ class TransformerBlock(nn.Module):
         self.attn1 = SelfAttention(dim, config.heads, config.head_dim)
         self.norm3 = nn.LayerNorm(dim, eps=config.norm_eps)
         self.ff = FeedForward(dim, config.ffn_mult)
+        self.ops_backend = "torch"  # set through ConditionalDecoder.ops_backend
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn1(self.norm1(x), key_mask)
-        return x + self.ff(self.norm3(x))
+        """The block on its own."""
+        x, _ = self.run(x, self.norm1(x), key_mask, next_norm=None)
+        return x
+
+    def run(self, x: torch.Tensor, normed: torch.Tensor, key_mask: torch.Tensor,
+            next_norm: nn.LayerNorm | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The block inside a stack: ``normed`` is ``LN1(x)``, made by the add before it. Returns
+        the residual stream after the block and ``next_norm`` of it (None without a next norm)."""
+        backend = self.ops_backend
+        norm3 = self.norm3
+        x, h = add_layer_norm(x, self.attn1(normed, key_mask), norm3.weight, norm3.bias, norm3.eps, backend)
+        delta = self.ff(h)
+        if next_norm is None:
+            return x + delta, None
+        return add_layer_norm(x, delta, next_norm.weight, next_norm.bias, next_norm.eps, backend)
+
+
+def run_transformer_blocks(blocks: Sequence[TransformerBlock], x: torch.Tensor,
+                           key_mask: torch.Tensor) -> torch.Tensor:
+    """``blocks`` in turn over ``x`` ``[B, T, C]``, each residual add fused with the LayerNorm that
+    reads it (the block's LN3, the next block's LN1). With ops backend ``"torch"`` these are the
+    ops of calling each block in turn, in the same order, so the same floats."""
+    if not blocks:
+        return x
+    normed = blocks[0].norm1(x)
+    last = len(blocks) - 1
+    for index, block in enumerate(blocks):
+        next_norm = blocks[index + 1].norm1 if index < last else None
+        x, normed = block.run(x, normed, key_mask, next_norm)
+    return x
 
 
 def _level(config: EstimatorConfig, dim_in: int, with_conv: bool) -> nn.ModuleList:
@@ -194,6 +243,22 @@ class ConditionalDecoder(nn.Module):
         self.final_proj = nn.Conv1d(c, config.out_channels, 1)
         if meanflow:
             self.time_embed_mixer = nn.Linear(2 * config.time_embed_dim, config.time_embed_dim, bias=False)
+
+    @property
+    def ops_backend(self) -> str:
+        """The kernels of the causal blocks' LayerNorm + Mish + mask (+ add) and the transformer
+        blocks' residual add + LayerNorm (:mod:`chorus.models.s3gen.fused_ops`): ``"torch"``
+        (default: the plain tensor ops, until the kernels are measured on a GPU), ``"auto"`` (one
+        Triton kernel each on CUDA, the plain ops elsewhere) or ``"triton"``."""
+        return self.final_block.ops_backend
+
+    @ops_backend.setter
+    def ops_backend(self, backend: str) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"flow ops backend must be one of {BACKENDS}, got {backend!r}")
+        for module in self.modules():
+            if isinstance(module, (CausalBlock, TransformerBlock)):
+                module.ops_backend = backend
 
     def embed_time(self, t: torch.Tensor, r: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
         """Time embedding ``[B, time_embed_dim]``; meanflow mixes the embeddings of t and r."""
@@ -229,9 +294,7 @@ class ConditionalDecoder(nn.Module):
 
         def run_level(level: nn.ModuleList, h: torch.Tensor) -> torch.Tensor:
             h = level[0](h, frame_mask, time_embed)
-            h = h.transpose(1, 2)
-            for block in level[1]:
-                h = block(h, key_mask)
+            h = run_transformer_blocks(level[1], h.transpose(1, 2), key_mask)
             return h.transpose(1, 2)
 
         (down,) = self.down_blocks

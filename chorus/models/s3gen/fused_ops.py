@@ -1,4 +1,4 @@
-"""HiFT's elementwise steps, one kernel each on CUDA.
+"""S3Gen's elementwise steps, one kernel each on CUDA: HiFT's Snake and the flow estimator's norms.
 
 HiFT's residual units run ``Snake -> conv -> mask -> Snake -> conv -> mask -> + residual`` over
 activations of up to 64 channels x 480 samples per mel frame. Written as plain tensor ops, one
@@ -13,13 +13,32 @@ bf16 product, sine and sum), so its result differs from the reference only where
 and PyTorch's differ in the last bit of fp32. :func:`masked_residual` is ``torch.addcmul``, one
 kernel on every device and bitwise the reference (the mask is 0 or 1, so the product is exact).
 
+The flow's estimator (``chorus/models/s3gen/estimator.py``) spends about as much of its time in
+LayerNorms, the layout copies around them, Mish, masks and residual adds as in attention and
+GEMMs (docs/vocoder.md, "The flow's kernels at a first window"). Two functions take that work:
+
+- :func:`norm_mish_mask`, a causal block's tail ``mish(LayerNorm over channels of h) * mask``
+  with an optional term added after the mask, one Triton kernel that reads ``h`` channels-first
+  (no transposes); its reference is the estimator's op sequence as written before the kernel.
+- :func:`add_layer_norm`, a transformer block's residual add and the LayerNorm that follows it.
+  That is T3's GPT-2 kernel (:func:`chorus.models.t3.fused_ops.add_layer_norm`), with its
+  reference, applied to the frames of ``[B, T, C]`` tensors as rows: one kernel for both models.
+
+Both kernels round where the plain ops round, so they differ from the references only in the
+norm statistics (fp32 sums in another order) and Mish's fp32 arithmetic (docs/vocoder.md, "Fused
+flow norms"). Unlike HiFT's ops, the estimator's run the references by default
+(``ConditionalDecoder.ops_backend``): the kernels have not been measured on a GPU yet.
+
 ``backend``: ``"auto"``, ``"triton"`` or ``"torch"``, chosen as for every kernel package
-(:mod:`chorus.triton_backend`).
+(:mod:`chorus.triton_backend`). Under ``torch.compile`` every function traces its reference's
+ops instead, for the compiler to fuse with what surrounds them.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
+from chorus.models.t3.fused_ops import add_layer_norm_reference
 from chorus.triton_backend import kernels_import, use_triton
 
 _KERNELS = "chorus.models.s3gen.triton_ops"
@@ -34,6 +53,13 @@ def uses_triton(backend: str, tensor: torch.Tensor) -> bool:
     return use_triton(backend, tensor, _KERNELS, "HiFT ops")
 
 
+def flow_uses_triton(backend: str, tensor: torch.Tensor) -> bool:
+    """Whether the estimator's fused ops with ``backend`` run the Triton kernels for ``tensor``
+    (never while ``torch.compile`` traces: the compiler fuses the references' ops itself)."""
+    return not torch.compiler.is_compiling() and use_triton(backend, tensor, _KERNELS, "flow ops")
+
+
+# ------------------------------------------------------------------------------------- HiFT
 def snake_reference(x: torch.Tensor, alpha: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """``Snake(mask * x)``: ``x + sin(alpha x)^2 / alpha`` per channel, x ``[B, C, L]``, alpha
     ``[C]``, mask ``[B, 1, L]`` of zeros and ones or None."""
@@ -56,3 +82,39 @@ def snake(x: torch.Tensor, alpha: torch.Tensor, mask: torch.Tensor | None = None
 def masked_residual(x: torch.Tensor, delta: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """``x + mask * delta`` in one kernel (``x + delta`` without a mask)."""
     return x + delta if mask is None else torch.addcmul(x, delta, mask)
+
+
+# ------------------------------------------------------------------------------------- flow
+def norm_mish_mask_reference(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+                             mask: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
+    """``mish(LayerNorm(h) over channels) * mask (+ addend)``, as the estimator's causal blocks
+    computed it before the kernel: h ``[B, C, T]``, weight and bias ``[C]``, mask ``[B, 1, T]`` of
+    zeros and ones, addend broadcastable to ``[B, C, T]`` (e.g. ``[B, C, 1]``) or None. The
+    result has the layout these ops give, channels-last in memory (strides ``(C T, 1, C)``)."""
+    normed = F.layer_norm(h.transpose(1, 2), (h.shape[1],), weight, bias, eps).transpose(1, 2)
+    out = F.mish(normed) * mask
+    return out if addend is None else out + addend
+
+
+def norm_mish_mask(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, mask: torch.Tensor,
+                   addend: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
+    """:func:`norm_mish_mask_reference`, one kernel on CUDA. The kernel needs mask and addend in
+    h's dtype; the addend may be any strided view (a ``[B, C, 1]`` term is read with stride 0
+    over T). Its result has the reference's layout, so what follows sees the same strides."""
+    if flow_uses_triton(backend, h):
+        from chorus.models.s3gen.triton_ops import norm_mish_mask_triton
+
+        return norm_mish_mask_triton(h, weight, bias, eps, mask, addend)
+    return norm_mish_mask_reference(h, weight, bias, eps, mask, addend)
+
+
+def add_layer_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+                   backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, LayerNorm(x + delta)) over the last axis of ``[..., C]`` tensors (a transformer
+    block's residual stream and the next sublayer's input), one kernel on CUDA: T3's, with every
+    frame a row. Both results are contiguous from the kernel."""
+    if flow_uses_triton(backend, x):
+        from chorus.models.s3gen.triton_ops import add_layer_norm_frames_triton
+
+        return add_layer_norm_frames_triton(x, delta, weight, bias, eps)
+    return add_layer_norm_reference(x, delta, weight, bias, eps)

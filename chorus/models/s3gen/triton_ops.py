@@ -1,15 +1,28 @@
-"""The Triton kernel of ``fused_ops.snake``: one pass over memory instead of six.
+"""The Triton kernels of ``fused_ops``: one pass over memory each instead of several.
 
-The kernel computes in fp32 and rounds to the activations' dtype after every step where the
-plain tensor ops round (``alpha + eps``, its reciprocal, ``x alpha``, the sine, its square, the
-quotient, the sum), and is compiled without FP contraction, so in fp32 and bf16 alike it differs
-from the reference only where the two sines differ in the last bit of fp32.
+Every kernel computes in fp32 and rounds to the activations' dtype after every step where the
+plain tensor ops round, so in fp32 and bf16 alike it differs from its reference only where the
+two compute one step's fp32 value differently:
+
+- ``snake``: rounds after ``alpha + eps``, its reciprocal, ``x alpha``, the sine, its square, the
+  quotient and the sum, compiled without FP contraction: only Triton's sine and PyTorch's may
+  differ, in the last bit of fp32.
+- ``norm_mish_mask``: rounds after the LayerNorm (affine included), after Mish and after the
+  added term (the mask is 0 or 1: its product is exact). The norm's mean and variance are fp32
+  sums in another order than PyTorch's, and Mish is ``x n / (n + 2)`` with ``n = e^x (e^x + 2)``
+  (``tanh(softplus(x))`` in closed form), a few fp32 ulps from PyTorch's.
+- ``add_layer_norm_frames``: T3's add + LayerNorm kernel
+  (:func:`chorus.models.t3.triton_ops.add_layer_norm_triton`, which rounds the sum and the norm's
+  output once each), with the frames of ``[B, T, C]`` tensors as its rows: one kernel serves
+  GPT-2's layers and the estimator's transformer blocks.
 """
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+from chorus.models.t3.triton_ops import add_layer_norm_triton
 
 _BLOCK = 1024
 
@@ -53,3 +66,83 @@ def snake_triton(x: torch.Tensor, alpha: torch.Tensor, mask: torch.Tensor | None
         _snake_kernel[grid](x, alpha, x if mask is None else mask, out, channels, length,
                             HAS_MASK=mask is not None, BLOCK=_BLOCK, num_warps=4, enable_fp_fusion=False)
     return out
+
+
+# -------------------------------------------------------------------------------- flow estimator
+_FRAMES_PER_PROGRAM = 32  # frames of one item per program (all channels); not tuned on a GPU yet
+_MISH_LINEAR_FROM = tl.constexpr(20.0)  # above this, tanh(softplus(x)) is 1.0 in fp32: Mish is x
+
+
+@triton.jit
+def _mish(x):
+    """``x tanh(softplus(x))`` in fp32: ``tanh(log(1 + e^x)) = n / (n + 2)`` with
+    ``n = e^x (e^x + 2)``, no cancellation for negative x, and 1 where e^x would overflow."""
+    e = tl.exp(tl.minimum(x, _MISH_LINEAR_FROM))
+    n = e * (e + 2.0)
+    return x * tl.where(x > _MISH_LINEAR_FROM, 1.0, tl.math.div_rn(n, n + 2.0))
+
+
+# the length and the strides that step over items (multiples of T) vary with every pass's shape:
+# not specialised on, so one compiled kernel serves them all
+@triton.jit(do_not_specialize=["length", "stride_hb", "stride_mb", "stride_ab", "stride_ob"])
+def _norm_mish_mask_kernel(h_ptr, w_ptr, b_ptr, mask_ptr, add_ptr, out_ptr, channels, length, eps,
+                           stride_hb, stride_hc, stride_ht, stride_mb, stride_mt,
+                           stride_ab, stride_ac, stride_at, stride_ob, stride_oc, stride_ot,
+                           HAS_ADDEND: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr):
+    item = tl.program_id(0).to(tl.int64)
+    frames = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    chans = tl.arange(0, BLOCK_C)
+    in_frames = frames < length
+    inside = (chans < channels)[:, None] & in_frames[None, :]
+    dtype: tl.constexpr = out_ptr.dtype.element_ty
+    c, t = chans[:, None], frames[None, :]
+    h = tl.load(h_ptr + item * stride_hb + c * stride_hc + t * stride_ht, mask=inside, other=0.0).to(tl.float32)
+    mean = tl.sum(h, axis=0) / channels  # per frame: the norm runs over the channel axis
+    centred = tl.where(inside, h - mean[None, :], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / channels + eps)  # biased variance, as LayerNorm
+    w = tl.load(w_ptr + chans, mask=chans < channels, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + chans, mask=chans < channels, other=0.0).to(tl.float32)
+    normed = _round(centred * rstd[None, :] * w[:, None] + b[:, None], dtype)
+    keep = tl.load(mask_ptr + item * stride_mb + frames * stride_mt, mask=in_frames, other=0.0).to(tl.float32)
+    y = _round(_mish(normed), dtype) * keep[None, :]  # the mask is 0 or 1: the product is exact
+    if HAS_ADDEND:
+        y += tl.load(add_ptr + item * stride_ab + c * stride_ac + t * stride_at, mask=inside, other=0.0).to(tl.float32)
+    tl.store(out_ptr + item * stride_ob + c * stride_oc + t * stride_ot, y.to(dtype), mask=inside)
+
+
+def norm_mish_mask_triton(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+                          mask: torch.Tensor, addend: torch.Tensor | None) -> torch.Tensor:
+    """``fused_ops.norm_mish_mask``: h, mask and addend in any strides; the result in the
+    reference's layout, ``[B, C, T]`` over channels-last memory."""
+    assert h.ndim == 3 and weight.shape == bias.shape == (h.shape[1],), (h.shape, weight.shape, bias.shape)
+    batch, channels, length = h.shape
+    assert mask.shape == (batch, 1, length) and mask.dtype == h.dtype, (mask.shape, mask.dtype, h.shape, h.dtype)
+    if addend is not None:
+        assert addend.dtype == h.dtype, (addend.dtype, h.dtype)
+        addend = addend.expand(batch, channels, length)  # a [B, C, 1] term: stride 0 over T
+    out = torch.empty((batch, length, channels), dtype=h.dtype, device=h.device).transpose(1, 2)
+    if out.numel():
+        source = h if addend is None else addend
+        grid = (batch, triton.cdiv(length, _FRAMES_PER_PROGRAM))
+        _norm_mish_mask_kernel[grid](
+            h, weight.contiguous(), bias.contiguous(), mask, source, out, channels, length, eps,
+            *h.stride(), mask.stride(0), mask.stride(2), *source.stride(), *out.stride(),
+            HAS_ADDEND=addend is not None, BLOCK_C=triton.next_power_of_2(channels),
+            BLOCK_T=_FRAMES_PER_PROGRAM, num_warps=4)
+    return out
+
+
+def _frames_as_rows(x: torch.Tensor) -> torch.Tensor:
+    """``[..., C]`` -> ``[N, C]`` rows with unit channel stride (a view where the layout allows)."""
+    rows = x.reshape(-1, x.shape[-1])
+    return rows if rows.stride(1) == 1 else rows.contiguous()
+
+
+def add_layer_norm_frames_triton(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fused_ops.add_layer_norm``: T3's kernel over the frames of ``[..., C]`` tensors; both
+    results contiguous in x's shape."""
+    assert delta.shape == x.shape, (x.shape, delta.shape)
+    residual, normed = add_layer_norm_triton(_frames_as_rows(x), _frames_as_rows(delta), weight.contiguous(),
+                                             bias.contiguous(), eps)
+    return residual.view(x.shape), normed.view(x.shape)

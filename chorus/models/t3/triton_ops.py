@@ -3,7 +3,9 @@
 Every kernel computes in fp32 and rounds to the tensors' dtype exactly where the plain tensor
 ops round, so bf16 results match the references bit for bit except for the norm statistics (fp32
 sums in another order) and SiLU's ``exp``. One program handles one token row; rows are
-independent, so padded rows of a CUDA graph bucket never touch real ones.
+independent, so padded rows of a CUDA graph bucket never touch real ones. The add + LayerNorm
+kernel also serves the flow estimator's transformer blocks, with frames as rows
+(``chorus.models.s3gen.fused_ops.add_layer_norm``).
 """
 from __future__ import annotations
 
