@@ -98,8 +98,12 @@ class LiveServer:
             assert self._thread.is_alive(), "the server thread died"
             assert time.monotonic() < deadline, "the server did not start"
             time.sleep(0.02)
-        while self._wait_ready and self.client.get("/ready").status_code != 200:
-            assert time.monotonic() < deadline, f"not ready: {self.client.get('/ready').json()}"
+        while self._wait_ready:
+            answer = self.client.get("/ready")
+            if answer.status_code == 200:
+                break
+            # a failed start is final: say why at once instead of at the deadline
+            assert answer.json().get("state") != "failed" and time.monotonic() < deadline, f"not ready: {answer.json()}"
             time.sleep(0.05)
         return self
 
