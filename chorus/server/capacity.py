@@ -64,7 +64,7 @@ class Estimate:
     start_s: float  # seconds until its first audio, if admitted now
     drain_s: float  # seconds until everything in flight (this request included) is delivered
     rate: float  # speech tokens per second the server delivers now (estimate)
-    calibration: float = 1.0  # the bias ``start_s`` was multiplied by
+    calibration: float  # the bias ``start_s`` was multiplied by
 
     @property
     def raw_start_s(self) -> float:

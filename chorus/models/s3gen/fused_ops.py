@@ -48,15 +48,10 @@ def triton_available() -> bool:
     return kernels_import(_KERNELS)
 
 
-def uses_triton(backend: str, tensor: torch.Tensor) -> bool:
-    """Whether HiFT's fused ops with ``backend`` run the Triton kernel for ``tensor``."""
-    return use_triton(backend, tensor, _KERNELS, "HiFT ops")
-
-
-def flow_uses_triton(backend: str, tensor: torch.Tensor) -> bool:
-    """Whether the estimator's fused ops with ``backend`` run the Triton kernels for ``tensor``
-    (never while ``torch.compile`` traces: the compiler fuses the references' ops itself)."""
-    return not torch.compiler.is_compiling() and use_triton(backend, tensor, _KERNELS, "flow ops")
+def _runs_kernel(backend: str, tensor: torch.Tensor, what: str) -> bool:
+    """Whether ``what`` with ``backend`` runs its Triton kernel for ``tensor``: never while
+    ``torch.compile`` traces (the compiler fuses the reference's ops with what surrounds them)."""
+    return not torch.compiler.is_compiling() and use_triton(backend, tensor, _KERNELS, what)
 
 
 # ------------------------------------------------------------------------------------- HiFT
@@ -72,7 +67,7 @@ def snake_reference(x: torch.Tensor, alpha: torch.Tensor, mask: torch.Tensor | N
 def snake(x: torch.Tensor, alpha: torch.Tensor, mask: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
     """:func:`snake_reference`, one kernel on CUDA. Under ``torch.compile`` the reference's ops
     are traced instead, for the compiler to fuse with what surrounds them."""
-    if not torch.compiler.is_compiling() and uses_triton(backend, x):
+    if _runs_kernel(backend, x, "HiFT ops"):
         from chorus.models.s3gen.triton_ops import snake_triton
 
         return snake_triton(x, alpha, mask)
@@ -101,7 +96,7 @@ def norm_mish_mask(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, ep
     """:func:`norm_mish_mask_reference`, one kernel on CUDA. The kernel needs mask and addend in
     h's dtype; the addend may be any strided view (a ``[B, C, 1]`` term is read with stride 0
     over T). Its result has the reference's layout, so what follows sees the same strides."""
-    if flow_uses_triton(backend, h):
+    if _runs_kernel(backend, h, "flow ops"):
         from chorus.models.s3gen.triton_ops import norm_mish_mask_triton
 
         return norm_mish_mask_triton(h, weight, bias, eps, mask, addend)
@@ -113,7 +108,7 @@ def add_layer_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, b
     """(x + delta, LayerNorm(x + delta)) over the last axis of ``[..., C]`` tensors (a transformer
     block's residual stream and the next sublayer's input), one kernel on CUDA: T3's, with every
     frame a row. Both results are contiguous from the kernel."""
-    if flow_uses_triton(backend, x):
+    if _runs_kernel(backend, x, "flow ops"):
         from chorus.models.s3gen.triton_ops import add_layer_norm_frames_triton
 
         return add_layer_norm_frames_triton(x, delta, weight, bias, eps)
