@@ -1019,11 +1019,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hift-ops", choices=("auto", "triton", "torch"), default="auto",
                    help="kernels of HiFT's Snake activations (VocoderConfig.hift_ops): auto (default) fuses each "
                         "into one Triton kernel on CUDA, torch runs the plain tensor ops")
-    p.add_argument("--flow-ops", choices=("auto", "triton", "torch"), default="torch",
-                   help="kernels of the flow estimator's norms (VocoderConfig.flow_ops): torch (default until the "
-                        "kernels are measured on a GPU) runs the plain tensor ops, auto fuses each causal block's "
-                        "LayerNorm + Mish + mask and each transformer block's residual add + LayerNorm into one "
-                        "Triton kernel on CUDA")
+    p.add_argument("--flow-ops", choices=("auto", "triton", "torch"), default="auto",
+                   help="kernels of the flow estimator's norms (VocoderConfig.flow_ops): auto (default) fuses each "
+                        "causal block's LayerNorm + Mish + mask and each transformer block's residual add + "
+                        "LayerNorm into one Triton kernel on CUDA, torch runs the plain tensor ops")
     p.add_argument("--no-yardstick", action="store_true",
                    help="skip the yardstick (the pass's modules in plain PyTorch as one CUDA graph; reported as "
                         "yardstick_seconds and yardstick_fraction)")

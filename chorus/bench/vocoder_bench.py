@@ -64,7 +64,7 @@ class VocoderBenchConfig:
     cuda_graphs: bool = True  # VocoderConfig.cuda_graphs of the stage
     compile_hift: bool = False  # VocoderConfig.compile_hift of the stage
     hift_ops: str = "auto"  # VocoderConfig.hift_ops of the stage (the yardstick always runs the plain ops)
-    flow_ops: str = "torch"  # VocoderConfig.flow_ops of the stage (the yardstick always runs the plain ops)
+    flow_ops: str = "auto"  # VocoderConfig.flow_ops of the stage (the yardstick always runs the plain ops)
     seed: int = 0
 
 

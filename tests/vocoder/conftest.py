@@ -73,21 +73,35 @@ def graphed_and_eager_stream_audio(stage) -> dict[str, torch.Tensor]:
     return {job: joined(outs) for job, outs in pieces.items()}
 
 
-def assert_kernels_keep_the_plain_audio(option: str, min_snr_db: float) -> None:
-    """A full-size bf16 turbo stage with ``VocoderConfig.<option>`` = ``"auto"`` (the Triton
-    kernels) against one with ``"torch"`` (the plain ops), streams in graphed and eager passes:
-    every stream's audio at ``min_snr_db`` or better (CUDA only)."""
+def assert_kernels_keep_bf16_as_close_to_fp32(option: str, margin_db: float) -> None:
+    """Full-size turbo stages, streams in graphed and eager passes: in bf16 with
+    ``VocoderConfig.<option>`` = ``"auto"`` (the Triton kernels) every stream's audio is as close
+    to an fp32 stage's with the plain ops (TF32 off) as the bf16 stage with ``"torch"`` is, less
+    ``margin_db`` (CUDA only).
+
+    Anchored on fp32, not on the plain bf16 audio: a random-weight stage amplifies any moved bf16
+    rounding (in the flow's ODE, then HiFT's source phase) to the distance bf16 itself has from
+    fp32, so two equally good bf16 paths can be as far from each other as from fp32."""
     from chorus.vocoder import VocoderConfig, VocoderStage
     from chorus.vocoder.quality import snr_db
 
-    s3gen = random_s3gen("turbo", tiny=False, seed=3, dtype=torch.bfloat16, device="cuda")
     audio = {}
-    for ops in ("torch", "auto"):
-        stage = VocoderStage(s3gen, VocoderConfig(max_graph_rows=4, **{option: ops}))
-        stage.warmup(prompt_tokens=30, chunk_tokens=60, max_items=4)
-        audio[ops] = graphed_and_eager_stream_audio(stage)
-        assert stage.stats.graph_replays > 0 and stage.stats.eager_runs > 0
-    assert audio["auto"].keys() == audio["torch"].keys() and len(audio["auto"]) == 9
-    for job, expected in audio["torch"].items():
-        assert audio["auto"][job].shape == expected.shape
-        assert snr_db(expected, audio["auto"][job]) >= min_snr_db, job
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        for dtype, runs in ((torch.float32, ("torch",)), (torch.bfloat16, ("torch", "auto"))):
+            s3gen = random_s3gen("turbo", tiny=False, seed=3, dtype=dtype, device="cuda")
+            for ops in runs:
+                config = VocoderConfig(max_graph_rows=4, **{"hift_ops": "torch", "flow_ops": "torch", option: ops})
+                stage = VocoderStage(s3gen, config)
+                stage.warmup(prompt_tokens=30, chunk_tokens=60, max_items=4)
+                audio[dtype, ops] = graphed_and_eager_stream_audio(stage)
+                assert stage.stats.graph_replays > 0 and stage.stats.eager_runs > 0
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    reference = audio[torch.float32, "torch"]
+    assert len(reference) == 9
+    for job, want in reference.items():
+        plain, fused = audio[torch.bfloat16, "torch"][job].float(), audio[torch.bfloat16, "auto"][job].float()
+        assert fused.shape == plain.shape == want.shape, job
+        assert snr_db(want, fused) >= snr_db(want, plain) - margin_db, job

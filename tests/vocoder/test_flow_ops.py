@@ -7,13 +7,15 @@ import pytest
 
 from chorus.models.s3gen.estimator import CausalBlock, TransformerBlock
 from chorus.vocoder import VocoderConfig, VocoderStage
-from tests.vocoder.conftest import assert_kernels_keep_the_plain_audio
+from tests.vocoder.conftest import assert_kernels_keep_bf16_as_close_to_fp32
 from tests.vocoder.models import random_s3gen, random_voice
 
-# bf16 streams with the fused norms against the plain ops: the kernels round as they do, so only
-# the norm statistics' summation order or Mish's fp32 arithmetic moves a rounding, which random
-# weights then amplify (as for HiFT's fused Snake, tests/vocoder/test_hift_ops.py)
-MIN_STAGE_SNR_DB = 35.0
+# a bf16 stage's streams with the fused norms against an fp32 stage's: as close as the plain ops'
+# bf16 streams, less this. Only the norm statistics' summation order or Mish's fp32 arithmetic
+# moves a bf16 rounding, and random weights amplify every moved rounding to bf16's own distance
+# from fp32 (16 dB on a GPU, measured), so the fused and plain bf16 audio can be that far apart
+# from each other; both must stay as close to fp32.
+STAGE_MARGIN_DB = 1.0
 
 
 def _block_backends(s3gen) -> set[str]:
@@ -26,16 +28,16 @@ def test_flow_ops_must_name_a_backend():
         VocoderConfig(flow_ops="cuda")
 
 
-def test_flow_ops_default_to_the_plain_ops():
-    assert VocoderConfig().flow_ops == "torch"
+def test_flow_ops_default_to_the_kernels():
+    assert VocoderConfig().flow_ops == "auto"
 
 
 def test_a_stage_sets_the_backend_of_its_estimator():
     s3gen = random_s3gen("turbo", seed=4)
-    VocoderStage(s3gen, VocoderConfig(flow_ops="auto"))
-    assert s3gen.flow.decoder.estimator.ops_backend == "auto" and _block_backends(s3gen) == {"auto"}
-    VocoderStage(s3gen)
+    VocoderStage(s3gen, VocoderConfig(flow_ops="torch"))
     assert s3gen.flow.decoder.estimator.ops_backend == "torch" and _block_backends(s3gen) == {"torch"}
+    VocoderStage(s3gen)
+    assert s3gen.flow.decoder.estimator.ops_backend == "auto" and _block_backends(s3gen) == {"auto"}
 
 
 def test_the_pipeline_benches_vocoder_option_sets_flow_ops(monkeypatch, capsys):
@@ -57,9 +59,9 @@ def test_the_vocoder_bench_cli_maps_flow_ops_onto_its_config(monkeypatch):
 
     seen = []
     monkeypatch.setattr(vocoder_bench, "main_json", lambda cfg, out: seen.append(cfg))
-    assert cli.main(["bench", "vocoder", "--device", "cpu", "--flow-ops", "auto"]) == 0
+    assert cli.main(["bench", "vocoder", "--device", "cpu", "--flow-ops", "torch"]) == 0
     assert cli.main(["bench", "vocoder", "--device", "cpu"]) == 0
-    assert [cfg.flow_ops for cfg in seen] == ["auto", "torch"]
+    assert [cfg.flow_ops for cfg in seen] == ["torch", "auto"]
 
 
 def test_the_vocoder_bench_reports_flow_ops_and_its_yardstick_runs_the_plain_ops(monkeypatch, tiny_turbo):
@@ -85,5 +87,5 @@ def test_the_vocoder_bench_reports_flow_ops_and_its_yardstick_runs_the_plain_ops
 
 
 @pytest.mark.gpu
-def test_a_stage_with_the_fused_flow_norms_gives_the_plain_audio_graphed_and_eager():
-    assert_kernels_keep_the_plain_audio("flow_ops", MIN_STAGE_SNR_DB)
+def test_a_bf16_stage_with_the_fused_flow_norms_is_as_close_to_fp32_graphed_and_eager():
+    assert_kernels_keep_bf16_as_close_to_fp32("flow_ops", STAGE_MARGIN_DB)

@@ -13,7 +13,8 @@ Elementwise work between the GEMMs, convolutions and attention goes through
 :mod:`chorus.models.s3gen.fused_ops`: a causal block's LayerNorm + Mish + mask (with the term
 added after it) and a transformer block's residual add + the LayerNorm that follows it, each one
 Triton kernel on CUDA where ``ConditionalDecoder.ops_backend`` says so. The default, ``"torch"``,
-runs the plain tensor ops in the order they always ran, until the kernels are measured on a GPU.
+runs the plain tensor ops in the order they always ran, so a model outside the vocoder stage is
+bitwise what it was; the stage sets ``"auto"`` (``VocoderConfig.flow_ops``).
 """
 from __future__ import annotations
 
@@ -248,7 +249,7 @@ class ConditionalDecoder(nn.Module):
     def ops_backend(self) -> str:
         """The kernels of the causal blocks' LayerNorm + Mish + mask (+ add) and the transformer
         blocks' residual add + LayerNorm (:mod:`chorus.models.s3gen.fused_ops`): ``"torch"``
-        (default: the plain tensor ops, until the kernels are measured on a GPU), ``"auto"`` (one
+        (default: the plain tensor ops; the vocoder stage sets its own), ``"auto"`` (one
         Triton kernel each on CUDA, the plain ops elsewhere) or ``"triton"``."""
         return self.final_block.ops_backend
 

@@ -26,8 +26,9 @@ GEMMs (docs/vocoder.md, "The flow's kernels at a first window"). Two functions t
 
 Both kernels round where the plain ops round, so they differ from the references only in the
 norm statistics (fp32 sums in another order) and Mish's fp32 arithmetic (docs/vocoder.md, "Fused
-flow norms"). Unlike HiFT's ops, the estimator's run the references by default
-(``ConditionalDecoder.ops_backend``): the kernels have not been measured on a GPU yet.
+flow norms"). Unlike HiFT's ops, an estimator runs the references unless told otherwise
+(``ConditionalDecoder.ops_backend``), so a model outside the vocoder stage stays bitwise what it
+was; the stage runs the kernels by default (``VocoderConfig.flow_ops``).
 
 ``backend``: ``"auto"``, ``"triton"`` or ``"torch"``, chosen as for every kernel package
 (:mod:`chorus.triton_backend`). Under ``torch.compile`` every function traces its reference's
