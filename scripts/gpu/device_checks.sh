@@ -2,7 +2,7 @@
 # GPU checks and benchmarks, run from the repository root on a CUDA machine.
 #   bash scripts/gpu/device_checks.sh CHECK OUT_DIR
 # CHECK: tests | bench-original | bench-turbo | offline-original | offline-turbo |
-#        stream-original | stream-turbo | attention | vocoder-graphs | stage-contention | online-original | online-turbo |
+#        stream-original | stream-turbo | stream-turbo-prompt-cap | attention | vocoder-graphs | stage-contention | online-original | online-turbo |
 #        agent-original | agent-turbo | overload-turbo | two-models | swap-turbo |
 #        scale-out-turbo | scale-out-original | profile-original | profile-turbo | rope-kv |
 #        vocoder-turbo | vocoder-original | vc-turbo | vc-original
@@ -40,6 +40,13 @@ case $what in
   stream-original|stream-turbo)
     python3 -m chorus.cli bench stream --variant "${what#stream-}" \
       --out "$out/bench_stream_${what#stream-}.json" 2>&1 | tail -80 ;;
+  stream-turbo-prompt-cap)  # 64 and 256 streams with a first window over the whole voice prompt, then its
+    # last 100 and 50 tokens, back to back (docs/vocoder.md, "First-window prompt")
+    for k in none 100 50; do
+      opt=(); [[ $k != none ]] && opt=(--vocoder-option "first_window_prompt_tokens=$k")
+      python3 -m chorus.cli bench stream --variant turbo --concurrency 64,256 "${opt[@]}" \
+        --out "$out/bench_stream_turbo_first_window_prompt_$k.json" 2>&1 | tail -20
+    done ;;
   vocoder-turbo|vocoder-original)
     python3 -m chorus.cli bench vocoder --variant "${what#vocoder-}" \
       --out "$out/bench_vocoder_${what#vocoder-}.json" 2>&1 | tail -30 ;;
