@@ -28,7 +28,8 @@ RUNS = {  # name: (dtype, flow_ops, hift_ops)
     "bf16_no_snake_kernel": ("bf16", "torch", "torch"),
 }
 PAIRS = [("bf16", "bf16_again"), ("bf16", "bf16_flow_kernels"), ("bf16", "bf16_no_snake_kernel"),
-         ("fp32", "fp32_flow_kernels"), ("fp32", "bf16"), ("fp32", "bf16_flow_kernels"), ("fp32", "bf16_no_snake_kernel")]
+         ("fp32", "fp32_flow_kernels"), ("fp32", "bf16"), ("fp32", "bf16_flow_kernels"),
+         ("fp32", "bf16_no_snake_kernel")]
 
 
 def main(out: str) -> None:
