@@ -168,12 +168,13 @@ def _cmd_bench_vocoder(args: argparse.Namespace) -> int:
         raise CliError(f"--repeats must be at least 1, got {args.repeats}")
     if args.flow_steps is not None and args.flow_steps < 1:
         raise CliError(f"--flow-steps must be at least 1, got {args.flow_steps}")
+    kernels = {name: getattr(args, name) for name in ("hift_ops", "flow_ops") if getattr(args, name) is not None}
     cfg = VocoderBenchConfig(
         variant=args.variant, checkpoint=args.checkpoint, dtype=args.dtype, device=args.device,
         batch_sizes=_positive_ints(args.batch_sizes, "--batch-sizes"),
         new_tokens=_positive_ints(args.new_tokens, "--new-tokens"), repeats=args.repeats,
         flow_steps=args.flow_steps, yardstick=not args.no_yardstick, cuda_graphs=not args.no_cuda_graphs,
-        compile_hift=args.compile_hift, hift_ops=args.hift_ops, flow_ops=args.flow_ops,
+        compile_hift=args.compile_hift, **kernels,  # unset: VocoderConfig's defaults
     )
     main_json(cfg, args.out)
     return 0
@@ -1016,10 +1017,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the stage's solver eagerly (VocoderConfig.cuda_graphs off)")
     p.add_argument("--compile-hift", action="store_true",
                    help="run HiFT's decoder through torch.compile (VocoderConfig.compile_hift; default: eager)")
-    p.add_argument("--hift-ops", choices=("auto", "triton", "torch"), default="auto",
+    p.add_argument("--hift-ops", choices=("auto", "triton", "torch"), default=None,
                    help="kernels of HiFT's Snake activations (VocoderConfig.hift_ops): auto (default) fuses each "
                         "into one Triton kernel on CUDA, torch runs the plain tensor ops")
-    p.add_argument("--flow-ops", choices=("auto", "triton", "torch"), default="auto",
+    p.add_argument("--flow-ops", choices=("auto", "triton", "torch"), default=None,
                    help="kernels of the flow estimator's norms (VocoderConfig.flow_ops): auto (default) fuses each "
                         "causal block's LayerNorm + Mish + mask and each transformer block's residual add + "
                         "LayerNorm into one Triton kernel on CUDA, torch runs the plain tensor ops")

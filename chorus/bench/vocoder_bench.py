@@ -61,10 +61,11 @@ class VocoderBenchConfig:
     # shape's VocoderConfig.capture_after-th (3rd) use)
     flow_steps: int | None = None  # None: the variant's (10, meanflow 2)
     yardstick: bool = True
-    cuda_graphs: bool = True  # VocoderConfig.cuda_graphs of the stage
-    compile_hift: bool = False  # VocoderConfig.compile_hift of the stage
-    hift_ops: str = "auto"  # VocoderConfig.hift_ops of the stage (the yardstick always runs the plain ops)
-    flow_ops: str = "auto"  # VocoderConfig.flow_ops of the stage (the yardstick always runs the plain ops)
+    # the stage's VocoderConfig settings, its defaults unless set (the yardstick always runs the plain ops)
+    cuda_graphs: bool = VocoderConfig.cuda_graphs
+    compile_hift: bool = VocoderConfig.compile_hift
+    hift_ops: str = VocoderConfig.hift_ops
+    flow_ops: str = VocoderConfig.flow_ops
     seed: int = 0
 
 
