@@ -15,10 +15,14 @@ per-bin mean), the flow's work (flow tokens, prompt included, per audio token) a
 time of the flow and of the passes per audio second:
 
     python scripts/measure_vocoder_streaming.py --context --out vocoder_context.json [--parts grid,long,full]
+
+``--parts first`` measures the first-window prompt cap (``first_window_prompt_tokens`` K1) at the
+stage's defaults; every row also gives the mel SNR of the first window's frames alone.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
@@ -105,43 +109,48 @@ def mel_snr_db(reference: torch.Tensor, test: torch.Tensor) -> float:
 
 
 def context_rows(s3gen, *, tiny: bool, tokens: list[int], voice, steps: int | None,
-                 contexts: list, first_windows: list[int], prompts: list) -> list[dict]:
-    """One row per (L, first window, K): the stream against the full-prompt one-pass audio."""
+                 contexts: list, first_windows: list[int], prompts: list,
+                 first_window_prompts: tuple = (None,)) -> list[dict]:
+    """One row per (L, first window, K, K1): the stream against the full-prompt one-pass audio."""
     base = VocoderConfig()
     reference, reference_mel, _, _ = run_stream(s3gen, one_pass_config(base), tokens, voice, 7, len(tokens), steps)
     rows = []
     for prompt in prompts:
         one_pass_k, one_pass_k_mel = (reference, reference_mel) if prompt is None else run_stream(
             s3gen, one_pass_config(replace(base, prompt_tokens=prompt)), tokens, voice, 7, len(tokens), steps)[:2]
-        for first in first_windows:
-            for context in contexts:
-                config = replace(base, first_window_tokens=first, stream_context_tokens=context, prompt_tokens=prompt)
-                started = time.perf_counter()
-                audio, mel, pieces, stats = run_stream(s3gen, config, tokens, voice, 7, 7, steps)
-                wall = time.perf_counter() - started
-                seconds = audio.shape[0] / 24000
-                flow = stats.flow_seconds
-                row = {
-                    "variant": s3gen.variant.name, "size": "tiny" if tiny else "full",
-                    "flow_steps": steps or s3gen.variant.s3gen.flow_steps, "tokens": len(tokens),
-                    "voice_prompt_tokens": int(voice.s3gen_prompt_tokens.shape[1]),
-                    "stream_context_tokens": context, "first_window_tokens": first, "prompt_tokens": prompt,
-                    "pieces": pieces, "passes": stats.passes, "length_ok": audio.shape == reference.shape,
-                    "snr_db": round(snr_db(reference, audio), 2),
-                    "snr_vs_same_prompt_one_pass_db": round(snr_db(one_pass_k, audio), 2),
-                    "one_pass_snr_db": None if prompt is None else round(snr_db(reference, one_pass_k), 2),
-                    "mel_snr_db": round(mel_snr_db(reference_mel, mel), 2),
-                    "mel_snr_vs_same_prompt_one_pass_db": round(mel_snr_db(one_pass_k_mel, mel), 2),
-                    "one_pass_mel_snr_db":
-                        None if prompt is None else round(mel_snr_db(reference_mel, one_pass_k_mel), 2),
-                    "flow_tokens": stats.real_tokens,
-                    "flow_tokens_per_audio_token": round(stats.real_tokens / len(tokens), 2),
-                    "flow_s_per_audio_s": round(flow / seconds, 3),
-                    "pass_s_per_audio_s": round(stats.total_seconds / seconds, 3),
-                    "seconds": round(wall, 2),
-                }
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+        for first, context, first_prompt in itertools.product(first_windows, contexts, first_window_prompts):
+            config = replace(base, first_window_tokens=first, stream_context_tokens=context, prompt_tokens=prompt,
+                             first_window_prompt_tokens=first_prompt)
+            started = time.perf_counter()
+            audio, mel, pieces, stats = run_stream(s3gen, config, tokens, voice, 7, 7, steps)
+            wall = time.perf_counter() - started
+            seconds = audio.shape[0] / 24000
+            flow = stats.flow_seconds
+            row = {
+                "variant": s3gen.variant.name, "size": "tiny" if tiny else "full",
+                "flow_steps": steps or s3gen.variant.s3gen.flow_steps, "tokens": len(tokens),
+                "voice_prompt_tokens": int(voice.s3gen_prompt_tokens.shape[1]),
+                "stream_context_tokens": context, "first_window_tokens": first, "prompt_tokens": prompt,
+                "first_window_prompt_tokens": first_prompt,
+                "pieces": pieces, "passes": stats.passes, "length_ok": audio.shape == reference.shape,
+                "snr_db": round(snr_db(reference, audio), 2),
+                "snr_vs_same_prompt_one_pass_db": round(snr_db(one_pass_k, audio), 2),
+                "one_pass_snr_db": None if prompt is None else round(snr_db(reference, one_pass_k), 2),
+                "mel_snr_db": round(mel_snr_db(reference_mel, mel), 2),
+                # the frames of the first window alone (two mel frames per token)
+                "first_window_mel_snr_db":
+                    round(mel_snr_db(reference_mel[:, :2 * first], mel[:, :2 * first]), 2),
+                "mel_snr_vs_same_prompt_one_pass_db": round(mel_snr_db(one_pass_k_mel, mel), 2),
+                "one_pass_mel_snr_db":
+                    None if prompt is None else round(mel_snr_db(reference_mel, one_pass_k_mel), 2),
+                "flow_tokens": stats.real_tokens,
+                "flow_tokens_per_audio_token": round(stats.real_tokens / len(tokens), 2),
+                "flow_s_per_audio_s": round(flow / seconds, 3),
+                "pass_s_per_audio_s": round(stats.total_seconds / seconds, 3),
+                "seconds": round(wall, 2),
+            }
+            print(json.dumps(row), flush=True)
+            rows.append(row)
     return rows
 
 
@@ -160,6 +169,12 @@ def main_context(args) -> None:
         voice, tokens = random_voice(args.prompt, seed=4), random_tokens(args.long_tokens, seed=5)
         rows += context_rows(s3gen, tiny=True, tokens=tokens, voice=voice, steps=None,
                              contexts=[None, 50, 100, 150], first_windows=[20], prompts=[None])
+    if "first" in parts:  # the first-window prompt cap K1 at the defaults (L = 100, first window 20)
+        for name, tiny, steps in (("turbo", True, None), ("original", True, 2), ("turbo", False, None)):
+            s3gen = random_s3gen(name, tiny=tiny, seed=3)
+            voice, tokens = random_voice(args.prompt, seed=4), random_tokens(args.tokens, seed=5)
+            rows += context_rows(s3gen, tiny=tiny, tokens=tokens, voice=voice, steps=steps, contexts=[100],
+                                 first_windows=[20], prompts=[None], first_window_prompts=(None, 150, 100, 50))
     if args.fullsize or "full" in parts:  # brief: the CPU cost of full size allows a few settings only
         s3gen = random_s3gen("turbo", tiny=False, seed=3)
         voice, tokens = random_voice(args.full_prompt, seed=4), random_tokens(args.full_tokens, seed=5)
@@ -178,7 +193,8 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=250, help="--context: voice prompt tokens (tiny)")
     parser.add_argument("--parts", default="grid,long",
                         help="--context: comma-separated grid (tiny turbo and original, every setting), "
-                             "long (tiny turbo, a --long-tokens stream), full (full-size turbo, as --fullsize)")
+                             "long (tiny turbo, a --long-tokens stream), full (full-size turbo, as --fullsize), "
+                             "first (the first-window prompt cap: tiny turbo and original, full-size turbo)")
     parser.add_argument("--long-tokens", type=int, default=1500, help="--context: the long stream's tokens")
     parser.add_argument("--full-tokens", type=int, default=300, help="--context --fullsize: stream length")
     parser.add_argument("--full-prompt", type=int, default=100, help="--context --fullsize: voice prompt tokens")
