@@ -195,7 +195,7 @@ class VocoderStage:
         cfg_rate = settings.cfg_rate if cfg_rate is None else cfg_rate
         most = min(cfg.max_batch_items if max_items is None else max_items, cfg.max_graph_rows)
         shapes = warmup_shapes(cfg, self.s3gen.flow.config.token_mel_ratio, prompt_tokens, chunk_tokens,
-                               whole_chunk_tokens, most)
+                               whole_chunk_tokens, most, self.s3gen.variant.append_silence_tokens)
         plan = [(graphs.hift_graphs, graphs.prepare_hift, shape) if kind == "hift"
                 else (graphs.flow_graphs, graphs.prepare_flow, (*shape, n_steps, cfg_rate))
                 for kind, shape in shapes]
@@ -533,7 +533,8 @@ class _PassTimer:
 
 
 def warmup_shapes(cfg: VocoderConfig, ratio: int, prompt_tokens: int, chunk_tokens: int,
-                  whole_chunk_tokens: int | None, most_rows: int) -> list[tuple[str, tuple[int, int]]]:
+                  whole_chunk_tokens: int | None, most_rows: int,
+                  silence_tokens: int = 0) -> list[tuple[str, tuple[int, int]]]:
     """The ``("hift" | "flow", (rows, frames))`` shapes :meth:`VocoderStage.warmup` captures, in
     order, each graph bucket once (``ratio``: mel frames per token).
 
@@ -542,9 +543,14 @@ def warmup_shapes(cfg: VocoderConfig, ratio: int, prompt_tokens: int, chunk_toke
     ``first_window_prompt_tokens`` leaves), then those of the later window ends, then every other
     bucket up to the last window end (final passes land anywhere in between); each at row buckets
     1, 2, 4, ... up to ``most_rows`` (with ``follower_first_window_tokens``, HiFT over a
-    follower's first window too). Then, with ``whole_chunk_tokens``, non-streaming passes of
-    whole chunks (HiFT over all of a chunk's frames, the flow over prompt + chunk) of 1 to
-    ``whole_chunk_tokens`` tokens, at the two largest of those row buckets.
+    follower's first window too). With ``first_window_prompt_tokens`` capping the prompt, the
+    flow also over every bucket of a first pass over the capped prompt: one that is also its
+    stream's last (a stream of at most its first window's tokens, such as a voice agent's short
+    piece: its tokens plus the variant's ``silence_tokens``) and a follower's first window, which
+    no later bucket covers. Then, with
+    ``whole_chunk_tokens``, non-streaming passes of whole chunks (HiFT over all of a chunk's
+    frames, the flow over prompt + chunk) of 1 to ``whole_chunk_tokens`` tokens, at the two
+    largest of those row buckets.
     """
     ends, window, windows = [cfg.first_window_tokens], cfg.first_window_tokens, [cfg.first_window_tokens]
     while True:  # window ends as streams advance them (see _advance_window)
@@ -558,7 +564,10 @@ def warmup_shapes(cfg: VocoderConfig, ratio: int, prompt_tokens: int, chunk_toke
     later = [ratio * (prompt_tokens + end + cfg.holdback_tokens) for end in ends]
     flow_frames = [ratio * (first_prompt + ends[0] + cfg.holdback_tokens)] + later
     flow_frames += list(range(later[0], later[-1], 64))
-    if cfg.follower_first_window_tokens is not None:  # a follower's first window (its flow lies among ``later``'s)
+    if first_prompt < prompt_tokens:  # a first pass over the capped prompt that is also the last, or a follower's
+        longest = max(ends[0], cfg.follower_first_window_tokens or 0) + cfg.holdback_tokens + silence_tokens
+        flow_frames += _buckets(ratio * (first_prompt + 1 + silence_tokens), ratio * (first_prompt + longest))
+    if cfg.follower_first_window_tokens is not None:  # a follower's first window (uncapped, its flow lies among ``later``'s)
         windows.append(cfg.follower_first_window_tokens)
     hift_frames = [ratio * (w + cfg.holdback_tokens) + cfg.hift_context_frames for w in windows]
     rows = [1]

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from chorus.vocoder import VocoderConfig
+from chorus.vocoder.pass_graphs import frame_bucket
 from chorus.vocoder.stage import warmup_shapes
 from chorus.vocoder.voice_cache import VoiceCache
 from tests.vocoder.conftest import one_job_audio
@@ -74,6 +75,20 @@ def test_warmup_captures_the_capped_first_window():
     # (kept: a final first pass of a longer stream never reads it, but a second window ending at
     # 20 tokens would) and 2 (30 + 63) = 186 -> 192
     assert [s for s in shapes if s[0] == "flow"] == [("flow", (1, 64)), ("flow", (1, 128)), ("flow", (1, 192))]
+
+
+def test_warmup_covers_every_first_pass_over_the_capped_prompt():
+    # a first pass over the capped prompt reads the first window (20 + 3 held back), or, if it is
+    # also the stream's last, 1 to 23 tokens plus 3 silence tokens, or a follower's first window
+    # (100 + 3): none of these lie in the buckets of the whole prompt's passes
+    config = VocoderConfig(max_batch_items=1, first_window_prompt_tokens=50, follower_first_window_tokens=100)
+    shapes = warmup_shapes(config, ratio=2, prompt_tokens=250, chunk_tokens=240, whole_chunk_tokens=None,
+                           most_rows=1, silence_tokens=3)
+    flow = {frames for kind, (_, frames) in shapes if kind == "flow"}
+    first_passes = [50 + 23] + [50 + n + 3 for n in range(1, 24)] + [50 + 103]
+    assert {frame_bucket(2 * tokens) for tokens in first_passes} <= flow
+    uncapped = warmup_shapes(VocoderConfig(max_batch_items=1, follower_first_window_tokens=100), 2, 250, 240, None, 1, 3)
+    assert set(shapes) - set(uncapped) == {("flow", (1, frames)) for frames in (128, 192, 256, 320)}
 
 
 @pytest.mark.parametrize("value", [0, -3, 1.5, False])

@@ -424,6 +424,23 @@ def test_warmup_captures_the_first_window_shapes():
 
 
 @pytest.mark.gpu
+def test_after_warmup_a_stream_shorter_than_its_first_window_over_the_capped_prompt_replays():
+    # its only pass reads 5 tokens + 3 silence over 10 prompt tokens: 2 (10 + 8) = 36 frames -> 64,
+    # below the capped first window's 2 (10 + 23) = 66 -> 128 (a voice agent's short piece)
+    s3gen = random_s3gen("turbo", seed=3, device="cuda")
+    stage = VocoderStage(s3gen, VocoderConfig(max_batch_items=2, first_window_prompt_tokens=10))
+    stage.warmup(prompt_tokens=30, chunk_tokens=60, max_items=1)
+    captures, eager = stage.stats.graph_captures, stage.stats.eager_runs
+    stage.add("short", random_voice(30, seed=1), seed=3, streaming=True)
+    stage.push("short", random_tokens(5, seed=2), final=True)
+    outputs = []
+    while stage.has_work():
+        outputs += stage.step()
+    assert [o.job_id for o in outputs if o.samples.shape[0] > 0] == ["short"]
+    assert stage.stats.graph_captures == captures and stage.stats.eager_runs == eager
+
+
+@pytest.mark.gpu
 def test_warmup_captures_whole_chunks_so_a_batch_of_them_replays_at_once():
     s3gen = random_s3gen("turbo", seed=3, device="cuda")
     stage = VocoderStage(s3gen, VocoderConfig(max_batch_items=4))
