@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chorus.vocoder import VocoderConfig
+from chorus.vocoder import VocoderConfig, VocoderStage
 from chorus.vocoder.pass_graphs import frame_bucket
 from chorus.vocoder.stage import warmup_shapes
 from chorus.vocoder.voice_cache import VoiceCache
-from tests.vocoder.conftest import one_job_audio
+from tests.vocoder.conftest import drain, one_job_audio
 from tests.vocoder.models import local_flow, random_tokens, random_voice
 
 
@@ -89,6 +89,31 @@ def test_warmup_covers_every_first_pass_over_the_capped_prompt():
     assert {frame_bucket(2 * tokens) for tokens in first_passes} <= flow
     uncapped = warmup_shapes(VocoderConfig(max_batch_items=1, follower_first_window_tokens=100), 2, 250, 240, None, 1, 3)
     assert set(shapes) - set(uncapped) == {("flow", (1, frames)) for frames in (128, 192, 256, 320)}
+
+
+def test_warmup_covers_the_flow_shapes_that_capped_streams_run(tiny_turbo):
+    # one listener's streams of 1 to 30 tokens, each pushed at once: a first pass that is also
+    # the stream's last (up to 23 tokens), and followers (added while the listener still has
+    # audio to hear) with their longer first window; every flow call's frame bucket is one that
+    # warm-up captures (a 250-token prompt capped at 50, as in the server)
+    config = VocoderConfig(first_window_prompt_tokens=50, follower_first_window_tokens=100)
+    stage = VocoderStage(tiny_turbo, config)
+    frames, run_flow = [], stage._graphs.run_flow
+
+    def recording(call):
+        frames.append(call.cond.shape[2])
+        return run_flow(call)
+
+    stage._graphs.run_flow = recording
+    voice = random_voice(250, seed=1)
+    for n in [*range(1, 31, 3), 120]:
+        stage.add(f"s{n}", voice, seed=n, streaming=True, listener="agent")
+        stage.push(f"s{n}", random_tokens(n, seed=n), final=True)
+        drain(stage)
+    shapes = warmup_shapes(config, ratio=2, prompt_tokens=250, chunk_tokens=240, whole_chunk_tokens=None,
+                           most_rows=1, silence_tokens=tiny_turbo.variant.append_silence_tokens)
+    assert {frame_bucket(f) for f in frames} <= {f for kind, (_, f) in shapes if kind == "flow"}
+    assert {128, 192, 320} <= {frame_bucket(f) for f in frames}  # short, first-window and follower passes
 
 
 @pytest.mark.parametrize("value", [0, -3, 1.5, False])
