@@ -3,7 +3,7 @@
 #   bash scripts/gpu/device_checks.sh CHECK OUT_DIR
 # CHECK: tests | bench-original | bench-turbo | offline-original | offline-turbo |
 #        stream-original | stream-turbo | stream-turbo-prompt-cap | attention | vocoder-graphs | stage-contention | online-original | online-turbo |
-#        agent-original | agent-turbo | overload-turbo | two-models | swap-turbo |
+#        agent-original | agent-turbo | agent-turbo-prompt-cap | overload-turbo | two-models | swap-turbo |
 #        scale-out-turbo | scale-out-original | profile-original | profile-turbo | rope-kv |
 #        vocoder-turbo | vocoder-original | vc-turbo | vc-original
 # The reference chatterbox-tts (for the benchmark ratio) must be importable; WHEELS=DIR installs
@@ -69,6 +69,15 @@ case $what in
   vc-original|vc-turbo)  # voice conversion of a 10 s source at batch 1 (docs/voice-conversion.md, "Speed")
     python3 -m chorus.cli bench vc --variant "${what#vc-}" --source-s 10 --out "$out/bench_vc_${what#vc-}.json" 2>&1 \
       | tail -5 ;;
+  agent-turbo-prompt-cap)  # voice agents at 1, 16 and 64 connections with the first-window prompt cap
+    # unset, 100 and 50, one server each, back to back (docs/benchmarks.md, 2026-12-05, later)
+    for k in none 100 50; do
+      mkdir -p "$out/agent_prompt_$k"
+      SERVE_ARGS="$([[ $k != none ]] && echo "--vocoder-first-window-prompt-tokens $k")" \
+        bash scripts/gpu/online.sh turbo "$out/agent_prompt_$k" --agent --concurrency 1,16,64 --llm-tokens-per-s 50 \
+        --max-new-tokens 80 --cancel-fraction 0.25 --quiet --out "$out/agent_prompt_$k/agent.json" | tail -5
+      rm -f "$out/agent_prompt_$k"/metrics_*
+    done ;;
   agent-original|agent-turbo)  # voice agents over the WebSocket (docs/benchmarks.md, "Voice-agent latency")
     bash scripts/gpu/online.sh "${what#agent-}" "$out" --agent --concurrency 1,16,64,256 --llm-tokens-per-s 50 \
       --max-new-tokens 80 --cancel-fraction 0.25 --quiet --out "$out/bench_agent_${what#agent-}.json" ;;
