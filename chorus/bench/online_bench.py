@@ -57,8 +57,12 @@ STATUSES = ("ok", "429", "503", "504", "other", "cut", "client_error")
 REJECTIONS = ("429", "503", "504")
 FAILURES = ("other", "cut", "client_error")
 # Server metrics: counters reported as deltas over a level, gauges as the peak seen while polling.
+# The vocoder's graph captures while serving (shapes its warm-up missed) stall every stream in
+# their pass: a level with any is not measuring the steady state.
 COUNTERS = {"t3_tokens": "chorus_t3_tokens_total", "preemptions": "chorus_preemptions_total",
-            "audio_seconds": "chorus_audio_seconds_total", "vocoder_passes": "chorus_vocoder_passes_total"}
+            "audio_seconds": "chorus_audio_seconds_total", "vocoder_passes": "chorus_vocoder_passes_total",
+            "vocoder_serving_graph_captures": "chorus_vocoder_serving_graph_captures_total",
+            "vocoder_serving_graph_capture_s": "chorus_vocoder_serving_graph_capture_seconds_total"}
 GAUGES = {"degradation_level_max": "chorus_degradation_level", "kv_usage_max": "chorus_kv_usage",
           "queue_depth_max": "chorus_queue_depth", "in_flight_max": "chorus_requests_in_flight",
           "t3_batch_rows_max": "chorus_t3_batch_rows"}
@@ -67,8 +71,10 @@ GAUGES = {"degradation_level_max": "chorus_degradation_level", "kv_usage_max": "
 # first audio byte), so a client-side tail can be split into the server's part and the rest.
 HISTOGRAMS = {"ttfa_s": "chorus_time_to_first_audio_seconds"}
 # Counters reported per label value (deltas over a level): which admission rule answered a 429
-# `overloaded` (docs/server.md, "Admission").
-LABELLED_COUNTERS = {"overloaded_by_rule": ("chorus_admission_overloaded_total", "rule")}
+# `overloaded` (docs/server.md, "Admission"); how the vocoder's flow and HiFT calls ran (graph
+# replays or eager launches).
+LABELLED_COUNTERS = {"overloaded_by_rule": ("chorus_admission_overloaded_total", "rule"),
+                     "vocoder_calls_by_mode": ("chorus_vocoder_calls_total", "mode")}
 # the server's event-loop lag and garbage-collector pauses (histograms of chorus/server/metrics.py)
 _PAUSES = re.compile(r'^(chorus_event_loop_lag_seconds|chorus_gc_pause_seconds)_(bucket|count|sum)'
                      r'(?:\{([^}]*)\})?\s+(\S+)$', re.M)

@@ -63,6 +63,10 @@ class EngineSnapshot:
     vocoder_items: int = 0
     vocoder_items_per_pass: float = 0.0
     vocoder_busy_ratio: float = 0.0
+    vocoder_graph_calls: int = 0
+    vocoder_eager_calls: int = 0
+    vocoder_serving_captures: int = 0
+    vocoder_serving_capture_seconds: float = 0.0
     pipeline_active: int = 0
     kv_blocks_evictable: int = 0
     kv_fragmentation: float = 0.0
@@ -273,6 +277,17 @@ class _EngineCollector:
         yield CounterMetricFamily("chorus_vocoder_passes", "Batched S3Gen passes", value=s.vocoder_passes)
         yield GaugeMetricFamily("chorus_vocoder_batch_items", "Jobs per S3Gen pass, last monitor interval",
                                 value=s.vocoder_items_per_pass)
+        calls = CounterMetricFamily("chorus_vocoder_calls", "Flow and HiFT calls of S3Gen passes by how they "
+                                    "ran: graph (a CUDA graph replayed) or eager (kernels launched one by one: "
+                                    "the CPU, graphs off, too many rows, or a shape not captured)", labels=["mode"])
+        calls.add_metric(["graph"], s.vocoder_graph_calls)
+        calls.add_metric(["eager"], s.vocoder_eager_calls)
+        yield calls
+        yield CounterMetricFamily("chorus_vocoder_serving_graph_captures",
+                                  "CUDA graphs the vocoder captured after warm-up: shapes warm-up did not cover "
+                                  "(every stream in the pass waits for the capture)", value=s.vocoder_serving_captures)
+        yield CounterMetricFamily("chorus_vocoder_serving_graph_capture_seconds",
+                                  "Time those captures took", value=s.vocoder_serving_capture_seconds)
         yield GaugeMetricFamily("chorus_pipeline_active_requests", "Requests inside the pipeline",
                                 value=s.pipeline_active)
         yield GaugeMetricFamily("chorus_vocoder_busy_ratio",

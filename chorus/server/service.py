@@ -80,6 +80,8 @@ class SpeechService:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._last_tokens: tuple[float, int] | None = None
         self._last_passes: tuple[int, int] = (0, 0)
+        # the vocoder's graph captures and their seconds when warm-up ended (later ones: while serving)
+        self._warmup_captures: tuple[int, float] = (0, 0.0)
         # (time, tokens delivered, busy, T3 busy seconds, vocoder busy seconds)
         self._last_delivery: tuple[float, float, bool, float, float] | None = None
         self._last_vocoder_busy: tuple[float, float] | None = None  # (when, vocoder busy seconds)
@@ -110,6 +112,8 @@ class SpeechService:
                 warmup = getattr(self.pipeline, "warmup", None)
                 if warmup is not None:
                     await asyncio.to_thread(warmup)
+            vocoder_stats = self.pipeline.vocoder.stats
+            self._warmup_captures = (vocoder_stats.graph_captures, vocoder_stats.graph_capture_seconds)
             await self.run_canary()
             if self.last_canary_ok is None:
                 raise RuntimeError(f"the start-up canary failed: {self.last_canary_error}")
@@ -317,7 +321,10 @@ class SpeechService:
             t3_waiting=stats.num_waiting, t3_running=stats.num_running, t3_rows=stats.num_running_rows,
             t3_tokens=tokens, t3_tokens_per_s=rate, vocoder_passes=vocoder.passes, vocoder_items=vocoder.items,
             vocoder_items_per_pass=items / passes if passes else 0.0, pipeline_active=pipe.active_requests,
-            vocoder_busy_ratio=busy, kv_blocks_evictable=kv.num_cached_free_blocks,
+            vocoder_busy_ratio=busy, vocoder_graph_calls=vocoder.graph_replays, vocoder_eager_calls=vocoder.eager_runs,
+            vocoder_serving_captures=vocoder.graph_captures - self._warmup_captures[0],
+            vocoder_serving_capture_seconds=vocoder.graph_capture_seconds - self._warmup_captures[1],
+            kv_blocks_evictable=kv.num_cached_free_blocks,
             kv_fragmentation=kv_fragmentation(kv.num_free_blocks, kv.num_used_blocks, stats.num_running))
 
     # ------------------------------------------------------- the Backend seam (chorus/server/backend.py)

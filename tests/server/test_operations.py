@@ -146,6 +146,27 @@ def test_metrics_move_with_requests(server):
     assert metric(after, "chorus_prefix_cache_hit_rate") > 0  # the built-in voice's prefix is shared
 
 
+def test_vocoder_metrics_say_how_its_calls_ran_and_what_it_captured_while_serving(server):
+    before = server.client.get("/metrics").text
+    assert server.speech(input="Hello there.", response_format="pcm").status_code == 200
+    eager = ("chorus_vocoder_calls_total", 'mode="eager"')
+    after = ""
+
+    def moved() -> bool:  # the engine's counters follow at the monitor's next tick
+        nonlocal after
+        after = server.client.get("/metrics").text
+        return metric(after, *eager) >= metric(before, *eager) + 2  # a pass is a flow call and a HiFT call
+
+    until(moved, what="the vocoder's eager calls to move")
+    # the CPU has no CUDA graphs: nothing replayed, nothing captured after warm-up (series exported at 0)
+    lines = after.splitlines()
+    assert any(line.startswith("chorus_vocoder_calls_total{") and 'mode="graph"' in line for line in lines)
+    assert metric(after, "chorus_vocoder_calls_total", 'mode="graph"') == 0
+    assert any(line.startswith("chorus_vocoder_serving_graph_captures_total") for line in lines)
+    assert metric(after, "chorus_vocoder_serving_graph_captures_total") == 0
+    assert metric(after, "chorus_vocoder_serving_graph_capture_seconds_total") == 0
+
+
 def test_errors_are_counted_by_type(server):
     before = metric(server.client.get("/metrics").text, "chorus_errors_total", 'type="voice_not_found"')
     server.speech(input="Hi.", voice="missing")
