@@ -133,6 +133,7 @@ class ServerConfig:
     vocoder_max_pass_seconds: float | None = None  # while streams play, a vocoder pass's predicted time at most
     vocoder_first_window_prompt_tokens: int | None = None  # voice-prompt tokens of a stream's first vocoder pass
     vocoder_follower_first_window_tokens: int | None = None  # first vocoder window of a turn's later piece
+    vocoder_graph_cover_work: float | None = 4.0  # a shape without a CUDA graph replays a larger one up to this padded work
     # operations
     warmup: bool = True
     canary_interval_s: float = 60.0  # canaries re-run this often (a failed one fails /ready; a late one not)
@@ -179,6 +180,9 @@ class ServerConfig:
             value = getattr(self, name)
             _require(value is None or (isinstance(value, (int, float)) and value > 0),
                      f"{name} must be a positive number or unset, got {value!r}")
+        _require(self.vocoder_graph_cover_work is None or (isinstance(self.vocoder_graph_cover_work, (int, float))
+                                                           and self.vocoder_graph_cover_work >= 1),
+                 f"vocoder_graph_cover_work must be a number >= 1 or unset, got {self.vocoder_graph_cover_work!r}")
         _require(self.default_deadline_s is None or self.default_deadline_s <= self.max_deadline_s,
                  f"default_deadline_s ({self.default_deadline_s}) must be <= max_deadline_s ({self.max_deadline_s})")
         _require(self.retry_after_s <= self.max_retry_after_s,
@@ -361,6 +365,11 @@ FIELD_HELP = {
                                             "voice-agent turn's later piece, a long text's later chunk): fewer "
                                             "passes per piece, its first audio needing more tokens (default: "
                                             "the first window of every stream, 20; docs/vocoder.md, \"Listeners\")",
+    "vocoder_graph_cover_work": "a vocoder call whose shape has no CUDA graph of its own (a voice prompt shorter "
+                                "than warm-up's 10 s, a shape before its capture) replays the held graph of more "
+                                "rows and frames with the least padded work, if at most this many times its own, "
+                                "instead of launching its kernels eagerly; none: eagerly (docs/vocoder.md, "
+                                "\"CUDA graphs of the whole pass\")",
     "warmup": "warm up (capture CUDA graphs) before reporting ready",
     "canary_interval_s": "seconds between canary syntheses; one that fails in a model step makes /ready fail "
                          "until one passes (one that is late under load does not)",

@@ -64,6 +64,7 @@ class EngineSnapshot:
     vocoder_items_per_pass: float = 0.0
     vocoder_busy_ratio: float = 0.0
     vocoder_graph_calls: int = 0
+    vocoder_covered_calls: int = 0
     vocoder_eager_calls: int = 0
     vocoder_serving_captures: int = 0
     vocoder_serving_capture_seconds: float = 0.0
@@ -278,9 +279,12 @@ class _EngineCollector:
         yield GaugeMetricFamily("chorus_vocoder_batch_items", "Jobs per S3Gen pass, last monitor interval",
                                 value=s.vocoder_items_per_pass)
         calls = CounterMetricFamily("chorus_vocoder_calls", "Flow and HiFT calls of S3Gen passes by how they "
-                                    "ran: graph (a CUDA graph replayed) or eager (kernels launched one by one: "
-                                    "the CPU, graphs off, too many rows, or a shape not captured)", labels=["mode"])
+                                    "ran: graph (their shape's CUDA graph replayed), covered (a larger graph "
+                                    "replayed: their shape had none) or eager (kernels launched one by one: the "
+                                    "CPU, graphs off, too many rows, or no graph to cover the shape)",
+                                    labels=["mode"])
         calls.add_metric(["graph"], s.vocoder_graph_calls)
+        calls.add_metric(["covered"], s.vocoder_covered_calls)
         calls.add_metric(["eager"], s.vocoder_eager_calls)
         yield calls
         yield CounterMetricFamily("chorus_vocoder_serving_graph_captures",

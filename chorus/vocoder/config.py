@@ -109,6 +109,15 @@ class VocoderConfig:
     """A shape bucket that warm-up did not capture is captured on its ``capture_after``-th use
     (eager before that): rare shapes never pay a capture (0.1-1 s each, the GIL held), frequent
     ones do once."""
+    graph_cover_work: float | None = 4.0
+    """A shape with no graph of its own (until its ``capture_after``-th use, or when its capture
+    failed) replays the held graph of at least its rows and frames with the least padded work
+    (rows x frames), if that is at most this many times its own bucket's; otherwise it runs
+    eagerly. Padding changes no valid value, so this trades padded work (at most this factor;
+    attention grows faster in frames) for eager launches (on an H200 an eager flow call of a
+    whole-chunk pass took 2.3 s against 0.13-0.15 s replayed), and covers what warm-up's plan
+    cannot: a voice prompt shorter than warm-up's 10 s, a final pass's short tail. None: such
+    calls run eagerly (docs/vocoder.md, "CUDA graphs of the whole pass")."""
     compile_hift: bool = False
     """Run HiFT's decoder (``HiFTGenerator.decode``: its convolutions and the many small kernels
     around them, Snake activations, masks, residual adds) through ``torch.compile`` with dynamic
@@ -159,6 +168,11 @@ class VocoderConfig:
             raise ValueError(f"voice_cache_size must be positive, got {self.voice_cache_size}")
         if self.max_graph_rows < 1 or self.capture_after < 1:
             raise ValueError("max_graph_rows and capture_after must be >= 1")
+        if self.graph_cover_work is not None and (isinstance(self.graph_cover_work, bool)
+                                                  or not isinstance(self.graph_cover_work, (int, float))
+                                                  or not self.graph_cover_work >= 1):
+            raise ValueError(f"graph_cover_work must be None (shapes without a graph run eagerly) or a "
+                             f"number >= 1, got {self.graph_cover_work!r}")
         if self.max_pass_graphs < 1:
             raise ValueError(f"max_pass_graphs must be >= 1, got {self.max_pass_graphs}")
         if not isinstance(self.compile_hift, bool):
@@ -212,7 +226,9 @@ class VocoderStats:
     real_tokens: int = 0
     """Sum over passes of each item's prompt + tokens."""
     graph_replays: int = 0
-    """Flow or HiFT calls run by replaying a captured CUDA graph."""
+    """Flow or HiFT calls run by replaying a captured CUDA graph (their own or a covering one)."""
+    covered_replays: int = 0
+    """Of those, calls that replayed a larger graph (``graph_cover_work``): their shape had none."""
     graph_captures: int = 0
     """Graphs captured (at warm-up or on a shape's ``capture_after``-th use)."""
     graph_capture_seconds: float = 0.0

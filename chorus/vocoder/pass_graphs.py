@@ -27,8 +27,12 @@ dropped first. Capture runs on a side stream in ``thread_local`` mode (another t
 calls stay legal meanwhile), after an eager run on that stream; inputs are copied in and the graph
 replayed on the caller's current stream.
 
-When graphs are off, on the CPU, for more rows than ``max_rows``, or for a shape not yet seen
-``capture_after`` times, a call runs the same function eagerly on the unpadded inputs.
+A shape with no graph of its own (not captured at warm-up, and not yet seen ``capture_after``
+times) replays the held graph of at least its rows and frames whose padded work (rows x frames)
+is least, when that is at most ``cover_work`` times its own bucket's: more padding, the same
+valid values (a voice prompt shorter than warm-up's, a final pass's short tail). When graphs are
+off, on the CPU, for more rows than ``max_rows``, or when no held graph covers the shape, a call
+runs the same function eagerly on the unpadded inputs.
 
 HiFT's decoder (``HiFTGenerator.decode``) may run through ``torch.compile`` in both ways
 (:class:`HiFTRunner`): a graph then captures the compiled kernels, compiled during the eager run
@@ -39,7 +43,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Generic, Hashable, TypeVar
 
 import torch
@@ -247,13 +251,16 @@ class _Graph:
 class GraphLibrary(Generic[K]):
     """Captured graphs of one function by key: LRU of at most ``max_graphs``, captured on a key's
     ``capture_after``-th use (or at once through :meth:`prepare`), keys whose capture failed
-    run eagerly from then on. ``make_inputs(key)`` builds a key's static buffers (an object with
+    never captured again; a key without a graph may replay a covering one (``cover_work``,
+    :meth:`choose`). ``make_inputs(key)`` builds a key's static buffers (an object with
     ``load(call)`` and ``run(model)``; ``model``: the flow, or a :class:`HiFTRunner`)."""
 
     def __init__(self, name: str, model: object, make_inputs: Callable[[K], object], *,
-                 max_graphs: int, capture_after: int, stats: VocoderStats, pool, stream: torch.cuda.Stream | None):
+                 max_graphs: int, capture_after: int, stats: VocoderStats, pool, stream: torch.cuda.Stream | None,
+                 cover_work: float | None = None):
         self.name, self.model, self.make_inputs = name, model, make_inputs
         self.max_graphs, self.capture_after, self.stats = max_graphs, capture_after, stats
+        self.cover_work = cover_work
         self._pool, self._stream = pool, stream
         self._graphs: OrderedDict[K, _Graph] = OrderedDict()
         self._calls: dict[K, int] = {}
@@ -264,18 +271,33 @@ class GraphLibrary(Generic[K]):
         """The captured graphs' keys, least recently used first."""
         return list(self._graphs)
 
-    def wants(self, key: K) -> bool:
-        """Count a use of ``key``: True when its graph is held or this use should capture it."""
-        if key in self._failed:
-            return False
+    def choose(self, key: K) -> K | None:
+        """Count a use of ``key`` and say which graph it replays: ``key`` itself when held or when
+        this use should capture it, else the held graph that covers it at the least padded work
+        (``cover_work``, see the module docstring), else None (run eagerly)."""
         if key in self._graphs:
-            return True
-        calls = self._calls.get(key, 0) + 1
-        if calls >= self.capture_after:
-            self._calls.pop(key, None)
-            return True
-        self._calls[key] = calls
-        return False
+            return key
+        if key not in self._failed:
+            calls = self._calls.get(key, 0) + 1
+            if calls >= self.capture_after:
+                self._calls.pop(key, None)
+                return key
+            self._calls[key] = calls
+        return self._cover(key)
+
+    def _cover(self, key: K) -> K | None:
+        """The held graph of at least ``key``'s rows and frames, otherwise the same, whose padded
+        work (rows x frames) is least and at most ``cover_work`` times ``key``'s; None if none.
+        Keys with rows and frames only (:class:`FlowKey`, :class:`HiFTKey`)."""
+        if self.cover_work is None:
+            return None
+        best, least = None, self.cover_work * key.rows * key.frames
+        for held in self._graphs:
+            work = held.rows * held.frames
+            if (work <= least and held.rows >= key.rows and held.frames >= key.frames
+                    and replace(held, rows=key.rows, frames=key.frames) == key):
+                best, least = held, work
+        return best
 
     def replay(self, key: K, call) -> object | None:
         """Load ``call`` into the graph of ``key`` (captured now if missing) and replay it; returns
@@ -342,15 +364,18 @@ class PassGraphs:
     docstring), else run eagerly. Not thread-safe: used from the vocoder stage's thread."""
 
     def __init__(self, flow: FlowDecoder, hift: HiFTGenerator, *, enabled: bool = True, max_graphs: int = 64,
-                 max_rows: int | None = None, capture_after: int = 1, stats: VocoderStats | None = None,
-                 compile_hift: bool = False):
+                 max_rows: int | None = None, capture_after: int = 1, cover_work: float | None = None,
+                 stats: VocoderStats | None = None, compile_hift: bool = False):
         """``max_rows``: calls of more items run eagerly (None: no limit). ``capture_after``: a
-        shape is captured on its ``capture_after``-th call (earlier calls run eagerly).
+        shape is captured on its ``capture_after``-th call (earlier calls replay a covering graph
+        of at most ``cover_work`` times their padded work, or run eagerly; None: never covered).
         ``compile_hift``: HiFT's decoder runs compiled, graphed or not (:class:`HiFTRunner`)."""
         if max_graphs < 1:
             raise ValueError(f"max_graphs must be >= 1, got {max_graphs}")
         if capture_after < 1:
             raise ValueError(f"capture_after must be >= 1, got {capture_after}")
+        if cover_work is not None and not cover_work >= 1:
+            raise ValueError(f"cover_work must be >= 1 or None, got {cover_work!r}")
         self.flow, self.hift = flow, hift
         self.hift_runner = HiFTRunner(hift, compile_hift)
         self.enabled, self.max_rows = enabled, max_rows
@@ -363,7 +388,8 @@ class PassGraphs:
                 pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream(device)
         ratio = flow.config.token_mel_ratio
         hift_config = hift.config
-        common = dict(max_graphs=max_graphs, capture_after=capture_after, stats=self.stats, pool=pool, stream=stream)
+        common = dict(max_graphs=max_graphs, capture_after=capture_after, stats=self.stats, pool=pool, stream=stream,
+                      cover_work=cover_work)
         self.flow_graphs: GraphLibrary[FlowKey] = GraphLibrary(
             "flow", flow, lambda key: FlowInputs(key, ratio, device), **common)
         self.hift_graphs: GraphLibrary[HiFTKey] = GraphLibrary(
@@ -396,9 +422,11 @@ class PassGraphs:
         batch, frames = call.tokens.shape[0], call.cond.shape[2]
         if self._graphed(batch):
             key = self.flow_key(batch, frames, call.n_steps, call.cfg_rate)
-            if self.flow_graphs.wants(key):
-                out = self.flow_graphs.replay(key, call)
+            chosen = self.flow_graphs.choose(key)
+            if chosen is not None:
+                out = self.flow_graphs.replay(chosen, call)
                 if out is not None:
+                    self.stats.covered_replays += chosen != key
                     return out[:batch, :, :frames]
         self.stats.eager_runs += 1
         return self.flow.generate_mel(call.tokens, call.lengths, call.cond, call.noise, call.speaker, call.n_steps,
@@ -411,9 +439,11 @@ class PassGraphs:
         batch, _, frames = call.mel.shape
         if self._graphed(batch):
             key = self.hift_key(batch, frames)
-            if self.hift_graphs.wants(key):
-                out = self.hift_graphs.replay(key, call)
+            chosen = self.hift_graphs.choose(key)
+            if chosen is not None:
+                out = self.hift_graphs.replay(chosen, call)
                 if out is not None:
+                    self.stats.covered_replays += chosen != key
                     wav, f0 = out
                     return wav[:batch, :frames * self.hift.config.samples_per_frame], f0[:batch, :frames]
         self.stats.eager_runs += 1

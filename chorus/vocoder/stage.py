@@ -56,7 +56,8 @@ class VocoderStage:
         s3gen.flow.decoder.estimator.ops_backend = self.config.flow_ops
         self._graphs = PassGraphs(s3gen.flow, s3gen.mel2wav, enabled=self.config.cuda_graphs,
                                   max_graphs=self.config.max_pass_graphs, max_rows=self.config.max_graph_rows,
-                                  capture_after=self.config.capture_after, stats=self._stats,
+                                  capture_after=self.config.capture_after, cover_work=self.config.graph_cover_work,
+                                  stats=self._stats,
                                   compile_hift=self.config.compile_hift)
 
     # ------------------------------------------------------------------------------- interface

@@ -307,6 +307,19 @@ def test_the_followers_first_window_reaches_the_vocoder_stage():
     assert vocoder_config(_build(flags=flags)).follower_first_window_tokens == 100
 
 
+def test_the_graph_cover_work_reaches_the_vocoder_stage_and_none_turns_it_off():
+    from chorus.server.main import vocoder_config
+
+    assert vocoder_config(_build()).graph_cover_work == 4.0
+    assert vocoder_config(_build(flags={"vocoder_graph_cover_work": "2"})).graph_cover_work == 2.0
+    assert vocoder_config(_build(flags={"vocoder_graph_cover_work": "none"})).graph_cover_work is None
+
+
+def test_the_graph_cover_work_must_be_at_least_1():
+    with pytest.raises(ValueError, match="vocoder_graph_cover_work must be a number >= 1 or unset, got 0.5"):
+        _build(flags={"vocoder_graph_cover_work": "0.5"})
+
+
 def test_the_first_window_prompt_cap_must_be_a_positive_integer():
     with pytest.raises(ValueError, match="vocoder_first_window_prompt_tokens must be a positive integer or unset, got 0"):
         _build(flags={"vocoder_first_window_prompt_tokens": "0"})

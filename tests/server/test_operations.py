@@ -161,7 +161,8 @@ def test_vocoder_metrics_say_how_its_calls_ran_and_what_it_captured_while_servin
     # the CPU has no CUDA graphs: nothing replayed, nothing captured after warm-up (series exported at 0)
     lines = after.splitlines()
     assert any(line.startswith("chorus_vocoder_calls_total{") and 'mode="graph"' in line for line in lines)
-    assert metric(after, "chorus_vocoder_calls_total", 'mode="graph"') == 0
+    for mode in ("graph", "covered"):
+        assert metric(after, "chorus_vocoder_calls_total", f'mode="{mode}"') == 0
     assert any(line.startswith("chorus_vocoder_serving_graph_captures_total") for line in lines)
     assert metric(after, "chorus_vocoder_serving_graph_captures_total") == 0
     assert metric(after, "chorus_vocoder_serving_graph_capture_seconds_total") == 0
