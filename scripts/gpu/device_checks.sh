@@ -3,7 +3,7 @@
 #   bash scripts/gpu/device_checks.sh CHECK OUT_DIR
 # CHECK: tests | bench-original | bench-turbo | offline-original | offline-turbo |
 #        stream-original | stream-turbo | stream-turbo-prompt-cap | attention | vocoder-graphs | stage-contention | online-original | online-turbo |
-#        agent-original | agent-turbo | agent-turbo-prompt-cap | overload-turbo | two-models | swap-turbo |
+#        agent-original | agent-turbo | agent-turbo-prompt-cap | online-turbo-short-voice | overload-turbo | two-models | swap-turbo |
 #        scale-out-turbo | scale-out-original | profile-original | profile-turbo | rope-kv |
 #        vocoder-turbo | vocoder-original | vc-turbo | vc-original
 # The reference chatterbox-tts (for the benchmark ratio) must be importable; WHEELS=DIR installs
@@ -77,6 +77,16 @@ case $what in
         bash scripts/gpu/online.sh turbo "$out/agent_prompt_$k" --agent --concurrency 1,16,64 --llm-tokens-per-s 50 \
         --max-new-tokens 80 --cancel-fraction 0.25 --quiet --out "$out/agent_prompt_$k/agent.json" | tail -5
       rm -f "$out/agent_prompt_$k"/metrics_*
+    done ;;
+  online-turbo-short-voice)  # the server over a 5.7 s voice clip (its first windows fall below every flow
+    # bucket warm-up captures for 10 s prompts) with covering graphs on (4) and off, back to back
+    # (docs/vocoder.md, "Covering graphs")
+    for c in 4 none; do
+      mkdir -p "$out/short_voice_cover_$c"
+      SERVE_ARGS="--vocoder-graph-cover-work $c" VOICE_CLIP=tests/data/sample-01.mp3 \
+        bash scripts/gpu/online.sh turbo "$out/short_voice_cover_$c" --concurrency 1,16,64 --duration-s 15 \
+        --client-processes 4 --quiet | tail -8
+      rm -f "$out/short_voice_cover_$c"/metrics_*
     done ;;
   agent-original|agent-turbo)  # voice agents over the WebSocket (docs/benchmarks.md, "Voice-agent latency")
     bash scripts/gpu/online.sh "${what#agent-}" "$out" --agent --concurrency 1,16,64,256 --llm-tokens-per-s 50 \

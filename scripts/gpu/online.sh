@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The online load test on one GPU: a random-weight checkpoint, `chorus serve` in the background,
 # `chorus bench online` against it, the server's log and metrics kept.
-#   [SERVE_ARGS="--flag value ..."] bash scripts/gpu/online.sh VARIANT OUT_DIR [bench online options]
-# SERVE_ARGS: more `chorus serve` options (split at spaces)
+#   [SERVE_ARGS="--flag value ..."] [VOICE_CLIP=clip] bash scripts/gpu/online.sh VARIANT OUT_DIR [bench online options]
+# SERVE_ARGS: more `chorus serve` options (split at spaces); VOICE_CLIP: a clip uploaded once the
+# server is ready, whose voice the bench then uses (`--voice`)
 set -uo pipefail
 variant=${1:?VARIANT}; out=${2:?OUT_DIR}; shift 2
 ckpt=/tmp/chorus-online-$variant port=${CHORUS_BENCH_PORT:-8123}
@@ -18,6 +19,12 @@ for _ in $(seq 600); do
   sleep 0.5
 done
 curl -s "http://127.0.0.1:$port/ready"; echo
-python3 -m chorus.cli bench online --url "http://127.0.0.1:$port" --out "$out/bench_online_$variant.json" "$@" \
-  2>&1 | tail -40
+voice=()
+if [[ -n "${VOICE_CLIP:-}" ]]; then
+  id=$(curl -sf "http://127.0.0.1:$port/v1/voices" -F "file=@$VOICE_CLIP" \
+       | python3 -c 'import json, sys; print(json.load(sys.stdin)["id"])') || { echo "uploading $VOICE_CLIP failed"; exit 1; }
+  voice=(--voice "$id")
+fi
+python3 -m chorus.cli bench online --url "http://127.0.0.1:$port" --out "$out/bench_online_$variant.json" \
+  "${voice[@]}" "$@" 2>&1 | tail -40
 curl -s "http://127.0.0.1:$port/metrics" >"$out/metrics_$variant.txt"
