@@ -268,6 +268,37 @@ def test_without_a_cover_bound_a_shape_without_a_graph_runs_eagerly():
     assert _covering_library(cover_work=None).choose(_fk(2, 192)) is None
 
 
+@pytest.mark.parametrize("prompt_tokens", [95, 143])
+def test_streams_over_a_voice_prompt_shorter_than_warmups_replay_planned_graphs(tiny_turbo, prompt_tokens):
+    # warm-up plans for the variant's 10 s prompt (250 tokens); a stream over the shipped 3.8 s or
+    # 5.7 s clip (95 or 143 tokens) reads flow frames below its smallest bucket, and every such
+    # call has a planned graph that covers it within the default bound (docs/vocoder.md, "Covering
+    # graphs")
+    config = VocoderConfig()
+    stage = VocoderStage(tiny_turbo, config)
+    frames, run_flow = [], stage.graphs.run_flow
+
+    def recording(call):
+        frames.append(call.cond.shape[2])
+        return run_flow(call)
+
+    stage.graphs.run_flow = recording
+    stage.add("s", random_voice(prompt_tokens, seed=1), seed=1, streaming=True)
+    tokens = random_tokens(240, seed=2)
+    for start in range(0, 240, 10):
+        stage.push("s", tokens[start:start + 10], final=start + 10 >= 240)
+        drain(stage)
+    plan = warmup_shapes(config, ratio=2, prompt_tokens=250, chunk_tokens=240, whole_chunk_tokens=360,
+                         most_rows=1, silence_tokens=tiny_turbo.variant.append_silence_tokens)
+    library = _FakeLibrary(cover_work=config.graph_cover_work)
+    for kind, (rows, planned_frames) in plan:
+        if kind == "flow":
+            library.prepare(_fk(rows, planned_frames))
+    buckets = {frame_bucket(f) for f in frames}
+    assert buckets - {key.frames for key in library.keys}  # the plan has no graph of their own
+    assert [b for b in sorted(buckets) if library._cover(_fk(1, b)) is None] == [], sorted(buckets)
+
+
 def test_a_cpu_stage_runs_eagerly_and_warmup_does_nothing(tiny_turbo):
     stage = VocoderStage(tiny_turbo)
     assert stage.warmup() == 0 and stage.stats.graph_captures == 0
