@@ -66,10 +66,8 @@ class AsyncT3Engine:
         self._idle_wait_s = idle_wait_s
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self.loop_error: BaseException | None = None
         self.tokens_generated = 0  # speech tokens sampled so far (a counter for tokens/s)
         self.step_started_at: float | None = None  # monotonic start of the step running now
-        self.last_step_at: float | None = None  # monotonic end of the last step
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> "AsyncT3Engine":
@@ -222,7 +220,6 @@ class AsyncT3Engine:
                     start = time.perf_counter()
                     self.step_started_at = time.monotonic()
                     events = self.engine.step()
-                    self.last_step_at = time.monotonic()
                     self.step_started_at = None
                     elapsed = time.perf_counter() - start
                     self.busy_s += elapsed
@@ -234,7 +231,6 @@ class AsyncT3Engine:
                     if self.on_step is not None and events:
                         self.on_step(events)
         except BaseException as exc:  # noqa: BLE001 - fail every consumer instead of hanging them
-            self.loop_error = exc
             with self._lock:
                 pending = list(self._consumers)
             for request_id in pending:

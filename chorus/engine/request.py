@@ -242,10 +242,6 @@ class Request:
         self.num_preemptions = 0
 
     @property
-    def is_cfg(self) -> bool:
-        return len(self.sequences) == 2
-
-    @property
     def num_rows(self) -> int:
         return len(self.sequences)
 

@@ -200,7 +200,6 @@ class Pipeline:
         self._vocoder_step_started_at: float | None = None
         self.requests_done = 0
         self.audio_seconds = 0.0
-        self.loop_error: BaseException | None = None
 
     @classmethod
     def load(cls, variant: Variant | str, checkpoint: Checkpoint | str | os.PathLike | None = None, *,
@@ -409,7 +408,6 @@ class Pipeline:
                     for out in outs:
                         self._on_audio(out)
         except BaseException as exc:  # noqa: BLE001 - fail every request instead of hanging them
-            self.loop_error = exc
             logger.exception("the vocoder thread stopped")
             for state in list(self._requests.values()):
                 self._fail(state, "error", f"pipeline stopped: {exc}")

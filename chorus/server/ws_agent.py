@@ -80,10 +80,6 @@ class AgentHub:
         self.grace_over = False
         backend.hold_drain(self.open_turns_on)
 
-    @property
-    def open_turns(self) -> int:
-        return sum(len(c.turns) for c in self.connections)
-
     def open_turns_on(self, service) -> int:
         """Turns open on one model version (its drain waits for them)."""
         return sum(1 for c in self.connections for t in c.turns.values() if t.service is service)

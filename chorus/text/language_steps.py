@@ -110,10 +110,6 @@ def _is_kanji(char: str) -> bool:
     return "\u4e00" <= char <= "\u9fff"
 
 
-def _is_katakana(char: str) -> bool:
-    return "\u30a1" <= char <= "\u30fa"
-
-
 def kanji_to_hiragana(text: str, kakasi) -> str:
     """Replace every pykakasi chunk containing kanji by its hiragana reading (a reading starting
     with the particles は/へ gets a leading space), keep everything else, then NFKD."""

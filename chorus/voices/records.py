@@ -19,7 +19,7 @@ import json
 import re
 import time
 import unicodedata
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Hashable
 
 from chorus.voices.voice import voices_interchangeable
@@ -105,9 +105,6 @@ class VoiceInfo:
     created_at: float
     duration_s: float | None
     variant: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ one layer each), so a build takes milliseconds; clip decoding and validation are
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -105,7 +106,7 @@ def test_the_metadata_record_holds_what_the_store_knows(store):
     assert record["first_build"] == {"variant": "original", "family": "original",
                                      "voice_hash": store.get(info.id).content_hash}
     assert {k: record[k] for k in ("id", "name", "created_at", "duration_s")} == \
-        {k: v for k, v in info.to_dict().items() if k != "variant"}
+        {k: v for k, v in dataclasses.asdict(info).items() if k != "variant"}
 
 
 def test_a_real_clip_becomes_a_voice(store, front_end):

@@ -35,7 +35,6 @@ logger = logging.getLogger(__name__)
 SAMPLE_RATE = 24000
 SAMPLES_PER_TOKEN = 960  # 25 tokens/s at 24 kHz
 SILENCE_TOKEN = 4299  # the reference's S3GEN_SIL, appended by Turbo/Nano
-PREFIXES = ("flow.", "mel2wav.", "tokenizer.", "speaker_encoder.")
 
 TokenSeq = Sequence[int] | torch.Tensor
 
