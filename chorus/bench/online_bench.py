@@ -71,8 +71,8 @@ GAUGES = {"degradation_level_max": "chorus_degradation_level", "kv_usage_max": "
 # first audio byte), so a client-side tail can be split into the server's part and the rest.
 HISTOGRAMS = {"ttfa_s": "chorus_time_to_first_audio_seconds"}
 # Counters reported per label value (deltas over a level): which admission rule answered a 429
-# `overloaded` (docs/server.md, "Admission"); how the vocoder's flow and HiFT calls ran (graph
-# replays or eager launches).
+# `overloaded` (docs/server.md, "Admission"); how the vocoder's flow and HiFT calls ran (graph,
+# covered or eager: docs/server.md, "Metrics").
 LABELLED_COUNTERS = {"overloaded_by_rule": ("chorus_admission_overloaded_total", "rule"),
                      "vocoder_calls_by_mode": ("chorus_vocoder_calls_total", "mode")}
 # the server's event-loop lag and garbage-collector pauses (histograms of chorus/server/metrics.py)
