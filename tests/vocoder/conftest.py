@@ -42,6 +42,18 @@ def joined(pieces) -> torch.Tensor:
     return torch.cat([p.samples for p in pieces])
 
 
+def record_flow_frames(stage) -> list[int]:
+    """A list that gets the mel frames of every flow call ``stage`` makes from now on."""
+    frames, run_flow = [], stage.graphs.run_flow
+
+    def recording(call):
+        frames.append(call.cond.shape[2])
+        return run_flow(call)
+
+    stage.graphs.run_flow = recording
+    return frames
+
+
 def one_job_audio(s3gen, voice, tokens, config, streaming):
     """One job's whole audio (all its tokens pushed at once, seed 5, 2 flow steps) on a fresh
     stage, and the stage's counters."""

@@ -10,7 +10,7 @@ from chorus.vocoder import VocoderConfig, VocoderStage
 from chorus.vocoder.pass_graphs import frame_bucket
 from chorus.vocoder.stage import warmup_shapes
 from chorus.vocoder.voice_cache import VoiceCache
-from tests.vocoder.conftest import drain, one_job_audio
+from tests.vocoder.conftest import drain, one_job_audio, record_flow_frames
 from tests.vocoder.models import local_flow, random_tokens, random_voice
 
 
@@ -98,13 +98,7 @@ def test_warmup_covers_the_flow_shapes_that_capped_streams_run(tiny_turbo):
     # warm-up captures (a 250-token prompt capped at 50, as in the server)
     config = VocoderConfig(first_window_prompt_tokens=50, follower_first_window_tokens=100)
     stage = VocoderStage(tiny_turbo, config)
-    frames, run_flow = [], stage._graphs.run_flow
-
-    def recording(call):
-        frames.append(call.cond.shape[2])
-        return run_flow(call)
-
-    stage._graphs.run_flow = recording
+    frames = record_flow_frames(stage)
     voice = random_voice(250, seed=1)
     for n in [*range(1, 31, 3), 120]:
         stage.add(f"s{n}", voice, seed=n, streaming=True, listener="agent")

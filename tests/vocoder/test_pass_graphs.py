@@ -16,7 +16,7 @@ from chorus.vocoder.config import VocoderStats
 from chorus.vocoder.pass_graphs import (FlowCall, FlowInputs, FlowKey, GraphLibrary, HiFTCall, HiFTInputs, PassGraphs,
                                         frame_bucket, row_bucket, vocode)
 from chorus.vocoder.quality import snr_db
-from tests.vocoder.conftest import drain, joined
+from tests.vocoder.conftest import drain, joined, record_flow_frames
 from tests.vocoder.models import random_s3gen, random_tokens, random_voice
 
 # variant -> (steps, cfg rate) the tests use: the original's guided solve, turbo's meanflow
@@ -276,13 +276,7 @@ def test_streams_over_a_voice_prompt_shorter_than_warmups_replay_planned_graphs(
     # graphs")
     config = VocoderConfig()
     stage = VocoderStage(tiny_turbo, config)
-    frames, run_flow = [], stage.graphs.run_flow
-
-    def recording(call):
-        frames.append(call.cond.shape[2])
-        return run_flow(call)
-
-    stage.graphs.run_flow = recording
+    frames = record_flow_frames(stage)
     stage.add("s", random_voice(prompt_tokens, seed=1), seed=1, streaming=True)
     tokens = random_tokens(240, seed=2)
     for start in range(0, 240, 10):
