@@ -407,6 +407,9 @@ class Pipeline:
                     self._timing("vocoder", elapsed)
                     for out in outs:
                         self._on_audio(out)
+                elif self._inbox.empty():
+                    with _on_stream(self._cuda_stream):
+                        self.vocoder.capture_while_idle()
         except BaseException as exc:  # noqa: BLE001 - fail every request instead of hanging them
             logger.exception("the vocoder thread stopped")
             for state in list(self._requests.values()):

@@ -27,12 +27,17 @@ dropped first. Capture runs on a side stream in ``thread_local`` mode (another t
 calls stay legal meanwhile), after an eager run on that stream; inputs are copied in and the graph
 replayed on the caller's current stream.
 
-A shape with no graph of its own (not captured at warm-up, and not yet seen ``capture_after``
-times) replays the held graph of at least its rows and frames whose padded work (rows x frames)
-is least, when that is at most ``cover_work`` times its own bucket's: more padding, the same
-valid values (a voice prompt shorter than warm-up's, a final pass's short tail). When graphs are
-off, on the CPU, for more rows than ``max_rows``, or when no held graph covers the shape, a call
-runs the same function eagerly on the unpadded inputs.
+A shape with no graph of its own (not captured at warm-up) replays the held graph of at least
+its rows and frames whose padded work (rows x frames) is least, when that is at most
+``cover_work`` times its own bucket's: more padding, the same valid values (a voice prompt
+shorter than warm-up's, a final pass's short tail). A capture holds up every stream of the
+stage for its duration (about 0.5 s on an H200), so a covered shape is not captured mid-pass on
+its ``capture_after``-th use: from then on it is *due*, and :meth:`GraphLibrary.capture_due`
+captures it when the stage has nothing to do; only a shape used ``covered_capture_after`` times
+(None: never) is captured in a pass, so a server that is never idle still gets graphs for its
+frequent shapes. A shape no held graph covers is captured on its ``capture_after``-th use, as
+before. When graphs are off, on the CPU, for more rows than ``max_rows``, or when no held graph
+covers a shape not yet captured, a call runs the same function eagerly on the unpadded inputs.
 
 HiFT's decoder (``HiFTGenerator.decode``) may run through ``torch.compile`` in both ways
 (:class:`HiFTRunner`): a graph then captures the compiled kernels, compiled during the eager run
@@ -252,18 +257,20 @@ class GraphLibrary(Generic[K]):
     """Captured graphs of one function by key: LRU of at most ``max_graphs``, captured on a key's
     ``capture_after``-th use (or at once through :meth:`prepare`), keys whose capture failed
     never captured again; a key without a graph may replay a covering one (``cover_work``,
-    :meth:`choose`). ``make_inputs(key)`` builds a key's static buffers (an object with
-    ``load(call)`` and ``run(model)``; ``model``: the flow, or a :class:`HiFTRunner`)."""
+    :meth:`choose`), and is then captured when the stage is idle (:meth:`capture_due`) or on its
+    ``covered_capture_after``-th use. ``make_inputs(key)`` builds a key's static buffers (an
+    object with ``load(call)`` and ``run(model)``; ``model``: the flow, or a :class:`HiFTRunner`)."""
 
     def __init__(self, name: str, model: object, make_inputs: Callable[[K], object], *,
                  max_graphs: int, capture_after: int, stats: VocoderStats, pool, stream: torch.cuda.Stream | None,
-                 cover_work: float | None = None):
+                 cover_work: float | None = None, covered_capture_after: int | None = None):
         self.name, self.model, self.make_inputs = name, model, make_inputs
         self.max_graphs, self.capture_after, self.stats = max_graphs, capture_after, stats
-        self.cover_work = cover_work
+        self.cover_work, self.covered_capture_after = cover_work, covered_capture_after
         self._pool, self._stream = pool, stream
         self._graphs: OrderedDict[K, _Graph] = OrderedDict()
-        self._calls: dict[K, int] = {}
+        self._calls: dict[K, int] = {}  # uses of each key without a graph, since its last capture try
+        self._due: set[K] = set()  # covered keys used capture_after times: captured when idle
         self._failed: set[K] = set()
 
     @property
@@ -274,16 +281,33 @@ class GraphLibrary(Generic[K]):
     def choose(self, key: K) -> K | None:
         """Count a use of ``key`` and say which graph it replays: ``key`` itself when held or when
         this use should capture it, else the held graph that covers it at the least padded work
-        (``cover_work``, see the module docstring), else None (run eagerly)."""
+        (``cover_work``, see the module docstring), else None (run eagerly). A covered key's
+        ``capture_after``-th use makes it due (:meth:`capture_due`) instead of capturing it."""
         if key in self._graphs:
             return key
+        cover = self._cover(key)
         if key not in self._failed:
             calls = self._calls.get(key, 0) + 1
-            if calls >= self.capture_after:
+            last = self.capture_after if cover is None else self.covered_capture_after
+            if last is not None and calls >= last:
                 self._calls.pop(key, None)
+                self._due.discard(key)
                 return key
             self._calls[key] = calls
-        return self._cover(key)
+            if cover is not None and calls >= self.capture_after:
+                self._due.add(key)
+        return cover
+
+    def capture_due(self) -> bool:
+        """Capture the most used of the due keys (covered keys used ``capture_after`` times);
+        True when one was captured. For a moment when no call waits on the graphs."""
+        while self._due:
+            key = max(self._due, key=lambda k: self._calls.get(k, 0))
+            self._due.discard(key)
+            self._calls.pop(key, None)
+            if key not in self._graphs and key not in self._failed:
+                return self._lookup(key) is not None
+        return False
 
     def _cover(self, key: K) -> K | None:
         """The held graph of at least ``key``'s rows and frames, otherwise the same, whose padded
@@ -320,6 +344,8 @@ class GraphLibrary(Generic[K]):
         if self._graphs:
             capture_gate.synchronize()
         self._graphs.clear()
+        self._calls.clear()
+        self._due.clear()
 
     def _lookup(self, key: K) -> _Graph | None:
         entry = self._graphs.get(key)
@@ -365,17 +391,22 @@ class PassGraphs:
 
     def __init__(self, flow: FlowDecoder, hift: HiFTGenerator, *, enabled: bool = True, max_graphs: int = 64,
                  max_rows: int | None = None, capture_after: int = 1, cover_work: float | None = None,
-                 stats: VocoderStats | None = None, compile_hift: bool = False):
+                 covered_capture_after: int | None = None, stats: VocoderStats | None = None,
+                 compile_hift: bool = False):
         """``max_rows``: calls of more items run eagerly (None: no limit). ``capture_after``: a
         shape is captured on its ``capture_after``-th call (earlier calls replay a covering graph
-        of at most ``cover_work`` times their padded work, or run eagerly; None: never covered).
-        ``compile_hift``: HiFT's decoder runs compiled, graphed or not (:class:`HiFTRunner`)."""
+        of at most ``cover_work`` times their padded work, or run eagerly; None: never covered);
+        a covered shape is captured by :meth:`capture_due`, or on its ``covered_capture_after``-th
+        call (None: only by :meth:`capture_due`). ``compile_hift``: HiFT's decoder runs compiled,
+        graphed or not (:class:`HiFTRunner`)."""
         if max_graphs < 1:
             raise ValueError(f"max_graphs must be >= 1, got {max_graphs}")
         if capture_after < 1:
             raise ValueError(f"capture_after must be >= 1, got {capture_after}")
         if cover_work is not None and not cover_work >= 1:
             raise ValueError(f"cover_work must be >= 1 or None, got {cover_work!r}")
+        if covered_capture_after is not None and covered_capture_after < 1:
+            raise ValueError(f"covered_capture_after must be >= 1 or None, got {covered_capture_after}")
         self.flow, self.hift = flow, hift
         self.hift_runner = HiFTRunner(hift, compile_hift)
         self.enabled, self.max_rows = enabled, max_rows
@@ -389,7 +420,7 @@ class PassGraphs:
         ratio = flow.config.token_mel_ratio
         hift_config = hift.config
         common = dict(max_graphs=max_graphs, capture_after=capture_after, stats=self.stats, pool=pool, stream=stream,
-                      cover_work=cover_work)
+                      cover_work=cover_work, covered_capture_after=covered_capture_after)
         self.flow_graphs: GraphLibrary[FlowKey] = GraphLibrary(
             "flow", flow, lambda key: FlowInputs(key, ratio, device), **common)
         self.hift_graphs: GraphLibrary[HiFTKey] = GraphLibrary(
@@ -459,6 +490,11 @@ class PassGraphs:
         if not self.active:
             return False
         return self.hift_graphs.prepare(self.hift_key(batch, frames))
+
+    def capture_due(self) -> bool:
+        """Capture one graph a covered shape is due (see the module docstring), the flow's first;
+        True when one was captured. Only when no pass runs: the stage calls it when idle."""
+        return self.active and (self.flow_graphs.capture_due() or self.hift_graphs.capture_due())
 
     def clear(self) -> None:
         """Drop every captured graph (the pool's memory goes back once nothing uses it)."""

@@ -57,7 +57,7 @@ class VocoderStage:
         self._graphs = PassGraphs(s3gen.flow, s3gen.mel2wav, enabled=self.config.cuda_graphs,
                                   max_graphs=self.config.max_pass_graphs, max_rows=self.config.max_graph_rows,
                                   capture_after=self.config.capture_after, cover_work=self.config.graph_cover_work,
-                                  stats=self._stats,
+                                  covered_capture_after=self.config.covered_capture_after, stats=self._stats,
                                   compile_hift=self.config.compile_hift)
 
     # ------------------------------------------------------------------------------- interface
@@ -144,6 +144,12 @@ class VocoderStage:
         """True while a call to :meth:`step` would produce something."""
         hold = self.config.holdback_tokens
         return any(job.is_ready(hold) for job in self._jobs.values())
+
+    def capture_while_idle(self) -> bool:
+        """Capture one CUDA graph that a covered shape is due (``VocoderConfig.covered_capture_after``)
+        if the stage holds no job, so that no stream waits for it; call from the stage's thread
+        when it has nothing else to do. True when a graph was captured."""
+        return not self._jobs and self._graphs.capture_due()
 
     def has_job(self, job_id: str) -> bool:
         return job_id in self._jobs

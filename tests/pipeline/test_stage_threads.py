@@ -57,3 +57,22 @@ def test_on_a_cpu_the_stage_threads_split_the_intra_op_threads(four_threads):
 def test_without_the_split_both_stages_use_every_thread(four_threads):
     seen = _run(_pipeline("turbo", split_cpu_threads=False))
     assert seen.threads["t3"] == {4} and seen.threads["vocoder"] == {4}
+
+
+def test_the_vocoder_thread_offers_the_stage_its_idle_moments_for_graph_captures(monkeypatch):
+    pipe = _pipeline("turbo")
+    try:
+        stage, offered_idle = pipe.vocoder, threading.Event()
+        real = stage.capture_while_idle
+
+        def watch() -> bool:
+            if not stage._jobs:
+                offered_idle.set()
+            return real()
+
+        monkeypatch.setattr(stage, "capture_while_idle", watch)
+        pipe.synthesize(_request(tokens=8))
+        offered_idle.clear()
+        assert offered_idle.wait(timeout=30)  # the thread keeps offering while it has nothing to do
+    finally:
+        pipe.close()

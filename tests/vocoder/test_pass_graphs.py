@@ -95,6 +95,8 @@ def test_config_validates_the_graph_settings():
         VocoderConfig(capture_after=0)
     with pytest.raises(ValueError, match="max_graph_rows"):
         VocoderConfig(max_graph_rows=0)
+    with pytest.raises(ValueError, match="covered_capture_after must be None"):
+        VocoderConfig(covered_capture_after=0)
     assert VocoderConfig().cuda_graphs and VocoderConfig().max_pass_graphs >= 1
 
 
@@ -181,7 +183,7 @@ class _FakeLibrary(GraphLibrary):
     def __init__(self, fail=(), **kwargs):
         super().__init__("fake", None, lambda key: None, max_graphs=kwargs.get("max_graphs", 64),
                          capture_after=kwargs.get("capture_after", 1), stats=VocoderStats(), pool=None, stream=None,
-                         cover_work=kwargs.get("cover_work"))
+                         cover_work=kwargs.get("cover_work"), covered_capture_after=kwargs.get("covered_capture_after"))
         self.captured, self.fail = [], set(fail)
 
     def _capture(self, key):
@@ -219,9 +221,11 @@ def _fk(rows: int, frames: int, n_steps: int = 2, dtype=torch.bfloat16) -> FlowK
     return FlowKey(rows, frames, n_steps, guided=False, meanflow=True, dtype=dtype)
 
 
-def _covering_library(capture_after: int = 3, cover_work: float | None = 4.0, fail=()) -> _FakeLibrary:
+def _covering_library(capture_after: int = 3, cover_work: float | None = 4.0, fail=(),
+                      covered_capture_after: int | None = None) -> _FakeLibrary:
     """Graphs held for (rows, frames) (4, 256), (8, 256), (4, 512) and (2, 128)."""
-    library = _FakeLibrary(capture_after=capture_after, cover_work=cover_work, fail=fail)
+    library = _FakeLibrary(capture_after=capture_after, cover_work=cover_work, fail=fail,
+                           covered_capture_after=covered_capture_after)
     for key in (_fk(4, 256), _fk(8, 256), _fk(4, 512), _fk(2, 128)):
         assert library.prepare(key)
     return library
@@ -249,19 +253,56 @@ def test_a_covering_graph_agrees_on_everything_but_rows_and_frames():
     assert library.choose(_fk(2, 192, dtype=torch.float32)) is None
 
 
-def test_a_covered_shape_gets_its_own_graph_on_its_nth_use():
-    library, key, chosen = _covering_library(capture_after=3), _fk(2, 192), []
-    for _ in range(4):
+def _use(library: _FakeLibrary, key: FlowKey, times: int) -> list:
+    """``times`` calls of ``key``: what each replayed (capturing as a replay does)."""
+    chosen = []
+    for _ in range(times):
         chosen.append(library.choose(key))
         if chosen[-1] == key:
-            assert library._lookup(key) is not None  # as a replay does: captured if not held
-    assert chosen == [_fk(4, 256)] * 2 + [key] * 2 and library.captured[-1] == key
+            assert library._lookup(key) is not None
+    return chosen
+
+
+def test_a_covered_shape_is_not_captured_in_a_pass_on_its_nth_use():
+    library, key = _covering_library(capture_after=3), _fk(2, 192)
+    assert _use(library, key, 5) == [_fk(4, 256)] * 5 and key not in library.captured
+
+
+def test_a_covered_shape_used_n_times_is_captured_when_the_stage_is_idle():
+    library, key = _covering_library(capture_after=3), _fk(2, 192)
+    _use(library, key, 2)
+    assert not library.capture_due()  # not due before its third use
+    _use(library, key, 1)
+    assert library.capture_due() and library.captured[-1] == key
+    assert not library.capture_due()  # nothing else is due
+    assert _use(library, key, 1) == [key]  # its own graph from now on
+
+
+def test_the_most_used_due_shape_is_captured_first():
+    library = _covering_library(capture_after=1)
+    _use(library, _fk(2, 192), 2)
+    _use(library, _fk(2, 200), 3)
+    _use(library, _fk(3, 240), 1)
+    assert library.capture_due() and library.capture_due() and library.capture_due()
+    assert library.captured[-3:] == [_fk(2, 200), _fk(2, 192), _fk(3, 240)]
+
+
+def test_a_covered_shape_is_captured_in_a_pass_on_its_covered_capture_after_th_use():
+    library, key = _covering_library(capture_after=3, covered_capture_after=5), _fk(2, 192)
+    assert _use(library, key, 6) == [_fk(4, 256)] * 4 + [key] * 2
+    assert not library.capture_due()  # captured: no longer due
+
+
+def test_a_shape_no_graph_covers_is_still_captured_in_a_pass_on_its_nth_use():
+    library, key = _covering_library(capture_after=3), _fk(16, 64)  # no graph has 16 rows
+    assert _use(library, key, 3) == [None, None, key] and not library.capture_due()
 
 
 def test_a_shape_whose_capture_failed_replays_a_covering_graph():
-    library = _covering_library(capture_after=1, fail=[_fk(2, 192)])
-    assert library.choose(_fk(2, 192)) == _fk(2, 192) and library.replay(_fk(2, 192), None) is None
-    assert library.choose(_fk(2, 192)) == _fk(4, 256)
+    library, key = _covering_library(capture_after=1, fail=[_fk(2, 192)]), _fk(2, 192)
+    assert library.choose(key) == _fk(4, 256)
+    assert not library.capture_due()  # its capture failed
+    assert _use(library, key, 3) == [_fk(4, 256)] * 3 and not library.capture_due()  # never tried again
 
 
 def test_without_a_cover_bound_a_shape_without_a_graph_runs_eagerly():
@@ -291,6 +332,22 @@ def test_streams_over_a_voice_prompt_shorter_than_warmups_replay_planned_graphs(
     buckets = {frame_bucket(f) for f in frames}
     assert buckets - {key.frames for key in library.keys}  # the plan has no graph of their own
     assert [b for b in sorted(buckets) if library._cover(_fk(1, b)) is None] == [], sorted(buckets)
+
+
+def test_a_stage_offers_a_due_capture_only_while_it_holds_no_job(tiny_turbo, monkeypatch):
+    stage = VocoderStage(tiny_turbo)
+    offered = []
+    monkeypatch.setattr(stage.graphs, "capture_due", lambda: offered.append(True) or True)  # no GPU to capture on
+    stage.add("j", random_voice(20, seed=1), seed=3, streaming=True)
+    assert not stage.capture_while_idle() and offered == []  # a stream waits: no capture
+    stage.push("j", random_tokens(30, seed=2), final=True)
+    drain(stage)
+    assert stage.capture_while_idle() and offered == [True]
+
+
+def test_a_cpu_stage_never_captures_when_idle(tiny_turbo):
+    stage = VocoderStage(tiny_turbo)
+    assert not stage.capture_while_idle() and stage.stats.graph_captures == 0
 
 
 def test_a_cpu_stage_runs_eagerly_and_warmup_does_nothing(tiny_turbo):
@@ -548,6 +605,26 @@ def test_after_warmup_a_stream_over_a_shorter_voice_prompt_replays_a_covering_gr
                 assert stage.stats.graph_captures == captures
     assert audio[True].shape == audio[False].shape and audio[True].shape[0] > 0
     assert snr_db(audio[False], audio[True]) >= 60.0
+
+
+@pytest.mark.gpu
+def test_a_covered_shape_gets_its_own_graph_when_the_stage_is_idle_not_in_a_pass():
+    # as above: a 10-token prompt's first window (flow bucket 128) replays the (1, 192) graph; used
+    # capture_after times it is due, and only an idle stage captures it
+    s3gen = random_s3gen("turbo", seed=3, device="cuda")
+    stage = VocoderStage(s3gen, VocoderConfig(max_batch_items=2))
+    stage.warmup(prompt_tokens=60, chunk_tokens=60, max_items=1)
+    planned = set(stage.graphs.flow_graphs.keys)
+    for i in range(stage.config.capture_after):
+        stage.add(f"short-voice-{i}", random_voice(10, seed=1), seed=3, streaming=True)
+        stage.push(f"short-voice-{i}", random_tokens(24, seed=2), final=True)
+        drain(stage)
+    assert set(stage.graphs.flow_graphs.keys) == planned  # nothing captured in a pass
+    captured = 0
+    while stage.capture_while_idle():
+        captured += 1
+    new = {(k.rows, k.frames) for k in set(stage.graphs.flow_graphs.keys) - planned}
+    assert captured >= 1 and (1, 128) in new
 
 
 @pytest.mark.gpu
