@@ -148,7 +148,8 @@ class VocoderStage:
     def capture_while_idle(self) -> bool:
         """Capture one CUDA graph that a covered shape is due (``VocoderConfig.covered_capture_after``)
         if the stage holds no job, so that no stream waits for it; call from the stage's thread
-        when it has nothing else to do. True when a graph was captured."""
+        when it has nothing else to do. True when a graph was captured. Only passes make a shape
+        due, so this captures nothing while :meth:`warmup` runs on another thread before serving."""
         return not self._jobs and self._graphs.capture_due()
 
     def has_job(self, job_id: str) -> bool:
