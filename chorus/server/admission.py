@@ -15,8 +15,9 @@ In order:
    A request that finds nothing in flight is always admitted (the estimates may be stale; it
    has the whole server).
 4. **Real time** (``realtime_headroom`` h > 0): the server delivers ``rate`` speech tokens per
-   second, shared by the requests in flight; one more is admitted only while every stream,
-   itself included, would still get ``h`` times real time on average:
+   second (``CapacityModel.saturated_rate``: measured while saturated), shared by the requests
+   in flight; one more is admitted only while every stream, itself included, would still get
+   ``h`` times real time on average:
    ``(streams in flight + 1) * 25 * h / share <= rate`` (the priority's share as above, so high
    priority finds room first): 429 ``overloaded`` otherwise. The start prediction
    alone lets a vocoder-bound server fill up with streams that each crawl below real time (they
@@ -24,8 +25,10 @@ In order:
    number in flight at what the measured rate serves in time. It applies only while the server
    is saturated (``CapacityModel.saturated``: its busiest stage busy most of the time): below
    that there is capacity to spare by definition, and the rate is only a lower bound of it, so a
-   burst on a lightly loaded server is limited by the predicted start alone. A device slower
-   than real time (the CPU) leaves it off.
+   burst on a lightly loaded server is limited by the predicted start alone; and until a rate
+   has been measured at saturation (a second of it) the bound waits, since the rate learned
+   before the burst describes the lighter load. A device slower than real time (the CPU) leaves
+   it off.
 
 **Continuations.** A voice-agent turn (docs/voice-agents.md) is one stream cut into pieces, each
 a pipeline request with its own ticket. Its first piece is admitted by the rules above; a later
@@ -200,11 +203,12 @@ class Admission:
                                 f"priority may use {limit}); retry after {headers['Retry-After']} s",
                            code="queue_full", headers=headers)
         h = self.realtime_headroom / share  # priorities keep their shares: high finds room first
-        if self.policy == "predicted" and streams and h > 0 and estimate.rate > 0 and self.capacity.saturated \
-                and (streams + 1) * TOKENS_PER_SECOND * h > estimate.rate:
-            headers = self._retry_after(self._first_done_s(work, estimate.rate))
+        capacity = self.capacity.saturated_rate  # the rate measured at saturation (None: not yet)
+        if self.policy == "predicted" and streams and h > 0 and capacity and self.capacity.saturated \
+                and (streams + 1) * TOKENS_PER_SECOND * h > capacity:
+            headers = self._retry_after(self._first_done_s(work, capacity))
             raise APIError(429, f"the server is overloaded: its {streams} streams in flight take the audio it "
-                                f"can deliver ({estimate.rate / TOKENS_PER_SECOND:.0f} s of audio per second) "
+                                f"can deliver ({capacity / TOKENS_PER_SECOND:.0f} s of audio per second) "
                                 f"at {h:g}x real time each; retry after {headers['Retry-After']} s",
                            code="overloaded", headers=headers, rule="realtime")
         budget = share * start_deadline_s

@@ -34,10 +34,16 @@ over the wall seconds) as delivered / (seconds x u), u at least ``MIN_UTILIZATIO
 busy 20% of the time could deliver about five times what it did. That is a lower bound while
 batching pays (a fuller batch delivers more per busy second), exact at saturation. The
 utilization itself is kept too (an EWMA over every observation, idle ones included):
-``saturated`` says whether the busiest stage is busy most of the time, i.e. whether the rate is
-a measurement of capacity rather than a lower bound of it: the server becomes saturated when the
-utilization reaches ``SATURATION[1]`` and stays so until it falls below ``SATURATION[0]`` (a
-hysteresis: a momentary dip under sustained overload must not open the door to a flood).
+``saturated`` says whether the busiest stage is busy most of the time: the server becomes
+saturated when the utilization reaches ``SATURATION[1]`` and stays so until it falls below
+``SATURATION[0]`` (a hysteresis: a momentary dip under sustained overload must not open the door
+to a flood). Only a sample taken while saturated measures capacity, so those samples also feed a
+rate of their own, ``saturated_rate``: a window counts when the server was saturated at every
+observation of it. The plain ``rate`` follows the load (lower bounds included) and the start
+prediction reads it; the real-time bound reads ``saturated_rate`` only, because on a load step the
+server turns saturated (the utilization EWMA, within about a second) while ``rate`` still
+remembers the light load before it (on an H200 a server that had served one voice agent refused a
+turn of 16 new ones as "20 s of audio per second" while it delivered 92).
 
 docs/server.md ("Admission") explains the policy built on this and why.
 """
@@ -177,6 +183,7 @@ class CapacityModel:
         self.max_rows = max_rows  # rows of the T3 batch (None: unbounded)
         self.tokens_per_char = prior_tokens_per_char
         self.rate: float | None = prior_rate  # None: not measured yet
+        self.saturated_rate: float | None = prior_rate  # measured while saturated (a prior counts as such)
         self.solo_start_s: float | None = None
         self.bias = 1.0  # observed / predicted first-audio time (EWMA)
         self.utilization: float | None = None  # the busiest stage's busy fraction (EWMA); None: unknown
@@ -186,6 +193,7 @@ class CapacityModel:
         self._window_s = 0.0
         self._window_busy_s = 0.0  # the window's seconds times the busiest stage's utilization
         self._window_tokens = 0.0
+        self._saturated_window = [0.0, 0.0, 0.0]  # seconds, busy seconds, tokens: saturated all along
 
     # -- predictions ------------------------------------------------------------------------------
     def predict_tokens(self, chars: int, *, chunks: int, max_new_tokens: int | None) -> float:
@@ -221,6 +229,8 @@ class CapacityModel:
                 low, high = SATURATION
                 self._saturated = self.utilization >= high or (self._saturated and self.utilization >= low)
         if not busy:
+            with self._lock:
+                self._saturated_window = [0.0, 0.0, 0.0]
             return
         utilization = 1.0 if stage_busy_s is None else min(1.0, max(MIN_UTILIZATION, stage_busy_s / seconds))
         with self._lock:
@@ -230,6 +240,16 @@ class CapacityModel:
             if self._window_s >= RATE_WINDOW_S:
                 self.rate = _ewma(self.rate, self._window_tokens / self._window_busy_s)
                 self._window_s = self._window_busy_s = self._window_tokens = 0.0
+            if stage_busy_s is not None and not self._saturated:
+                self._saturated_window = [0.0, 0.0, 0.0]
+                return
+            window = self._saturated_window
+            window[0] += seconds
+            window[1] += seconds * utilization
+            window[2] += tokens
+            if window[0] >= RATE_WINDOW_S:
+                self.saturated_rate = _ewma(self.saturated_rate, window[2] / window[1])
+                self._saturated_window = [0.0, 0.0, 0.0]
 
     @property
     def saturated(self) -> bool:

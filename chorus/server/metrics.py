@@ -194,6 +194,10 @@ class ServerMetrics:
                                     "Admission's estimate of the speech tokens the server delivers per second "
                                     "with its busiest stage saturated",
                                     registry=registry)
+        self.admission_saturated_rate = Gauge(
+            "chorus_admission_saturated_tokens_per_second",
+            "The speech tokens per second the server delivered while saturated, the rate the real-time bound "
+            "reads (0 until measured)", registry=registry)
         self.admission_utilization = Gauge("chorus_admission_utilization",
                                            "The busiest stage's busy fraction as admission averages it", registry=registry)
         self.admission_saturated = Gauge("chorus_admission_saturated",

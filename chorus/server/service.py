@@ -282,6 +282,7 @@ class SpeechService:
             m.in_flight.labels(priority.name.lower()).set(count)
         m.ready.set(1 if self.readiness()[0] else 0)
         m.admission_rate.set(self.capacity.rate or 0.0)
+        m.admission_saturated_rate.set(self.capacity.saturated_rate or 0.0)
         m.admission_utilization.set(self.capacity.utilization or 0.0)
         m.admission_saturated.set(1 if self.capacity.saturated else 0)
         m.admission_drain.set(self.admission.drain_s())

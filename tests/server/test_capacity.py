@@ -283,6 +283,51 @@ def test_the_realtime_bound_waits_until_the_busiest_stage_is_saturated():
     assert len(tickets) == 40
 
 
+def test_only_windows_saturated_all_along_measure_the_saturated_rate():
+    model = _model(rate=None)
+    model.observe_delivery(RATE_WINDOW_S, 100.0, busy=True, stage_busy_s=0.2 * RATE_WINDOW_S)  # light load
+    assert model.rate == pytest.approx(500.0) and model.saturated_rate is None  # a lower bound only
+    for _ in range(4):  # the load rises: saturated from the 4th quarter second on (EWMA 0.44, 0.61, 0.73, 0.81)
+        model.observe_delivery(0.25, 500.0, busy=True, stage_busy_s=0.25)
+    assert model.saturated and model.saturated_rate is None  # a quarter second saturated so far
+    for _ in range(4):
+        model.observe_delivery(0.25, 500.0, busy=True, stage_busy_s=0.25)
+    assert model.saturated_rate == pytest.approx(2000.0)  # the first whole saturated second
+
+
+def test_an_idle_moment_restarts_the_saturated_window():
+    model = _model(rate=None)
+    for _ in range(3):
+        model.observe_delivery(0.25, 500.0, busy=True, stage_busy_s=0.25)
+    assert model.saturated and model.saturated_rate is None  # three quarters of a window
+    model.observe_delivery(0.25, 0.0, busy=False, stage_busy_s=0.25)  # nothing in flight
+    for _ in range(3):
+        model.observe_delivery(0.25, 500.0, busy=True, stage_busy_s=0.25)
+    assert model.saturated_rate is None  # 0.75 s since the restart
+    model.observe_delivery(0.25, 500.0, busy=True, stage_busy_s=0.25)
+    assert model.saturated_rate == pytest.approx(2000.0)
+
+
+def test_the_realtime_bound_waits_for_a_rate_measured_at_saturation():
+    # a server that has served one paced stream learned 500 tokens/s (20 s of audio per second, a
+    # lower bound); a burst saturates it at once, and 14 streams would exceed that rate at 1.25x
+    model = _model(rate=None, solo=0.0)
+    model.observe_delivery(RATE_WINDOW_S, 100.0, busy=True, stage_busy_s=0.2 * RATE_WINDOW_S)
+    admission = Admission(1000, 0.98, 1, capacity=model, max_retry_after_s=30, realtime_headroom=1.25)
+    for _ in range(4):
+        model.observe_delivery(0.25, 100.0, busy=True, stage_busy_s=0.25)
+    assert model.saturated and model.saturated_rate is None  # saturated by the 4th quarter second
+    assert 20 * 25 * 1.25 > model.rate  # the plain rate (470 tokens/s) would refuse from the 16th stream on
+    tickets = [_admit_long(admission) for _ in range(20)]  # the predicted start alone decides
+    for _ in range(3):  # the rest of the first saturated second: 1,825 tokens/s, 58 streams at 1.25x
+        model.observe_delivery(0.25, 575.0, busy=True, stage_busy_s=0.25)
+    assert model.saturated_rate == pytest.approx(100.0 + 3 * 575.0)
+    tickets += [_admit_long(admission) for _ in range(38)]
+    with pytest.raises(APIError) as info:
+        _admit_long(admission)
+    assert "its 58 streams in flight" in info.value.message and "(73 s of audio per second)" in info.value.message
+
+
 def test_the_utilization_is_an_average_over_busy_and_idle_observations():
     model = _model()
     assert model.utilization is None and model.saturated  # unknown: the bound applies

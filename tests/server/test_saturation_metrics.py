@@ -38,6 +38,7 @@ def test_admission_exports_the_busiest_stages_utilization_it_averages(server):
     text = server.client.get("/metrics").text
     assert 0.0 <= metric(text, "chorus_admission_utilization") <= 1.0
     assert metric(text, "chorus_admission_saturated") in (0.0, 1.0)
+    assert metric(text, "chorus_admission_saturated_tokens_per_second") >= 0.0  # 0 until measured at saturation
 
 
 def test_a_total_deadline_missed_before_the_first_audio_counts_as_a_total_miss(server):
