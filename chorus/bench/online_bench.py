@@ -190,6 +190,7 @@ class Outcome:
     stall_s: float | None = None  # pcm and wav only
     retry_after_s: float | None = None
     version: str | None = None  # the model version that served it (X-Chorus-Model-Version)
+    sent_s: float | None = None  # when it was sent, seconds from its level's start (closed-loop levels)
 
 
 def _audio_seconds(fmt: str, nbytes: int) -> float:
@@ -479,6 +480,7 @@ def summarize(concurrency: int, outcomes: list[Outcome], wall_s: float, fmt: str
     ok = [o for o in outcomes if o.status == "ok"]
     ttfa = [o.ttfa_s for o in ok if o.ttfa_s is not None]
     e2e = [o.e2e_s for o in ok]
+    refused_at = [o.sent_s for o in outcomes if o.status in REJECTIONS and o.sent_s is not None]
     measured = fmt in MEASURED_FORMATS
     codes: dict[str, int] = {}
     for o in outcomes:
@@ -490,6 +492,7 @@ def summarize(concurrency: int, outcomes: list[Outcome], wall_s: float, fmt: str
     level = {
         "concurrency": concurrency, "requests": len(outcomes), "ok": counts["ok"], "status": counts,
         "rejected": sum(counts[s] for s in REJECTIONS), "failed": sum(counts[s] for s in FAILURES),
+        "rejected_sent_s": {"p50": _pct(refused_at, 50), "p90": _pct(refused_at, 90), "max": _pct(refused_at, 100)},
         "error_codes": codes, "error_samples": samples, "wall_s": round(wall_s, 3),
         "ttfa_s": {"p50": _pct(ttfa, 50), "p95": _pct(ttfa, 95), "p99": _pct(ttfa, 99), "max": _pct(ttfa, 100)},
         "e2e_s": {"p50": _pct(e2e, 50), "p95": _pct(e2e, 95), "p99": _pct(e2e, 99), "max": _pct(e2e, 100)},
@@ -558,7 +561,9 @@ async def run_clients(cfg: OnlineBenchConfig, body: dict, starts: list[float], b
                 remaining[0] -= 1  # one event loop: no lock needed
             elif time.perf_counter() >= stop_at:
                 return
+            sent_s = time.perf_counter() - begin
             outcome = await speak_once(client, cfg, body)
+            outcome.sent_s = round(sent_s, 4)
             outcomes.append(outcome)
             if cfg.honor_retry_after and outcome.status in ("429", "503") and outcome.retry_after_s:
                 await asyncio.sleep(outcome.retry_after_s)

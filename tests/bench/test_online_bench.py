@@ -123,6 +123,8 @@ def test_a_full_queue_is_counted_as_rejections(tmp_path):
     assert level["rejected"] == status["429"] and level["failed"] == 0
     assert level["error_codes"] == {"queue_full": status["429"]}
     assert level["ttfa_s"]["p50"] > 0 and level["server"]["in_flight_max"] <= 1
+    refused = level["rejected_sent_s"]
+    assert 0.0 <= refused["p50"] <= refused["p90"] <= refused["max"] <= level["wall_s"], refused
 
 
 def test_requests_past_the_client_timeout_are_failures_not_crashes(live):
