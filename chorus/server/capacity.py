@@ -173,6 +173,27 @@ def _ewma(old: float | None, new: float) -> float:
     return new if old is None else (1 - EWMA_ALPHA) * old + EWMA_ALPHA * new
 
 
+class _RateWindow:
+    """Delivery over at least ``RATE_WINDOW_S`` of busy wall time: one rate sample per window."""
+
+    def __init__(self):
+        self.seconds = self.busy_s = self.tokens = 0.0  # busy_s: seconds times the busiest stage's utilization
+
+    def add(self, seconds: float, utilization: float, tokens: float) -> float | None:
+        """Count an observation; the window's sample (tokens per busy second) once it is full, else None."""
+        self.seconds += seconds
+        self.busy_s += seconds * utilization
+        self.tokens += tokens
+        if self.seconds < RATE_WINDOW_S:
+            return None
+        sample = self.tokens / self.busy_s
+        self.reset()
+        return sample
+
+    def reset(self) -> None:
+        self.seconds = self.busy_s = self.tokens = 0.0
+
+
 class CapacityModel:
     """The learned estimates (thread-safe). ``prior_tokens_per_char`` and ``prior_rate`` hold
     until the first observations; ``first_window_tokens`` is the vocoder's first window."""
@@ -190,10 +211,8 @@ class CapacityModel:
         self._saturated = True  # until a utilization is measured, assume the worst
         self.first_window_tokens = first_window_tokens
         self._lock = threading.Lock()
-        self._window_s = 0.0
-        self._window_busy_s = 0.0  # the window's seconds times the busiest stage's utilization
-        self._window_tokens = 0.0
-        self._saturated_window = [0.0, 0.0, 0.0]  # seconds, busy seconds, tokens: saturated all along
+        self._window = _RateWindow()  # samples of ``rate``
+        self._saturated_window = _RateWindow()  # samples of ``saturated_rate``: saturated all along
 
     # -- predictions ------------------------------------------------------------------------------
     def predict_tokens(self, chars: int, *, chunks: int, max_new_tokens: int | None) -> float:
@@ -230,26 +249,19 @@ class CapacityModel:
                 self._saturated = self.utilization >= high or (self._saturated and self.utilization >= low)
         if not busy:
             with self._lock:
-                self._saturated_window = [0.0, 0.0, 0.0]
+                self._saturated_window.reset()
             return
         utilization = 1.0 if stage_busy_s is None else min(1.0, max(MIN_UTILIZATION, stage_busy_s / seconds))
         with self._lock:
-            self._window_s += seconds
-            self._window_busy_s += seconds * utilization
-            self._window_tokens += tokens
-            if self._window_s >= RATE_WINDOW_S:
-                self.rate = _ewma(self.rate, self._window_tokens / self._window_busy_s)
-                self._window_s = self._window_busy_s = self._window_tokens = 0.0
+            sample = self._window.add(seconds, utilization, tokens)
+            if sample is not None:
+                self.rate = _ewma(self.rate, sample)
             if stage_busy_s is not None and not self._saturated:
-                self._saturated_window = [0.0, 0.0, 0.0]
+                self._saturated_window.reset()
                 return
-            window = self._saturated_window
-            window[0] += seconds
-            window[1] += seconds * utilization
-            window[2] += tokens
-            if window[0] >= RATE_WINDOW_S:
-                self.saturated_rate = _ewma(self.saturated_rate, window[2] / window[1])
-                self._saturated_window = [0.0, 0.0, 0.0]
+            sample = self._saturated_window.add(seconds, utilization, tokens)
+            if sample is not None:
+                self.saturated_rate = _ewma(self.saturated_rate, sample)
 
     @property
     def saturated(self) -> bool:

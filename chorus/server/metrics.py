@@ -293,7 +293,8 @@ class _EngineCollector:
         yield calls
         yield CounterMetricFamily("chorus_vocoder_serving_graph_captures",
                                   "CUDA graphs the vocoder captured after warm-up: shapes warm-up did not cover "
-                                  "(every stream in the pass waits for the capture)", value=s.vocoder_serving_captures)
+                                  "(in a pass every stream in it waits; a covered shape's waits for an idle moment)",
+                                  value=s.vocoder_serving_captures)
         yield CounterMetricFamily("chorus_vocoder_serving_graph_capture_seconds",
                                   "Time those captures took", value=s.vocoder_serving_capture_seconds)
         yield GaugeMetricFamily("chorus_pipeline_active_requests", "Requests inside the pipeline",

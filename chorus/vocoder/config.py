@@ -111,8 +111,8 @@ class VocoderConfig:
     ones do once. A shape that a held graph covers (``graph_cover_work``) is not captured in a
     pass then but when the stage is next idle (``covered_capture_after``)."""
     graph_cover_work: float | None = 4.0
-    """A shape with no graph of its own (until its ``capture_after``-th use, or when its capture
-    failed) replays the held graph of at least its rows and frames with the least padded work
+    """A shape with no graph of its own (until it is captured, see ``covered_capture_after``, or
+    when its capture failed) replays the held graph of at least its rows and frames with the least padded work
     (rows x frames), if that is at most this many times its own bucket's; otherwise it runs
     eagerly. Padding changes no valid value, so this trades padded work (at most this factor;
     attention grows faster in frames) for eager launches (on an H200 an eager flow call of a
@@ -239,7 +239,8 @@ class VocoderStats:
     covered_replays: int = 0
     """Of those, calls that replayed a larger graph (``graph_cover_work``): their shape had none."""
     graph_captures: int = 0
-    """Graphs captured (at warm-up or on a shape's ``capture_after``-th use)."""
+    """Graphs captured (at warm-up, on a shape's ``capture_after``-th use, or for a covered shape
+    when the stage is idle or on its ``covered_capture_after``-th use)."""
     graph_capture_seconds: float = 0.0
     """Wall time spent capturing them (each capture includes an eager run first)."""
     eager_runs: int = 0
