@@ -10,14 +10,23 @@ device-wide operation is not: ``torch.cuda.synchronize()`` and ``torch.cuda.empt
 invalidates the capture; the capture then fails (a T3 engine would fail to load; a sampler or
 vocoder shape would run eagerly from then on).
 
+Nor may two captures overlap: ``torch.cuda.graph`` begins every capture with
+``torch.cuda.synchronize()`` and ``torch.cuda.empty_cache()`` of its own, which fail while another
+thread's capture is under way and invalidate that capture. (Seen on a server: the vocoder
+capturing a graph while it was idle, the T3 thread a sampler graph; both failed, and the failed
+capture left its memory pool marked as recording, so every later capture into it failed too.)
+
 So every capture in the package runs through :func:`capture`, and every device-wide
-synchronisation through :func:`synchronize` or :func:`empty_cache`. Captures may overlap one
-another, and synchronisations one another, but never a capture and a synchronisation: a
-synchronisation waits until no capture is under way or waiting, and a capture waits for the
+synchronisation through :func:`synchronize` or :func:`empty_cache`. Captures run one at a time,
+and never beside a synchronisation; synchronisations may overlap one another. A synchronisation
+waits until no capture is under way or waiting, and a capture waits for the capture and the
 synchronisations under way to end. Captures go first (a thread that synchronises in a loop
-cannot starve one); they are short (milliseconds; the T3 engine lets go between its graphs).
-Code outside the package that calls ``torch.cuda.synchronize()`` from another thread while a
-model loads can still break a capture; call :func:`synchronize` instead.
+cannot starve one); they are short (milliseconds to a few tenths of a second; the T3 engine
+lets go between its graphs). A capture that raised may leave its pool marked as recording
+and its stream in capture mode, so its caller captures into a new pool and stream from then on
+(graphs captured before keep theirs). Code outside the package that calls
+``torch.cuda.synchronize()`` from another thread while a model loads can still break a capture;
+call :func:`synchronize` instead.
 """
 from __future__ import annotations
 
@@ -29,18 +38,22 @@ import torch
 
 _changed = threading.Condition()
 _captures = 0  # captures under way or waiting to start
+_capturing = False  # a capture is under way (at most one at a time)
 _synchronisations = 0  # device-wide synchronisations under way
 _local = threading.local()  # .capturing: this thread is inside a capture
 
 
 @contextmanager
 def capture(graph: torch.cuda.CUDAGraph, *, stream: torch.cuda.Stream, pool=None) -> Iterator[None]:
-    """``torch.cuda.graph`` in ``thread_local`` mode, once no device-wide synchronisation of
-    this process is under way; none starts until the capture ends."""
-    global _captures
+    """``torch.cuda.graph`` in ``thread_local`` mode, once no other capture and no device-wide
+    synchronisation of this process is under way; neither starts until the capture ends."""
+    global _captures, _capturing
+    if getattr(_local, "capturing", False):
+        raise RuntimeError("a graph capture inside another would wait for itself; capture one graph at a time")
     with _changed:
         _captures += 1
-        _changed.wait_for(lambda: _synchronisations == 0)
+        _changed.wait_for(lambda: _synchronisations == 0 and not _capturing)
+        _capturing = True
     _local.capturing = True
     try:
         with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
@@ -49,6 +62,7 @@ def capture(graph: torch.cuda.CUDAGraph, *, stream: torch.cuda.Stream, pool=None
         _local.capturing = False
         with _changed:
             _captures -= 1
+            _capturing = False
             _changed.notify_all()
 
 

@@ -99,3 +99,30 @@ def test_synchronising_inside_a_capture_is_refused(events):
             capture_gate.synchronize()
     capture_gate.synchronize()  # and allowed again after it
     assert events == ["capture starts", "capture ends", "synchronize"]
+
+
+def test_a_capture_waits_for_the_capture_under_way(events):
+    # torch.cuda.graph begins with a device-wide synchronisation, which would break the first capture
+    def capture():
+        with capture_gate.capture(object(), stream=object()):
+            events.append("second capture's body")
+
+    thread = threading.Thread(target=capture)
+    with capture_gate.capture(object(), stream=object()):
+        thread.start()
+        thread.join(timeout=0.2)
+        assert thread.is_alive()  # held at the gate
+        events.append("first capture's body")
+    thread.join()
+    assert events == ["capture starts", "first capture's body", "capture ends",
+                      "capture starts", "second capture's body", "capture ends"]
+
+
+def test_a_capture_inside_a_capture_is_refused(events):
+    with capture_gate.capture(object(), stream=object()):
+        with pytest.raises(RuntimeError, match="capture one graph at a time"):
+            with capture_gate.capture(object(), stream=object()):
+                pass
+    with capture_gate.capture(object(), stream=object()):  # and the gate is open again after it
+        pass
+    assert events == ["capture starts", "capture ends"] * 2

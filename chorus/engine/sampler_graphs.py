@@ -232,6 +232,7 @@ class SamplerGraphs:
             logger.warning("capturing the sampler's CUDA graph for %s failed; sampling it eagerly", key,
                            exc_info=True)
             self._failed.add(key)
+            self._pool = self._stream = None  # see capture_gate: the next capture starts a new pool
             return lambda: self._static_step(key)
         self.captures += 1
         self._graphs[key] = run

@@ -278,6 +278,11 @@ class GraphLibrary(Generic[K]):
         """The captured graphs' keys, least recently used first."""
         return list(self._graphs)
 
+    @property
+    def failures(self) -> int:
+        """Keys whose capture failed (they run eagerly, or replay a covering graph)."""
+        return len(self._failed)
+
     def choose(self, key: K) -> K | None:
         """Count a use of ``key`` and say which graph it replays: ``key`` itself when held or when
         this use should capture it, else the held graph that covers it at the least padded work
@@ -364,6 +369,10 @@ class GraphLibrary(Generic[K]):
             logger.warning("capturing the %s CUDA graph for %s failed; running it eagerly", self.name, key,
                            exc_info=True)
             self._failed.add(key)
+            if self._stream is not None:  # see capture_gate: later captures go to a new pool
+                device = self._stream.device
+                with torch.cuda.device(device):
+                    self._pool, self._stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream(device)
             return None
         self.stats.graph_captures += 1
         self.stats.graph_capture_seconds += time.perf_counter() - started

@@ -207,6 +207,8 @@ class VocoderStage:
         plan = [(graphs.hift_graphs, graphs.prepare_hift, shape) if kind == "hift"
                 else (graphs.flow_graphs, graphs.prepare_flow, (*shape, n_steps, cfg_rate))
                 for kind, shape in shapes]
+        libraries = (graphs.flow_graphs, graphs.hift_graphs)
+        failed_before = sum(library.failures for library in libraries)
         started, captured = time.perf_counter(), 0
         for library, prepare, args in plan:
             if time.perf_counter() - started >= time_budget_s:
@@ -214,6 +216,11 @@ class VocoderStage:
             if len(library.keys) < cfg.max_pass_graphs:
                 captured += prepare(*args)
         logger.info("vocoder warm-up captured %d graphs in %.1f s", captured, time.perf_counter() - started)
+        failed = sum(library.failures for library in libraries) - failed_before
+        if failed:
+            logger.warning("vocoder warm-up: %d of %d shapes could not be captured and will run eagerly (the "
+                           "warnings above say why; where it is out of memory, the T3 KV pool left the vocoder "
+                           "too little: lower gpu_memory_utilization or set kv_cache_bytes)", failed, len(plan))
         return captured
 
     # -------------------------------------------------------------------------------- internals

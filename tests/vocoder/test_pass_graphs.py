@@ -641,3 +641,84 @@ def test_warmup_captures_whole_chunks_so_a_batch_of_them_replays_at_once():
     assert sorted(pieces) == ["w0", "w1", "w2"] and stage.stats.passes == 1
     assert stage.stats.graph_captures == captured and stage.stats.eager_runs == 0
     assert stage.stats.graph_replays == 2
+
+
+@pytest.mark.gpu
+def test_shapes_are_captured_while_another_thread_captures_graphs():
+    # T3's sampler captures its graphs lazily in its own thread; torch.cuda.graph begins each capture
+    # with a device-wide synchronisation, so two captures at once broke both (seen on a server)
+    import threading
+
+    s3gen = random_s3gen("turbo", seed=3, device="cuda")
+    graphs = PassGraphs(s3gen.flow, s3gen.mel2wav)
+    stop, other_graphs = threading.Event(), []
+
+    def other_thread():
+        from chorus import capture_gate
+
+        pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+        x = torch.zeros(1024, device="cuda")
+        while not stop.is_set():
+            graph = torch.cuda.CUDAGraph()
+            with capture_gate.capture(graph, pool=pool, stream=stream):
+                x.add_(1)
+            other_graphs.append(graph)
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    try:
+        with torch.inference_mode():
+            for batch, width in [(3, 35), (1, 32), (5, 100)]:
+                graphs.run_flow(_flow_call(s3gen, batch, width, seed=width, name="turbo", device="cuda"))
+                graphs.run_hift(_hift_call(s3gen, batch, width, seed=width, device="cuda"))
+    finally:
+        stop.set()
+        thread.join()
+    assert other_graphs  # the other thread was capturing meanwhile
+    assert graphs.stats.graph_captures == 6 and graphs.stats.eager_runs == 0
+
+
+@pytest.mark.gpu
+def test_after_a_capture_breaks_mid_way_the_next_shape_is_still_captured():
+    # a capture invalidated mid-way left its pool marked as recording: every later capture into it
+    # failed, so one broken capture made every later shape run eagerly
+    class Inputs:
+        def __init__(self, key):
+            self.key, self.x = key, torch.zeros(64, device="cuda")
+
+        def load(self, call):
+            pass
+
+        def run(self, model):
+            if self.key == "broken" and torch.cuda.is_current_stream_capturing():
+                torch.cuda.synchronize()  # not allowed while capturing: the capture is invalidated
+            return self.x + 1
+
+    device = torch.device("cuda")
+    library = GraphLibrary("test", None, Inputs, max_graphs=8, capture_after=1, stats=VocoderStats(),
+                           pool=torch.cuda.graph_pool_handle(), stream=torch.cuda.Stream(device))
+    assert library.replay("broken", None) is None
+    output = library.replay("fine", None)
+    assert output is not None and library.keys == ["fine"]
+    torch.cuda.synchronize()
+    assert output.eq(1).all()
+
+
+@pytest.mark.gpu
+def test_warmup_says_how_many_shapes_it_could_not_capture(monkeypatch, caplog):
+    # e.g. an 80 GB card whose KV pool left the vocoder too little memory for its largest shapes
+    s3gen = random_s3gen("turbo", seed=3, device="cuda")
+    stage = VocoderStage(s3gen, VocoderConfig(max_batch_items=4))
+    library = stage.graphs.flow_graphs
+    capture = library._capture
+
+    def out_of_memory_at_two_rows(key):
+        if key.rows == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return capture(key)
+
+    monkeypatch.setattr(library, "_capture", out_of_memory_at_two_rows)
+    with caplog.at_level("WARNING", logger="chorus.vocoder.stage"):
+        assert stage.warmup(prompt_tokens=30, chunk_tokens=60, max_items=2) == 6
+    assert library.failures == 2
+    assert "2 of 8 shapes could not be captured" in caplog.text and "gpu_memory_utilization" in caplog.text
