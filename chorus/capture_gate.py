@@ -18,8 +18,9 @@ capture left its memory pool marked as recording, so every later capture into it
 
 So every capture in the package runs through :func:`capture`, and every device-wide
 synchronisation through :func:`synchronize` or :func:`empty_cache`. Captures run one at a time,
+in the order they asked (a thread that captures graphs back to back cannot starve another's),
 and never beside a synchronisation; synchronisations may overlap one another. A synchronisation
-waits until no capture is under way or waiting, and a capture waits for the capture and the
+waits until no capture is under way or waiting, and a capture waits for its turn and for the
 synchronisations under way to end. Captures go first (a thread that synchronises in a loop
 cannot starve one); they are short (milliseconds to a few tenths of a second; the T3 engine
 lets go between its graphs). A capture that raised may leave its pool marked as recording
@@ -38,7 +39,8 @@ import torch
 
 _changed = threading.Condition()
 _captures = 0  # captures under way or waiting to start
-_capturing = False  # a capture is under way (at most one at a time)
+_tickets = 0  # captures ever asked for: each waits for its turn, first come first served
+_turn = 0  # the ticket whose capture may run (once no synchronisation is under way)
 _synchronisations = 0  # device-wide synchronisations under way
 _local = threading.local()  # .capturing: this thread is inside a capture
 
@@ -47,13 +49,15 @@ _local = threading.local()  # .capturing: this thread is inside a capture
 def capture(graph: torch.cuda.CUDAGraph, *, stream: torch.cuda.Stream, pool=None) -> Iterator[None]:
     """``torch.cuda.graph`` in ``thread_local`` mode, once no other capture and no device-wide
     synchronisation of this process is under way; neither starts until the capture ends."""
-    global _captures, _capturing
+    global _captures, _tickets, _turn
     if getattr(_local, "capturing", False):
         raise RuntimeError("a graph capture inside another would wait for itself; capture one graph at a time")
     with _changed:
         _captures += 1
-        _changed.wait_for(lambda: _synchronisations == 0 and not _capturing)
-        _capturing = True
+        ticket, _tickets = _tickets, _tickets + 1
+        # in turn: a thread that captures in a loop would otherwise take the gate again before a
+        # woken waiter runs
+        _changed.wait_for(lambda: _synchronisations == 0 and _turn == ticket)
     _local.capturing = True
     try:
         with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
@@ -62,7 +66,7 @@ def capture(graph: torch.cuda.CUDAGraph, *, stream: torch.cuda.Stream, pool=None
         _local.capturing = False
         with _changed:
             _captures -= 1
-            _capturing = False
+            _turn += 1
             _changed.notify_all()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
 import pytest
 import torch
@@ -126,3 +127,27 @@ def test_a_capture_inside_a_capture_is_refused(events):
     with capture_gate.capture(object(), stream=object()):  # and the gate is open again after it
         pass
     assert events == ["capture starts", "capture ends"] * 2
+
+
+def test_a_thread_capturing_in_a_loop_does_not_starve_another_capture(events):
+    # the vocoder thread captures due graphs back to back while T3's thread waits to capture one;
+    # a real capture lets go of the GIL inside (CUDA calls), so the waiter wakes while the gate is
+    # taken, and the looping thread took it again before the waiter could run
+    stop, looped = threading.Event(), [0]
+
+    def loop():
+        while not stop.is_set():
+            with capture_gate.capture(object(), stream=object()):
+                time.sleep(0.001)  # a CUDA call, without the GIL
+                looped[0] += 1
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    try:
+        for _ in range(20):
+            with capture_gate.capture(object(), stream=object()):
+                pass
+    finally:
+        stop.set()
+        thread.join()
+    assert looped[0] > 0 and events.count("capture starts") == events.count("capture ends") == 20 + looped[0]
