@@ -203,7 +203,10 @@ class T3Engine:
 
     def _profile_free_bytes(self, model: T3Model) -> int:
         """Bytes left for the KV pool under ``gpu_memory_utilization`` after a forward of the
-        largest step (``max_num_batched_tokens`` prefill positions) on a scratch cache."""
+        largest step (``max_num_batched_tokens`` prefill positions) on a scratch cache, less the
+        memory this process holds without using it once its cache is emptied (the private pools
+        of CUDA graphs captured before, e.g. the vocoder's warm-up: ``empty_cache`` cannot return
+        it, and their replays need it)."""
         device = model.device
         tokens = self.config.scheduler.max_num_batched_tokens
         bb = self.variant.t3.backbone
@@ -226,8 +229,10 @@ class T3Engine:
         del scratch, hidden, embeds
         capture_gate.empty_cache()
         free, total = torch.cuda.mem_get_info(device)
-        used_by_others = total - free - torch.cuda.memory_reserved(device)
-        budget = total * self.config.cache.gpu_memory_utilization - used_by_others - peak
+        reserved = torch.cuda.memory_reserved(device)
+        used_by_others = total - free - reserved
+        held_by_graphs = reserved - torch.cuda.memory_allocated(device)
+        budget = total * self.config.cache.gpu_memory_utilization - used_by_others - peak - held_by_graphs
         return max(int(budget), 0)
 
     # -- requests --------------------------------------------------------------------------------

@@ -76,6 +76,11 @@ class PipelineConfig:
     of them: two stages running parallel ops at once on the same cores oversubscribe them, and
     OpenMP's spinning workers then slow both (docs/engine.md, "Step time"). No effect on a GPU.
     conversion: the limits of voice conversion (``Pipeline.convert``).
+    warmup: warm the vocoder up (:meth:`Pipeline.warmup`) while constructing, before the T3
+    engine is built: on CUDA the engine sizes its KV pool to ``gpu_memory_utilization`` of the
+    device less what is held, so graphs captured first keep their memory, while graphs captured
+    after must fit in what the pool leaves (on an 80 GB card, too little for the largest vocoder
+    shapes at the server's default). ``chorus serve`` sets it unless ``--no-warmup``.
     """
 
     engine: EngineConfig | None = None
@@ -87,6 +92,7 @@ class PipelineConfig:
     cuda_graphs: bool = True
     split_cpu_threads: bool = True
     conversion: ConversionConfig = field(default_factory=ConversionConfig)
+    warmup: bool = False
 
 
 @dataclass(frozen=True)
@@ -181,8 +187,11 @@ class Pipeline:
         self.planner = models.planner(config.max_chars)
         self._conversion_planner: ConversionPlanner | None = None
         self.conditioning = ConditioningCache(models.t3, variant, config.conditioning_cache_size)
-        self.engine = T3Engine(models.t3, variant, engine_config, cuda_graphs=config.cuda_graphs)
+        self._cuda_stream = torch.cuda.Stream(models.device) if models.device.type == "cuda" else None
         self.vocoder = VocoderStage(models.s3gen, config.vocoder)
+        if config.warmup:  # before the engine sizes its KV pool from what is left (PipelineConfig.warmup)
+            self.warmup()
+        self.engine = T3Engine(models.t3, variant, engine_config, cuda_graphs=config.cuda_graphs)
         self._threads_at_start = torch.get_num_threads()
         self._t3_threads, self._vocoder_threads = _thread_shares(models.device, config.split_cpu_threads)
         self._t3 = AsyncT3Engine(self.engine, on_step=self._on_t3_step, intra_op_threads=self._t3_threads,
@@ -195,7 +204,6 @@ class Pipeline:
         self._active_lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._cuda_stream = torch.cuda.Stream(models.device) if models.device.type == "cuda" else None
         self.vocoder_busy_s = 0.0
         self._vocoder_step_started_at: float | None = None
         self.requests_done = 0
@@ -242,7 +250,9 @@ class Pipeline:
         """Compile HiFT's decoder (where ``VocoderConfig.compile_hift`` is on) and capture
         the vocoder's CUDA graphs for common shapes before serving (the T3 engine captures its
         own at construction): streaming windows, and whole chunks of up to ``max_chars`` characters
-        at ``SPEECH_TOKENS_PER_CHAR``. Returns the graphs captured; 0 on the CPU."""
+        at ``SPEECH_TOKENS_PER_CHAR``. Returns the graphs captured (those held already are not
+        captured again); 0 on the CPU. ``PipelineConfig.warmup`` runs it during construction,
+        before the T3 engine sizes its KV pool."""
         whole = math.ceil(self.config.max_chars * SPEECH_TOKENS_PER_CHAR)
         with _on_stream(self._cuda_stream):
             return self.vocoder.warmup(whole_chunk_tokens=whole, time_budget_s=time_budget_s)

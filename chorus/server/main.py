@@ -84,7 +84,7 @@ def load_models(config: ServerConfig) -> Loaded:
                                                default_deadline_s=config.default_deadline_s,
                                                default_start_deadline_s=config.start_deadline_for(
                                                    models.device.type),
-                                               cuda_graphs=config.cuda_graphs))
+                                               cuda_graphs=config.cuda_graphs, warmup=config.warmup))
     builtin = models.builtin_voice() if models.checkpoint.has_builtin_voice() else None
     files = open_blob_store(config.voices_dir, config.voices_url)
     voices = VoiceStore(files, models.front_end, models.variant, builtin=builtin,

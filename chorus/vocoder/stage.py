@@ -215,7 +215,8 @@ class VocoderStage:
                 break
             if len(library.keys) < cfg.max_pass_graphs:
                 captured += prepare(*args)
-        logger.info("vocoder warm-up captured %d graphs in %.1f s", captured, time.perf_counter() - started)
+        logger.log(logging.INFO if captured else logging.DEBUG, "vocoder warm-up captured %d graphs in %.1f s",
+                   captured, time.perf_counter() - started)
         failed = sum(library.failures for library in libraries) - failed_before
         if failed:
             logger.warning("vocoder warm-up: %d of %d shapes could not be captured and will run eagerly (the "

@@ -1,6 +1,8 @@
 """GPU-only engine paths against their CPU/eager references (run on a CUDA machine)."""
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -116,6 +118,35 @@ def test_pool_is_sized_by_profiling_when_no_budget_is_given():
     assert 0.2 * total < pool_bytes < 0.5 * total
     results = engine.generate(_requests(variant, model, 2, tokens=8))
     assert all(len(r.tokens) == 8 for r in results)
+
+
+def test_memory_that_graphs_captured_before_hold_is_left_out_of_the_pool():
+    # e.g. the vocoder's warm-up graphs, captured before the engine at server start: their private
+    # pool keeps the intermediates' memory, which empty_cache cannot return and replays need
+    variant, model = _model("turbo", torch.bfloat16)
+    config = EngineConfig(variant=variant.name, default_deadline_s=None,
+                          cache=CacheConfig(gpu_memory_utilization=0.5),
+                          scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=2048, max_model_len=1024))
+
+    def pool_bytes() -> int:
+        engine = T3Engine(model, variant, config, cuda_graphs=False)
+        size = engine.kv_cache.kv.numel() * engine.kv_cache.kv.element_size()
+        del engine
+        gc.collect()
+        torch.cuda.empty_cache()
+        return size
+
+    alone = pool_bytes()
+    graph, x = torch.cuda.CUDAGraph(), torch.zeros(1, device="cuda")
+    with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
+        scratch = torch.ones(256 << 20, device="cuda")  # 1 GiB, freed inside the capture
+        y = x + scratch.sum()
+        del scratch
+    torch.cuda.empty_cache()
+    held = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    assert held >= 1 << 30
+    assert alone - pool_bytes() == pytest.approx(held, abs=64 << 20)
+    del graph, y
 
 
 def test_graphs_are_captured_while_another_thread_keeps_using_the_gpu():

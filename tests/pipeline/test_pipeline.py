@@ -299,3 +299,27 @@ def test_engine_stats_are_served_by_the_engine_thread(pipe):
     stats = pipe.engine_stats()
     assert stats.kv.num_used_blocks == 0 and stats.num_waiting == 0
     assert pipe.stall(timeout_s=5.0) is None
+
+
+@pytest.mark.parametrize("warmup", [True, False])
+def test_with_warmup_the_vocoder_captures_before_the_engine_sizes_its_kv_pool(monkeypatch, warmup):
+    # on CUDA the engine's pool is a fraction of the device less what is held: graphs captured
+    # first keep their memory, graphs captured after must fit in what the pool leaves
+    import chorus.pipeline.pipeline as pipeline_module
+    from chorus.vocoder import VocoderStage
+
+    order: list[str] = []
+    stage_warmup, engine = VocoderStage.warmup, pipeline_module.T3Engine
+
+    def recording_warmup(stage, **kwargs):
+        order.append("vocoder warm-up")
+        return stage_warmup(stage, **kwargs)
+
+    def recording_engine(*args, **kwargs):
+        order.append("T3 engine sized")
+        return engine(*args, **kwargs)
+
+    monkeypatch.setattr(VocoderStage, "warmup", recording_warmup)
+    monkeypatch.setattr(pipeline_module, "T3Engine", recording_engine)
+    Pipeline(tiny_models("turbo"), PipelineConfig(warmup=warmup)).close()
+    assert order == (["vocoder warm-up", "T3 engine sized"] if warmup else ["T3 engine sized"])
