@@ -75,12 +75,13 @@ def test_a_capture_waits_for_the_synchronisation_under_way(events, monkeypatch):
     assert events == ["synchronize", "capture starts", "capture ends"]
 
 
-def test_a_thread_synchronising_in_a_loop_does_not_starve_a_capture(events):
+def _twenty_captures_beside(step) -> None:
+    """Twenty captures on this thread while another thread runs ``step()`` in a loop."""
     stop = threading.Event()
 
     def loop():
         while not stop.is_set():
-            capture_gate.synchronize()
+            step()
 
     thread = threading.Thread(target=loop)
     thread.start()
@@ -91,6 +92,10 @@ def test_a_thread_synchronising_in_a_loop_does_not_starve_a_capture(events):
     finally:
         stop.set()
         thread.join()
+
+
+def test_a_thread_synchronising_in_a_loop_does_not_starve_a_capture(events):
+    _twenty_captures_beside(capture_gate.synchronize)
     assert events.count("capture starts") == events.count("capture ends") == 20
 
 
@@ -133,21 +138,12 @@ def test_a_thread_capturing_in_a_loop_does_not_starve_another_capture(events):
     # the vocoder thread captures due graphs back to back while T3's thread waits to capture one;
     # a real capture lets go of the GIL inside (CUDA calls), so the waiter wakes while the gate is
     # taken, and the looping thread took it again before the waiter could run
-    stop, looped = threading.Event(), [0]
+    looped = [0]
 
-    def loop():
-        while not stop.is_set():
-            with capture_gate.capture(object(), stream=object()):
-                time.sleep(0.001)  # a CUDA call, without the GIL
-                looped[0] += 1
+    def capture():
+        with capture_gate.capture(object(), stream=object()):
+            time.sleep(0.001)  # a CUDA call, without the GIL
+            looped[0] += 1
 
-    thread = threading.Thread(target=loop)
-    thread.start()
-    try:
-        for _ in range(20):
-            with capture_gate.capture(object(), stream=object()):
-                pass
-    finally:
-        stop.set()
-        thread.join()
+    _twenty_captures_beside(capture)
     assert looped[0] > 0 and events.count("capture starts") == events.count("capture ends") == 20 + looped[0]

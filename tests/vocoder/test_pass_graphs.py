@@ -443,23 +443,19 @@ def test_graphed_hift_equals_eager_fp32_on_cuda():
     assert graphs.stats.graph_captures == 3 and graphs.stats.graph_replays == 4
 
 
-@pytest.mark.gpu
-def test_shapes_are_captured_while_another_thread_synchronises_the_device():
-    # T3's thread (or another model version's) synchronising through the gate cannot break a capture
+def _six_captures_beside(step) -> PassGraphs:
+    """Three flow and three HiFT shapes captured on this thread while another runs ``step()`` in a loop."""
     import threading
-
-    from chorus import capture_gate
 
     s3gen = random_s3gen("turbo", seed=3, device="cuda")
     graphs = PassGraphs(s3gen.flow, s3gen.mel2wav)
-    stop, rounds = threading.Event(), [0]
+    stop = threading.Event()
 
-    def other_thread():
+    def loop():
         while not stop.is_set():
-            capture_gate.synchronize()
-            rounds[0] += 1
+            step()
 
-    thread = threading.Thread(target=other_thread)
+    thread = threading.Thread(target=loop)
     thread.start()
     try:
         with torch.inference_mode():
@@ -469,6 +465,21 @@ def test_shapes_are_captured_while_another_thread_synchronises_the_device():
     finally:
         stop.set()
         thread.join()
+    return graphs
+
+
+@pytest.mark.gpu
+def test_shapes_are_captured_while_another_thread_synchronises_the_device():
+    # T3's thread (or another model version's) synchronising through the gate cannot break a capture
+    from chorus import capture_gate
+
+    rounds = [0]
+
+    def synchronise():
+        capture_gate.synchronize()
+        rounds[0] += 1
+
+    graphs = _six_captures_beside(synchronise)
     assert rounds[0] > 0
     assert graphs.stats.graph_captures == 6 and graphs.stats.eager_runs == 0
 
@@ -647,33 +658,20 @@ def test_warmup_captures_whole_chunks_so_a_batch_of_them_replays_at_once():
 def test_shapes_are_captured_while_another_thread_captures_graphs():
     # T3's sampler captures its graphs lazily in its own thread; torch.cuda.graph begins each capture
     # with a device-wide synchronisation, so two captures at once broke both (seen on a server)
-    import threading
+    from chorus import capture_gate
 
-    s3gen = random_s3gen("turbo", seed=3, device="cuda")
-    graphs = PassGraphs(s3gen.flow, s3gen.mel2wav)
-    stop, other_graphs = threading.Event(), []
+    pool, stream, x, other_graphs = None, None, None, []
 
-    def other_thread():
-        from chorus import capture_gate
+    def capture():
+        nonlocal pool, stream, x
+        if pool is None:
+            pool, stream, x = torch.cuda.graph_pool_handle(), torch.cuda.Stream(), torch.zeros(1024, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        with capture_gate.capture(graph, pool=pool, stream=stream):
+            x.add_(1)
+        other_graphs.append(graph)
 
-        pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
-        x = torch.zeros(1024, device="cuda")
-        while not stop.is_set():
-            graph = torch.cuda.CUDAGraph()
-            with capture_gate.capture(graph, pool=pool, stream=stream):
-                x.add_(1)
-            other_graphs.append(graph)
-
-    thread = threading.Thread(target=other_thread)
-    thread.start()
-    try:
-        with torch.inference_mode():
-            for batch, width in [(3, 35), (1, 32), (5, 100)]:
-                graphs.run_flow(_flow_call(s3gen, batch, width, seed=width, name="turbo", device="cuda"))
-                graphs.run_hift(_hift_call(s3gen, batch, width, seed=width, device="cuda"))
-    finally:
-        stop.set()
-        thread.join()
+    graphs = _six_captures_beside(capture)
     assert other_graphs  # the other thread was capturing meanwhile
     assert graphs.stats.graph_captures == 6 and graphs.stats.eager_runs == 0
 
