@@ -60,6 +60,29 @@ def test_a_steady_step_and_a_load_need_no_host_sync():
     assert graphs.captures == 1
 
 
+def test_after_a_capture_breaks_mid_way_the_next_key_is_still_captured(monkeypatch):
+    # a capture invalidated mid-way (e.g. by another thread's capture, before the gate ran one at a
+    # time) left its pool marked as recording, and every later capture into it failed
+    params = mixed_params(TURBO)
+    graphs = SamplerGraphs(TURBO, "cuda", max_rows=8)
+    mask = initial_penalty_mask(TURBO, 1, "cuda")
+    logits = torch.randn(4, TURBO.t3.speech_vocab_size, device="cuda")
+    static_step, broken = graphs._static_step, []
+
+    def breaking_once(key):
+        if not broken and torch.cuda.is_current_stream_capturing():
+            broken.append(key)
+            torch.cuda.synchronize()  # not allowed while capturing: the capture is invalidated
+        return static_step(key)
+
+    monkeypatch.setattr(graphs, "_static_step", breaking_once)
+    for ids in ("abcd", "ab"):  # two row buckets: two keys
+        graphs.load(SamplingBatch.build([params[r] for r in ids], TURBO), [mask] * len(ids), [3] * len(ids),
+                    list(range(len(ids))), None)
+        graphs.sample(logits[:len(ids)])  # the first capture breaks and samples eagerly
+    assert len(broken) == 1 and graphs.captures == 1 and len(graphs.keys) == 1
+
+
 def _tiny_cuda(name):
     variant = tiny_variant(name, layers=2, hidden=256, heads=4)
     state = random_state_dict(t3_key_specs(variant), 0)
