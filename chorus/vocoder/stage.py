@@ -220,8 +220,8 @@ class VocoderStage:
         failed = sum(library.failures for library in libraries) - failed_before
         if failed:
             logger.warning("vocoder warm-up: %d of %d shapes could not be captured and will run eagerly (the "
-                           "warnings above say why; where it is out of memory, the T3 KV pool left the vocoder "
-                           "too little: lower gpu_memory_utilization or set kv_cache_bytes)", failed, len(plan))
+                           "warnings above say why; where it is out of memory, leave the vocoder more: a lower "
+                           "gpu_memory_utilization or kv_cache_bytes)", failed, len(plan))
         return captured
 
     # -------------------------------------------------------------------------------- internals
