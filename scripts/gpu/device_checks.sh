@@ -80,8 +80,8 @@ case $what in
     done ;;
   online-turbo-short-voice)  # the server over a 5.7 s voice clip (its first windows fall below every flow
     # bucket warm-up captures for 10 s prompts) with covering graphs on (4) and off, back to back
-    # (docs/vocoder.md, "Covering graphs")
-    for c in 4 none; do
+    # (docs/vocoder.md, "Covering graphs"); COVERS: the settings to run ("4 none")
+    for c in ${COVERS:-4 none}; do
       mkdir -p "$out/short_voice_cover_$c"
       SERVE_ARGS="--vocoder-graph-cover-work $c" VOICE_CLIP=tests/data/sample-01.mp3 \
         bash scripts/gpu/online.sh turbo "$out/short_voice_cover_$c" --concurrency 1,16,64 --duration-s 15 \
