@@ -21,7 +21,8 @@ dtype; the CFG weight is a device scalar filled before each replay) and per :cla
 (rows, frames, dtype).
 
 Memory: every graph shares one memory pool for its intermediates (replays run one at a time on
-one stream, and each replay's output is copied out before the next); each graph owns its static
+one stream, and each replay's output is copied out before the next; after a failed capture the
+graphs captured from then on share a new one, :class:`CaptureTarget`); each graph owns its static
 inputs and outputs. At most ``max_graphs`` graphs of each kind are kept, least recently used
 dropped first. Capture runs on a side stream in ``thread_local`` mode (another thread's CUDA
 calls stay legal meanwhile), after an eager run on that stream; inputs are copied in and the graph
@@ -253,6 +254,21 @@ class _Graph:
     output: object
 
 
+class CaptureTarget:
+    """The memory pool and side stream that a stage's graphs are captured into, shared by its
+    flow and HiFT libraries. A capture that broke may leave the pool marked as recording and the
+    stream in capture mode (``chorus.capture_gate``), so after any failed capture the libraries
+    capture into a new pair (:meth:`renew`); graphs captured before keep the old pool."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.renew()
+
+    def renew(self) -> None:
+        with torch.cuda.device(self.device):
+            self.pool, self.stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream(self.device)
+
+
 class GraphLibrary(Generic[K]):
     """Captured graphs of one function by key: LRU of at most ``max_graphs``, captured on a key's
     ``capture_after``-th use (or at once through :meth:`prepare`), keys whose capture failed
@@ -262,12 +278,12 @@ class GraphLibrary(Generic[K]):
     object with ``load(call)`` and ``run(model)``; ``model``: the flow, or a :class:`HiFTRunner`)."""
 
     def __init__(self, name: str, model: object, make_inputs: Callable[[K], object], *,
-                 max_graphs: int, capture_after: int, stats: VocoderStats, pool, stream: torch.cuda.Stream | None,
+                 max_graphs: int, capture_after: int, stats: VocoderStats, target: CaptureTarget | None,
                  cover_work: float | None = None, covered_capture_after: int | None = None):
         self.name, self.model, self.make_inputs = name, model, make_inputs
         self.max_graphs, self.capture_after, self.stats = max_graphs, capture_after, stats
         self.cover_work, self.covered_capture_after = cover_work, covered_capture_after
-        self._pool, self._stream = pool, stream
+        self._target = target  # None: never captures (graphs off, or no CUDA)
         self._graphs: OrderedDict[K, _Graph] = OrderedDict()
         self._calls: dict[K, int] = {}  # uses of each key without a graph, since its last capture try
         self._due: set[K] = set()  # covered keys used capture_after times: captured when idle
@@ -369,10 +385,8 @@ class GraphLibrary(Generic[K]):
             logger.warning("capturing the %s CUDA graph for %s failed; running it eagerly", self.name, key,
                            exc_info=True)
             self._failed.add(key)
-            if self._stream is not None:  # see capture_gate: later captures go to a new pool
-                device = self._stream.device
-                with torch.cuda.device(device):
-                    self._pool, self._stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream(device)
+            if self._target is not None:
+                self._target.renew()
             return None
         self.stats.graph_captures += 1
         self.stats.graph_capture_seconds += time.perf_counter() - started
@@ -383,12 +397,12 @@ class GraphLibrary(Generic[K]):
     def _capture(self, key: K) -> _Graph:
         current = torch.cuda.current_stream()
         inputs = self.make_inputs(key)  # zeroed on the current stream
-        side = self._stream
+        side = self._target.stream
         side.wait_stream(current)
         with torch.cuda.stream(side):
             inputs.run(self.model)  # lazy initialisation (cuBLAS, cuFFT plans, kernels) outside capture
         graph = torch.cuda.CUDAGraph()
-        with capture_gate.capture(graph, pool=self._pool, stream=side):
+        with capture_gate.capture(graph, pool=self._target.pool, stream=side):
             output = inputs.run(self.model)
         current.wait_stream(side)
         return _Graph(graph, inputs, output)
@@ -422,13 +436,10 @@ class PassGraphs:
         self.stats = stats if stats is not None else VocoderStats()
         device = flow.encoder_proj.weight.device
         self.device = device
-        pool = stream = None
-        if self.active:
-            with torch.cuda.device(device):
-                pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream(device)
+        target = CaptureTarget(device) if self.active else None
         ratio = flow.config.token_mel_ratio
         hift_config = hift.config
-        common = dict(max_graphs=max_graphs, capture_after=capture_after, stats=self.stats, pool=pool, stream=stream,
+        common = dict(max_graphs=max_graphs, capture_after=capture_after, stats=self.stats, target=target,
                       cover_work=cover_work, covered_capture_after=covered_capture_after)
         self.flow_graphs: GraphLibrary[FlowKey] = GraphLibrary(
             "flow", flow, lambda key: FlowInputs(key, ratio, device), **common)

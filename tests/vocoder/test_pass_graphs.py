@@ -13,8 +13,8 @@ from chorus.models.s3gen.hift import SourceNoise
 from chorus.vocoder import VocoderConfig, VocoderStage
 from chorus.vocoder.stage import warmup_shapes
 from chorus.vocoder.config import VocoderStats
-from chorus.vocoder.pass_graphs import (FlowCall, FlowInputs, FlowKey, GraphLibrary, HiFTCall, HiFTInputs, PassGraphs,
-                                        frame_bucket, row_bucket, vocode)
+from chorus.vocoder.pass_graphs import (CaptureTarget, FlowCall, FlowInputs, FlowKey, GraphLibrary, HiFTCall,
+                                        HiFTInputs, PassGraphs, frame_bucket, row_bucket, vocode)
 from chorus.vocoder.quality import snr_db
 from tests.vocoder.conftest import drain, joined, record_flow_frames
 from tests.vocoder.models import random_s3gen, random_tokens, random_voice
@@ -182,7 +182,7 @@ class _FakeLibrary(GraphLibrary):
 
     def __init__(self, fail=(), **kwargs):
         super().__init__("fake", None, lambda key: None, max_graphs=kwargs.get("max_graphs", 64),
-                         capture_after=kwargs.get("capture_after", 1), stats=VocoderStats(), pool=None, stream=None,
+                         capture_after=kwargs.get("capture_after", 1), stats=VocoderStats(), target=None,
                          cover_work=kwargs.get("cover_work"), covered_capture_after=kwargs.get("covered_capture_after"))
         self.captured, self.fail = [], set(fail)
 
@@ -692,14 +692,40 @@ def test_after_a_capture_breaks_mid_way_the_next_shape_is_still_captured():
                 torch.cuda.synchronize()  # not allowed while capturing: the capture is invalidated
             return self.x + 1
 
-    device = torch.device("cuda")
     library = GraphLibrary("test", None, Inputs, max_graphs=8, capture_after=1, stats=VocoderStats(),
-                           pool=torch.cuda.graph_pool_handle(), stream=torch.cuda.Stream(device))
+                           target=CaptureTarget(torch.device("cuda")))
     assert library.replay("broken", None) is None
     output = library.replay("fine", None)
     assert output is not None and library.keys == ["fine"]
     torch.cuda.synchronize()
     assert output.eq(1).all()
+
+
+@pytest.mark.gpu
+def test_after_a_flow_capture_breaks_mid_way_the_hift_graph_is_still_captured(monkeypatch):
+    # the two libraries capture into one pool: a new one after the break must serve both
+    s3gen = random_s3gen("turbo", seed=3, device="cuda")
+    graphs = PassGraphs(s3gen.flow, s3gen.mel2wav)
+    inputs_of = graphs.flow_graphs.make_inputs
+
+    class Breaking:
+        def __init__(self, key):
+            self.inner = inputs_of(key)
+
+        def load(self, call):
+            self.inner.load(call)
+
+        def run(self, model):
+            if torch.cuda.is_current_stream_capturing():
+                torch.cuda.synchronize()  # not allowed while capturing: the capture is invalidated
+            return self.inner.run(model)
+
+    monkeypatch.setattr(graphs.flow_graphs, "make_inputs", Breaking)
+    with torch.inference_mode():
+        graphs.run_flow(_flow_call(s3gen, 2, 40, seed=1, name="turbo", device="cuda"))  # runs eagerly
+        graphs.run_hift(_hift_call(s3gen, 2, 40, seed=1, device="cuda"))
+    assert graphs.flow_graphs.failures == 1 and graphs.hift_graphs.failures == 0
+    assert graphs.stats.graph_captures == 1 and graphs.hift_graphs.keys
 
 
 @pytest.mark.gpu
