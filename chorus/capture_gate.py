@@ -25,7 +25,7 @@ synchronisations under way to end. Captures go first (a thread that synchronises
 cannot starve one); they are short (milliseconds to a few tenths of a second; the T3 engine
 lets go between its graphs). A capture that raised may leave its pool marked as recording
 and its stream in capture mode, so its caller captures into a new pool and stream from then on
-(graphs captured before keep theirs). Code outside the package that calls
+(:class:`CaptureTarget`; graphs captured before keep theirs). Code outside the package that calls
 ``torch.cuda.synchronize()`` from another thread while a model loads can still break a capture;
 call :func:`synchronize` instead.
 """
@@ -38,9 +38,9 @@ from contextlib import contextmanager
 import torch
 
 _changed = threading.Condition()
-_captures = 0  # captures under way or waiting to start
 _tickets = 0  # captures ever asked for: each waits for its turn, first come first served
-_turn = 0  # the ticket whose capture may run (once no synchronisation is under way)
+_turn = 0  # the ticket whose capture may run (once no synchronisation is under way); captures
+# under way or waiting: _tickets - _turn
 _synchronisations = 0  # device-wide synchronisations under way
 _local = threading.local()  # .capturing: this thread is inside a capture
 
@@ -49,11 +49,10 @@ _local = threading.local()  # .capturing: this thread is inside a capture
 def capture(graph: torch.cuda.CUDAGraph, *, stream: torch.cuda.Stream, pool=None) -> Iterator[None]:
     """``torch.cuda.graph`` in ``thread_local`` mode, once no other capture and no device-wide
     synchronisation of this process is under way; neither starts until the capture ends."""
-    global _captures, _tickets, _turn
+    global _tickets, _turn
     if getattr(_local, "capturing", False):
         raise RuntimeError("a graph capture inside another would wait for itself; capture one graph at a time")
     with _changed:
-        _captures += 1
         ticket, _tickets = _tickets, _tickets + 1
         # in turn: a thread that captures in a loop would otherwise take the gate again before a
         # woken waiter runs
@@ -65,9 +64,22 @@ def capture(graph: torch.cuda.CUDAGraph, *, stream: torch.cuda.Stream, pool=None
     finally:
         _local.capturing = False
         with _changed:
-            _captures -= 1
             _turn += 1
             _changed.notify_all()
+
+
+class CaptureTarget:
+    """A memory pool and side stream that graphs are captured into, for one owner (a vocoder
+    stage's flow and HiFT graphs, T3's sampler). After a capture into it raised, :meth:`renew`
+    gives its owner a new pair (see the module docstring); graphs captured before keep the old pool."""
+
+    def __init__(self, device: torch.device | int):
+        self.device = device
+        self.renew()
+
+    def renew(self) -> None:
+        with torch.cuda.device(self.device):
+            self.pool, self.stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream(self.device)
 
 
 def _device_wide(operation: Callable[[], None]) -> None:
@@ -76,7 +88,7 @@ def _device_wide(operation: Callable[[], None]) -> None:
         raise RuntimeError("a device-wide CUDA synchronisation inside a graph capture would invalidate it; "
                            "synchronise before or after the capture")
     with _changed:
-        _changed.wait_for(lambda: _captures == 0)
+        _changed.wait_for(lambda: _turn == _tickets)  # no capture under way or waiting
         _synchronisations += 1
     try:
         operation()

@@ -106,8 +106,7 @@ class SamplerGraphs:
         self._tokens = torch.zeros(n, dtype=torch.int64, device=dev)
         self._graphs: OrderedDict[GraphKey, Callable[[], None]] = OrderedDict()
         self._failed: set[GraphKey] = set()
-        self._pool = None
-        self._stream: torch.cuda.Stream | None = None
+        self._target: capture_gate.CaptureTarget | None = None  # made at the first capture
         self._key: GraphKey | None = None
         self.num_rows = 0
         self.captures = 0
@@ -232,7 +231,8 @@ class SamplerGraphs:
             logger.warning("capturing the sampler's CUDA graph for %s failed; sampling it eagerly", key,
                            exc_info=True)
             self._failed.add(key)
-            self._pool = self._stream = None  # see capture_gate: the next capture starts a new pool
+            if self._target is not None:
+                self._target.renew()
             return lambda: self._static_step(key)
         self.captures += 1
         self._graphs[key] = run
@@ -241,16 +241,15 @@ class SamplerGraphs:
     def _capture(self, key: GraphKey) -> Callable[[], None]:
         b, device = key.rows, self.device
         with torch.cuda.device(device):
-            if self._stream is None:
-                self._pool = torch.cuda.graph_pool_handle()
-                self._stream = torch.cuda.Stream(device)
-            current, side = torch.cuda.current_stream(device), self._stream
+            if self._target is None:
+                self._target = capture_gate.CaptureTarget(device)
+            current, side = torch.cuda.current_stream(device), self._target.stream
             side.wait_stream(current)
             with torch.cuda.stream(side):  # warm-up outside capture, on copies of the mutable state
                 self._step(key, self._seen[:b].clone(), self._column("steps")[:b].clone(),
                            torch.empty_like(self._tokens[:b]))
             graph = torch.cuda.CUDAGraph()
-            with capture_gate.capture(graph, pool=self._pool, stream=side):
+            with capture_gate.capture(graph, pool=self._target.pool, stream=side):
                 self._static_step(key)
             current.wait_stream(side)
         return graph.replay

@@ -22,7 +22,7 @@ dtype; the CFG weight is a device scalar filled before each replay) and per :cla
 
 Memory: every graph shares one memory pool for its intermediates (replays run one at a time on
 one stream, and each replay's output is copied out before the next; after a failed capture the
-graphs captured from then on share a new one, :class:`CaptureTarget`); each graph owns its static
+graphs captured from then on share a new one, ``capture_gate.CaptureTarget``); each graph owns its static
 inputs and outputs. At most ``max_graphs`` graphs of each kind are kept, least recently used
 dropped first. Capture runs on a side stream in ``thread_local`` mode (another thread's CUDA
 calls stay legal meanwhile), after an eager run on that stream; inputs are copied in and the graph
@@ -254,21 +254,6 @@ class _Graph:
     output: object
 
 
-class CaptureTarget:
-    """The memory pool and side stream that a stage's graphs are captured into, shared by its
-    flow and HiFT libraries. A capture that broke may leave the pool marked as recording and the
-    stream in capture mode (``chorus.capture_gate``), so after any failed capture the libraries
-    capture into a new pair (:meth:`renew`); graphs captured before keep the old pool."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.renew()
-
-    def renew(self) -> None:
-        with torch.cuda.device(self.device):
-            self.pool, self.stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream(self.device)
-
-
 class GraphLibrary(Generic[K]):
     """Captured graphs of one function by key: LRU of at most ``max_graphs``, captured on a key's
     ``capture_after``-th use (or at once through :meth:`prepare`), keys whose capture failed
@@ -278,7 +263,8 @@ class GraphLibrary(Generic[K]):
     object with ``load(call)`` and ``run(model)``; ``model``: the flow, or a :class:`HiFTRunner`)."""
 
     def __init__(self, name: str, model: object, make_inputs: Callable[[K], object], *,
-                 max_graphs: int, capture_after: int, stats: VocoderStats, target: CaptureTarget | None,
+                 max_graphs: int, capture_after: int, stats: VocoderStats,
+                 target: capture_gate.CaptureTarget | None,
                  cover_work: float | None = None, covered_capture_after: int | None = None):
         self.name, self.model, self.make_inputs = name, model, make_inputs
         self.max_graphs, self.capture_after, self.stats = max_graphs, capture_after, stats
@@ -436,7 +422,7 @@ class PassGraphs:
         self.stats = stats if stats is not None else VocoderStats()
         device = flow.encoder_proj.weight.device
         self.device = device
-        target = CaptureTarget(device) if self.active else None
+        target = capture_gate.CaptureTarget(device) if self.active else None
         ratio = flow.config.token_mel_ratio
         hift_config = hift.config
         common = dict(max_graphs=max_graphs, capture_after=capture_after, stats=self.stats, target=target,

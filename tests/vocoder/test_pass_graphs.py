@@ -8,13 +8,14 @@ import dataclasses
 import pytest
 import torch
 
+from chorus import capture_gate
 from chorus.models.s3gen.flow_matching import _guide
 from chorus.models.s3gen.hift import SourceNoise
 from chorus.vocoder import VocoderConfig, VocoderStage
 from chorus.vocoder.stage import warmup_shapes
 from chorus.vocoder.config import VocoderStats
-from chorus.vocoder.pass_graphs import (CaptureTarget, FlowCall, FlowInputs, FlowKey, GraphLibrary, HiFTCall,
-                                        HiFTInputs, PassGraphs, frame_bucket, row_bucket, vocode)
+from chorus.vocoder.pass_graphs import (FlowCall, FlowInputs, FlowKey, GraphLibrary, HiFTCall, HiFTInputs, PassGraphs,
+                                        frame_bucket, row_bucket, vocode)
 from chorus.vocoder.quality import snr_db
 from tests.vocoder.conftest import drain, joined, record_flow_frames
 from tests.vocoder.models import random_s3gen, random_tokens, random_voice
@@ -471,8 +472,6 @@ def _six_captures_beside(step) -> PassGraphs:
 @pytest.mark.gpu
 def test_shapes_are_captured_while_another_thread_synchronises_the_device():
     # T3's thread (or another model version's) synchronising through the gate cannot break a capture
-    from chorus import capture_gate
-
     rounds = [0]
 
     def synchronise():
@@ -658,8 +657,6 @@ def test_warmup_captures_whole_chunks_so_a_batch_of_them_replays_at_once():
 def test_shapes_are_captured_while_another_thread_captures_graphs():
     # T3's sampler captures its graphs lazily in its own thread; torch.cuda.graph begins each capture
     # with a device-wide synchronisation, so two captures at once broke both (seen on a server)
-    from chorus import capture_gate
-
     pool, stream, x, other_graphs = None, None, None, []
 
     def capture():
@@ -693,7 +690,7 @@ def test_after_a_capture_breaks_mid_way_the_next_shape_is_still_captured():
             return self.x + 1
 
     library = GraphLibrary("test", None, Inputs, max_graphs=8, capture_after=1, stats=VocoderStats(),
-                           target=CaptureTarget(torch.device("cuda")))
+                           target=capture_gate.CaptureTarget(torch.device("cuda")))
     assert library.replay("broken", None) is None
     output = library.replay("fine", None)
     assert output is not None and library.keys == ["fine"]
