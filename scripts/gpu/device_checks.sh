@@ -62,10 +62,10 @@ case $what in
       --client-processes "${CLIENT_PROCESSES:-4}" --quiet ;;
   overload-turbo)  # the 10x overload soak (docs/benchmarks.md, "Overload soak"); SOAK_S seconds (300),
     # SWITCH_MS the server's GIL switch interval (its default when unset), SOAK_CLIENTS the processes
-    # that send the requests, the levels' and the arrivals (1)
+    # that send the requests, the levels' and the arrivals (4: one process cannot send 10x of an H100's capacity)
     ${SWITCH_MS:+env CHORUS_SWITCH_INTERVAL_MS=$SWITCH_MS} bash scripts/gpu/online.sh turbo "$out" --concurrency 64,128 \
       --duration-s 20 --overload-multiple 10 --overload-duration-s "${SOAK_S:-300}" --overload-requests 200000 \
-      --client-processes "${SOAK_CLIENTS:-1}" --timeout-s 120 --quiet ;;
+      --client-processes "${SOAK_CLIENTS:-4}" --timeout-s 120 --quiet ;;
   vc-original|vc-turbo)  # voice conversion of a 10 s source at batch 1 (docs/voice-conversion.md, "Speed")
     python3 -m chorus.cli bench vc --variant "${what#vc-}" --source-s 10 --out "$out/bench_vc_${what#vc-}.json" 2>&1 \
       | tail -5 ;;
