@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 SAMPLE_RATE = 24_000  # the server's output rate; pcm is 16-bit little-endian mono
 WAV_HEADER_BYTES = 44  # the streamed wav header (open-ended sizes), then pcm
 MEASURED_FORMATS = ("pcm", "wav")  # audio seconds are counted from the bytes of these
+CLIENT_LATE_WARNING_S = 0.1  # open loop: requests sent this much later than due (p99) warn of a busy client
 RESPONSE_FORMATS = ("pcm", "wav", "mp3", "opus", "aac", "flac")
 # The sentence `chorus bench stream` speaks (26 words), so in-process and HTTP figures compare.
 DEFAULT_TEXT = ("The quick brown fox jumps over the lazy dog, and then it runs back into the forest "
@@ -191,6 +192,7 @@ class Outcome:
     retry_after_s: float | None = None
     version: str | None = None  # the model version that served it (X-Chorus-Model-Version)
     sent_s: float | None = None  # when it was sent, seconds from its level's start (closed-loop levels)
+    late_s: float | None = None  # open loop: how long after its arrival time the client sent it
 
 
 def _audio_seconds(fmt: str, nbytes: int) -> float:
@@ -803,6 +805,11 @@ def _overload_line(result: dict) -> None:
           f"{'-' if p99 is None else f'{1000 * p99:.0f} ms'}), {misses['504']} 504 and {misses['cut']} cut "
           f"after admission; /ready not 200 at {result['ready_not_200']} samples; KV blocks after the drain "
           f"{result['kv_blocks_used_after_drain']}; {result['wall_s']:.1f} s", file=sys.stderr)
+    late = result["sent_late_s"]["p99"]
+    if late is not None and late > CLIENT_LATE_WARNING_S:
+        print(f"warning: the client sent its requests late (p99 {1000 * late:.0f} ms after their arrival "
+              f"times), so it measured itself as well as the server; send from more processes "
+              f"(--overload-client-processes)", file=sys.stderr)
 
 
 def _progress_line(level: dict) -> None:

@@ -160,6 +160,7 @@ def summarize(outcomes: list[Outcome], rate: float, wall_s: float, fmt: str, tim
         codes[o.code or f"http_{o.http_status}"] = codes.get(o.code or f"http_{o.http_status}", 0) + 1
     audio = sum(o.audio_s or 0.0 for o in ok) if fmt in MEASURED_FORMATS else None
     ttfa = [o.ttfa_s for o in ok if o.ttfa_s is not None]
+    late = [o.late_s for o in outcomes if o.late_s is not None]
     memory = [s["resident_memory_bytes"] for s in timeline if s["resident_memory_bytes"] is not None]
     rss_before = before and before["resident_memory_bytes"]
     rss_after = after and after["resident_memory_bytes"]
@@ -170,6 +171,8 @@ def summarize(outcomes: list[Outcome], rate: float, wall_s: float, fmt: str, tim
         "goodput_audio_s_per_s": round(audio / wall_s, 3) if audio is not None and wall_s > 0 else None,
         "completed_audio_s": None if audio is None else round(audio, 3),
         "ttfa_s": {"p50": _pct(ttfa, 50), "p99": _pct(ttfa, 99), "max": _pct(ttfa, 100)},
+        # how late the client sent the requests against their arrival times: the client's own lag
+        "sent_late_s": {"p50": _pct(late, 50), "p99": _pct(late, 99), "max": _pct(late, 100)},
         "rejections": {
             "count": len(refused), "codes": codes,
             "latency_s": {"p50": _pct(latency, 50), "p99": _pct(latency, 99), "max": _pct(latency, 100)},
@@ -195,6 +198,14 @@ def summarize(outcomes: list[Outcome], rate: float, wall_s: float, fmt: str, tim
     }
 
 
+async def _arrive(client: httpx.AsyncClient, cfg: OnlineBenchConfig, body: dict, due: float) -> Outcome:
+    """One arrival: its request, sent now, and how late that is against ``due`` (``perf_counter``)."""
+    late = max(0.0, time.perf_counter() - due)
+    outcome = await speak_once(client, cfg, body)
+    outcome.late_s = late
+    return outcome
+
+
 async def send_arrivals(cfg: OnlineBenchConfig, body: dict, times: list[float],
                         begin: float) -> tuple[list[Outcome], list[float]]:
     """Send one request at ``begin`` (this process's ``time.perf_counter()``) plus each of
@@ -209,9 +220,11 @@ async def send_arrivals(cfg: OnlineBenchConfig, body: dict, times: list[float],
         try:
             for at in times:
                 delay = begin + at - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(speak_once(client, cfg, body)))
+                # a client behind its schedule still hands the loop over between arrivals: created
+                # without a yield, the overdue ones would all open their connections at once and
+                # none would get to send its body before the server's body timeout
+                await asyncio.sleep(max(delay, 0.0))
+                tasks.append(asyncio.create_task(_arrive(client, cfg, body, begin + at)))
             outcomes = list(await asyncio.gather(*tasks))
         finally:
             lag_watch.cancel()

@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from chorus.bench.online_bench import (STATUSES, OnlineBenchConfig, Playback, bucket_quantiles, parse_buckets,
-                                       labelled_totals, parse_metrics, pause_report, request_body, run_online,
-                                       server_pauses, shares)
-from chorus.bench.overload_bench import OverloadConfig, arrival_times
+from chorus.bench.online_bench import (STATUSES, OnlineBenchConfig, Outcome, Playback, _overload_line,
+                                       bucket_quantiles, parse_buckets, labelled_totals, parse_metrics, pause_report,
+                                       request_body, run_online, server_pauses, shares)
+from chorus.bench.overload_bench import OverloadConfig, arrival_times, summarize as summarize_overload
 from chorus.cli import main
 from chorus.server.model_entries import ModelEntry
 from chorus.server.service import CANARY_TOKENS
@@ -229,6 +229,26 @@ def test_overload_mode_reports_goodput_rejections_and_memory(tmp_path):
     assert result["kv_blocks_used_max"] > 0 and result["resident_memory_bytes_max"] > 10 << 20
     assert result["ready_not_200"] == 0 and all(s["ready"] == 200 for s in timeline), result["ready_not_200_reasons"]
     assert result["goodput_requests_per_s"] == pytest.approx(result["completed"] / result["wall_s"], rel=0.01)
+    late = result["sent_late_s"]
+    assert 0 <= late["p50"] <= late["p99"] <= late["max"]
+
+
+def _overload_result(late: list[float]) -> dict:
+    outcomes = [Outcome(status="429", http_status=429, code="overloaded", e2e_s=0.01, retry_after_s=1.0, late_s=x)
+                for x in late]
+    return summarize_overload(outcomes, rate=10.0, wall_s=1.0, fmt="pcm", timeline=[])
+
+
+def test_the_overload_report_says_how_late_the_client_sent_its_requests():
+    late = _overload_result([0.0] * 98 + [0.5, 2.0])["sent_late_s"]
+    assert late["p50"] == 0.0 and late["max"] == 2.0 and 0.5 <= late["p99"] < 2.0
+
+
+def test_a_client_that_sent_late_is_named_in_the_run_s_line(capsys):
+    _overload_line(_overload_result([0.002] * 100))
+    assert "warning" not in capsys.readouterr().err
+    _overload_line(_overload_result([0.002] * 90 + [0.4] * 10))
+    assert "warning: the client sent its requests late (p99 400 ms" in capsys.readouterr().err
 
 
 def test_overload_mode_samples_the_server_before_the_first_request_and_after_the_drain(tmp_path):
