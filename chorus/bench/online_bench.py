@@ -805,7 +805,7 @@ def _overload_line(result: dict) -> None:
           f"{'-' if p99 is None else f'{1000 * p99:.0f} ms'}), {misses['504']} 504 and {misses['cut']} cut "
           f"after admission; /ready not 200 at {result['ready_not_200']} samples; KV blocks after the drain "
           f"{result['kv_blocks_used_after_drain']}; {result['wall_s']:.1f} s", file=sys.stderr)
-    late = result["sent_late_s"]["p99"]
+    late = result["send_lag_s"]["p99"]
     if late is not None and late > CLIENT_LATE_WARNING_S:
         print(f"warning: the client sent its requests late (p99 {1000 * late:.0f} ms after their arrival "
               f"times), so it measured itself as well as the server; send from more processes "

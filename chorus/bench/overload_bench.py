@@ -172,7 +172,7 @@ def summarize(outcomes: list[Outcome], rate: float, wall_s: float, fmt: str, tim
         "completed_audio_s": None if audio is None else round(audio, 3),
         "ttfa_s": {"p50": _pct(ttfa, 50), "p99": _pct(ttfa, 99), "max": _pct(ttfa, 100)},
         # how late the client sent the requests against their arrival times: the client's own lag
-        "sent_late_s": {"p50": _pct(late, 50), "p99": _pct(late, 99), "max": _pct(late, 100)},
+        "send_lag_s": {"p50": _pct(late, 50), "p99": _pct(late, 99), "max": _pct(late, 100)},
         "rejections": {
             "count": len(refused), "codes": codes,
             "latency_s": {"p50": _pct(latency, 50), "p99": _pct(latency, 99), "max": _pct(latency, 100)},

@@ -229,7 +229,7 @@ def test_overload_mode_reports_goodput_rejections_and_memory(tmp_path):
     assert result["kv_blocks_used_max"] > 0 and result["resident_memory_bytes_max"] > 10 << 20
     assert result["ready_not_200"] == 0 and all(s["ready"] == 200 for s in timeline), result["ready_not_200_reasons"]
     assert result["goodput_requests_per_s"] == pytest.approx(result["completed"] / result["wall_s"], rel=0.01)
-    late = result["sent_late_s"]
+    late = result["send_lag_s"]
     assert 0 <= late["p50"] <= late["p99"] <= late["max"]
 
 
@@ -240,7 +240,7 @@ def _overload_result(late: list[float]) -> dict:
 
 
 def test_the_overload_report_says_how_late_the_client_sent_its_requests():
-    late = _overload_result([0.0] * 98 + [0.5, 2.0])["sent_late_s"]
+    late = _overload_result([0.0] * 98 + [0.5, 2.0])["send_lag_s"]
     assert late["p50"] == 0.0 and late["max"] == 2.0 and 0.5 <= late["p99"] < 2.0
 
 
