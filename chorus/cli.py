@@ -456,7 +456,8 @@ def _add_online_bench_parser(bench_sub) -> None:
                    default=1, metavar="N",
                    help="send the requests from N processes (a level's clients split between them, the overload "
                         "mode's arrival i from process i mod N), so one busy client process's own lag does not add "
-                        "to the latencies it measures (default 1; not with --agent)")
+                        "to the latencies it measures (default 1; not with --agent). The overload report's "
+                        "send_lag_s says whether the senders kept to their schedule")
     agent = p.add_argument_group(
         "voice-agent mode", "--agent: each level opens N WebSocket connections (WS /v1/audio/speech/stream), each an "
         "agent streaming --text as LLM token deltas turn after turn (docs/benchmarks.md, \"Voice-agent latency\")")
