@@ -3,7 +3,7 @@
 #   bash scripts/gpu/device_checks.sh CHECK OUT_DIR
 # CHECK: tests | bench-original | bench-turbo | offline-original | offline-turbo |
 #        stream-original | stream-turbo | stream-turbo-prompt-cap | attention | vocoder-graphs | stage-contention | online-original | online-turbo |
-#        agent-original | agent-turbo | agent-turbo-prompt-cap | online-turbo-short-voice | overload-turbo | two-models | swap-turbo |
+#        agent-original | agent-turbo | agent-turbo-prompt-cap | agent-turbo-headroom | online-turbo-short-voice | overload-turbo | two-models | swap-turbo |
 #        scale-out-turbo | scale-out-original | profile-original | profile-turbo | rope-kv |
 #        vocoder-turbo | vocoder-original | vc-turbo | vc-original
 # The reference chatterbox-tts (for the benchmark ratio) must be importable; WHEELS=DIR installs
@@ -77,6 +77,16 @@ case $what in
         bash scripts/gpu/online.sh turbo "$out/agent_prompt_$k" --agent --concurrency 1,16,64 --llm-tokens-per-s 50 \
         --max-new-tokens 80 --cancel-fraction 0.25 --quiet --out "$out/agent_prompt_$k/agent.json" | tail -5
       rm -f "$out/agent_prompt_$k"/metrics_*
+    done ;;
+  agent-turbo-headroom)  # voice agents at 64 and 256 connections under admission's real-time headroom
+    # HEADROOMS ("1.25 1.6 2"), one server each, back to back: at 256 agents most admitted turns stalled with the
+    # default 1.25 (docs/benchmarks.md, "Results: one H100 (2026-12-05, late)")
+    for h in ${HEADROOMS:-1.25 1.6 2}; do
+      mkdir -p "$out/agent_headroom_$h"
+      SERVE_ARGS="--realtime-headroom $h" bash scripts/gpu/online.sh turbo "$out/agent_headroom_$h" --agent \
+        --concurrency 64,256 --llm-tokens-per-s 50 --max-new-tokens 80 --cancel-fraction 0.25 --quiet \
+        --out "$out/agent_headroom_$h/agent.json" | tail -3
+      rm -f "$out/agent_headroom_$h"/metrics_*
     done ;;
   online-turbo-short-voice)  # the server over a 5.7 s voice clip (its first windows fall below every flow
     # bucket warm-up captures for 10 s prompts) with covering graphs on (4) and off, back to back
