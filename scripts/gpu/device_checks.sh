@@ -20,6 +20,22 @@ if [[ -n "${WHEELS:-}" ]]; then
 else
   export PYTHONPATH=$PWD
 fi
+# agents_per_setting NAME FLAG LEVELS VALUE...: one turbo server per VALUE (`chorus serve FLAG VALUE`;
+# "none": without FLAG), back to back, each driven by voice agents at LEVELS connections, into
+# OUT_DIR/agent_NAME_VALUE/agent.json
+agents_per_setting() {
+  local name=$1 flag=$2 levels=$3 value dir
+  shift 3
+  for value in "$@"; do
+    dir="$out/agent_${name}_$value"
+    mkdir -p "$dir"
+    SERVE_ARGS="$([[ $value != none ]] && echo "$flag $value")" \
+      bash scripts/gpu/online.sh turbo "$dir" --agent --concurrency "$levels" --llm-tokens-per-s 50 \
+      --max-new-tokens 80 --cancel-fraction 0.25 --quiet --out "$dir/agent.json" | tail -5
+    rm -f "$dir"/metrics_*
+  done
+}
+
 case $what in
   tests)
     # only the files that hold gpu tests: collecting the rest would import the server's packages,
@@ -71,23 +87,11 @@ case $what in
       | tail -5 ;;
   agent-turbo-prompt-cap)  # voice agents at 1, 16 and 64 connections with the first-window prompt cap
     # unset, 100 and 50, one server each, back to back (docs/benchmarks.md, 2026-12-05, later)
-    for k in none 100 50; do
-      mkdir -p "$out/agent_prompt_$k"
-      SERVE_ARGS="$([[ $k != none ]] && echo "--vocoder-first-window-prompt-tokens $k")" \
-        bash scripts/gpu/online.sh turbo "$out/agent_prompt_$k" --agent --concurrency 1,16,64 --llm-tokens-per-s 50 \
-        --max-new-tokens 80 --cancel-fraction 0.25 --quiet --out "$out/agent_prompt_$k/agent.json" | tail -5
-      rm -f "$out/agent_prompt_$k"/metrics_*
-    done ;;
+    agents_per_setting prompt --vocoder-first-window-prompt-tokens 1,16,64 none 100 50 ;;
   agent-turbo-headroom)  # voice agents at 64 and 256 connections under admission's real-time headroom
     # HEADROOMS ("1.25 1.6 2"), one server each, back to back: at 256 agents most admitted turns stalled with the
     # default 1.25 (docs/benchmarks.md, "Results: one H100 (2026-12-05, late)")
-    for h in ${HEADROOMS:-1.25 1.6 2}; do
-      mkdir -p "$out/agent_headroom_$h"
-      SERVE_ARGS="--realtime-headroom $h" bash scripts/gpu/online.sh turbo "$out/agent_headroom_$h" --agent \
-        --concurrency 64,256 --llm-tokens-per-s 50 --max-new-tokens 80 --cancel-fraction 0.25 --quiet \
-        --out "$out/agent_headroom_$h/agent.json" | tail -3
-      rm -f "$out/agent_headroom_$h"/metrics_*
-    done ;;
+    agents_per_setting headroom --realtime-headroom 64,256 ${HEADROOMS:-1.25 1.6 2} ;;
   online-turbo-short-voice)  # the server over a 5.7 s voice clip (its first windows fall below every flow
     # bucket warm-up captures for 10 s prompts) with covering graphs on (4) and off, back to back
     # (docs/vocoder.md, "Covering graphs"); COVERS: the settings to run ("4 none")
