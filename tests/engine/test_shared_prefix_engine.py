@@ -2,8 +2,6 @@
 prefix, and the tokens are those of plain attention."""
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
