@@ -24,8 +24,8 @@ waits until no capture is under way or waiting, and a capture waits for its turn
 synchronisations under way to end. Captures go first (a thread that synchronises in a loop
 cannot starve one); they are short (milliseconds to a few tenths of a second; the T3 engine
 lets go between its graphs). A capture that raised may leave its pool marked as recording
-and its stream in capture mode, so its caller captures into a new pool and stream from then on
-(:class:`CaptureTarget`; graphs captured before keep theirs). Code outside the package that calls
+and its stream in capture mode, so the next capture goes into a new pool and stream
+(:meth:`CaptureTarget.capture` arranges it; graphs captured before keep theirs). Code outside the package that calls
 ``torch.cuda.synchronize()`` from another thread while a model loads can still break a capture;
 call :func:`synchronize` instead.
 """
@@ -70,14 +70,28 @@ def capture(graph: torch.cuda.CUDAGraph, *, stream: torch.cuda.Stream, pool=None
 
 class CaptureTarget:
     """A memory pool and side stream that graphs are captured into, for one owner (a vocoder
-    stage's flow and HiFT graphs, T3's sampler). After a capture into it raised, :meth:`renew`
-    gives its owner a new pair (see the module docstring); graphs captured before keep the old pool."""
+    stage's flow and HiFT graphs, T3's sampler). Capture with :meth:`capture`: a capture that
+    raised may leave the pool marked as recording and the stream in capture mode (see the module
+    docstring), so the target then takes a new pair for the captures after it; graphs captured
+    before keep the old pool."""
 
     def __init__(self, device: torch.device | int):
         self.device = device
-        self.renew()
+        self._renew()
 
-    def renew(self) -> None:
+    @contextmanager
+    def capture(self, graph: torch.cuda.CUDAGraph) -> Iterator[None]:
+        """:func:`capture` of ``graph`` into this target's pool, on its side stream (which the
+        caller makes wait for its inputs). If the capture raises, the exception propagates and
+        the next capture uses a new pool and stream."""
+        try:
+            with capture(graph, pool=self.pool, stream=self.stream):
+                yield
+        except BaseException:
+            self._renew()
+            raise
+
+    def _renew(self) -> None:
         with torch.cuda.device(self.device):
             self.pool, self.stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream(self.device)
 

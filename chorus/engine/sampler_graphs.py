@@ -231,8 +231,6 @@ class SamplerGraphs:
             logger.warning("capturing the sampler's CUDA graph for %s failed; sampling it eagerly", key,
                            exc_info=True)
             self._failed.add(key)
-            if self._target is not None:
-                self._target.renew()
             return lambda: self._static_step(key)
         self.captures += 1
         self._graphs[key] = run
@@ -249,7 +247,7 @@ class SamplerGraphs:
                 self._step(key, self._seen[:b].clone(), self._column("steps")[:b].clone(),
                            torch.empty_like(self._tokens[:b]))
             graph = torch.cuda.CUDAGraph()
-            with capture_gate.capture(graph, pool=self._target.pool, stream=side):
+            with self._target.capture(graph):
                 self._static_step(key)
             current.wait_stream(side)
         return graph.replay

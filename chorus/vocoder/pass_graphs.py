@@ -371,8 +371,6 @@ class GraphLibrary(Generic[K]):
             logger.warning("capturing the %s CUDA graph for %s failed; running it eagerly", self.name, key,
                            exc_info=True)
             self._failed.add(key)
-            if self._target is not None:
-                self._target.renew()
             return None
         self.stats.graph_captures += 1
         self.stats.graph_capture_seconds += time.perf_counter() - started
@@ -388,7 +386,7 @@ class GraphLibrary(Generic[K]):
         with torch.cuda.stream(side):
             inputs.run(self.model)  # lazy initialisation (cuBLAS, cuFFT plans, kernels) outside capture
         graph = torch.cuda.CUDAGraph()
-        with capture_gate.capture(graph, pool=self._target.pool, stream=side):
+        with self._target.capture(graph):
             output = inputs.run(self.model)
         current.wait_stream(side)
         return _Graph(graph, inputs, output)
