@@ -420,9 +420,24 @@ class MetricsWatch:
             first = labelled_totals(self._first_text, name, label)
             out[key] = {value: round(count - first.get(value, 0.0), 3)
                         for value, count in labelled_totals(self._last_text, name, label).items()}
+        out["stage_seconds"] = stage_means(self._first_text, self._last_text)
         out["pauses"] = pause_report(server_pauses(self._first_text), server_pauses(self._last_text))
         out["scrapes"] = self.scrapes
         return out
+
+
+def stage_means(first: str, last: str) -> dict[str, dict]:
+    """Per stage of ``chorus_stage_seconds`` (queue: submission to first T3 token; t3: a step;
+    vocoder: a pass; encode: an audio piece), the units observed between two /metrics texts and
+    their mean seconds (None when none was)."""
+    sums = [labelled_totals(text, "chorus_stage_seconds_sum", "stage") for text in (first, last)]
+    counts = [labelled_totals(text, "chorus_stage_seconds_count", "stage") for text in (first, last)]
+    out = {}
+    for stage in sorted(counts[1]):
+        count = counts[1][stage] - counts[0].get(stage, 0.0)
+        seconds = sums[1].get(stage, 0.0) - sums[0].get(stage, 0.0)
+        out[stage] = {"count": int(count), "mean_s": round(seconds / count, 6) if count > 0 else None}
+    return out
 
 
 def server_pauses(text: str) -> dict[str, float] | None:

@@ -429,6 +429,15 @@ def _timings(turns: list[Turn], key: str) -> list[float]:
     return [v for t in turns if (v := _timing(t, key)) is not None]
 
 
+# the server's split of a turn's first piece (``done``'s ``timings.first_piece``), seconds from its cut
+FIRST_PIECE_TIMINGS = ("submitted_s", "first_token_s", "first_pass_s", "first_audio_s")
+
+
+def _first_piece(turns: list[Turn], key: str) -> list[float]:
+    values = [(((t.done or {}).get("timings") or {}).get("first_piece") or {}).get(key) for t in turns]
+    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
 def summarize(concurrency: int, turns_each: int, logs: list[ConnectionLog], wall_s: float, fmt: str) -> dict:
     """The per-level figures of the report (docs/benchmarks.md, "Voice-agent latency")."""
     turns = [t for log in logs for t in log.turns]
@@ -460,6 +469,7 @@ def summarize(concurrency: int, turns_each: int, logs: list[ConnectionLog], wall
         "threshold_wait_s": _pcts([w for _, w in waits if w is not None]),
         "server_added_s": _pcts(added),
         "server_first_audio_s": _pcts(_timings(done, "first_text_to_first_audio_s")),
+        "server_first_piece_s": {key: _pcts(_first_piece(done, key)) for key in FIRST_PIECE_TIMINGS},
         "flush_to_last_audio_s": _pcts(flush_to_last),
         "server_flush_to_last_audio_s": _pcts(_timings(done, "flush_to_last_audio_s")),
         "pieces_per_turn": _pcts([t.pieces for t in done]),

@@ -161,6 +161,7 @@ class _RequestState:
     progress: Callable[[Progress], None] | None = None
     next_chunk: int = 0  # first chunk not yet fully delivered
     first_token: float | None = None  # T3's first token of the first chunk
+    first_pass: float | None = None  # start of the vocoder pass that made its first audio
     first_audio: float | None = None
     audio_started: bool = False  # a piece with samples was delivered to the stream
 
@@ -408,7 +409,7 @@ class Pipeline:
                 self._expire_deadlines()
                 if self.vocoder.has_work():
                     start = time.perf_counter()
-                    self._vocoder_step_started_at = time.monotonic()
+                    self._vocoder_step_started_at = pass_started = time.monotonic()
                     with _on_stream(self._cuda_stream):
                         outs = self.vocoder.step()
                     self._vocoder_step_started_at = None
@@ -416,7 +417,7 @@ class Pipeline:
                     self.vocoder_busy_s += elapsed
                     self._timing("vocoder", elapsed)
                     for out in outs:
-                        self._on_audio(out)
+                        self._on_audio(out, pass_started)
                 elif self._inbox.empty():
                     with _on_stream(self._cuda_stream):
                         self.vocoder.capture_while_idle()
@@ -503,7 +504,8 @@ class Pipeline:
                 self.vocoder.push(job_id, new, final=final)
                 job.pushed = len(job.tokens)
 
-    def _on_audio(self, out: AudioOut) -> None:
+    def _on_audio(self, out: AudioOut, pass_started: float) -> None:
+        """``pass_started``: the ``time.monotonic()`` at which the pass that made ``out`` began."""
         job = self._jobs.get(out.job_id)
         if job is None:
             return
@@ -513,7 +515,7 @@ class Pipeline:
             return
         samples = out.samples.numpy() if isinstance(out.samples, torch.Tensor) else np.asarray(out.samples)
         if samples.size and state.first_audio is None:
-            state.first_audio = time.monotonic()
+            state.first_audio, state.first_pass = time.monotonic(), pass_started
         job.pieces.append(samples)
         if out.final:
             job.done = True
@@ -563,6 +565,7 @@ class Pipeline:
         if state.first_token is not None:
             timings["first_token_s"] = state.first_token - state.submitted
         if state.first_audio is not None:
+            timings["first_pass_s"] = state.first_pass - state.submitted
             timings["first_audio_s"] = state.first_audio - state.submitted
         self.requests_done += 1
         self.audio_seconds += audio.size / SAMPLE_RATE

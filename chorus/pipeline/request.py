@@ -94,6 +94,9 @@ class SpeechResult:
     ignored: tuple[str, ...] = ()  # parameters the variant does not use (reset, as the reference does)
     request_id: str = ""
     timings: dict[str, float] = field(default_factory=dict)
+    """Seconds from the request's submission to the pipeline: ``total_s`` (its end), and where
+    they happened, ``first_token_s`` (T3's step that made its first token), ``first_pass_s`` (the
+    start of the vocoder pass that made its first audio) and ``first_audio_s`` (that pass's end)."""
 
     @property
     def duration(self) -> float:

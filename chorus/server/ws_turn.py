@@ -68,6 +68,7 @@ class Turn:
         self.first_audio_at: float | None = None
         self.last_audio_at: float | None = None
         self.threshold_wait_s: float | None = None
+        self.first_piece_submitted_at: float | None = None  # its pipeline request was submitted
         self._timer: asyncio.TimerHandle | None = None
         self._tasks = [asyncio.create_task(self._guarded(self._start_pieces())),
                        asyncio.create_task(self._guarded(self._send_audio()))]
@@ -153,6 +154,8 @@ class Turn:
             except APIError as error:
                 await self._ready.put(error)
                 return
+            if index == 0:
+                self.first_piece_submitted_at = time.perf_counter()
             self.calls.append(call)
             await connection.send_event({"type": "piece", "turn_id": self.id, "piece": index, "text": piece.text,
                                          "char_start": piece.start, "char_end": piece.end})
@@ -194,8 +197,25 @@ class Turn:
             "usage": usage([c.stream for c in self.calls]),
             "timings": {"first_text_to_first_audio_s": _span(self.first_text_at, self.first_audio_at),
                         "flush_to_last_audio_s": _span(self.flushed_at, self.last_audio_at),
-                        "threshold_wait_s": _round(self.threshold_wait_s)}})
+                        "threshold_wait_s": _round(self.threshold_wait_s),
+                        "first_piece": self._first_piece_timings()}})
         self._end("done")
+
+    def _first_piece_timings(self) -> dict[str, float] | None:
+        """Where the first piece's time went, in seconds from its cut (the end of the threshold's
+        wait): ``submitted_s`` its pipeline request was submitted (admission, the voice, the plan),
+        then the pipeline's ``first_token_s``, ``first_pass_s`` and ``first_audio_s``
+        (``SpeechResult.timings``). The turn's first frame left at ``first_text_to_first_audio_s``
+        - ``threshold_wait_s`` on the same scale. None before the turn is done."""
+        if not self.calls or self.threshold_wait_s is None or self.first_piece_submitted_at is None:
+            return None
+        result = self.calls[0].stream._result
+        submitted = self.first_piece_submitted_at - self.first_text_at - self.threshold_wait_s
+        timings = {"submitted_s": _round(submitted)}
+        for key in ("first_token_s", "first_pass_s", "first_audio_s"):
+            if result is not None and key in result.timings:
+                timings[key] = _round(submitted + result.timings[key])
+        return timings
 
     async def _encode(self, method: str, *args) -> bytes:
         """Run an encoder call: raw formats inline, codecs on a worker thread (whose call a

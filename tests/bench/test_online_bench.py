@@ -10,7 +10,7 @@ import pytest
 
 from chorus.bench.online_bench import (STATUSES, OnlineBenchConfig, Outcome, Playback, _overload_line,
                                        bucket_quantiles, parse_buckets, labelled_totals, parse_metrics, pause_report,
-                                       request_body, run_online, server_pauses, shares)
+                                       request_body, run_online, server_pauses, shares, stage_means)
 from chorus.bench.overload_bench import OverloadConfig, arrival_times, summarize as summarize_overload
 from chorus.cli import main
 from chorus.server.model_entries import ModelEntry
@@ -64,6 +64,9 @@ def _check_level(level: dict, concurrency: int, requests: int | None, chunks: in
     assert server["vocoder_serving_graph_captures"] == server["vocoder_serving_graph_capture_s"] == 0
     pauses = server["pauses"]
     assert pauses["lag_samples"] > 0 and pauses["lag_mean_ms"] >= 0 and 0 <= pauses["lag_share_over_50ms"] <= 1
+    stages = server["stage_seconds"]  # the server's stage times over the level
+    assert stages["queue"]["count"] >= level["ok"] and stages["t3"]["count"] > 0 and stages["vocoder"]["count"] > 0
+    assert all(s["mean_s"] > 0 for s in stages.values() if s["count"])
     lag = level["client_loop_lag_s"]
     assert 0 <= lag["samples"] <= level["client_processes"] * (level["wall_s"] / 0.05 + 1)  # each process's loop
     if lag["samples"]:
@@ -366,6 +369,16 @@ def test_the_server_pause_report_is_the_difference_of_two_scrapes():
         "lag_samples": 100, "lag_mean_ms": 11.0, "lag_share_over_10ms": 0.3, "lag_share_over_50ms": 0.15,
         "lag_share_over_250ms": 0.11, "gc_full_collections": 2, "gc_full_pause_s": 0.25, "gc_full_pause_mean_ms": 125.0}
     assert server_pauses("chorus_requests_total 3.0") is None and pause_report(None, after) is None
+
+
+def test_stage_means_are_the_difference_of_two_scrapes():
+    def scrape(t3, t3_s, vocoder, vocoder_s):
+        return "\n".join([f'chorus_stage_seconds_count{{stage="t3"}} {t3}', f'chorus_stage_seconds_sum{{stage="t3"}} {t3_s}',
+                          f'chorus_stage_seconds_count{{stage="vocoder"}} {vocoder}',
+                          f'chorus_stage_seconds_sum{{stage="vocoder"}} {vocoder_s}'])
+
+    assert stage_means(scrape(10, 0.05, 2, 0.2), scrape(110, 0.55, 2, 0.2)) == {
+        "t3": {"count": 100, "mean_s": 0.005}, "vocoder": {"count": 0, "mean_s": None}}
 
 
 def test_poisson_arrivals_are_bounded_in_count_and_time():

@@ -55,6 +55,16 @@ def test_text_then_flush_gives_pieces_audio_frames_and_done(server):
     assert 0 <= timings["threshold_wait_s"] <= timings["first_text_to_first_audio_s"]
 
 
+def test_done_splits_the_first_pieces_time_in_the_order_it_happened(server):
+    with connect(server) as ws:
+        configure(ws)
+        timings = _speak(ws, "t1", TEXT).of("done")[0]["timings"]
+    split = timings["first_piece"]
+    added = timings["first_text_to_first_audio_s"] - timings["threshold_wait_s"]  # from the cut to the frame
+    assert 0 <= split["submitted_s"] <= split["first_token_s"] <= split["first_pass_s"] <= split["first_audio_s"]
+    assert split["first_audio_s"] <= added + 1e-3  # the audio left the vocoder before its frame was sent
+
+
 def test_token_sized_deltas_are_cut_at_sentences_and_spoken_in_order(server):
     with connect(server) as ws:
         configure(ws, chunking={"min_chars": 10, "max_chars": 60, "max_wait_ms": 60_000})
@@ -89,7 +99,7 @@ def test_a_flush_of_an_unseen_turn_is_an_empty_done(server):
         done = next_message(ws)
         assert done["type"] == "done" and done["audio_seconds"] == 0 and done["usage"]["total_tokens"] == 0
         assert done["timings"] == {"first_text_to_first_audio_s": None, "flush_to_last_audio_s": None,
-                                   "threshold_wait_s": None}
+                                   "threshold_wait_s": None, "first_piece": None}
 
 
 def test_two_turns_on_one_socket_each_get_their_own_frames_and_done(server):
