@@ -352,7 +352,8 @@ def _chunking(value: str) -> dict:
 
 # ``chorus bench online --agent`` options -> AgentBenchConfig fields (None: not given; the config's default)
 _AGENT_OPTIONS = {"turns": "--turns", "llm_tokens_per_s": "--llm-tokens-per-s", "token_spacing": "--token-spacing",
-                  "cancel_fraction": "--cancel-fraction", "turn_gap_s": "--turn-gap-s", "agent_seed": "--agent-seed",
+                  "cancel_fraction": "--cancel-fraction", "turn_gap_s": "--turn-gap-s", "listen": "--listen",
+                  "agent_seed": "--agent-seed",
                   "chunking": "--chunking"}
 _HTTP_ONLY_OPTIONS = {"requests_per_level": "--requests-per-level", "duration_s": "--duration-s", "ramp_s": "--ramp-s",
                       "arrival_rate": "--arrival-rate", "overload_multiple": "--overload-multiple"}
@@ -476,6 +477,10 @@ def _add_online_bench_parser(bench_sub) -> None:
                             f"(default {Agent.cancel_fraction:g})")
     agent.add_argument("--turn-gap-s", type=float, default=None, metavar="SECONDS",
                        help=f"pause between a turn's end and the next turn (default {Agent.turn_gap_s:g})")
+    agent.add_argument("--listen", action="store_const", const=True, default=None,
+                       help="start a connection's next turn only once its last turn's audio has played at 1x "
+                            "from its first frame (then --turn-gap-s), as an agent waits for its user to hear "
+                            "the reply; a barged-in turn stops playing at its cancel (default: at the turn's end)")
     agent.add_argument("--agent-seed", type=int, default=None,
                        help=f"seed of the token spacing, the connections' phases and the cancelled turns "
                             f"(default {Agent.seed})")

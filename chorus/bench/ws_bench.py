@@ -4,7 +4,9 @@ Per level N, N WebSocket connections (``WS /v1/audio/speech/stream``) behave lik
 Each sends its ``config``, then speaks ``turns`` turns one after the other: a turn streams the
 reply text as LLM-like token deltas (:func:`llm_tokens`) at ``llm_tokens_per_s`` (fixed or
 Poisson spacing, seeded), then ``flush``, and ends at its ``done`` (or ``cancelled``, or an
-error); the next turn starts ``turn_gap_s`` later. A ``cancel_fraction`` of the turns (picked by
+error); the next turn starts ``turn_gap_s`` later, or with ``listen`` that long after the
+turn's audio has played at 1x from its first frame (a barged-in turn stops playing at its
+``cancel``), as an agent waits for its user to hear the reply and answer. A ``cancel_fraction`` of the turns (picked by
 the seed) is barged in: ``cancel`` goes out as soon as the turn's first audio frame arrives, and
 no more of its text is sent. After its last turn a connection sends ``close`` and reads until the
 server closes it, so any frame that follows a turn's end is seen.
@@ -66,6 +68,7 @@ class AgentBenchConfig:
     token_spacing: str = "fixed"
     cancel_fraction: float = 0.0
     turn_gap_s: float = 0.0
+    listen: bool = False  # the next turn waits until this one's audio has played (then turn_gap_s)
     seed: int = 0  # token spacing, connection phases, which turns are cancelled
     response_format: str = "pcm"
     max_new_tokens: int | None = None
@@ -377,6 +380,15 @@ async def _speak(ws: ClientConnection, cfg: AgentBenchConfig, turn: Turn, tokens
     await turn.ended.wait()
 
 
+def _left_to_play(cfg: AgentBenchConfig, turn: Turn) -> float:
+    """With ``listen``: seconds until the player has played ``turn``'s audio to its end (0 for a
+    barged-in turn, whose playing stopped at its ``cancel``, and for one without measured audio)."""
+    playback = turn.playback
+    if not cfg.listen or turn.cancel_sent is not None or playback.first is None:
+        return 0.0
+    return playback.first + playback.audio_s + playback.stall_s - time.perf_counter()
+
+
 async def run_connection(cfg: AgentBenchConfig, model: str, log: ConnectionLog, rng: random.Random,
                          turns: int, name: str, phase_s: float = 0.0, cancels: bool = True) -> None:
     """One agent: open, ``turns`` turns one after the other, ``close``, read to the server's close."""
@@ -390,8 +402,8 @@ async def run_connection(cfg: AgentBenchConfig, model: str, log: ConnectionLog, 
     try:
         await asyncio.sleep(phase_s)
         for k in range(turns):
-            if k and cfg.turn_gap_s:
-                await asyncio.sleep(cfg.turn_gap_s)
+            if k:
+                await asyncio.sleep(cfg.turn_gap_s + max(0.0, _left_to_play(cfg, log.turns[-1])))
             if reader.done():
                 return
             turn = Turn(f"{name}-t{k}", cancel_planned=cancels and rng.random() < cfg.cancel_fraction,
@@ -553,7 +565,7 @@ async def run_agent_async(cfg: AgentBenchConfig, progress=None) -> dict:
         "response_format": cfg.response_format, "audio_measured": cfg.response_format in SAMPLE_BYTES,
         "text_chars": len(cfg.text), "text_words": len(cfg.text.split()), "tokens_per_turn": len(tokens),
         "llm_tokens_per_s": cfg.llm_tokens_per_s, "token_spacing": cfg.token_spacing, "seed": cfg.seed,
-        "turns_per_connection": cfg.turns, "turn_gap_s": cfg.turn_gap_s, "cancel_fraction": cfg.cancel_fraction,
+        "turns_per_connection": cfg.turns, "turn_gap_s": cfg.turn_gap_s, "listen": cfg.listen, "cancel_fraction": cfg.cancel_fraction,
         "max_new_tokens": cfg.max_new_tokens, "chunking_requested": cfg.chunking,
         "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }

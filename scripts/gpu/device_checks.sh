@@ -3,7 +3,7 @@
 #   bash scripts/gpu/device_checks.sh CHECK OUT_DIR
 # CHECK: tests | bench-original | bench-turbo | offline-original | offline-turbo |
 #        stream-original | stream-turbo | stream-turbo-prompt-cap | attention | vocoder-graphs | stage-contention | online-original | online-turbo |
-#        agent-original | agent-turbo | agent-turbo-prompt-cap | agent-turbo-headroom | online-turbo-short-voice | overload-turbo | two-models | swap-turbo |
+#        agent-original | agent-turbo | agent-turbo-listen | agent-turbo-prompt-cap | agent-turbo-headroom | online-turbo-short-voice | overload-turbo | two-models | swap-turbo |
 #        scale-out-turbo | scale-out-original | profile-original | profile-turbo | rope-kv |
 #        vocoder-turbo | vocoder-original | vc-turbo | vc-original
 # The reference chatterbox-tts (for the benchmark ratio) must be importable; WHEELS=DIR installs
@@ -102,6 +102,9 @@ case $what in
         --client-processes 4 --quiet | tail -8
       rm -f "$out/short_voice_cover_$c"/metrics_*
     done ;;
+  agent-turbo-listen)  # voice agents that hear each reply before their next turn (`--listen`), 3 turns each
+    bash scripts/gpu/online.sh turbo "$out" --agent --listen --turns 3 --concurrency 1,16,64,256 \
+      --llm-tokens-per-s 50 --max-new-tokens 80 --cancel-fraction 0.25 --quiet --out "$out/bench_agent_turbo_listen.json" ;;
   agent-original|agent-turbo)  # voice agents over the WebSocket (docs/benchmarks.md, "Voice-agent latency")
     bash scripts/gpu/online.sh "${what#agent-}" "$out" --agent --concurrency 1,16,64,256 --llm-tokens-per-s 50 \
       --max-new-tokens 80 --cancel-fraction 0.25 --quiet --out "$out/bench_agent_${what#agent-}.json" ;;

@@ -3,6 +3,7 @@ on the CPU (the report's fields, barge-in, the command line), and its pure parts
 tokens, their schedule, the frame header, stalls, the level summary)."""
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import struct
@@ -11,7 +12,7 @@ import pytest
 
 from chorus.bench.online_bench import DEFAULT_TEXT
 from chorus.bench.ws_bench import (OUTCOMES, AgentBenchConfig, ConnectionLog, Turn, llm_tokens,
-                                   run_agent, summarize, token_times)
+                                   run_agent, run_connection, summarize, token_times)
 from chorus.cli import main
 from tests.server.live import LiveServer, server_config, tiny_loader
 
@@ -221,6 +222,19 @@ def test_a_barge_in_is_cancelled_and_no_frame_follows(live):
     assert set(level["protocol_errors"].values()) == {0} and level["close_codes"] == {"1000": 1}
     assert level["first_audio_s"]["max"] > 0 and level["stalls"]["turns_measured"] == 0
     live.wait_idle()  # the cancelled turns' work is gone: no request in the pipeline, no KV block used
+
+
+@pytest.mark.timeout(60)
+def test_a_listening_agent_starts_its_next_turn_once_the_last_ones_audio_has_played(live):
+    cfg = AgentBenchConfig(url=live.url, concurrency=(1,), turns=2, text=TEXT, llm_tokens_per_s=100.0,
+                           listen=True, turn_gap_s=0.05, warmup=0, timeout_s=TIMEOUT_S)
+    log = ConnectionLog()
+    asyncio.run(run_connection(cfg, "chatterbox-turbo", log, random.Random(0), 2, "c0"))
+    first, second = log.turns
+    assert first.outcome == second.outcome == "done" and first.audio_s > 0
+    played = first.playback.first + first.playback.audio_s + first.playback.stall_s  # the player's end
+    assert second.first_delta >= played + cfg.turn_gap_s > first.ended_at
+    live.wait_idle()
 
 
 @pytest.mark.timeout(60)
