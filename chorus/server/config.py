@@ -131,8 +131,9 @@ class ServerConfig:
     gpu_memory_utilization: float = 0.85
     cuda_graphs: bool = True
     vocoder_max_pass_seconds: float | None = None  # while streams play, a vocoder pass's predicted time at most
+    vocoder_due_pass_horizon_s: float | None = None  # a pass with a due job takes only jobs due within this
     vocoder_first_window_prompt_tokens: int | None = None  # voice-prompt tokens of a stream's first vocoder pass
-    vocoder_follower_first_window_tokens: int | None = None  # first vocoder window of a turn's later piece
+    vocoder_follower_first_window_tokens: int | None = 100  # first vocoder window of a turn's later piece
     vocoder_graph_cover_work: float | None = 4.0  # a shape without a CUDA graph replays a larger one up to this padded work
     # operations
     warmup: bool = True
@@ -176,6 +177,9 @@ class ServerConfig:
         _require(self.realtime_headroom is None or (isinstance(self.realtime_headroom, (int, float))
                                                     and self.realtime_headroom >= 0),
                  f"realtime_headroom must be a number >= 0 (0: off) or unset, got {self.realtime_headroom!r}")
+        _require(self.vocoder_due_pass_horizon_s is None or (isinstance(self.vocoder_due_pass_horizon_s, (int, float))
+                                                             and self.vocoder_due_pass_horizon_s >= 0),
+                 f"vocoder_due_pass_horizon_s must be a number >= 0 or unset, got {self.vocoder_due_pass_horizon_s!r}")
         for name in ("start_deadline_s", "default_deadline_s", "vocoder_max_pass_seconds"):
             value = getattr(self, name)
             _require(value is None or (isinstance(value, (int, float)) and value > 0),
@@ -355,6 +359,10 @@ FIELD_HELP = {
     "vocoder_max_pass_seconds": "while streams are playing, fill a vocoder pass only while its predicted time stays "
                                 "under this, so a new stream's first audio waits for a shorter pass (default: no "
                                 "limit but the batch size; docs/vocoder.md, \"Pass sizing while streams run\")",
+    "vocoder_due_pass_horizon_s": "when a vocoder job is due (a stream waiting for its first audio, one about to "
+                                  "run dry), its pass takes only the jobs due within this many seconds, not windows "
+                                  "with audio to spare, which run in the next pass (default: none, passes filled by "
+                                  "length; docs/vocoder.md, \"Due passes\")",
     "vocoder_first_window_prompt_tokens": "a stream's first vocoder pass (its first second of audio) reads only "
                                           "the last this many tokens of the voice prompt (25 per second), so "
                                           "first audio comes sooner under load, with less voice context in that "
@@ -363,8 +371,9 @@ FIELD_HELP = {
     "vocoder_follower_first_window_tokens": "the first vocoder window, in speech tokens (25 per second), of a "
                                             "stream added while its listener still has audio to hear (a "
                                             "voice-agent turn's later piece, a long text's later chunk): fewer "
-                                            "passes per piece, its first audio needing more tokens (default: "
-                                            "the first window of every stream, 20; docs/vocoder.md, \"Listeners\")",
+                                            "passes per piece, its first audio needing more tokens (default 100; "
+                                            "none: the first window of every stream, 20; docs/vocoder.md, "
+                                            "\"Listeners\")",
     "vocoder_graph_cover_work": "a vocoder call whose shape has no CUDA graph of its own (a voice prompt shorter "
                                 "than warm-up's 10 s, a shape before its capture) replays the held graph of more "
                                 "rows and frames with the least padded work, if at most this many times its own, "

@@ -302,9 +302,11 @@ def test_the_first_window_prompt_cap_reaches_the_vocoder_stage():
 def test_the_followers_first_window_reaches_the_vocoder_stage():
     from chorus.server.main import vocoder_config
 
-    assert vocoder_config(_build()).follower_first_window_tokens is None
-    flags = {"vocoder_follower_first_window_tokens": "100"}
-    assert vocoder_config(_build(flags=flags)).follower_first_window_tokens == 100
+    assert vocoder_config(_build()).follower_first_window_tokens == 100
+    flags = {"vocoder_follower_first_window_tokens": "60"}
+    assert vocoder_config(_build(flags=flags)).follower_first_window_tokens == 60
+    flags = {"vocoder_follower_first_window_tokens": "none"}  # every stream's first window, 20
+    assert vocoder_config(_build(flags=flags)).follower_first_window_tokens is None
 
 
 def test_the_graph_cover_work_reaches_the_vocoder_stage_and_none_turns_it_off():
@@ -323,6 +325,15 @@ def test_the_graph_cover_work_must_be_at_least_1():
 def test_the_first_window_prompt_cap_must_be_a_positive_integer():
     with pytest.raises(ValueError, match="vocoder_first_window_prompt_tokens must be a positive integer or unset, got 0"):
         _build(flags={"vocoder_first_window_prompt_tokens": "0"})
+
+
+def test_the_due_pass_horizon_reaches_the_vocoder_stage():
+    from chorus.server.main import vocoder_config
+
+    assert vocoder_config(_build()).due_pass_horizon_s is None
+    assert vocoder_config(_build(flags={"vocoder_due_pass_horizon_s": "0"})).due_pass_horizon_s == 0
+    with pytest.raises(ValueError, match="vocoder_due_pass_horizon_s must be a number >= 0 or unset, got -1"):
+        _build(flags={"vocoder_due_pass_horizon_s": "-1"})
 
 
 def test_the_vocoder_pass_time_limit_must_be_positive():
