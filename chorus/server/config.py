@@ -131,7 +131,6 @@ class ServerConfig:
     gpu_memory_utilization: float = 0.85
     cuda_graphs: bool = True
     vocoder_max_pass_seconds: float | None = None  # while streams play, a vocoder pass's predicted time at most
-    vocoder_due_pass_horizon_s: float | None = None  # a pass with a due job takes only jobs due within this
     vocoder_first_window_prompt_tokens: int | None = None  # voice-prompt tokens of a stream's first vocoder pass
     vocoder_follower_first_window_tokens: int | None = 100  # first vocoder window of a turn's later piece
     vocoder_graph_cover_work: float | None = 4.0  # a shape without a CUDA graph replays a larger one up to this padded work
@@ -177,9 +176,6 @@ class ServerConfig:
         _require(self.realtime_headroom is None or (isinstance(self.realtime_headroom, (int, float))
                                                     and self.realtime_headroom >= 0),
                  f"realtime_headroom must be a number >= 0 (0: off) or unset, got {self.realtime_headroom!r}")
-        _require(self.vocoder_due_pass_horizon_s is None or (isinstance(self.vocoder_due_pass_horizon_s, (int, float))
-                                                             and self.vocoder_due_pass_horizon_s >= 0),
-                 f"vocoder_due_pass_horizon_s must be a number >= 0 or unset, got {self.vocoder_due_pass_horizon_s!r}")
         for name in ("start_deadline_s", "default_deadline_s", "vocoder_max_pass_seconds"):
             value = getattr(self, name)
             _require(value is None or (isinstance(value, (int, float)) and value > 0),
@@ -359,10 +355,6 @@ FIELD_HELP = {
     "vocoder_max_pass_seconds": "while streams are playing, fill a vocoder pass only while its predicted time stays "
                                 "under this, so a new stream's first audio waits for a shorter pass (default: no "
                                 "limit but the batch size; docs/vocoder.md, \"Pass sizing while streams run\")",
-    "vocoder_due_pass_horizon_s": "when a vocoder job is due (a stream waiting for its first audio, one about to "
-                                  "run dry), its pass takes only the jobs due within this many seconds, not windows "
-                                  "with audio to spare, which run in the next pass (default: none, passes filled by "
-                                  "length; docs/vocoder.md, \"Due passes\")",
     "vocoder_first_window_prompt_tokens": "a stream's first vocoder pass (its first second of audio) reads only "
                                           "the last this many tokens of the voice prompt (25 per second), so "
                                           "first audio comes sooner under load, with less voice context in that "

@@ -94,15 +94,6 @@ class VocoderConfig:
     which streams share a pass follows measured times, so a stream's audio can differ between
     runs in the last bits (batch mates change kernels' rounding); without one, passes are a
     function of the tokens. Measured on an H200 (docs/vocoder.md, "Pass sizing")."""
-    due_pass_horizon_s: float | None = None
-    """When the most urgent ready job is due (``Job.deadline`` has passed: a stream waiting for its
-    first audio, a playing one within ``playback_margin_s`` of running dry, a finished
-    non-streaming job), its pass takes only the jobs due within this many seconds from now, so a
-    listener waiting for its first audio does not also wait for windows that still have audio to
-    spare; those run in the next pass (the stage never idles while a job is ready). When nothing
-    is due, the pass is filled as ``batching`` says. None (the default): always as ``batching``
-    says. Which jobs share a pass then follows the clock, so a stream's audio can differ between
-    runs in the last bits (as with ``max_pass_seconds``; docs/vocoder.md, "Due passes")."""
     voice_cache_size: int = 16
     """Voices whose prompt tensors are kept on the device (LRU)."""
     cuda_graphs: bool = True
@@ -167,8 +158,6 @@ class VocoderConfig:
                              f"({self.max_window_tokens}), got {self.follower_first_window_tokens}")
         if isinstance(self.window_growth, bool) or not isinstance(self.window_growth, int) or self.window_growth < 1:
             raise ValueError(f"window_growth must be an int >= 1, got {self.window_growth!r}")
-        if self.due_pass_horizon_s is not None and not self.due_pass_horizon_s >= 0:
-            raise ValueError(f"due_pass_horizon_s must be >= 0 or None, got {self.due_pass_horizon_s!r}")
         if self.max_pass_seconds is not None and not self.max_pass_seconds > 0:
             raise ValueError(f"max_pass_seconds must be > 0 or None, got {self.max_pass_seconds!r}")
         if not self.playback_margin_s >= 0:

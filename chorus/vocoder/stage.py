@@ -269,11 +269,8 @@ class VocoderStage:
         cfg = self.config
         now = self._clock()
         leads = self._listeners.leads(now)
-        due = {job.job_id: job.deadline(cfg.playback_margin_s, leads.get(job.job_id)) for job in ready}
-        ready.sort(key=lambda j: (j.priority, due[j.job_id], j.order))  # then earliest deadline
-        horizon = cfg.due_pass_horizon_s
-        if horizon is not None and due[ready[0].job_id] <= now:  # a due pass: no job with audio to spare
-            ready = [job for job in ready if due[job.job_id] <= now + horizon]
+        margin = cfg.playback_margin_s
+        ready.sort(key=lambda j: (j.priority, j.deadline(margin, leads.get(j.job_id)), j.order))  # then earliest deadline
         ratio = self.s3gen.flow.config.token_mel_ratio
         candidates, inputs = [], []
         for i, job in enumerate(ready):

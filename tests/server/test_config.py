@@ -327,15 +327,6 @@ def test_the_first_window_prompt_cap_must_be_a_positive_integer():
         _build(flags={"vocoder_first_window_prompt_tokens": "0"})
 
 
-def test_the_due_pass_horizon_reaches_the_vocoder_stage():
-    from chorus.server.main import vocoder_config
-
-    assert vocoder_config(_build()).due_pass_horizon_s is None
-    assert vocoder_config(_build(flags={"vocoder_due_pass_horizon_s": "0"})).due_pass_horizon_s == 0
-    with pytest.raises(ValueError, match="vocoder_due_pass_horizon_s must be a number >= 0 or unset, got -1"):
-        _build(flags={"vocoder_due_pass_horizon_s": "-1"})
-
-
 def test_the_vocoder_pass_time_limit_must_be_positive():
     with pytest.raises(ValueError, match="vocoder_max_pass_seconds must be a positive number or unset, got 0"):
         _build(flags={"vocoder_max_pass_seconds": "0"})

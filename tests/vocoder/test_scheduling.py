@@ -166,46 +166,6 @@ def test_a_pass_ends_before_the_most_urgent_playing_stream_runs_dry(tiny_turbo):
     assert stage._pass_budget(clock.now, {}) == pytest.approx(0.2)
 
 
-def _due_pass_stage(s3gen, clock, horizon) -> VocoderStage:
-    return VocoderStage(s3gen, VocoderConfig(max_batch_items=4, first_window_tokens=10, max_window_tokens=10,
-                                             playback_margin_s=0.0, due_pass_horizon_s=horizon), clock=clock)
-
-
-def _playing_and_new(stage, clock) -> None:
-    """"ahead" has about 0.3 s of audio in hand and a window ready; "new" waits for its first audio."""
-    voice = random_voice(10, seed=1)
-    stage.add("ahead", voice, seed=1, streaming=True, n_steps=1)
-    stage.push("ahead", random_tokens(60, seed=1))
-    [out] = stage.step()  # its first window: 10 tokens = 0.4 s of audio, less the held cross-fade
-    assert out.job_id == "ahead" and out.samples.numel() > 0
-    clock.now = 0.01
-    stage.add("new", voice, seed=2, streaming=True, n_steps=1)
-    stage.push("new", random_tokens(30, seed=2))
-
-
-def test_a_due_pass_leaves_a_window_with_audio_to_spare_for_the_next_pass(tiny_turbo):
-    clock = FakeClock()
-    stage = _due_pass_stage(tiny_turbo, clock, horizon=0.1)
-    _playing_and_new(stage, clock)
-    assert [o.job_id for o in stage.step()] == ["new"]
-    # nothing is due now: the next pass is filled as before ("new" has its second window ready too)
-    assert sorted(o.job_id for o in stage.step()) == ["ahead", "new"]
-
-
-def test_a_due_pass_takes_the_windows_due_within_its_horizon(tiny_turbo):
-    clock = FakeClock()
-    stage = _due_pass_stage(tiny_turbo, clock, horizon=1.0)  # "ahead" runs dry within 1 s
-    _playing_and_new(stage, clock)
-    assert sorted(o.job_id for o in stage.step()) == ["ahead", "new"]
-
-
-def test_without_a_horizon_a_pass_is_filled_whatever_is_due(tiny_turbo):
-    clock = FakeClock()
-    stage = _due_pass_stage(tiny_turbo, clock, horizon=None)
-    _playing_and_new(stage, clock)
-    assert sorted(o.job_id for o in stage.step()) == ["ahead", "new"]
-
-
 def _follower_stage(s3gen, clock) -> VocoderStage:
     return VocoderStage(s3gen, VocoderConfig(max_batch_items=4, first_window_tokens=10, max_window_tokens=40,
                                              follower_first_window_tokens=30, playback_margin_s=0.0), clock=clock)
