@@ -25,9 +25,9 @@ synchronisations under way to end. Captures go first (a thread that synchronises
 cannot starve one); they are short (milliseconds to a few tenths of a second; the T3 engine
 lets go between its graphs). A capture that raised may leave its pool marked as recording
 and its stream in capture mode, so the next capture goes into a new pool and stream
-(:meth:`CaptureTarget.capture` arranges it; graphs captured before keep theirs). Code outside the package that calls
-``torch.cuda.synchronize()`` from another thread while a model loads can still break a capture;
-call :func:`synchronize` instead.
+(:meth:`CaptureTarget.capture` arranges it; graphs captured before keep theirs). Code outside
+the package that calls ``torch.cuda.synchronize()`` from another thread while a model loads can
+still break a capture; call :func:`synchronize` instead.
 """
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ reply text as LLM-like token deltas (:func:`llm_tokens`) at ``llm_tokens_per_s``
 Poisson spacing, seeded), then ``flush``, and ends at its ``done`` (or ``cancelled``, or an
 error); the next turn starts ``turn_gap_s`` later, or with ``listen`` that long after the
 turn's audio has played at 1x from its first frame (a barged-in turn stops playing at its
-``cancel``), as an agent waits for its user to hear the reply and answer. A ``cancel_fraction`` of the turns (picked by
-the seed) is barged in: ``cancel`` goes out as soon as the turn's first audio frame arrives, and
+``cancel``), as an agent waits for its user to hear the reply and answer. A
+``cancel_fraction`` of the turns (picked by the seed) is barged in: ``cancel`` goes out as soon as the turn's first audio frame arrives, and
 no more of its text is sent. After its last turn a connection sends ``close`` and reads until the
 server closes it, so any frame that follows a turn's end is seen.
 
@@ -565,7 +565,8 @@ async def run_agent_async(cfg: AgentBenchConfig, progress=None) -> dict:
         "response_format": cfg.response_format, "audio_measured": cfg.response_format in SAMPLE_BYTES,
         "text_chars": len(cfg.text), "text_words": len(cfg.text.split()), "tokens_per_turn": len(tokens),
         "llm_tokens_per_s": cfg.llm_tokens_per_s, "token_spacing": cfg.token_spacing, "seed": cfg.seed,
-        "turns_per_connection": cfg.turns, "turn_gap_s": cfg.turn_gap_s, "listen": cfg.listen, "cancel_fraction": cfg.cancel_fraction,
+        "turns_per_connection": cfg.turns, "turn_gap_s": cfg.turn_gap_s, "listen": cfg.listen,
+        "cancel_fraction": cfg.cancel_fraction,
         "max_new_tokens": cfg.max_new_tokens, "chunking_requested": cfg.chunking,
         "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }

@@ -209,11 +209,11 @@ class Turn:
         - ``threshold_wait_s`` on the same scale. None before the turn is done."""
         if not self.calls or self.threshold_wait_s is None or self.first_piece_submitted_at is None:
             return None
-        result = self.calls[0].stream._result
+        result = self.calls[0].stream.result(timeout=0)  # read to its end: the turn is done
         submitted = self.first_piece_submitted_at - self.first_text_at - self.threshold_wait_s
         timings = {"submitted_s": _round(submitted)}
         for key in ("first_token_s", "first_pass_s", "first_audio_s"):
-            if result is not None and key in result.timings:
+            if key in result.timings:
                 timings[key] = _round(submitted + result.timings[key])
         return timings
 

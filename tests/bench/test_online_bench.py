@@ -373,7 +373,8 @@ def test_the_server_pause_report_is_the_difference_of_two_scrapes():
 
 def test_stage_means_are_the_difference_of_two_scrapes():
     def scrape(t3, t3_s, vocoder, vocoder_s):
-        return "\n".join([f'chorus_stage_seconds_count{{stage="t3"}} {t3}', f'chorus_stage_seconds_sum{{stage="t3"}} {t3_s}',
+        return "\n".join([f'chorus_stage_seconds_count{{stage="t3"}} {t3}',
+                          f'chorus_stage_seconds_sum{{stage="t3"}} {t3_s}',
                           f'chorus_stage_seconds_count{{stage="vocoder"}} {vocoder}',
                           f'chorus_stage_seconds_sum{{stage="vocoder"}} {vocoder_s}'])
 
