@@ -442,7 +442,7 @@ def _timings(turns: list[Turn], key: str) -> list[float]:
 
 
 # the server's split of a turn's first piece (``done``'s ``timings.first_piece``), seconds from its cut
-FIRST_PIECE_TIMINGS = ("submitted_s", "first_token_s", "first_pass_s", "first_audio_s")
+FIRST_PIECE_TIMINGS = ("submitted_s", "first_token_s", "first_window_s", "first_pass_s", "first_audio_s")
 
 
 def _first_piece(turns: list[Turn], key: str) -> list[float]:

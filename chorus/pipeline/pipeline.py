@@ -122,6 +122,9 @@ class _Job:
     tokens: list[int] = field(default_factory=list)
     pushed: int = 0  # tokens already handed to the stage (streaming jobs)
     t3_reason: str | None = None  # set when T3 finished the chunk
+    # a streamed request's first chunk, until its first vocoder pass is ready: when T3 made each
+    # token not yet pushed (``_RequestState.first_window`` is read from these)
+    stamps: list[float] = field(default_factory=list)
     pieces: list[np.ndarray] = field(default_factory=list)  # audio not yet streamed out
     delivered: list[np.ndarray] = field(default_factory=list)  # audio already streamed out
     done: bool = False
@@ -161,6 +164,7 @@ class _RequestState:
     progress: Callable[[Progress], None] | None = None
     next_chunk: int = 0  # first chunk not yet fully delivered
     first_token: float | None = None  # T3's first token of the first chunk
+    first_window: float | None = None  # T3's step that gave a stream's first vocoder pass its tokens
     first_pass: float | None = None  # start of the vocoder pass that made its first audio
     first_audio: float | None = None
     audio_started: bool = False  # a piece with samples was delivered to the stream
@@ -349,10 +353,10 @@ class Pipeline:
             if plan.request_id in self._active_ids:
                 raise ValueError(f"request id {plan.request_id!r} is already running")
             self._active_ids.add(plan.request_id)
-        stream = SpeechStream(plan, self.abort)
+        now = time.monotonic()
+        stream = SpeechStream(plan, self.abort, now)
         deadline_s = plan.deadline_s if plan.deadline_s is not None else self.config.default_deadline_s
         start_s = plan.start_deadline_s if plan.start_deadline_s is not None else self.config.default_start_deadline_s
-        now = time.monotonic()
         return _RequestState(plan, stream, [], _Deadlines(now, start_s, deadline_s), now, progress)
 
     def synthesize(self, request: SpeechRequest | str, **options: Any) -> SpeechResult:
@@ -484,6 +488,8 @@ class Pipeline:
             if job.index == 0 and job.request.first_token is None:
                 job.request.first_token = stepped_at
                 self._timing("queue", job.request.first_token - job.request.submitted)
+            if job.index == 0 and job.request.plan.stream and job.request.first_window is None:
+                job.stamps.append(stepped_at)
         reason = event.finish_reason
         if reason is None:
             return
@@ -500,9 +506,32 @@ class Pipeline:
         final = job.t3_reason is not None
         if job.request.plan.stream or final:
             new = job.tokens[job.pushed:]
+            if job.stamps:
+                new = self._push_to_first_window(job_id, job, new)
             if new or final:
                 self.vocoder.push(job_id, new, final=final)
                 job.pushed = len(job.tokens)
+
+    def _push_to_first_window(self, job_id: str, job: _Job, new: list[int]) -> list[int]:
+        """Push a stream's first chunk's tokens one at a time until its first pass is ready, and
+        stamp that with the T3 step that made the last one it needed (``first_window``); the
+        tokens still to push."""
+        assert len(job.stamps) == len(new), (len(job.stamps), len(new))
+        for i, stamp in enumerate(job.stamps):
+            if i == len(new) - 1 and job.t3_reason is not None:
+                break  # the last token goes with ``final``, which readies the pass anyway
+            self.vocoder.push(job_id, new[i:i + 1])
+            job.pushed += 1
+            if self.vocoder.is_ready(job_id):
+                job.request.first_window = stamp
+                break
+        else:
+            job.stamps = []
+            return []
+        if job.request.first_window is None:  # final: its last token completes the window
+            job.request.first_window = job.stamps[-1]
+        job.stamps = []
+        return job.tokens[job.pushed:]
 
     def _on_audio(self, out: AudioOut, pass_started: float) -> None:
         """``pass_started``: the ``time.monotonic()`` at which the pass that made ``out`` began."""
@@ -564,6 +593,8 @@ class Pipeline:
         timings = {"total_s": now - state.submitted}
         if state.first_token is not None:
             timings["first_token_s"] = state.first_token - state.submitted
+        if state.first_window is not None:
+            timings["first_window_s"] = state.first_window - state.submitted
         if state.first_audio is not None:
             timings["first_pass_s"] = state.first_pass - state.submitted
             timings["first_audio_s"] = state.first_audio - state.submitted

@@ -95,8 +95,10 @@ class SpeechResult:
     request_id: str = ""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds from the request's submission to the pipeline: ``total_s`` (its end), and where
-    they happened, ``first_token_s`` (T3's step that made its first token), ``first_pass_s`` (the
-    start of the vocoder pass that made its first audio) and ``first_audio_s`` (that pass's end)."""
+    they happened, ``first_token_s`` (T3's step that made its first token), ``first_window_s``
+    (streamed requests: T3's step that made the last token its first vocoder pass needed),
+    ``first_pass_s`` (the start of the vocoder pass that made its first audio) and
+    ``first_audio_s`` (that pass's end)."""
 
     @property
     def duration(self) -> float:

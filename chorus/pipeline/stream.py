@@ -39,9 +39,11 @@ class SpeechStream:
     Stopping early does not cancel the request: call :meth:`cancel` (the server does so when a
     client disconnects)."""
 
-    def __init__(self, plan: "SpeechPlan | ConversionPlan", cancel: Callable[[str], None]):
+    def __init__(self, plan: "SpeechPlan | ConversionPlan", cancel: Callable[[str], None], submitted_at: float):
         self.plan = plan
         self.request_id = plan.request_id
+        self.submitted_at = submitted_at
+        """``time.monotonic()`` when the pipeline took the request: the zero of its result's ``timings``."""
         self._events: queue.Queue = queue.Queue()
         self._cancel = cancel
         self._result: SpeechResult | None = None

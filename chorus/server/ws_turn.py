@@ -68,7 +68,7 @@ class Turn:
         self.first_audio_at: float | None = None
         self.last_audio_at: float | None = None
         self.threshold_wait_s: float | None = None
-        self.first_piece_submitted_at: float | None = None  # its pipeline request was submitted
+        self.first_piece_cut_at: float | None = None  # time.monotonic(), the clock of the pipeline's timings
         self._timer: asyncio.TimerHandle | None = None
         self._tasks = [asyncio.create_task(self._guarded(self._start_pieces())),
                        asyncio.create_task(self._guarded(self._send_audio()))]
@@ -91,6 +91,8 @@ class Turn:
         self._pieces.put_nowait(None)
 
     def _queue(self, pieces: list[Piece]) -> None:
+        if pieces and self.first_piece_cut_at is None:
+            self.first_piece_cut_at = time.monotonic()
         for piece in pieces:
             self.queued_chars += piece.end - piece.start
             self._pieces.put_nowait(piece)
@@ -154,8 +156,6 @@ class Turn:
             except APIError as error:
                 await self._ready.put(error)
                 return
-            if index == 0:
-                self.first_piece_submitted_at = time.perf_counter()
             self.calls.append(call)
             await connection.send_event({"type": "piece", "turn_id": self.id, "piece": index, "text": piece.text,
                                          "char_start": piece.start, "char_end": piece.end})
@@ -204,15 +204,16 @@ class Turn:
     def _first_piece_timings(self) -> dict[str, float] | None:
         """Where the first piece's time went, in seconds from its cut (the end of the threshold's
         wait): ``submitted_s`` its pipeline request was submitted (admission, the voice, the plan),
-        then the pipeline's ``first_token_s``, ``first_pass_s`` and ``first_audio_s``
+        then the pipeline's ``first_token_s``, ``first_window_s``, ``first_pass_s`` and ``first_audio_s``
         (``SpeechResult.timings``). The turn's first frame left at ``first_text_to_first_audio_s``
         - ``threshold_wait_s`` on the same scale. None before the turn is done."""
-        if not self.calls or self.threshold_wait_s is None or self.first_piece_submitted_at is None:
+        if not self.calls or self.first_piece_cut_at is None:
             return None
-        result = self.calls[0].stream.result(timeout=0)  # read to its end: the turn is done
-        submitted = self.first_piece_submitted_at - self.first_text_at - self.threshold_wait_s
+        stream = self.calls[0].stream
+        result = stream.result(timeout=0)  # read to its end: the turn is done
+        submitted = stream.submitted_at - self.first_piece_cut_at
         timings = {"submitted_s": _round(submitted)}
-        for key in ("first_token_s", "first_pass_s", "first_audio_s"):
+        for key in ("first_token_s", "first_window_s", "first_pass_s", "first_audio_s"):
             if key in result.timings:
                 timings[key] = _round(submitted + result.timings[key])
         return timings

@@ -155,6 +155,11 @@ class VocoderStage:
     def has_job(self, job_id: str) -> bool:
         return job_id in self._jobs
 
+    def is_ready(self, job_id: str) -> bool:
+        """Whether the job has a pass ready (a window's tokens, or its last ones)."""
+        job = self._jobs.get(job_id)
+        return job is not None and job.is_ready(self.config.holdback_tokens)
+
     @property
     def stats(self) -> VocoderStats:
         """Cumulative counters and timings (the live object; copy it to keep a snapshot)."""

@@ -194,7 +194,7 @@ def test_agents_report_every_turn(live):
     assert level["pieces_per_turn"]["p50"] >= 1
     split = level["server_first_piece_s"]  # the server's split of the first piece's time, in order
     assert all(split[key]["p50"] is not None
-               for key in ("submitted_s", "first_token_s", "first_pass_s", "first_audio_s"))
+               for key in ("submitted_s", "first_token_s", "first_window_s", "first_pass_s", "first_audio_s"))
     assert split["submitted_s"]["max"] <= split["first_audio_s"]["max"] <= added["max"] + 1e-3
     assert level["audio_s"] == pytest.approx(level["bytes"] / 2 / 24_000, abs=1e-3) and level["audio_s"] > 0
     assert level["done_turns_audio_s"]["client"] == pytest.approx(level["audio_s"], abs=1e-3)

@@ -84,6 +84,13 @@ def test_streamed_audio_comes_in_pieces_in_chunk_order_and_matches_one_pass(pipe
     assert snr_db(one_pass, streamed) >= STREAM_SNR_DB
 
 
+def test_a_streams_timings_say_when_each_step_to_its_first_audio_happened(pipe):
+    timings = pipe.submit(_request(tokens=30, stream=True)).result().timings
+    assert 0 < timings["first_token_s"] <= timings["first_window_s"] <= timings["first_pass_s"] \
+        <= timings["first_audio_s"] <= timings["total_s"]
+    assert "first_window_s" not in pipe.submit(_request(tokens=12)).result().timings  # no windows unstreamed
+
+
 def test_many_requests_at_once_each_get_their_own_audio(pipe):
     requests = [_request(f"Request number {i} speaks.", tokens=12 + i, seed=100 + i) for i in range(5)]
     progress = []
