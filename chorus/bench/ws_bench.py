@@ -432,9 +432,12 @@ def _pcts(values: list[float]) -> dict:
     return {"p50": _pct(values, 50), "p90": _pct(values, 90), "p99": _pct(values, 99), "max": _pct(values, 100)}
 
 
-def _timing(turn: Turn, key: str) -> float | None:
-    value = ((turn.done or {}).get("timings") or {}).get(key)
+def _number(value) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _timing(turn: Turn, key: str) -> float | None:
+    return _number(((turn.done or {}).get("timings") or {}).get(key))
 
 
 def _timings(turns: list[Turn], key: str) -> list[float]:
@@ -446,8 +449,8 @@ FIRST_PIECE_TIMINGS = ("submitted_s", "first_token_s", "first_window_s", "first_
 
 
 def _first_piece(turns: list[Turn], key: str) -> list[float]:
-    values = [(((t.done or {}).get("timings") or {}).get("first_piece") or {}).get(key) for t in turns]
-    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    split = [(((t.done or {}).get("timings") or {}).get("first_piece") or {}) for t in turns]
+    return [v for s in split if (v := _number(s.get(key))) is not None]
 
 
 def summarize(concurrency: int, turns_each: int, logs: list[ConnectionLog], wall_s: float, fmt: str) -> dict:

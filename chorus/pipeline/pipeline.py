@@ -160,7 +160,6 @@ class _RequestState:
     stream: SpeechStream
     jobs: list[_Job]
     deadlines: _Deadlines
-    submitted: float
     progress: Callable[[Progress], None] | None = None
     next_chunk: int = 0  # first chunk not yet fully delivered
     first_token: float | None = None  # T3's first token of the first chunk
@@ -168,6 +167,11 @@ class _RequestState:
     first_pass: float | None = None  # start of the vocoder pass that made its first audio
     first_audio: float | None = None
     audio_started: bool = False  # a piece with samples was delivered to the stream
+
+    @property
+    def submitted(self) -> float:
+        """``time.monotonic()`` when the pipeline took it (its stream says, for the caller too)."""
+        return self.stream.submitted_at
 
     def job_id(self, index: int) -> str:
         return f"{self.plan.request_id}#{index}"
@@ -357,7 +361,7 @@ class Pipeline:
         stream = SpeechStream(plan, self.abort, now)
         deadline_s = plan.deadline_s if plan.deadline_s is not None else self.config.default_deadline_s
         start_s = plan.start_deadline_s if plan.start_deadline_s is not None else self.config.default_start_deadline_s
-        return _RequestState(plan, stream, [], _Deadlines(now, start_s, deadline_s), now, progress)
+        return _RequestState(plan, stream, [], _Deadlines(now, start_s, deadline_s), progress)
 
     def synthesize(self, request: SpeechRequest | str, **options: Any) -> SpeechResult:
         """Speak one text and wait for the whole result."""
@@ -505,33 +509,28 @@ class Pipeline:
     def _push(self, job_id: str, job: _Job) -> None:
         final = job.t3_reason is not None
         if job.request.plan.stream or final:
-            new = job.tokens[job.pushed:]
             if job.stamps:
-                new = self._push_to_first_window(job_id, job, new)
+                self._push_to_first_window(job_id, job, final)
+            new = job.tokens[job.pushed:]
             if new or final:
                 self.vocoder.push(job_id, new, final=final)
                 job.pushed = len(job.tokens)
 
-    def _push_to_first_window(self, job_id: str, job: _Job, new: list[int]) -> list[int]:
-        """Push a stream's first chunk's tokens one at a time until its first pass is ready, and
-        stamp that with the T3 step that made the last one it needed (``first_window``); the
-        tokens still to push."""
-        assert len(job.stamps) == len(new), (len(job.stamps), len(new))
-        for i, stamp in enumerate(job.stamps):
-            if i == len(new) - 1 and job.t3_reason is not None:
-                break  # the last token goes with ``final``, which readies the pass anyway
-            self.vocoder.push(job_id, new[i:i + 1])
+    def _push_to_first_window(self, job_id: str, job: _Job, final: bool) -> None:
+        """Push a stream's first chunk's new tokens one at a time until its first pass is ready,
+        and stamp that with the T3 step that made the token completing it (``first_window``). A
+        final chunk's last token is left to go with ``final``, which readies its last pass."""
+        assert len(job.stamps) == len(job.tokens) - job.pushed, (len(job.stamps), len(job.tokens), job.pushed)
+        for stamp in job.stamps[:-1] if final else job.stamps:
+            self.vocoder.push(job_id, job.tokens[job.pushed:job.pushed + 1])
             job.pushed += 1
             if self.vocoder.is_ready(job_id):
                 job.request.first_window = stamp
                 break
         else:
-            job.stamps = []
-            return []
-        if job.request.first_window is None:  # final: its last token completes the window
-            job.request.first_window = job.stamps[-1]
+            if final:
+                job.request.first_window = job.stamps[-1]
         job.stamps = []
-        return job.tokens[job.pushed:]
 
     def _on_audio(self, out: AudioOut, pass_started: float) -> None:
         """``pass_started``: the ``time.monotonic()`` at which the pass that made ``out`` began."""

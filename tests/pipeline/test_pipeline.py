@@ -91,6 +91,11 @@ def test_a_streams_timings_say_when_each_step_to_its_first_audio_happened(pipe):
     assert "first_window_s" not in pipe.submit(_request(tokens=12)).result().timings  # no windows unstreamed
 
 
+def test_a_stream_shorter_than_its_first_window_is_stamped_at_its_last_token(pipe):
+    timings = pipe.submit(_request(tokens=8, stream=True)).result().timings  # 8 < 20 + 3 tokens
+    assert timings["first_token_s"] <= timings["first_window_s"] <= timings["first_pass_s"]
+
+
 def test_many_requests_at_once_each_get_their_own_audio(pipe):
     requests = [_request(f"Request number {i} speaks.", tokens=12 + i, seed=100 + i) for i in range(5)]
     progress = []
