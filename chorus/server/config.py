@@ -131,6 +131,7 @@ class ServerConfig:
     gpu_memory_utilization: float = 0.85
     cuda_graphs: bool = True
     vocoder_max_pass_seconds: float | None = None  # while streams play, a vocoder pass's predicted time at most
+    vocoder_first_window_tokens: int = 20  # speech tokens of a stream's first vocoder window
     vocoder_first_window_prompt_tokens: int | None = None  # voice-prompt tokens of a stream's first vocoder pass
     vocoder_follower_first_window_tokens: int | None = 100  # first vocoder window of a turn's later piece
     vocoder_graph_cover_work: float | None = 4.0  # a shape without a CUDA graph replays a larger one up to this padded work
@@ -153,7 +154,8 @@ class ServerConfig:
         object.__setattr__(self, "variant", get_variant(self.variant).name)
         for name in ("max_queue", "max_input_chars", "max_body_bytes", "max_upload_bytes", "voice_cache_size",
                      "max_num_seqs", "max_chars", "retry_after_s", "max_retry_after_s", "max_header_bytes",
-                     "ws_max_connections", "ws_max_message_bytes", "ws_max_turns", "ws_text_buffer_chars"):
+                     "ws_max_connections", "ws_max_message_bytes", "ws_max_turns", "ws_text_buffer_chars",
+                     "vocoder_first_window_tokens"):
             value = getattr(self, name)
             _require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
                      f"{name} must be a positive integer, got {value!r}")
@@ -163,6 +165,11 @@ class ServerConfig:
             value = getattr(self, name)
             _require(value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0),
                      f"{name} must be a positive integer or unset, got {value!r}")
+        from chorus.vocoder.config import VocoderConfig
+
+        _require(self.vocoder_first_window_tokens <= VocoderConfig.max_window_tokens,
+                 f"vocoder_first_window_tokens must be at most {VocoderConfig.max_window_tokens} (the vocoder's "
+                 f"largest window), got {self.vocoder_first_window_tokens}")
         from chorus.engine.config import KV_CACHE_DTYPES
 
         _require(self.kv_cache_dtype in KV_CACHE_DTYPES,
@@ -355,6 +362,10 @@ FIELD_HELP = {
     "vocoder_max_pass_seconds": "while streams are playing, fill a vocoder pass only while its predicted time stays "
                                 "under this, so a new stream's first audio waits for a shorter pass (default: no "
                                 "limit but the batch size; docs/vocoder.md, \"Pass sizing while streams run\")",
+    "vocoder_first_window_tokens": "the first vocoder window of a stream, in speech tokens (25 per second): its "
+                                   "first audio waits for this many of T3's tokens (and 3 more of right "
+                                   "context); fewer give first audio sooner and cost a vocoder pass more per "
+                                   "stream, each re-reading the voice prompt (docs/vocoder.md, \"Windows\")",
     "vocoder_first_window_prompt_tokens": "a stream's first vocoder pass (its first second of audio) reads only "
                                           "the last this many tokens of the voice prompt (25 per second), so "
                                           "first audio comes sooner under load, with less voice context in that "

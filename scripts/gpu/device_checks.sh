@@ -3,7 +3,8 @@
 #   bash scripts/gpu/device_checks.sh CHECK OUT_DIR
 # CHECK: tests | bench-original | bench-turbo | offline-original | offline-turbo |
 #        stream-original | stream-turbo | stream-turbo-prompt-cap | attention | vocoder-graphs | stage-contention | online-original | online-turbo |
-#        agent-original | agent-turbo | agent-turbo-listen | agent-turbo-prompt-cap | agent-turbo-headroom | online-turbo-short-voice | overload-turbo | two-models | swap-turbo |
+#        agent-original | agent-turbo | agent-turbo-listen | agent-turbo-prompt-cap | agent-turbo-headroom |
+#        agent-turbo-first-window | online-turbo-short-voice | overload-turbo | two-models | swap-turbo |
 #        scale-out-turbo | scale-out-original | profile-original | profile-turbo | rope-kv |
 #        vocoder-turbo | vocoder-original | vc-turbo | vc-original
 # The reference chatterbox-tts (for the benchmark ratio) must be importable; WHEELS=DIR installs
@@ -88,6 +89,10 @@ case $what in
   agent-turbo-prompt-cap)  # voice agents at 1, 16 and 64 connections with the first-window prompt cap
     # unset, 100 and 50, one server each, back to back (docs/benchmarks.md, 2026-12-05, later)
     agents_per_setting prompt --vocoder-first-window-prompt-tokens 1,16,64 none 100 50 ;;
+  agent-turbo-first-window)  # voice agents at 16 and 64 connections with a stream's first vocoder window of
+    # WINDOWS tokens ("20 14 10"), one server each, back to back: a smaller window means a first audio some T3
+    # steps sooner and one vocoder pass more per stream (docs/vocoder.md, "Windows")
+    agents_per_setting window --vocoder-first-window-tokens 16,64 ${WINDOWS:-20 14 10} ;;
   agent-turbo-headroom)  # voice agents at 64 and 256 connections under admission's real-time headroom
     # HEADROOMS ("1.25 1.6 2"), one server each, back to back: at 256 agents most admitted turns stalled with the
     # default 1.25 (docs/benchmarks.md, "Results: one H100 (2026-12-05, late)")

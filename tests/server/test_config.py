@@ -299,6 +299,19 @@ def test_the_first_window_prompt_cap_reaches_the_vocoder_stage():
     assert vocoder_config(_build(flags={"vocoder_first_window_prompt_tokens": "50"})).first_window_prompt_tokens == 50
 
 
+def test_the_first_window_reaches_the_vocoder_stage():
+    from chorus.server.main import vocoder_config
+
+    assert vocoder_config(_build()).first_window_tokens == 20
+    assert vocoder_config(_build(flags={"vocoder_first_window_tokens": "10"})).first_window_tokens == 10
+
+
+@pytest.mark.parametrize("value", ["0", "101"])
+def test_a_first_window_outside_the_vocoders_windows_is_refused_by_name(value):
+    with pytest.raises(ValueError, match="vocoder_first_window_tokens must be"):
+        _build(flags={"vocoder_first_window_tokens": value})
+
+
 def test_the_followers_first_window_reaches_the_vocoder_stage():
     from chorus.server.main import vocoder_config
 
