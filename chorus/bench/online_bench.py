@@ -428,16 +428,19 @@ class MetricsWatch:
 
 def stage_means(first: str, last: str) -> dict[str, dict]:
     """Per stage of ``chorus_stage_seconds`` (queue: submission to first T3 token; t3: a step;
-    vocoder: a pass; encode: an audio piece), the units observed between two /metrics texts and
-    their mean seconds (None when none was)."""
+    t3_prefill: a step, of those, that computed prompt positions; vocoder: a pass; encode: an
+    audio piece), the units observed between two /metrics texts and their mean seconds (None when
+    none was); and ``t3_decode``, the t3 steps that were not t3_prefill's, where both are
+    exported."""
     sums = [labelled_totals(text, "chorus_stage_seconds_sum", "stage") for text in (first, last)]
     counts = [labelled_totals(text, "chorus_stage_seconds_count", "stage") for text in (first, last)]
-    out = {}
-    for stage in sorted(counts[1]):
-        count = counts[1][stage] - counts[0].get(stage, 0.0)
-        seconds = sums[1].get(stage, 0.0) - sums[0].get(stage, 0.0)
-        out[stage] = {"count": int(count), "mean_s": round(seconds / count, 6) if count > 0 else None}
-    return out
+    totals = {stage: (counts[1][stage] - counts[0].get(stage, 0.0), sums[1].get(stage, 0.0) - sums[0].get(stage, 0.0))
+              for stage in counts[1]}
+    if "t3" in totals and "t3_prefill" in totals:
+        (steps, seconds), (prefills, prefill_seconds) = totals["t3"], totals["t3_prefill"]
+        totals["t3_decode"] = (steps - prefills, seconds - prefill_seconds)
+    return {stage: {"count": int(count), "mean_s": round(seconds / count, 6) if count > 0 else None}
+            for stage, (count, seconds) in sorted(totals.items())}
 
 
 def server_pauses(text: str) -> dict[str, float] | None:

@@ -49,10 +49,12 @@ class AsyncT3Engine:
     """Owns a ``T3Engine`` and the thread that steps it."""
 
     def __init__(self, engine: T3Engine, *, idle_wait_s: float = 0.05, on_step: StepListener | None = None,
-                 intra_op_threads: int | None = None, on_step_time: Callable[[float], None] | None = None):
+                 intra_op_threads: int | None = None,
+                 on_step_time: Callable[[float, bool], None] | None = None):
         """``intra_op_threads``: torch's intra-op threads for the engine thread's own ops (set
         when the thread starts; None: leave torch's setting). ``on_step_time``: called on the
-        engine thread with each step's wall seconds."""
+        engine thread with each step's wall seconds and whether it computed prompt positions
+        (``T3Engine.last_step_prefilled``)."""
         if intra_op_threads is not None and intra_op_threads < 1:
             raise ValueError(f"intra_op_threads must be >= 1 or None, got {intra_op_threads!r}")
         self.engine = engine
@@ -224,7 +226,7 @@ class AsyncT3Engine:
                     elapsed = time.perf_counter() - start
                     self.busy_s += elapsed
                     if self.on_step_time is not None:
-                        self.on_step_time(elapsed)
+                        self.on_step_time(elapsed, self.engine.last_step_prefilled)
                     self.tokens_generated += sum(1 for event in events if event.new_token is not None)
                     for event in events:
                         self._deliver(event.request_id, TokenEvent(event.new_token, event.finish_reason, event.error))

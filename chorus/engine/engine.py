@@ -179,6 +179,9 @@ class T3Engine:
         self.num_steps = 0
         self.last_step_seconds: float | None = None  # the last timed step (see _StepTimer)
         self.num_steps_ahead = 0  # steps scheduled ahead of the previous one's commit
+        # the step the last step() call committed computed prompt positions (a new request's
+        # prompt chunk or a recompute): such a step runs eagerly and is never queued ahead
+        self.last_step_prefilled = False
         self._ahead: LaunchedStep | _FailedStep | None = None  # the step scheduled ahead and queued on the device (async scheduling)
 
     # -- sizing ----------------------------------------------------------------------------------
@@ -351,6 +354,7 @@ class T3Engine:
             if ahead is not None:
                 self._ahead = self._launch(ahead, launched)
                 self.num_steps_ahead += 1
+        self.last_step_prefilled = launched.output.num_prefill_tokens > 0
         results.extend(self._commit(launched))
         if self._ahead is not None and all(r.is_finished for r in self._ahead.output.requests.values()):
             self.finish_in_flight()  # every request of it has ended: nothing to wait for
@@ -424,9 +428,8 @@ class T3Engine:
 
     def _observe_step(self, out: SchedulerOutput, seconds: float) -> None:
         """Feed a step's measured time to the scheduler's step-cost model."""
-        decode_rows = int((out.row_num_tokens == 1).sum())
         self.last_step_seconds = seconds
-        self.scheduler.step_cost.observe(decode_rows, out.total_num_tokens - decode_rows, seconds)
+        self.scheduler.step_cost.observe(out.num_decode_rows, out.num_prefill_tokens, seconds)
 
     def generate(self, requests: Sequence[T3Request]) -> list[T3Result]:
         """Run ``requests`` to completion with continuous batching; results in input order."""

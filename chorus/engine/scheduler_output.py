@@ -87,6 +87,16 @@ class SchedulerOutput:
         return int(self.row_num_tokens.sum())
 
     @property
+    def num_decode_rows(self) -> int:
+        """Rows computing one position: the decodes (a one-position prompt chunk counts too)."""
+        return int((self.row_num_tokens == 1).sum())
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Positions of the other rows: prompt chunks and recomputes (0 in a steady decode step)."""
+        return self.total_num_tokens - self.num_decode_rows
+
+    @property
     def is_empty(self) -> bool:
         return not self.seqs
 

@@ -204,7 +204,7 @@ class Pipeline:
         self._threads_at_start = torch.get_num_threads()
         self._t3_threads, self._vocoder_threads = _thread_shares(models.device, config.split_cpu_threads)
         self._t3 = AsyncT3Engine(self.engine, on_step=self._on_t3_step, intra_op_threads=self._t3_threads,
-                                 on_step_time=lambda seconds: self._timing("t3", seconds))
+                                 on_step_time=self._on_t3_step_time)
         self._timing_listener: Callable[[str, float], None] | None = None
         self._inbox: queue.Queue = queue.Queue()
         self._requests: dict[str, _RequestState] = {}  # owned by the vocoder thread
@@ -389,15 +389,22 @@ class Pipeline:
                              audio_seconds=self.audio_seconds)
 
     # -- T3 thread -------------------------------------------------------------------------------
+    def _on_t3_step_time(self, seconds: float, prefilled: bool) -> None:
+        self._timing("t3", seconds)
+        if prefilled:
+            self._timing("t3_prefill", seconds)
+
     def _on_t3_step(self, events: list[RequestOutput]) -> None:
         self._inbox.put(("t3", (time.monotonic(), events)))  # when T3 made them, not when they are read
 
     # -- vocoder thread --------------------------------------------------------------------------
     def set_timing_listener(self, listener: Callable[[str, float], None] | None) -> None:
         """``listener(stage, seconds)`` is called, on the pipeline's threads, with ``"queue"``
-        (a request's submission to its first T3 token), ``"t3"`` (each T3 step) and
-        ``"vocoder"`` (each vocoder pass). It must be quick and thread-safe (e.g. a Prometheus
-        histogram's ``observe``)."""
+        (a request's submission to its first T3 token), ``"t3"`` (each T3 step), ``"t3_prefill"``
+        (each T3 step, among those, that computed prompt positions: an admission or a prompt
+        chunk, run eagerly and not queued ahead of the step before it) and ``"vocoder"`` (each
+        vocoder pass). It must be quick and thread-safe (e.g. a Prometheus histogram's
+        ``observe``)."""
         self._timing_listener = listener
 
     def _timing(self, stage: str, seconds: float) -> None:

@@ -23,7 +23,7 @@ LATENCY_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.0, 4.0
 # the event loop's lag: a refusal's latency target is 50 ms, a healthy loop's lag a few ms
 LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 STAGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
-STAGES = ("queue", "t3", "vocoder", "encode")
+STAGES = ("queue", "t3", "t3_prefill", "vocoder", "encode")
 # error codes that are admission refusals, and the reason label they count under
 REFUSAL_REASONS = {"queue_full": "queue_full", "overloaded": "overloaded", "memory_pressure": "memory_pressure"}
 # the admission rules that answer `overloaded` (docs/server.md, "Admission")
@@ -208,7 +208,8 @@ class ServerMetrics:
                                      registry=registry)
         self.stage_seconds = Histogram(
             "chorus_stage_seconds", "Time of one unit of work per stage: queue (a request's submission to its "
-            "first T3 token), t3 (one T3 step), vocoder (one vocoder pass), encode (one audio piece)",
+            "first T3 token), t3 (one T3 step), t3_prefill (one T3 step, of those, that computed prompt "
+            "positions), vocoder (one vocoder pass), encode (one audio piece)",
             ["stage"], buckets=STAGE_BUCKETS, registry=registry)
         self.deadline_misses = Counter("chorus_deadline_misses", "Requests that missed a deadline, by kind "
                                        "(start: before their first audio; total: the whole request)",

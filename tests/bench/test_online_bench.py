@@ -384,6 +384,18 @@ def test_stage_means_are_the_difference_of_two_scrapes():
         "t3": {"count": 100, "mean_s": 0.005}, "vocoder": {"count": 0, "mean_s": None}}
 
 
+def test_the_decode_steps_are_the_t3_steps_that_did_not_prefill():
+    def scrape(t3, t3_s, prefill, prefill_s):
+        return "\n".join([f'chorus_stage_seconds_count{{stage="t3"}} {t3}',
+                          f'chorus_stage_seconds_sum{{stage="t3"}} {t3_s}',
+                          f'chorus_stage_seconds_count{{stage="t3_prefill"}} {prefill}',
+                          f'chorus_stage_seconds_sum{{stage="t3_prefill"}} {prefill_s}'])
+
+    assert stage_means(scrape(0, 0.0, 0, 0.0), scrape(100, 0.6, 20, 0.3)) == {
+        "t3": {"count": 100, "mean_s": 0.006}, "t3_decode": {"count": 80, "mean_s": 0.00375},
+        "t3_prefill": {"count": 20, "mean_s": 0.015}}
+
+
 def test_poisson_arrivals_are_bounded_in_count_and_time():
     times = arrival_times(10.0, 1000, 5.0, seed=3)
     assert times == sorted(times) and times[-1] < 5.0 and 25 < len(times) < 80  # about 50

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -76,3 +77,21 @@ def test_an_abort_while_a_step_is_ahead_frees_the_request_and_spares_the_others(
     assert engine._ahead is None
     assert tokens[ids[0]] == want[0][0] and tokens[ids[2]] == want[2][0]
     assert engine.kv_manager.num_free_blocks == engine.kv_cache.num_blocks
+
+
+def test_a_step_says_whether_it_computed_prompt_positions():
+    variant, model = tiny("turbo")
+    engine = _engine(variant, model, step_time_target_s=math.inf)  # each prompt in one chunk
+    first, second = _requests(variant, 2, seed=5, max_tokens=30, ignore_eos=True)
+    engine.add_request(first)
+    prefilled = []
+    for _ in range(4):
+        engine.step()
+        prefilled.append(engine.last_step_prefilled)
+    engine.add_request(second)
+    for _ in range(4):
+        engine.step()
+        prefilled.append(engine.last_step_prefilled)
+    # the second is admitted beside the decoding first one in one mixed step, the step after the
+    # one already queued ahead
+    assert prefilled == [True, False, False, False, False, True, False, False]

@@ -45,7 +45,7 @@ def _run(pipe: Pipeline) -> Seen:
 
 def test_each_stage_reports_its_work(four_threads):
     seen = _run(_pipeline("turbo"))
-    assert set(seen.threads) == {"queue", "t3", "vocoder"}
+    assert set(seen.threads) == {"queue", "t3", "t3_prefill", "vocoder"}
 
 
 def test_on_a_cpu_the_stage_threads_split_the_intra_op_threads(four_threads):
