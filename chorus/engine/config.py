@@ -81,6 +81,13 @@ class SchedulerConfig:
         before reading the tokens of the one in flight (``Scheduler.schedule_ahead``), so host
         work overlaps the forward. Tokens are unchanged; a request that stops on EOS costs one
         wasted row in the step after.
+    admit_ahead: with ``async_scheduling``, a step scheduled ahead also admits new requests
+        (their first prompt chunk beside the decode rows), where the pool has the blocks without
+        preempting anyone. Without it an arrival ends the lookahead: the engine waits for the
+        step in flight, then schedules and launches the admitting step (an eager one) while the
+        device idles, once per arrival. Tokens are unchanged either way; a preempted request's
+        recompute, and an arrival that would need a preemption, still take the regular
+        schedule (docs/engine.md, "One-step lookahead").
     step_time_target_s: the time one step should take at most. The token budget bounds
         positions, not seconds, and a position costs very different time on different devices,
         so a step's prefill positions (beside its decode rows, which always run) are also bounded
@@ -100,6 +107,7 @@ class SchedulerConfig:
     max_model_len: int = 4096
     enable_chunked_prefill: bool = True
     async_scheduling: bool = True
+    admit_ahead: bool = False
     step_time_target_s: float | None = None
     initial_prefill_tokens: int = 128
 
@@ -113,6 +121,8 @@ class SchedulerConfig:
         _require(self.enable_chunked_prefill or self.max_num_batched_tokens >= self.max_model_len,
                  f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) "
                  f"must cover a whole prompt: >= max_model_len ({self.max_model_len})")
+        _require(self.async_scheduling or not self.admit_ahead,
+                 "admit_ahead needs async_scheduling (it admits in the steps scheduled ahead)")
         target = self.step_time_target_s
         _require(target is None or (isinstance(target, (int, float)) and not isinstance(target, bool) and target > 0),
                  f"step_time_target_s must be a positive number of seconds (math.inf: no time bound) or None "

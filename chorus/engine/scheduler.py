@@ -92,6 +92,9 @@ class Scheduler:
         self._requests: dict[str, Request] = {}
         self._deadlines: list[tuple[float, int, Request]] = []  # heap; finished entries skipped
         self._in_flight: list[SchedulerOutput] = []  # scheduled, not yet committed; oldest first
+        # admit_ahead: a step ahead found the pool short for a waiting request, so the next step
+        # is schedule()'s, which may preempt for it
+        self._needs_regular_schedule = False
         self.num_preemptions = 0
 
     # -- user edge -----------------------------------------------------------------------------
@@ -145,6 +148,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Choose this step's rows and spans and allocate their slots (see module docstring)."""
         assert not self._in_flight, "schedule() called again before update_from_output()"
+        self._needs_regular_schedule = False
         finished = self._expire_deadlines()
         budget = self.config.max_num_batched_tokens
         scheduled: dict[str, int] = {}
@@ -198,24 +202,20 @@ class Scheduler:
                 break  # preempted for a higher priority this very step: not back before the next
             if self.num_running_rows + request.num_rows > self.config.max_num_seqs:
                 break
-            computed = self.kv.get_computed_blocks(request)
-            remaining = request.num_tokens - computed.num_tokens
-            limit = budget if remaining <= 1 else min(budget, prefill_time)
-            n = min(remaining, limit // request.num_rows)
-            if n <= 0 or (n < remaining and not self.config.enable_chunked_prefill):
+            span = self._admission_span(request, budget, prefill_time)
+            if span is None:
                 break
+            computed, n = span
             if self.kv.allocate_slots(request, n, computed) is None:
                 victim = self._lower_priority_victim(request)
                 if victim is None:
                     break
                 preempt(victim)
                 continue
-            self.waiting.pop()
-            request.set_status(RequestStatus.RUNNING)
-            self._add_running(request)
+            self._start_running(request)
             scheduled[request.request_id] = n
             budget -= n * request.num_rows
-            if remaining > 1:
+            if request.num_tokens - computed.num_tokens > 1:
                 prefill_time -= n * request.num_rows
 
         if decode_starts is not None and not preempted and len(scheduled) == len(decoding):
@@ -250,9 +250,12 @@ class Scheduler:
         Only the steady state is scheduled ahead: every running request was in the step in
         flight and samples from it, so each one decodes its next position, and the step is
         exactly the decoding requests, minus those that the step in flight ends by
-        ``max_tokens``. Returns None, and changes nothing, whenever the regular ``schedule``
-        could decide otherwise: a deadline has passed, a waiting request could be admitted,
-        the pool is short of blocks (preemption), or a request is still prefilling. A request
+        ``max_tokens``; with ``config.admit_ahead``, plus the waiting requests that can be
+        admitted without preempting (``_admit_ahead``). Returns None, and changes nothing,
+        whenever the regular ``schedule`` could decide otherwise: a deadline has passed, a
+        waiting request could be admitted (with ``admit_ahead``: a recompute, or one a step ahead
+        found the pool short for), the pool is short of blocks for the decode rows
+        (preemption), or a request is still prefilling. A request
         that the step in flight ends on EOS (learned at its commit) keeps a wasted row in the
         step ahead; ``update_from_output`` ignores it.
         """
@@ -267,15 +270,55 @@ class Scheduler:
         if not going:
             return None
         rows = sum(r.num_rows for r in going)
-        if self.waiting and rows + self.waiting.peek().num_rows <= self.config.max_num_seqs:
-            return None  # the regular schedule would admit it
+        head = self.waiting.peek()
+        admissible = head is not None and rows + head.num_rows <= self.config.max_num_seqs
+        # the regular schedule would admit the head; with admit_ahead, unless it is a preempted
+        # request's recompute (its generated tokens are fed from the host, not from the step in
+        # flight) or a step ahead found the pool short for it (the regular one may preempt)
+        if admissible and (not self.config.admit_ahead or head.output_tokens or self._needs_regular_schedule):
+            return None
         n_prev = prev.num_scheduled_tokens
         starts = np.fromiter((r.num_computed_tokens + n_prev[r.request_id] for r in going), np.int64, len(going))
         if not self._allocate_next_blocks(going, starts):
             return None
-        out = self._decode_output(going, starts, [])
+        admitted = self._admit_ahead(rows) if admissible else {}
+        if admitted:
+            out = self._build_output({**dict.fromkeys([r.request_id for r in going], 1), **admitted}, [], [],
+                                     in_flight=n_prev)
+        else:
+            out = self._decode_output(going, starts, [])
         self._in_flight.append(out)
         return out
+
+    def _admit_ahead(self, decode_rows: int) -> dict[str, int]:
+        """Admit waiting requests into a step scheduled ahead beside ``decode_rows`` decode
+        rows, as the regular schedule would but without preempting: in priority order, while
+        rows, the token budget, the prefill time and free blocks allow, up to the first
+        recompute (left to the regular schedule). Returns the positions each admitted request
+        computes. When the pool is short for a request, the next step is scheduled the regular
+        way, which may preempt for it."""
+        budget = self.config.max_num_batched_tokens - decode_rows
+        prefill_time = self.prefill_time_budget(decode_rows)
+        admitted: dict[str, int] = {}
+        while self.waiting:
+            request = self.waiting.peek()
+            if self.num_running_rows + request.num_rows > self.config.max_num_seqs:
+                break
+            if request.output_tokens:
+                break
+            span = self._admission_span(request, budget, prefill_time)
+            if span is None:
+                break
+            computed, n = span
+            if self.kv.allocate_slots(request, n, computed) is None:
+                self._needs_regular_schedule = True
+                break
+            self._start_running(request)
+            admitted[request.request_id] = n
+            budget -= n * request.num_rows
+            if request.num_tokens - computed.num_tokens > 1:
+                prefill_time -= n * request.num_rows
+        return admitted
 
     def update_from_output(self, output: SchedulerOutput, sampled: Mapping[str, int]) -> list[RequestOutput]:
         """Commit the step: advance computed positions, register newly full blocks in the prefix
@@ -364,6 +407,25 @@ class Scheduler:
         seqs = [seq for i in at_boundary for seq in requests[i].sequences]
         return self.kv.allocate_next_blocks(seqs, [int(positions[i]) for i in at_boundary for _ in requests[i].sequences])
 
+    def _admission_span(self, request: Request, budget: int, prefill_time: int):
+        """A waiting request's cached prefix and the positions it may compute in this step
+        under the token ``budget`` and the ``prefill_time`` positions left, or None when
+        nothing (or, without chunked prefill, not the whole prompt) fits."""
+        computed = self.kv.get_computed_blocks(request)
+        remaining = request.num_tokens - computed.num_tokens
+        limit = budget if remaining <= 1 else min(budget, prefill_time)
+        n = min(remaining, limit // request.num_rows)
+        if n <= 0 or (n < remaining and not self.config.enable_chunked_prefill):
+            return None
+        return computed, n
+
+    def _start_running(self, request: Request) -> None:
+        """The head of the waiting queue, its slots allocated, joins the running set."""
+        assert self.waiting.peek() is request
+        self.waiting.pop()
+        request.set_status(RequestStatus.RUNNING)
+        self._add_running(request)
+
     def _add_running(self, request: Request) -> None:
         bisect.insort(self.running, request, key=Request.sort_key)
         self.num_running_rows += request.num_rows
@@ -419,15 +481,20 @@ class Scheduler:
         return None
 
     def _build_output(
-        self, scheduled: dict[str, int], preempted: list[str], finished: list[RequestOutput]
+        self, scheduled: dict[str, int], preempted: list[str], finished: list[RequestOutput],
+        in_flight: Mapping[str, int] | None = None,
     ) -> SchedulerOutput:
+        """``in_flight``: positions per request of the step in flight, for a step scheduled
+        ahead of its commit (a request in it computes from there on, and the token it samples
+        there is one more of its sequence)."""
         # decode first, each group in the order scheduled
         order = [rid for rid, n in scheduled.items() if n == 1] + [rid for rid, n in scheduled.items() if n > 1]
         requests = [self._requests[rid] for rid in order]
         counts = np.fromiter((scheduled[rid] for rid in order), np.int64, len(order))
         firsts = [r.sequences[0] for r in requests]
-        starts = np.fromiter((s.num_computed_tokens for s in firsts), np.int64, len(order))
-        ends = np.fromiter((s.num_tokens for s in firsts), np.int64, len(order))
+        ahead = np.fromiter(((in_flight or {}).get(rid, 0) for rid in order), np.int64, len(order))
+        starts = np.fromiter((s.num_computed_tokens for s in firsts), np.int64, len(order)) + ahead
+        ends = np.fromiter((s.num_tokens for s in firsts), np.int64, len(order)) + (ahead > 0)
         rows = np.fromiter((len(r.sequences) for r in requests), np.int64, len(order))
         seqs = [seq for r in requests for seq in r.sequences]
         tables, lengths = self.kv.block_tables(seqs)

@@ -61,10 +61,18 @@ def vocoder_config(config: ServerConfig):
                          graph_cover_work=config.vocoder_graph_cover_work, **limits)
 
 
+def engine_config(config: ServerConfig, gpu_memory_utilization: float):
+    """The T3 engine's settings of one model version (``config.for_entry``)."""
+    from chorus.engine.config import EngineConfig
+
+    return EngineConfig.from_flat(variant=config.variant, max_num_seqs=config.max_num_seqs,
+                                  kv_cache_bytes=config.kv_cache_bytes, kv_cache_dtype=config.kv_cache_dtype,
+                                  gpu_memory_utilization=gpu_memory_utilization, admit_ahead=config.t3_admit_ahead)
+
+
 def load_models(config: ServerConfig) -> Loaded:
     """The real loader of one model version (``config.for_entry``): checkpoint -> models ->
     running pipeline, plus its voice store."""
-    from chorus.engine.config import EngineConfig
     from chorus.models.loading import parse_device
     from chorus.pipeline import ConversionConfig, Pipeline, PipelineConfig, SpeechModels
     from chorus.voices.objectstore import open_blob_store
@@ -77,9 +85,7 @@ def load_models(config: ServerConfig) -> Loaded:
         logger.warning("the checkpoint at %s has RANDOM WEIGHTS (written by `chorus checkpoint random`): "
                        "every voice speaks noise; point --checkpoint at real weights to hear speech",
                        models.checkpoint.directory)
-    engine = EngineConfig.from_flat(variant=config.variant, max_num_seqs=config.max_num_seqs,
-                                    kv_cache_bytes=config.kv_cache_bytes, kv_cache_dtype=config.kv_cache_dtype,
-                                    gpu_memory_utilization=utilization)
+    engine = engine_config(config, utilization)
     pipeline = Pipeline(models, PipelineConfig(engine=engine, vocoder=vocoder_config(config), max_chars=config.max_chars,
                                                conversion=ConversionConfig(max_source_s=config.max_source_s),
                                                default_deadline_s=config.default_deadline_s,

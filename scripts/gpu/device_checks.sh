@@ -4,7 +4,7 @@
 # CHECK: tests | bench-original | bench-turbo | offline-original | offline-turbo |
 #        stream-original | stream-turbo | stream-turbo-prompt-cap | attention | vocoder-graphs | stage-contention | online-original | online-turbo |
 #        agent-original | agent-turbo | agent-turbo-listen | agent-turbo-prompt-cap | agent-turbo-headroom |
-#        agent-turbo-first-window | online-turbo-short-voice | overload-turbo | two-models | swap-turbo |
+#        agent-turbo-first-window | agent-turbo-admit-ahead | online-turbo-short-voice | overload-turbo | two-models | swap-turbo |
 #        scale-out-turbo | scale-out-original | profile-original | profile-turbo | rope-kv |
 #        vocoder-turbo | vocoder-original | vc-turbo | vc-original
 # The reference chatterbox-tts (for the benchmark ratio) must be importable; WHEELS=DIR installs
@@ -22,15 +22,16 @@ else
   export PYTHONPATH=$PWD
 fi
 # agents_per_setting NAME FLAG LEVELS VALUE...: one turbo server per VALUE (`chorus serve FLAG VALUE`;
-# "none": without FLAG), back to back, each driven by voice agents at LEVELS connections, into
-# OUT_DIR/agent_NAME_VALUE/agent.json
+# "none": without FLAG; "on": FLAG alone, a switch), back to back, each driven by voice agents at LEVELS
+# connections, into OUT_DIR/agent_NAME_VALUE/agent.json
 agents_per_setting() {
-  local name=$1 flag=$2 levels=$3 value dir
+  local name=$1 flag=$2 levels=$3 value dir args
   shift 3
   for value in "$@"; do
     dir="$out/agent_${name}_$value"
     mkdir -p "$dir"
-    SERVE_ARGS="$([[ $value != none ]] && echo "$flag $value")" \
+    case $value in none) args= ;; on) args=$flag ;; *) args="$flag $value" ;; esac
+    SERVE_ARGS="$args" \
       bash scripts/gpu/online.sh turbo "$dir" --agent --concurrency "$levels" --llm-tokens-per-s 50 \
       --max-new-tokens 80 --cancel-fraction 0.25 --quiet --out "$dir/agent.json" | tail -5
     rm -f "$dir"/metrics_*
@@ -93,6 +94,10 @@ case $what in
     # WINDOWS tokens ("20 14 10"), one server each, back to back: a smaller window means a first audio some T3
     # steps sooner and one vocoder pass more per stream (docs/vocoder.md, "Windows")
     agents_per_setting window --vocoder-first-window-tokens 16,64 ${WINDOWS:-20 14 10} ;;
+  agent-turbo-admit-ahead)  # voice agents at 16 and 64 connections without and with `--t3-admit-ahead`, one
+    # server each, back to back (docs/engine.md, "One-step lookahead"): arrivals admitted in the T3 step queued ahead
+    # instead of a synchronous admitting step per arrival; the bench's server.stage_seconds splits t3_prefill
+    agents_per_setting admit_ahead --t3-admit-ahead 16,64 none on ;;
   agent-turbo-headroom)  # voice agents at 64 and 256 connections under admission's real-time headroom
     # HEADROOMS ("1.25 1.6 2"), one server each, back to back: at 256 agents most admitted turns stalled with the
     # default 1.25 (docs/benchmarks.md, "Results: one H100 (2026-12-05, late)")

@@ -26,10 +26,11 @@ def _model(name, dtype):
     return variant, T3Model.from_state_dict(variant.t3, state, dtype=dtype, device="cuda", source="random")
 
 
-def _engine(model, variant, graphs):
+def _engine(model, variant, graphs, **scheduler):
     config = EngineConfig(variant=variant.name, default_deadline_s=None,
                           cache=CacheConfig(kv_cache_bytes=4 << 30),
-                          scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=4096, max_model_len=1024))
+                          scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=4096, max_model_len=1024,
+                                                    **scheduler))
     return T3Engine(model, variant, config, cuda_graphs=graphs)
 
 
@@ -76,6 +77,27 @@ def test_lookahead_on_gpu_gives_the_tokens_of_synchronous_steps(name):
         runs.append([r.tokens for r in engine.generate(reqs)])
         assert (engine.num_steps_ahead > 0) == lookahead
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("name", ["original", "turbo"])
+def test_arrivals_admitted_ahead_on_gpu_equal_the_sequential_path(name):
+    """fp32, CUDA graphs and sampler graphs (``SchedulerConfig.admit_ahead``): a request that
+    arrives while others decode is admitted in an eager step queued behind the replayed graph in
+    flight, and gets the sequential path's tokens."""
+    import dataclasses
+
+    from tests.engine.test_admit_ahead import _staggered
+
+    variant, model = _model(name, torch.float32)
+    reqs = _requests(variant, model, 5)
+    for r in reqs:
+        r.params = dataclasses.replace(r.params, ignore_eos=True)
+    engine = _engine(model, variant, True, admit_ahead=True)
+    got = _staggered(engine, reqs)
+    assert engine.num_steps - engine.num_steps_ahead == 1  # every later arrival went ahead
+    for req, tokens in zip(reqs, got):
+        seq = generate_speech_tokens(model, variant, req.conditioning.embeds, torch.tensor(req.text_ids), req.params).tokens
+        assert tokens == seq
 
 
 @pytest.mark.parametrize("name", ["original", "turbo"])

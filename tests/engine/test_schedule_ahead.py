@@ -103,3 +103,52 @@ def test_a_full_batch_with_waiting_requests_is_still_scheduled_ahead():
     _steady(s, make_request("a", max_tokens=20))
     s.add_request(make_request("w", priority=Priority.HIGH))  # no row for it: admission waits anyway
     assert s.schedule_ahead() is not None
+
+
+# -- admit_ahead --------------------------------------------------------------------------------
+
+def test_with_admit_ahead_an_arrival_joins_the_step_ahead_with_its_prompt():
+    s = make_scheduler(admit_ahead=True)
+    a = make_request("a", max_tokens=20)
+    prev = _steady(s, a)
+    w = make_request("w", text_len=3)
+    s.add_request(w)
+    ahead = s.schedule_ahead()
+    assert list(ahead.requests) == ["a", "w"] and w.status is RequestStatus.RUNNING
+    # a decodes one position past the step in flight; w computes its whole prompt and samples
+    assert spans(ahead) == [(spans(prev)[0][0], spans(prev)[0][1] + 1, 1, True),
+                            (w.sequences[0].seq_id, 0, w.num_tokens, True)]
+    s.check_invariants()
+    s.update_from_output(prev, {"a": TOKEN})
+    s.update_from_output(ahead, {"a": TOKEN, "w": TOKEN})
+    s.check_invariants()
+    assert len(w.output_tokens) == 1 and s.num_prefilling == 0
+
+
+def _low_preempted_for_high(s):
+    """A low-priority request decoding; a high-priority arrival that needs every block of the
+    pool. Returns the first and the regular step that preempted it for the second (in flight)."""
+    low = make_request("low", max_tokens=8, cond_len=1, priority=Priority.LOW)
+    prev = _steady(s, low)
+    high = make_request("high", max_tokens=3, cond_len=27, voice="w", priority=Priority.HIGH)
+    s.add_request(high)
+    ahead = s.schedule_ahead()
+    assert list(ahead.requests) == ["low"] and high.status is RequestStatus.WAITING
+    s.update_from_output(prev, {"low": TOKEN})
+    assert s.schedule_ahead() is None  # the pool is short: the regular schedule's turn
+    s.update_from_output(ahead, {"low": TOKEN})
+    return low, s.schedule()
+
+
+def test_with_admit_ahead_a_pool_short_for_an_arrival_leaves_the_preemption_to_the_regular_schedule():
+    s = make_scheduler(num_blocks=8, admit_ahead=True)
+    low, out = _low_preempted_for_high(s)
+    assert list(out.requests) == ["high"] and low.status is RequestStatus.PREEMPTED
+    s.check_invariants()
+
+
+def test_with_admit_ahead_a_recompute_at_the_queues_head_leaves_the_step_to_the_regular_schedule():
+    s = make_scheduler(num_blocks=8, admit_ahead=True)
+    low, _ = _low_preempted_for_high(s)
+    assert low.output_tokens and s.waiting.peek() is low
+    assert s.schedule_ahead() is None  # its generated tokens come from the host

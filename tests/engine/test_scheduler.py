@@ -30,9 +30,9 @@ def make_request(rid, *, text_len=1, cond_len=2, cfg=False, priority=Priority.NO
 
 
 def make_scheduler(num_blocks=64, *, max_num_seqs=8, budget=64, max_model_len=64, chunked=True,
-                   clock=None):
+                   clock=None, admit_ahead=False):
     config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-                             max_model_len=max_model_len, enable_chunked_prefill=chunked)
+                             max_model_len=max_model_len, enable_chunked_prefill=chunked, admit_ahead=admit_ahead)
     return Scheduler(config, KVCacheManager(num_blocks, BS), clock=clock or Clock())
 
 
@@ -52,6 +52,7 @@ def spans(out):
     (dict(max_num_seqs=0), "max_num_seqs"),
     (dict(max_num_seqs=64, max_num_batched_tokens=32), "must be >= max_num_seqs"),
     (dict(enable_chunked_prefill=False, max_num_batched_tokens=512, max_model_len=1024), "chunked"),
+    (dict(async_scheduling=False, admit_ahead=True), "admit_ahead needs async_scheduling"),
 ])
 def test_scheduler_config_rejects_bad_values_with_the_rule(kw, message):
     with pytest.raises(ValueError, match=message):

@@ -24,14 +24,14 @@ STREAM_SNR_DB = 10.0  # docs/vocoder.md: 12-16 dB at 150 tokens; these chunks ar
 TEXT = "The first sentence is here. A second one follows it. And a third closes the text."
 
 
-def _pipeline(name: str, **config) -> Pipeline:
+def _pipeline(name: str, *, admit_ahead: bool = False, **config) -> Pipeline:
     """A tiny pipeline whose T3 steps do not follow measured time (``step_time_target_s``
     inf): tests here compare audio of separate runs bit for bit, and prompt chunks sized by
     time would change which vocoder passes the chunks share, and so the last bits."""
     models = tiny_models(name)
     engine = EngineConfig(variant=name, cache=CacheConfig(kv_cache_bytes=64 << 20),
                           scheduler=SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=1024, max_model_len=1024,
-                                                    step_time_target_s=math.inf))
+                                                    step_time_target_s=math.inf, admit_ahead=admit_ahead))
     return Pipeline(models, PipelineConfig(engine=engine, max_chars=40, **config)).start()
 
 
@@ -62,6 +62,24 @@ def test_non_streaming_audio_equals_the_exact_path(pipe):
         [(c.text, c.seed, c.speech_tokens) for c in want.chunks]
     assert got.wav.shape == want.wav.shape
     np.testing.assert_allclose(got.wav, want.wav, atol=1e-4)
+
+
+def test_requests_admitted_while_another_streams_equal_the_exact_path_with_admissions_ahead():
+    pipe = _pipeline("turbo", admit_ahead=True)
+    try:
+        first = pipe.submit(_request(tokens=60, stream=True))
+        next(iter(first))  # its audio has begun: T3 is decoding it
+        later = [_request(seed=seed) for seed in (5, 6)]
+        streams = [pipe.submit(r) for r in later]
+        for request, stream in zip(later, streams):
+            got, want = stream.result(), _exact(pipe, request)
+            assert [(c.text, c.seed, c.speech_tokens) for c in got.chunks] == \
+                [(c.text, c.seed, c.speech_tokens) for c in want.chunks]
+            np.testing.assert_allclose(got.wav, want.wav, atol=1e-4)
+        first.result()
+        assert pipe.engine.num_steps_ahead > 0
+    finally:
+        pipe.close()
 
 
 def test_streamed_audio_comes_in_pieces_in_chunk_order_and_matches_one_pass(pipe):

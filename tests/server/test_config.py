@@ -299,6 +299,13 @@ def test_the_first_window_prompt_cap_reaches_the_vocoder_stage():
     assert vocoder_config(_build(flags={"vocoder_first_window_prompt_tokens": "50"})).first_window_prompt_tokens == 50
 
 
+def test_admitting_ahead_reaches_the_t3_scheduler():
+    from chorus.server.main import engine_config
+
+    assert engine_config(_build(), 0.85).scheduler.admit_ahead is False
+    assert engine_config(_build(flags={"t3_admit_ahead": "true"}), 0.85).scheduler.admit_ahead is True
+
+
 def test_the_first_window_reaches_the_vocoder_stage():
     from chorus.server.main import vocoder_config
 
