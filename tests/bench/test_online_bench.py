@@ -373,25 +373,22 @@ def test_the_server_pause_report_is_the_difference_of_two_scrapes():
     assert server_pauses("chorus_requests_total 3.0") is None and pause_report(None, after) is None
 
 
-def test_stage_means_are_the_difference_of_two_scrapes():
-    def scrape(t3, t3_s, vocoder, vocoder_s):
-        return "\n".join([f'chorus_stage_seconds_count{{stage="t3"}} {t3}',
-                          f'chorus_stage_seconds_sum{{stage="t3"}} {t3_s}',
-                          f'chorus_stage_seconds_count{{stage="vocoder"}} {vocoder}',
-                          f'chorus_stage_seconds_sum{{stage="vocoder"}} {vocoder_s}'])
+def _stage_scrape(**stages: tuple[float, float]) -> str:
+    """A /metrics text of ``chorus_stage_seconds``: per stage, (count, sum of seconds)."""
+    return "\n".join(f'chorus_stage_seconds_{kind}{{stage="{stage}"}} {value}'
+                     for stage, (count, seconds) in stages.items()
+                     for kind, value in (("count", count), ("sum", seconds)))
 
-    assert stage_means(scrape(10, 0.05, 2, 0.2), scrape(110, 0.55, 2, 0.2)) == {
+
+def test_stage_means_are_the_difference_of_two_scrapes():
+    assert stage_means(_stage_scrape(t3=(10, 0.05), vocoder=(2, 0.2)),
+                       _stage_scrape(t3=(110, 0.55), vocoder=(2, 0.2))) == {
         "t3": {"count": 100, "mean_s": 0.005}, "vocoder": {"count": 0, "mean_s": None}}
 
 
 def test_the_decode_steps_are_the_t3_steps_that_did_not_prefill():
-    def scrape(t3, t3_s, prefill, prefill_s):
-        return "\n".join([f'chorus_stage_seconds_count{{stage="t3"}} {t3}',
-                          f'chorus_stage_seconds_sum{{stage="t3"}} {t3_s}',
-                          f'chorus_stage_seconds_count{{stage="t3_prefill"}} {prefill}',
-                          f'chorus_stage_seconds_sum{{stage="t3_prefill"}} {prefill_s}'])
-
-    assert stage_means(scrape(0, 0.0, 0, 0.0), scrape(100, 0.6, 20, 0.3)) == {
+    assert stage_means(_stage_scrape(t3=(0, 0.0), t3_prefill=(0, 0.0)),
+                       _stage_scrape(t3=(100, 0.6), t3_prefill=(20, 0.3))) == {
         "t3": {"count": 100, "mean_s": 0.006}, "t3_decode": {"count": 80, "mean_s": 0.00375},
         "t3_prefill": {"count": 20, "mean_s": 0.015}}
 
