@@ -180,7 +180,7 @@ class T3Engine:
         self.last_step_seconds: float | None = None  # the last timed step (see _StepTimer)
         self.num_steps_ahead = 0  # steps scheduled ahead of the previous one's commit
         # the step the last step() call committed computed prompt positions (a new request's
-        # prompt chunk or a recompute): such a step runs eagerly and is never queued ahead
+        # prompt chunk or a recompute): such a step runs eagerly, not from a CUDA graph
         self.last_step_prefilled = False
         self._ahead: LaunchedStep | _FailedStep | None = None  # the step scheduled ahead and queued on the device (async scheduling)
 

@@ -402,9 +402,8 @@ class Pipeline:
         """``listener(stage, seconds)`` is called, on the pipeline's threads, with ``"queue"``
         (a request's submission to its first T3 token), ``"t3"`` (each T3 step), ``"t3_prefill"``
         (each T3 step, among those, that computed prompt positions: an admission or a prompt
-        chunk, run eagerly and not queued ahead of the step before it) and ``"vocoder"`` (each
-        vocoder pass). It must be quick and thread-safe (e.g. a Prometheus histogram's
-        ``observe``)."""
+        chunk, run eagerly, not from a CUDA graph) and ``"vocoder"`` (each vocoder pass). It
+        must be quick and thread-safe (e.g. a Prometheus histogram's ``observe``)."""
         self._timing_listener = listener
 
     def _timing(self, stage: str, seconds: float) -> None:
