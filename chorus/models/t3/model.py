@@ -216,10 +216,11 @@ class T3Model(nn.Module):
     def prefill_embeds_many(self, requests: Sequence[tuple[torch.Tensor, torch.Tensor, bool]]) -> list[torch.Tensor]:
         """:meth:`prefill_embeds` of several requests, ``(cond, text_ids, cfg)`` each, equal to
         it bit for bit. Their text is looked up together: every request's framed ids and text
-        positions go to the device in one copy and through each table once; per request there
-        is only the concatenation. A burst of arrivals then costs the engine's thread a few
-        tensor calls instead of about ten per request, each of which can hand the GIL to
-        another thread (docs/engine.md, "Admission")."""
+        positions go to the device in one copy (from pinned memory, so it does not wait for the
+        device's queued work) and through each table once; per request there is only the
+        concatenation. A burst of arrivals then costs the engine's thread a few tensor calls
+        instead of about ten per request, each of which can hand the GIL to another thread
+        (docs/engine.md, "Admission")."""
         for cond, _, cfg in requests:
             if cfg and not self.config.supports_cfg:
                 raise ValueError("this variant has no classifier-free guidance")
@@ -233,7 +234,13 @@ class T3Model(nn.Module):
         if not requests:
             return []
         positions = torch.cat([torch.arange(n) for n in lengths])
-        ids, positions = torch.cat([*framed, positions]).to(self.device).split(sum(lengths))
+        host = torch.cat([*framed, positions])
+        if self.device.type == "cuda":
+            # pinned, so the copy is queued behind the device's work instead of waiting for it: a
+            # request arriving while a T3 step runs is embedded without a sync (docs/engine.md,
+            # "Admission"); the caching host allocator keeps the buffer until the copy is done
+            host = host.pin_memory()
+        ids, positions = host.to(self.device, non_blocking=True).split(sum(lengths))
         text = self.text_emb(ids)
         unconditional = torch.zeros_like(text) if any(cfg for _, _, cfg in requests) else None
         if self.text_pos_emb is not None:

@@ -34,3 +34,21 @@ def test_cuda_bf16_tracks_fp32(name):
     bf16 = _logits(name, device="cuda", dtype=torch.bfloat16)
     assert torch.isfinite(bf16).all()
     assert float((fp32 - bf16).abs().max()) < 0.05 * float(fp32.abs().max())
+
+
+def test_prompt_embeddings_do_not_wait_for_the_work_queued_on_the_device():
+    """An arrival is embedded while a T3 step runs: the text's copy to the device is queued
+    behind that step, not waited for (with ``admit_ahead`` the admitting step is then launched
+    while the step in flight still runs)."""
+    config = tiny_variant("turbo").t3
+    model = T3Model.from_state_dict(config, random_t3_state(config, 0), device="cuda")
+    cond = model.encode_conditioning(torch.randn(1, 256), torch.randint(0, 6561, (1, 10)), 0.5)
+    want = model.prefill_embeds(cond, torch.tensor([5, 6, 7]), cfg=False)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1 << 31)  # a step that keeps the device busy for about a second
+    busy = torch.cuda.Event()
+    busy.record()
+    got = model.prefill_embeds_many([(cond, torch.tensor([5, 6, 7]), False)])[0]
+    assert not busy.query(), "the embedding waited for the device's queued work"
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
