@@ -154,11 +154,15 @@ class Scheduler:
         scheduled: dict[str, int] = {}
         preempted: list[str] = []
 
-        def preempt(victim: Request) -> None:
-            nonlocal budget
-            budget += scheduled.pop(victim.request_id, 0) * victim.num_rows
+        def preempt(victim: Request) -> int:
+            """Preempt ``victim``; returns the budget its positions in this step give back."""
             self._preempt(victim)
             preempted.append(victim.request_id)
+            return scheduled.pop(victim.request_id, 0) * victim.num_rows
+
+        def make_room(request: Request) -> int | None:
+            victim = self._lower_priority_victim(request)
+            return None if victim is None else preempt(victim)
 
         if self._prefilling:
             decoding = [r for r in self.running if r not in self._prefilling]
@@ -193,30 +197,12 @@ class Scheduler:
                     if remaining > 1:
                         prefill_time -= n * request.num_rows
                     break
-                preempt(self.running[-1])
+                budget += preempt(self.running[-1])
 
-        out_of_blocks = bool(preempted)
-        while not out_of_blocks and self.waiting:
-            request = self.waiting.peek()
-            if request.request_id in preempted:
-                break  # preempted for a higher priority this very step: not back before the next
-            if self.num_running_rows + request.num_rows > self.config.max_num_seqs:
-                break
-            span = self._admission_span(request, budget, prefill_time)
-            if span is None:
-                break
-            computed, n = span
-            if self.kv.allocate_slots(request, n, computed) is None:
-                victim = self._lower_priority_victim(request)
-                if victim is None:
-                    break
-                preempt(victim)
-                continue
-            self._start_running(request)
-            scheduled[request.request_id] = n
-            budget -= n * request.num_rows
-            if request.num_tokens - computed.num_tokens > 1:
-                prefill_time -= n * request.num_rows
+        if not preempted:  # a step that ran out of blocks for its running requests admits nothing
+            # (a request preempted below for a higher priority is not back before the next step)
+            self._admit_waiting(scheduled, budget, prefill_time, waits=lambda r: r.request_id in preempted,
+                                make_room=make_room)
 
         if decode_starts is not None and not preempted and len(scheduled) == len(decoding):
             out = self._decode_output(decoding, decode_starts, finished)  # the steady state
@@ -297,28 +283,45 @@ class Scheduler:
         recompute (left to the regular schedule). Returns the positions each admitted request
         computes. When the pool is short for a request, the next step is scheduled the regular
         way, which may preempt for it."""
-        budget = self.config.max_num_batched_tokens - decode_rows
-        prefill_time = self.prefill_time_budget(decode_rows)
+        def defer(request: Request) -> None:
+            self._needs_regular_schedule = True
+
         admitted: dict[str, int] = {}
+        self._admit_waiting(admitted, self.config.max_num_batched_tokens - decode_rows,
+                            self.prefill_time_budget(decode_rows), waits=lambda r: bool(r.output_tokens),
+                            make_room=defer)
+        return admitted
+
+    def _admit_waiting(self, scheduled: dict[str, int], budget: int, prefill_time: int, *,
+                       waits: Callable[[Request], bool], make_room: Callable[[Request], int | None]) -> None:
+        """Admit waiting requests in priority order into ``scheduled`` (request id -> positions)
+        while rows, the token ``budget`` and the ``prefill_time`` positions allow. Stops at the
+        first request that ``waits`` or that does not fit; one the pool is short for gets
+        ``make_room(request)``: the budget that freeing blocks gave back (then it is tried
+        again), or None (admission stops)."""
         while self.waiting:
             request = self.waiting.peek()
-            if self.num_running_rows + request.num_rows > self.config.max_num_seqs:
+            if waits(request) or self.num_running_rows + request.num_rows > self.config.max_num_seqs:
                 break
-            if request.output_tokens:
+            computed = self.kv.get_computed_blocks(request)
+            remaining = request.num_tokens - computed.num_tokens
+            limit = budget if remaining <= 1 else min(budget, prefill_time)
+            n = min(remaining, limit // request.num_rows)
+            if n <= 0 or (n < remaining and not self.config.enable_chunked_prefill):
                 break
-            span = self._admission_span(request, budget, prefill_time)
-            if span is None:
-                break
-            computed, n = span
             if self.kv.allocate_slots(request, n, computed) is None:
-                self._needs_regular_schedule = True
-                break
-            self._start_running(request)
-            admitted[request.request_id] = n
+                freed = make_room(request)
+                if freed is None:
+                    break
+                budget += freed
+                continue
+            self.waiting.pop()
+            request.set_status(RequestStatus.RUNNING)
+            self._add_running(request)
+            scheduled[request.request_id] = n
             budget -= n * request.num_rows
-            if request.num_tokens - computed.num_tokens > 1:
+            if remaining > 1:
                 prefill_time -= n * request.num_rows
-        return admitted
 
     def update_from_output(self, output: SchedulerOutput, sampled: Mapping[str, int]) -> list[RequestOutput]:
         """Commit the step: advance computed positions, register newly full blocks in the prefix
@@ -406,25 +409,6 @@ class Scheduler:
         at_boundary = np.flatnonzero(positions % self.kv.block_size == 0).tolist()
         seqs = [seq for i in at_boundary for seq in requests[i].sequences]
         return self.kv.allocate_next_blocks(seqs, [int(positions[i]) for i in at_boundary for _ in requests[i].sequences])
-
-    def _admission_span(self, request: Request, budget: int, prefill_time: int):
-        """A waiting request's cached prefix and the positions it may compute in this step
-        under the token ``budget`` and the ``prefill_time`` positions left, or None when
-        nothing (or, without chunked prefill, not the whole prompt) fits."""
-        computed = self.kv.get_computed_blocks(request)
-        remaining = request.num_tokens - computed.num_tokens
-        limit = budget if remaining <= 1 else min(budget, prefill_time)
-        n = min(remaining, limit // request.num_rows)
-        if n <= 0 or (n < remaining and not self.config.enable_chunked_prefill):
-            return None
-        return computed, n
-
-    def _start_running(self, request: Request) -> None:
-        """The head of the waiting queue, its slots allocated, joins the running set."""
-        assert self.waiting.peek() is request
-        self.waiting.pop()
-        request.set_status(RequestStatus.RUNNING)
-        self._add_running(request)
 
     def _add_running(self, request: Request) -> None:
         bisect.insort(self.running, request, key=Request.sort_key)
