@@ -7,9 +7,10 @@ Poisson spacing, seeded), then ``flush``, and ends at its ``done`` (or ``cancell
 error); the next turn starts ``turn_gap_s`` later, or with ``listen`` that long after the
 turn's audio has played at 1x from its first frame (a barged-in turn stops playing at its
 ``cancel``), as an agent waits for its user to hear the reply and answer. A
-``cancel_fraction`` of the turns (picked by the seed) is barged in: ``cancel`` goes out as soon as the turn's first audio frame arrives, and
-no more of its text is sent. After its last turn a connection sends ``close`` and reads until the
-server closes it, so any frame that follows a turn's end is seen.
+``cancel_fraction`` of the turns (picked by the seed) is barged in: ``cancel`` goes out as soon
+as the turn's first audio frame arrives, and no more of its text is sent. After its last turn a
+connection sends ``close`` and reads until the server closes it, so any frame that follows a
+turn's end is seen.
 
 Per turn: time from its first text delta to its first audio frame, the part the server added
 (that minus the ``threshold_wait_s`` its ``done`` reports), ``flush`` to the last audio frame,
@@ -436,8 +437,13 @@ def _number(value) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _turn_timings(turn: Turn) -> dict:
+    """The ``timings`` of the turn's ``done`` event ({} without one)."""
+    return (turn.done or {}).get("timings") or {}
+
+
 def _timing(turn: Turn, key: str) -> float | None:
-    return _number(((turn.done or {}).get("timings") or {}).get(key))
+    return _number(_turn_timings(turn).get(key))
 
 
 def _timings(turns: list[Turn], key: str) -> list[float]:
@@ -449,7 +455,7 @@ FIRST_PIECE_TIMINGS = ("submitted_s", "first_token_s", "first_window_s", "first_
 
 
 def _first_piece(turns: list[Turn], key: str) -> list[float]:
-    split = [(((t.done or {}).get("timings") or {}).get("first_piece") or {}) for t in turns]
+    split = [_turn_timings(t).get("first_piece") or {} for t in turns]
     return [v for s in split if (v := _number(s.get(key))) is not None]
 
 

@@ -212,11 +212,8 @@ class Turn:
         stream = self.calls[0].stream
         result = stream.result(timeout=0)  # read to its end: the turn is done
         submitted = stream.submitted_at - self.first_piece_cut_at
-        timings = {"submitted_s": _round(submitted)}
-        for key in ("first_token_s", "first_window_s", "first_pass_s", "first_audio_s"):
-            if key in result.timings:
-                timings[key] = _round(submitted + result.timings[key])
-        return timings
+        return {"submitted_s": _round(submitted),
+                **{key: _round(submitted + seconds) for key, seconds in result.timings.items() if key != "total_s"}}
 
     async def _encode(self, method: str, *args) -> bytes:
         """Run an encoder call: raw formats inline, codecs on a worker thread (whose call a
