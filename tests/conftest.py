@@ -99,3 +99,32 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+# -- the end of the run ---------------------------------------------------------------------------
+# Twice (2026-12-02, 2026-12-06) a clean-clone run passed every test and then died of a
+# segmentation fault while the interpreter finalized, so CI failed on a green run. Daemon threads
+# (an engine's or a server's, torch's own pools) can still be in native code while modules and
+# objects are torn down. The run therefore ends with os._exit once pytest has written every report
+# (terminal summary, JUnit XML), and names the threads still alive at that point, so a test that
+# leaks one can be found.
+_EXIT_STATUS: list[int] = []
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _EXIT_STATUS.append(int(exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    import sys
+    import threading
+
+    if not _EXIT_STATUS or os.environ.get("CHORUS_TEST_NO_HARD_EXIT") == "1":
+        return
+    alive = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread())
+    if alive:
+        print(f"threads still alive at the end of the run: {', '.join(alive)}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_EXIT_STATUS[-1])
