@@ -23,7 +23,7 @@ else
 fi
 # agents_per_setting NAME FLAG LEVELS VALUE...: one turbo server per VALUE (`chorus serve FLAG VALUE`;
 # "none": without FLAG; "on": FLAG alone, a switch), back to back, each driven by voice agents at LEVELS
-# connections, into OUT_DIR/agent_NAME_VALUE/agent.json
+# connections, into OUT_DIR/agent_NAME_VALUE/agent.json; AGENT_SERVE_ARGS: options every one of those servers gets
 agents_per_setting() {
   local name=$1 flag=$2 levels=$3 value dir args
   shift 3
@@ -31,7 +31,7 @@ agents_per_setting() {
     dir="$out/agent_${name}_$value"
     mkdir -p "$dir"
     case $value in none) args= ;; on) args=$flag ;; *) args="$flag $value" ;; esac
-    SERVE_ARGS="$args" \
+    SERVE_ARGS="${AGENT_SERVE_ARGS:-} $args" \
       bash scripts/gpu/online.sh turbo "$dir" --agent --concurrency "$levels" --llm-tokens-per-s 50 \
       --max-new-tokens 80 --cancel-fraction 0.25 --quiet --out "$dir/agent.json" | tail -5
     rm -f "$dir"/metrics_*
