@@ -130,7 +130,7 @@ class ServerConfig:
     kv_cache_dtype: str = "auto"  # "auto" (the model's dtype) or "fp8_e4m3"
     gpu_memory_utilization: float = 0.85
     cuda_graphs: bool = True
-    t3_admit_ahead: bool = False  # admit arrivals in T3's step scheduled ahead (SchedulerConfig.admit_ahead)
+    t3_admit_ahead: bool = True  # admit arrivals in T3's step scheduled ahead (SchedulerConfig.admit_ahead)
     vocoder_max_pass_seconds: float | None = None  # while streams play, a vocoder pass's predicted time at most
     vocoder_first_window_tokens: int = 20  # speech tokens of a stream's first vocoder window
     vocoder_first_window_prompt_tokens: int | None = None  # voice-prompt tokens of a stream's first vocoder pass
@@ -362,7 +362,8 @@ FIELD_HELP = {
     "cuda_graphs": "capture CUDA graphs (T3 decode and the S3Gen solver)",
     "t3_admit_ahead": "admit a request arriving while others decode in the T3 step queued ahead, instead of "
                       "waiting for the step in flight and launching the admitting step while the GPU idles; "
-                      "tokens are the same either way (docs/engine.md, \"One-step lookahead\")",
+                      "tokens are the same either way; on by default, as measured with voice agents (docs/engine.md, "
+                      "\"One-step lookahead\")",
     "vocoder_max_pass_seconds": "while streams are playing, fill a vocoder pass only while its predicted time stays "
                                 "under this, so a new stream's first audio waits for a shorter pass (default: no "
                                 "limit but the batch size; docs/vocoder.md, \"Pass sizing while streams run\")",

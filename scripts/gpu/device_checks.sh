@@ -94,10 +94,11 @@ case $what in
     # WINDOWS tokens ("20 14 10"), one server each, back to back: a smaller window means a first audio some T3
     # steps sooner and one vocoder pass more per stream (docs/vocoder.md, "Windows")
     agents_per_setting window --vocoder-first-window-tokens 16,64 ${WINDOWS:-20 14 10} ;;
-  agent-turbo-admit-ahead)  # voice agents at 16 and 64 connections without and with `--t3-admit-ahead`, one
-    # server each, back to back (docs/engine.md, "One-step lookahead"): arrivals admitted in the T3 step queued ahead
-    # instead of a synchronous admitting step per arrival; the bench's server.stage_seconds splits t3_prefill
-    agents_per_setting admit_ahead --t3-admit-ahead 16,64 none on ;;
+  agent-turbo-admit-ahead)  # voice agents at 16 and 64 connections with admissions ahead (the default) and
+    # without (`--no-t3-admit-ahead`), one server each, back to back (docs/engine.md, "One-step lookahead"): arrivals
+    # admitted in the T3 step queued ahead instead of a synchronous admitting step per arrival; the bench's
+    # server.stage_seconds splits t3_prefill. Into agent_without_admit_ahead_none (on) and .._on (off).
+    agents_per_setting without_admit_ahead --no-t3-admit-ahead 16,64 none on ;;
   agent-turbo-headroom)  # voice agents at 64 and 256 connections under admission's real-time headroom
     # HEADROOMS ("1.25 1.6 2"), one server each, back to back: at 256 agents most admitted turns stalled with the
     # default 1.25 (docs/benchmarks.md, "Results: one H100 (2026-12-05, late)")

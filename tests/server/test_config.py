@@ -302,8 +302,8 @@ def test_the_first_window_prompt_cap_reaches_the_vocoder_stage():
 def test_admitting_ahead_reaches_the_t3_scheduler():
     from chorus.server.main import engine_config
 
-    assert engine_config(_build(), 0.85).scheduler.admit_ahead is False
-    assert engine_config(_build(flags={"t3_admit_ahead": "true"}), 0.85).scheduler.admit_ahead is True
+    assert engine_config(_build(), 0.85).scheduler.admit_ahead is True
+    assert engine_config(_build(flags={"t3_admit_ahead": "false"}), 0.85).scheduler.admit_ahead is False
 
 
 def test_the_first_window_reaches_the_vocoder_stage():
