@@ -354,8 +354,8 @@ def _chunking(value: str) -> dict:
 _AGENT_OPTIONS = {"turns": "--turns", "llm_tokens_per_s": "--llm-tokens-per-s", "token_spacing": "--token-spacing",
                   "cancel_fraction": "--cancel-fraction", "turn_gap_s": "--turn-gap-s", "listen": "--listen",
                   "agent_seed": "--agent-seed",
-                  "chunking": "--chunking"}
-_HTTP_ONLY_OPTIONS = {"requests_per_level": "--requests-per-level", "duration_s": "--duration-s", "ramp_s": "--ramp-s",
+                  "chunking": "--chunking"}  # --ramp-s serves both modes
+_HTTP_ONLY_OPTIONS = {"requests_per_level": "--requests-per-level", "duration_s": "--duration-s",
                       "arrival_rate": "--arrival-rate", "overload_multiple": "--overload-multiple"}
 
 
@@ -377,6 +377,8 @@ def _bench_online_agent(args: argparse.Namespace, concurrency: tuple[int, ...]) 
         options["chunking"] = _chunking(options["chunking"])
     if args.text is not None:
         options["text"] = args.text
+    if args.ramp_s is not None:
+        options["ramp_s"] = args.ramp_s
     try:
         cfg = AgentBenchConfig(url=args.url, api_key=args.api_key, model=args.model, voice=args.voice,
                                concurrency=concurrency, response_format=args.response_format,
@@ -436,7 +438,9 @@ def _add_online_bench_parser(bench_sub) -> None:
                         "turn, from its first delta to its end; default 300)")
     p.add_argument("--ramp-s", type=float, default=None, metavar="SECONDS",
                    help="a level's clients send their first requests spread evenly over this long instead of all "
-                        "at once (default 0: a level starts with a burst of N requests)")
+                        "at once (default 0: a level starts with a burst of N requests; with --agent: connection "
+                        "i of N starts its first turn i/N of it later, default 0: all within one LLM token "
+                        "interval)")
     p.add_argument("--honor-retry-after", action="store_true",
                    help="after a 429 or 503, a client waits the answer's Retry-After before its next request "
                         "(default: it sends the next one at once)")

@@ -69,6 +69,7 @@ class AgentBenchConfig:
     token_spacing: str = "fixed"
     cancel_fraction: float = 0.0
     turn_gap_s: float = 0.0
+    ramp_s: float = 0.0  # connection i starts its first turn i/N of this later (0: all within one token interval)
     listen: bool = False  # the next turn waits until this one's audio has played (then turn_gap_s)
     seed: int = 0  # token spacing, connection phases, which turns are cancelled
     response_format: str = "pcm"
@@ -92,6 +93,8 @@ class AgentBenchConfig:
             raise ValueError(f"--cancel-fraction must be within [0, 1], got {self.cancel_fraction}")
         if self.turn_gap_s < 0 or not self.timeout_s > 0:
             raise ValueError("--turn-gap-s must be >= 0 and --timeout-s > 0")
+        if not self.ramp_s >= 0:
+            raise ValueError(f"--ramp-s must be a number >= 0, got {self.ramp_s}")
         if self.response_format not in FORMATS:
             raise ValueError(f"--response-format with --agent must be one of {', '.join(FORMATS)}, "
                              f"got {self.response_format!r}")
@@ -158,6 +161,7 @@ class Turn:
     """One turn as the client saw it (``time.perf_counter`` stamps)."""
 
     turn_id: str
+    index: int = 0  # the turn's place on its connection (0: the connection's first)
     cancel_planned: bool = False
     sample_bytes: int | None = None  # None: a compressed format, measured in bytes only
     rate: int = 24_000
@@ -407,7 +411,7 @@ async def run_connection(cfg: AgentBenchConfig, model: str, log: ConnectionLog, 
                 await asyncio.sleep(cfg.turn_gap_s + max(0.0, _left_to_play(cfg, log.turns[-1])))
             if reader.done():
                 return
-            turn = Turn(f"{name}-t{k}", cancel_planned=cancels and rng.random() < cfg.cancel_fraction,
+            turn = Turn(f"{name}-t{k}", k, cancel_planned=cancels and rng.random() < cfg.cancel_fraction,
                         sample_bytes=sample_bytes, rate=rate)
             log.turns.append(turn)
             times = token_times(len(tokens), cfg.llm_tokens_per_s, cfg.token_spacing, rng)
@@ -466,6 +470,8 @@ def summarize(concurrency: int, turns_each: int, logs: list[ConnectionLog], wall
     counts["not_run"] = concurrency * turns_each - len(turns)
     done = [t for t in turns if t.outcome == "done"]
     first_audio = [t.first_audio - t.first_delta for t in turns if t.first_audio is not None and t.first_delta]
+    by_turn = {part: [t.first_audio - t.first_delta for t in turns if t.first_audio is not None and t.first_delta
+                      and (t.index == 0) == (part == "first")] for part in ("first", "later")}
     waits = [(t, _timing(t, "threshold_wait_s")) for t in done if t.first_audio is not None and t.first_delta]
     added = [t.first_audio - t.first_delta - w for t, w in waits if w is not None]
     flush_to_last = [t.last_audio - t.flushed for t in done if t.last_audio is not None and t.flushed is not None]
@@ -487,6 +493,9 @@ def summarize(concurrency: int, turns_each: int, logs: list[ConnectionLog], wall
         "error_codes": codes, "error_samples": (samples + [s for log in logs for s in log.samples])[:5],
         "close_codes": closes, "wall_s": round(wall_s, 3),
         "first_audio_s": _pcts(first_audio),
+        # each connection's first turn apart from its later ones: without a ramp the N first turns
+        # start within one token interval of each other, the level's burst
+        "first_audio_s_by_turn": {part: _pcts(values) for part, values in by_turn.items()},
         "threshold_wait_s": _pcts([w for _, w in waits if w is not None]),
         "server_added_s": _pcts(added),
         "server_first_audio_s": _pcts(_timings(done, "first_text_to_first_audio_s")),
@@ -525,6 +534,13 @@ def summarize(concurrency: int, turns_each: int, logs: list[ConnectionLog], wall
     }
 
 
+def first_turn_phase(cfg: AgentBenchConfig, i: int, concurrency: int, rng: random.Random) -> float:
+    """When connection ``i`` of ``concurrency`` starts its first turn, in seconds from the level's
+    start: its place in the ramp (``i / concurrency`` of ``ramp_s``) plus a random phase within one
+    token interval, so N agents at a fixed rate do not send in lockstep."""
+    return cfg.ramp_s * i / concurrency + rng.uniform(0.0, 1.0 / cfg.llm_tokens_per_s)
+
+
 async def run_level(cfg: AgentBenchConfig, model: str, concurrency: int) -> tuple[dict, dict | None]:
     """N agents at once (see the module docstring): the level's report and a ``ready`` event."""
     headers = auth_headers(cfg.api_key)
@@ -533,10 +549,8 @@ async def run_level(cfg: AgentBenchConfig, model: str, concurrency: int) -> tupl
     async with httpx.AsyncClient(base_url=cfg.url, headers=headers, timeout=10.0) as scraper:
         watch = MetricsWatch(scraper, COUNTERS_WS, GAUGES_WS)
         async with watch.level(cfg.metrics_interval_s, cfg.settle_s) as clock:
-            # each agent starts its first turn at a random phase within one token interval, so N
-            # agents at a fixed rate do not send in lockstep
             await asyncio.gather(*(run_connection(cfg, model, log, rng, cfg.turns, f"n{concurrency}c{i}",
-                                                  rng.uniform(0.0, 1.0 / cfg.llm_tokens_per_s))
+                                                  first_turn_phase(cfg, i, concurrency, rng))
                                    for i, (log, rng) in enumerate(zip(logs, rngs))))
     level = summarize(concurrency, cfg.turns, logs, clock.wall_s, cfg.response_format)
     level["server"] = watch.report(clock.wall_s)
@@ -574,7 +588,7 @@ async def run_agent_async(cfg: AgentBenchConfig, progress=None) -> dict:
         "response_format": cfg.response_format, "audio_measured": cfg.response_format in SAMPLE_BYTES,
         "text_chars": len(cfg.text), "text_words": len(cfg.text.split()), "tokens_per_turn": len(tokens),
         "llm_tokens_per_s": cfg.llm_tokens_per_s, "token_spacing": cfg.token_spacing, "seed": cfg.seed,
-        "turns_per_connection": cfg.turns, "turn_gap_s": cfg.turn_gap_s, "listen": cfg.listen,
+        "turns_per_connection": cfg.turns, "turn_gap_s": cfg.turn_gap_s, "ramp_s": cfg.ramp_s, "listen": cfg.listen,
         "cancel_fraction": cfg.cancel_fraction,
         "max_new_tokens": cfg.max_new_tokens, "chunking_requested": cfg.chunking,
         "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -4,7 +4,7 @@
 # CHECK: tests | bench-original | bench-turbo | offline-original | offline-turbo |
 #        stream-original | stream-turbo | stream-turbo-prompt-cap | attention | vocoder-graphs | stage-contention | online-original | online-turbo |
 #        agent-original | agent-turbo | agent-turbo-listen | agent-turbo-prompt-cap | agent-turbo-headroom |
-#        agent-turbo-first-window | agent-turbo-admit-ahead | online-turbo-short-voice | overload-turbo | two-models | swap-turbo |
+#        agent-turbo-first-window | agent-turbo-admit-ahead | agent-turbo-ramp | online-turbo-short-voice | overload-turbo | two-models | swap-turbo |
 #        scale-out-turbo | scale-out-original | profile-original | profile-turbo | rope-kv |
 #        vocoder-turbo | vocoder-original | vc-turbo | vc-original
 # The reference chatterbox-tts (for the benchmark ratio) must be importable; WHEELS=DIR installs
@@ -99,6 +99,16 @@ case $what in
     # admitted in the T3 step queued ahead instead of a synchronous admitting step per arrival; the bench's
     # server.stage_seconds splits t3_prefill. Into agent_without_admit_ahead_none (on) and .._on (off).
     agents_per_setting without_admit_ahead --no-t3-admit-ahead 16,64 none on ;;
+  agent-turbo-ramp)  # voice agents at 16 and 64 connections whose first turns start within one token interval
+    # (as in agent-turbo: the level's burst), then spread over RAMP_S seconds (2), one server each, back to back
+    # (docs/benchmarks.md, "Voice-agent latency"); the reports split first turns from later ones
+    for ramp in 0 ${RAMP_S:-2}; do
+      mkdir -p "$out/agent_ramp_$ramp"
+      SERVE_ARGS="${AGENT_SERVE_ARGS:-}" bash scripts/gpu/online.sh turbo "$out/agent_ramp_$ramp" --agent \
+        --concurrency 16,64 --ramp-s "$ramp" --llm-tokens-per-s 50 --max-new-tokens 80 --cancel-fraction 0.25 \
+        --quiet --out "$out/agent_ramp_$ramp/agent.json" | tail -5
+      rm -f "$out/agent_ramp_$ramp"/metrics_*
+    done ;;
   agent-turbo-headroom)  # voice agents at 64 and 256 connections under admission's real-time headroom
     # HEADROOMS ("1.25 1.6 2"), one server each, back to back: at 256 agents most admitted turns stalled with the
     # default 1.25 (docs/benchmarks.md, "Results: one H100 (2026-12-05, late)")

@@ -11,7 +11,7 @@ import struct
 import pytest
 
 from chorus.bench.online_bench import DEFAULT_TEXT
-from chorus.bench.ws_bench import (OUTCOMES, AgentBenchConfig, ConnectionLog, Turn, llm_tokens,
+from chorus.bench.ws_bench import (OUTCOMES, AgentBenchConfig, ConnectionLog, Turn, first_turn_phase, llm_tokens,
                                    run_agent, run_connection, summarize, token_times)
 from chorus.cli import main
 from tests.server.live import LiveServer, server_config, tiny_loader
@@ -90,7 +90,7 @@ def _level_of_events() -> list[ConnectionLog]:
     a.on_frame(1.9, frame("a0", 1, samples(0.5)))
     a.on_event(2.0, json.dumps({"type": "done", "turn_id": "a0", "audio_seconds": 1.0, "usage": {}, "timings": {
         "first_text_to_first_audio_s": 0.28, "flush_to_last_audio_s": 0.39, "threshold_wait_s": 0.2}}))
-    t1 = Turn("a1", cancel_planned=True, sample_bytes=2, first_delta=3.0)
+    t1 = Turn("a1", 1, cancel_planned=True, sample_bytes=2, first_delta=3.0)
     a.turns.append(t1)
     a.on_frame(3.4, frame("a1", 0, samples(0.1)))
     t1.cancel_sent = 3.41
@@ -101,7 +101,7 @@ def _level_of_events() -> list[ConnectionLog]:
     b.turns.append(Turn("b0", sample_bytes=2, first_delta=1.0))
     b.on_event(1.2, json.dumps({"type": "error", "turn_id": "b0", "code": "synthesis_failed", "message": "boom",
                                 "status": 500, "retry_after_s": None}))
-    b.turns.append(Turn("b1", sample_bytes=2, first_delta=2.0))
+    b.turns.append(Turn("b1", 1, sample_bytes=2, first_delta=2.0))
     b.on_frame(2.5, b"\x00")
     b.on_event(2.6, json.dumps({"type": "error", "turn_id": None, "code": "server_draining", "message": "bye"}))
     b.closed(2.7, 1001)
@@ -136,6 +136,21 @@ def test_a_level_summary_counts_every_turn_once_and_subtracts_the_threshold_wait
                                         "frames_of_unknown_turns": 0, "bad_frames": 1, "late_events": 1}
 
 
+def test_a_level_summary_splits_each_connection_s_first_turn_from_its_later_ones():
+    by_turn = summarize(2, 3, _level_of_events(), wall_s=4.0, fmt="pcm")["first_audio_s_by_turn"]
+    assert by_turn["first"]["max"] == pytest.approx(0.3)  # a0 (b0 failed before any audio)
+    assert by_turn["later"]["max"] == pytest.approx(0.4)  # a1 (b1's only frame was malformed)
+
+
+def test_a_ramp_spreads_the_connections_first_turns_over_its_length():
+    cfg = AgentBenchConfig(url="http://127.0.0.1:1", ramp_s=2.0, llm_tokens_per_s=50.0)
+    rng = random.Random(0)
+    for i in range(4):  # 0, 0.5, 1.0, 1.5 s, each plus a phase within one 20 ms token interval
+        assert 0.5 * i <= first_turn_phase(cfg, i, 4, rng) < 0.5 * i + 0.02
+    without = AgentBenchConfig(url="http://127.0.0.1:1", llm_tokens_per_s=50.0)
+    assert all(0 <= first_turn_phase(without, i, 4, rng) < 0.02 for i in range(4))  # the level's burst
+
+
 def test_compressed_formats_are_counted_in_bytes_only():
     level = summarize(2, 3, _level_of_events(), wall_s=4.0, fmt="opus")
     assert level["audio_s"] is None and level["stalls"] is None and level["throughput_audio_s_per_s"] is None
@@ -144,7 +159,7 @@ def test_compressed_formats_are_counted_in_bytes_only():
 def test_settings_the_mode_cannot_use_are_refused(capsys):
     url = "http://127.0.0.1:1"
     for bad in (dict(response_format="wav"), dict(turns=0), dict(llm_tokens_per_s=0), dict(cancel_fraction=1.5),
-                dict(token_spacing="burst"), dict(chunking={"min_words": 3}), dict(url="ws://x")):
+                dict(token_spacing="burst"), dict(chunking={"min_words": 3}), dict(url="ws://x"), dict(ramp_s=-1)):
         with pytest.raises(ValueError):
             AgentBenchConfig(**{"url": url, **bad})
     assert AgentBenchConfig(url="https://h:1/").ws_url == "wss://h:1/v1/audio/speech/stream"
@@ -192,6 +207,9 @@ def test_agents_report_every_turn(live):
     assert 0 < level["server_first_audio_s"]["p50"] and _pcts_ordered(level["server_first_audio_s"])
     assert 0 < level["flush_to_last_audio_s"]["p50"] and _pcts_ordered(level["flush_to_last_audio_s"])
     assert level["pieces_per_turn"]["p50"] >= 1
+    by_turn = level["first_audio_s_by_turn"]  # each connection's first turn, and its second
+    assert by_turn["first"]["p50"] > 0 and by_turn["later"]["p50"] > 0
+    assert max(by_turn["first"]["max"], by_turn["later"]["max"]) == first["max"]
     split = level["server_first_piece_s"]  # the server's split of the first piece's time, in order
     assert all(split[key]["p50"] is not None
                for key in ("submitted_s", "first_token_s", "first_window_s", "first_pass_s", "first_audio_s"))
@@ -244,11 +262,13 @@ def test_the_command_line_prints_and_writes_the_report(live, tmp_path, capsys):
     assert main(["bench", "online", "--agent", "--url", live.url, "--concurrency", "1", "--turns", "1",
                  "--text", TEXT, "--llm-tokens-per-s", "200", "--token-spacing", "poisson", "--warmup", "0",
                  "--chunking", "min_chars=25,max_chars=150,max_wait_ms=400", "--timeout-s", str(TIMEOUT_S),
+                 "--ramp-s", "0.1",
                  "--out", str(out)]) == 0
     captured = capsys.readouterr()
     report = json.loads(captured.out)
     assert json.loads(out.read_text()) == report and [p.name for p in tmp_path.iterdir()] == ["agent.json"]
     assert report["benchmark"] == "online-agent" and report["token_spacing"] == "poisson"
+    assert report["ramp_s"] == 0.1
     assert report["ready"]["chunking"] == report["chunking_requested"] == {"min_chars": 25, "max_chars": 150,
                                                                            "max_wait_ms": 400}
     assert "connections 1: 1/1 turns done" in captured.err  # a progress line per level
