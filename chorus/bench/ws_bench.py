@@ -469,9 +469,9 @@ def summarize(concurrency: int, turns_each: int, logs: list[ConnectionLog], wall
     counts = {o: sum(1 for t in turns if t.outcome == o) for o in OUTCOMES}
     counts["not_run"] = concurrency * turns_each - len(turns)
     done = [t for t in turns if t.outcome == "done"]
-    first_audio = [t.first_audio - t.first_delta for t in turns if t.first_audio is not None and t.first_delta]
-    by_turn = {part: [t.first_audio - t.first_delta for t in turns if t.first_audio is not None and t.first_delta
-                      and (t.index == 0) == (part == "first")] for part in ("first", "later")}
+    heard = [(t, t.first_audio - t.first_delta) for t in turns if t.first_audio is not None and t.first_delta]
+    first_audio = [s for _, s in heard]
+    by_turn = {"first": [s for t, s in heard if t.index == 0], "later": [s for t, s in heard if t.index > 0]}
     waits = [(t, _timing(t, "threshold_wait_s")) for t in done if t.first_audio is not None and t.first_delta]
     added = [t.first_audio - t.first_delta - w for t, w in waits if w is not None]
     flush_to_last = [t.last_audio - t.flushed for t in done if t.last_audio is not None and t.flushed is not None]
