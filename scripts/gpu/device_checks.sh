@@ -21,20 +21,25 @@ if [[ -n "${WHEELS:-}" ]]; then
 else
   export PYTHONPATH=$PWD
 fi
-# agents_per_setting NAME FLAG LEVELS VALUE...: one turbo server per VALUE (`chorus serve FLAG VALUE`;
-# "none": without FLAG; "on": FLAG alone, a switch), back to back, each driven by voice agents at LEVELS
-# connections, into OUT_DIR/agent_NAME_VALUE/agent.json; AGENT_SERVE_ARGS: options every one of those servers gets
+# agent_bench DIR LEVELS [bench options...]: one turbo server (`chorus serve $SERVE_ARGS`) driven by voice agents at
+# LEVELS connections, into DIR/agent.json (with the server's log)
+agent_bench() {
+  local dir=$1 levels=$2
+  shift 2
+  mkdir -p "$dir"
+  bash scripts/gpu/online.sh turbo "$dir" --agent --concurrency "$levels" --llm-tokens-per-s 50 \
+    --max-new-tokens 80 --cancel-fraction 0.25 --quiet --out "$dir/agent.json" "$@" | tail -5
+  rm -f "$dir"/metrics_*
+}
+# agents_per_setting NAME FLAG LEVELS VALUE...: one agent_bench per VALUE (`chorus serve FLAG VALUE`;
+# "none": without FLAG; "on": FLAG alone, a switch), back to back, into OUT_DIR/agent_NAME_VALUE;
+# AGENT_SERVE_ARGS: options every one of those servers gets
 agents_per_setting() {
-  local name=$1 flag=$2 levels=$3 value dir args
+  local name=$1 flag=$2 levels=$3 value args
   shift 3
   for value in "$@"; do
-    dir="$out/agent_${name}_$value"
-    mkdir -p "$dir"
     case $value in none) args= ;; on) args=$flag ;; *) args="$flag $value" ;; esac
-    SERVE_ARGS="${AGENT_SERVE_ARGS:-} $args" \
-      bash scripts/gpu/online.sh turbo "$dir" --agent --concurrency "$levels" --llm-tokens-per-s 50 \
-      --max-new-tokens 80 --cancel-fraction 0.25 --quiet --out "$dir/agent.json" | tail -5
-    rm -f "$dir"/metrics_*
+    SERVE_ARGS="${AGENT_SERVE_ARGS:-} $args" agent_bench "$out/agent_${name}_$value" "$levels"
   done
 }
 
@@ -97,17 +102,14 @@ case $what in
   agent-turbo-admit-ahead)  # voice agents at 16 and 64 connections with admissions ahead (the default) and
     # without (`--no-t3-admit-ahead`), one server each, back to back (docs/engine.md, "One-step lookahead"): arrivals
     # admitted in the T3 step queued ahead instead of a synchronous admitting step per arrival; the bench's
-    # server.stage_seconds splits t3_prefill. Into agent_without_admit_ahead_none (on) and .._on (off).
-    agents_per_setting without_admit_ahead --no-t3-admit-ahead 16,64 none on ;;
+    # server.stage_seconds splits t3_prefill
+    SERVE_ARGS="${AGENT_SERVE_ARGS:-}" agent_bench "$out/agent_admit_ahead_on" 16,64
+    SERVE_ARGS="${AGENT_SERVE_ARGS:-} --no-t3-admit-ahead" agent_bench "$out/agent_admit_ahead_off" 16,64 ;;
   agent-turbo-ramp)  # voice agents at 16 and 64 connections whose first turns start within one token interval
     # (as in agent-turbo: the level's burst), then spread over RAMP_S seconds (2), one server each, back to back
     # (docs/benchmarks.md, "Voice-agent latency"); the reports split first turns from later ones
-    for ramp in 0 ${RAMP_S:-2}; do
-      mkdir -p "$out/agent_ramp_$ramp"
-      SERVE_ARGS="${AGENT_SERVE_ARGS:-}" bash scripts/gpu/online.sh turbo "$out/agent_ramp_$ramp" --agent \
-        --concurrency 16,64 --ramp-s "$ramp" --llm-tokens-per-s 50 --max-new-tokens 80 --cancel-fraction 0.25 \
-        --quiet --out "$out/agent_ramp_$ramp/agent.json" | tail -5
-      rm -f "$out/agent_ramp_$ramp"/metrics_*
+    for ramp in 0 "${RAMP_S:-2}"; do
+      SERVE_ARGS="${AGENT_SERVE_ARGS:-}" agent_bench "$out/agent_ramp_$ramp" 16,64 --ramp-s "$ramp"
     done ;;
   agent-turbo-headroom)  # voice agents at 64 and 256 connections under admission's real-time headroom
     # HEADROOMS ("1.25 1.6 2"), one server each, back to back: at 256 agents most admitted turns stalled with the
