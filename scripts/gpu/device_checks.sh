@@ -4,7 +4,7 @@
 # CHECK: tests | bench-original | bench-turbo | offline-original | offline-turbo |
 #        stream-original | stream-turbo | stream-turbo-prompt-cap | attention | vocoder-graphs | stage-contention | online-original | online-turbo |
 #        agent-original | agent-turbo | agent-turbo-listen | agent-turbo-prompt-cap | agent-turbo-headroom |
-#        agent-turbo-first-window | agent-turbo-admit-ahead | agent-turbo-ramp | online-turbo-short-voice | overload-turbo | two-models | swap-turbo |
+#        agent-turbo-first-window | agent-turbo-admit-ahead | agent-turbo-ramp | agent-turbo-profile | agent-turbo-switch | agent-turbo-queue-probe | online-turbo-short-voice | overload-turbo | two-models | swap-turbo |
 #        scale-out-turbo | scale-out-original | profile-original | profile-turbo | rope-kv |
 #        vocoder-turbo | vocoder-original | vc-turbo | vc-original
 # The reference chatterbox-tts (for the benchmark ratio) must be importable; WHEELS=DIR installs
@@ -75,8 +75,8 @@ case $what in
       --out "$out/bench_vocoder_${what#vocoder-}.json" 2>&1 | tail -30 ;;
   vocoder-graphs)
     python3 scripts/gpu/vocoder_graphs.py --out "$out/vocoder_graphs.json" 2>&1 | tail -40 ;;
-  stage-contention)
-    python3 scripts/gpu/stage_contention.py --variant turbo --batch-sizes 64 --steps 150 \
+  stage-contention)  # CONTENTION_ARGS: more options (e.g. "--modes alone,graphed --green-sms 66,116 --green-capture")
+    python3 scripts/gpu/stage_contention.py --variant turbo --batch-sizes 64 --steps 150 ${CONTENTION_ARGS:-} \
       --out "$out/stage_contention.json" 2>&1 | tail -10 ;;
   online-original|online-turbo)
     # CLIENT_PROCESSES (4): the processes the clients of a level are split between (one client
@@ -111,6 +111,30 @@ case $what in
     for ramp in 0 "${RAMP_S:-2}"; do
       SERVE_ARGS="${AGENT_SERVE_ARGS:-}" agent_bench "$out/agent_ramp_$ramp" 16,64 --ramp-s "$ramp"
     done ;;
+  agent-turbo-queue-probe)  # the agent-turbo-admit-ahead pair with scripts/gpu/t3_queue_probe.py in both servers:
+    # where a piece's time goes from the pipeline's submit to its first token (probe/probe_<pid>.json, one per
+    # server, and probe_summary.json); the probe's wrappers add Python work, so compare phases within a run
+    export CHORUS_PROBE_OUT="$out/probe" PYTHONPATH="$PWD/scripts/gpu/probe:$PYTHONPATH"
+    mkdir -p "$CHORUS_PROBE_OUT"
+    SERVE_ARGS="${AGENT_SERVE_ARGS:-}" agent_bench "$out/agent_probe_admit_ahead_on" 16,64
+    SERVE_ARGS="${AGENT_SERVE_ARGS:-} --no-t3-admit-ahead" agent_bench "$out/agent_probe_admit_ahead_off" 16,64
+    python3 scripts/gpu/t3_queue_probe.py summarize "$CHORUS_PROBE_OUT" --out "$out/probe_summary.json" >/dev/null ;;
+  agent-turbo-switch)  # voice agents at 16 and 64 connections with the GIL's switch interval at SWITCHES ms
+    # ("5 1 0.5"), one server each, back to back: every T3 admission is hundreds of eager PyTorch calls, each a
+    # GIL hand-off that can wait a switch interval behind the event loop's or the vocoder's Python
+    # (docs/server.md, "The GIL's switch interval")
+    agents_per_setting switch --switch-interval-ms 16,64 ${SWITCHES:-5 1 0.5} ;;
+  agent-turbo-profile)  # voice agents at LEVELS connections (64) while py-spy (PYSPY, a py-spy wheel among
+    # WHEELS) samples every thread of the server, idle ones included, for PROFILE_S seconds (45) from its
+    # readiness: agent_profile/pyspy.txt, collapsed stacks per thread, say where each stage thread waits
+    pyspy=${PYSPY:-/tmp/chorus-site/bin/py-spy}
+    [[ -x $pyspy ]] || { echo "no py-spy at $pyspy: put its wheel among WHEELS or set PYSPY"; exit 1; }
+    mkdir -p "$out/agent_profile"
+    ( for _ in $(seq 600); do curl -sf "http://127.0.0.1:${CHORUS_BENCH_PORT:-8123}/ready" >/dev/null && break; sleep 0.5; done
+      "$pyspy" record --pid "$(pgrep -f 'chorus.cli serve' | head -1)" --threads --idle --nonblocking --rate 200 \
+        --duration "${PROFILE_S:-45}" --format raw --output "$out/agent_profile/pyspy.txt" >"$out/agent_profile/pyspy.log" 2>&1 ) &
+    SERVE_ARGS="${AGENT_SERVE_ARGS:-}" agent_bench "$out/agent_profile" "${LEVELS:-64}"
+    wait ;;
   agent-turbo-headroom)  # voice agents at 64 and 256 connections under admission's real-time headroom
     # HEADROOMS ("1.25 1.6 2"), one server each, back to back: at 256 agents most admitted turns stalled with the
     # default 1.25 (docs/benchmarks.md, "Results: one H100 (2026-12-05, late)")

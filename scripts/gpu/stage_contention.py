@@ -18,6 +18,10 @@ each taking the GIL back, cost it.
 green context of N of the device's SMs (``torch.cuda.green_contexts``), T3 on the whole device as
 before, so T3's kernels always find SMs that no vocoder block holds. ``vocoder_alone`` then also
 times the passes in each partition with T3 idle (what the partition costs the vocoder).
+Graphs captured on the device's primary context and replayed on a partition's stream ran on the
+whole device (a pass took as long in 66 SMs as in 132); ``--green-capture`` captures the
+vocoder's graphs on the partition's stream instead, with its context current on the capturing
+thread, to see whether the partition then binds.
 """
 from __future__ import annotations
 
@@ -58,9 +62,12 @@ class GreenPartition:
             self.api = "set_context + default stream"
             self.stream = None
 
-    def enter(self) -> torch.cuda.Stream:
-        """On the thread that will launch the work: the stream to launch it on."""
+    def enter(self, make_current: bool = False) -> torch.cuda.Stream:
+        """On the thread that will launch the work: the stream to launch it on (``make_current``:
+        the green context is also made current on this thread)."""
         if self.stream is not None:
+            if make_current:
+                self.context.set_context()
             return self.stream
         self.context.set_context()
         return torch.cuda.default_stream()
@@ -69,8 +76,10 @@ class GreenPartition:
 class VocoderLoad:
     """Back-to-back vocoder passes on a side stream in a thread, until stopped."""
 
-    def __init__(self, stage: VocoderStage, items: int, tokens: int, partition: GreenPartition | None = None):
+    def __init__(self, stage: VocoderStage, items: int, tokens: int, partition: GreenPartition | None = None,
+                 capture_in_partition: bool = False):
         self.stage, self.items, self.tokens = stage, items, tokens
+        self.capture_in_partition = capture_in_partition and partition is not None
         self.voice = random_voice(250, seed=1)
         self.batch = [random_tokens(tokens, seed=i) for i in range(items)]
         self.partition = partition
@@ -93,7 +102,7 @@ class VocoderLoad:
 
     def run(self) -> None:
         if self.partition is not None:
-            self.stream = self.partition.enter()
+            self.stream = self.partition.enter(self.capture_in_partition)
         while not self._stop.is_set():
             self.pass_seconds.append(self.one_pass())
 
@@ -103,7 +112,9 @@ class VocoderLoad:
 
         def run() -> None:
             if self.partition is not None:
-                self.stream = self.partition.enter()
+                self.stream = self.partition.enter(self.capture_in_partition)
+                if self.capture_in_partition:  # graphs not yet captured are captured on the partition's stream
+                    self.stage._graphs.flow_graphs._target.stream = self.stream
             times.extend(self.one_pass() for _ in range(passes))
 
         thread = threading.Thread(target=run)
@@ -172,6 +183,8 @@ def main() -> None:
     parser.add_argument("--vocoder-tokens", type=int, default=100)
     parser.add_argument("--modes", default="alone,graphed,eager")
     parser.add_argument("--green-sms", default="", help="SM counts of green-context modes, e.g. 96,112")
+    parser.add_argument("--green-capture", action="store_true",
+                        help="capture the green modes' vocoder graphs on the partition's stream, its context current")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     cfg = T3BenchConfig(variant=args.variant)
@@ -180,6 +193,7 @@ def main() -> None:
     text_ids = encoder.encode(workload_chunks(cfg)[0])
     s3gen = random_s3gen(args.variant, tiny=False, seed=1, dtype=torch.bfloat16, device="cuda")
     report = {"variant": args.variant, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "green_capture": args.green_capture,
               "steps": args.steps, "vocoder_items": args.vocoder_items, "vocoder_tokens": args.vocoder_tokens,
               "vocoder_alone": {}, "t3": []}
     modes = [m for m in args.modes.split(",") if m] + [f"green-{n}" for n in args.green_sms.split(",") if n]
@@ -190,8 +204,12 @@ def main() -> None:
                                                   max_batch_items=args.vocoder_items))
         try:
             partition = GreenPartition(int(mode.removeprefix("green-"))) if mode.startswith("green-") else None
-            load = VocoderLoad(stage, args.vocoder_items, args.vocoder_tokens, partition)
-            [load.one_pass() for _ in range(2)]  # captures and first-use costs first, on the default context
+            load = VocoderLoad(stage, args.vocoder_items, args.vocoder_tokens, partition,
+                               capture_in_partition=args.green_capture)
+            if load.capture_in_partition:
+                load.alone(2)  # captures and first-use costs first, in the partition
+            else:
+                [load.one_pass() for _ in range(2)]  # captures and first-use costs first, on the default context
             times = load.alone(4)
         except Exception as error:  # an experiment: record why a mode could not run and go on
             report["vocoder_alone"][mode] = {"error": f"{type(error).__name__}: {error}"[:1000]}
@@ -211,6 +229,9 @@ def main() -> None:
                     steps = t3_steps(engine, args.steps)
                 passes = list(load.pass_seconds)
             _release(engine)
+            del engine  # the caller's reference too: the next engine's KV pool needs the memory back
+            gc.collect()
+            torch.cuda.empty_cache()
             row = {"batch": batch, "mode": mode, "t3_step_ms_p50": _ms(steps, 0.5), "t3_step_ms_p90": _ms(steps, 0.9),
                    "t3_mean_ms": round(1000 * statistics.mean(steps), 3), "vocoder_passes": len(passes),
                    "vocoder_pass_ms_p50": _ms(passes, 0.5)}
