@@ -140,7 +140,7 @@ class ServerConfig:
     warmup: bool = True
     canary_interval_s: float = 60.0  # canaries re-run this often (a failed one fails /ready; a late one not)
     canary_timeout_s: float = 60.0
-    switch_interval_ms: float = 5.0  # the GIL's switch interval (sys.setswitchinterval) set at start-up; 5: Python's
+    switch_interval_ms: float = 1.0  # the GIL's switch interval (sys.setswitchinterval) set at start-up; Python's is 5
     gc_freeze: bool = True  # after start-up, hide the heap from the cyclic GC (gc.freeze): short full collections
     stall_timeout_s: float = 15.0  # a step this long, or work and no progress this long: not ready
     shutdown_grace_s: float = 30.0  # on SIGTERM, streams in flight get this long to finish
@@ -394,8 +394,9 @@ FIELD_HELP = {
     "stall_timeout_s": "a T3 step or S3Gen pass running longer than this, or requests in the pipeline and no "
                        "T3 token nor S3Gen pass for this long, makes /ready fail",
     "switch_interval_ms": "the interpreter's GIL switch interval in milliseconds, set at start-up (Python's "
-                          "default is 5): how long a model thread waiting for the GIL may wait while the "
-                          "event loop answers requests",
+                          "own is 5): how long a model thread waiting for the GIL may wait while the event "
+                          "loop or the other stage runs Python; every eager PyTorch call of a T3 admission "
+                          "takes the GIL back",
     "gc_freeze": "once the models are loaded and warm, move every object alive out of the cyclic garbage "
                  "collector's sight (gc.freeze): its full collections, which stop every thread, then traverse "
                  "only what requests created",
