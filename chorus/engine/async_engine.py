@@ -62,6 +62,7 @@ class AsyncT3Engine:
         self.intra_op_threads = intra_op_threads
         self.on_step_time = on_step_time
         self.busy_s = 0.0  # time spent inside engine steps (for timing breakdowns)
+        self.steps = 0  # engine steps taken (busy_s / steps: the mean step's wall time)
         self._commands: queue.Queue = queue.Queue()
         self._consumers: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._lock = threading.Lock()
@@ -225,6 +226,7 @@ class AsyncT3Engine:
                     self.step_started_at = None
                     elapsed = time.perf_counter() - start
                     self.busy_s += elapsed
+                    self.steps += 1
                     if self.on_step_time is not None:
                         self.on_step_time(elapsed, self.engine.last_step_prefilled)
                     self.tokens_generated += sum(1 for event in events if event.new_token is not None)

@@ -107,6 +107,7 @@ class Progress:
 @dataclass
 class PipelineStats:
     t3_busy_s: float
+    t3_steps: int
     vocoder_busy_s: float
     vocoder: VocoderStats  # a copy of the stage's own counters
     requests_done: int
@@ -384,7 +385,7 @@ class Pipeline:
 
     def stats(self) -> PipelineStats:
         """A snapshot of the counters (later work does not change it; subtract two to time a span)."""
-        return PipelineStats(t3_busy_s=self._t3.busy_s, vocoder_busy_s=self.vocoder_busy_s,
+        return PipelineStats(t3_busy_s=self._t3.busy_s, t3_steps=self._t3.steps, vocoder_busy_s=self.vocoder_busy_s,
                              vocoder=replace(self.vocoder.stats), requests_done=self.requests_done,
                              audio_seconds=self.audio_seconds)
 

@@ -5,7 +5,12 @@ speech tokens per second (25 tokens are one second of audio) when its busiest st
 vocoder) is busy all the time: measured as the audio delivered over that stage's busy time, so
 the rate already includes how well the current concurrency batches, and a lightly loaded server
 (streams paced by their text, a few requests) is not taken for a slow one; requests in flight
-share it.
+share it. The vocoder's load is its busy time, which grows with the streams it serves. T3's is
+not: it steps whenever anything is in flight, whatever its batch, so it is "busy" all along
+with two streams as with two hundred. Its load is what its steps take of a stream's real-time
+pace instead: each step gives every stream one token, so a mean step of ``1 / 25`` s gives each
+exactly real time and counts as busy all along, a step of 4 ms as busy a tenth of the time
+(:func:`stage_load_s`).
 A new request's first audio needs its first vocoder window (``first_window_tokens``); while it
 is being made, every request in flight progresses as much (or finishes first), so the
 predicted time to the first audio is::
@@ -60,6 +65,15 @@ RATE_WINDOW_S = 1.0  # seconds with requests in flight per sample of the deliver
 MIN_UTILIZATION = 0.05  # a sample extrapolates at most 1 / this from the busiest stage's utilization
 SATURATION = (0.5, 0.75)  # the busiest stage's utilization (EWMA): saturated from [1] on, until below [0]
 BIAS_RANGE = (0.5, 4.0)  # the calibration of predicted start times stays within this
+
+
+def stage_load_s(seconds: float, *, t3_busy_s: float, t3_steps: int, vocoder_busy_s: float) -> float:
+    """The busiest stage's busy seconds over ``seconds`` of wall time, as ``observe_delivery``
+    takes them (see the module docstring): the vocoder's busy seconds, or T3's share of a
+    stream's real-time pace (25 tokens/s x its mean step's seconds, at most all of ``seconds``)
+    over its ``t3_steps`` steps, whichever is larger."""
+    t3 = seconds * min(1.0, TOKENS_PER_SECOND * t3_busy_s / t3_steps) if t3_steps > 0 else 0.0
+    return max(vocoder_busy_s, t3)
 
 
 @dataclass(frozen=True)

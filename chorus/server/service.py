@@ -21,7 +21,7 @@ from chorus.engine.request import Priority
 from chorus.pipeline.errors import PipelineError
 from chorus.pipeline.request import SpeechRequest
 from chorus.server.admission import Admission, Ticket
-from chorus.server.capacity import TOKENS_PER_SECOND, CapacityModel
+from chorus.server.capacity import TOKENS_PER_SECOND, CapacityModel, stage_load_s
 from chorus.server.config import ServerConfig
 from chorus.server.degradation import Applied, DegradationPolicy
 from chorus.server.errors import APIError
@@ -83,7 +83,7 @@ class SpeechService:
         # the vocoder's graph captures and their seconds when warm-up ended (later ones: while serving)
         self._warmup_captures: tuple[int, float] = (0, 0.0)
         # (time, tokens delivered, busy, T3 busy seconds, vocoder busy seconds)
-        self._last_delivery: tuple[float, float, bool, float, float] | None = None
+        self._last_delivery: tuple[float, float, bool, float, int, float] | None = None
         self._last_vocoder_busy: tuple[float, float] | None = None  # (when, vocoder busy seconds)
         self._drain_holds: list[Callable[[], int]] = []  # work drain() waits for besides admission's
         # other names of this model (a registry sets them; alone: the bare variant name)
@@ -296,10 +296,11 @@ class SpeechService:
         delivered, busy = self.admission.delivered_tokens, self.admission.in_flight > 0
         stats = self.pipeline.stats()
         if self._last_delivery is not None:
-            then, before, was_busy, t3_before, vocoder_before = self._last_delivery
-            stage_busy = max(stats.t3_busy_s - t3_before, stats.vocoder_busy_s - vocoder_before)
-            self.capacity.observe_delivery(now - then, delivered - before, busy and was_busy, stage_busy)
-        self._last_delivery = (now, delivered, busy, stats.t3_busy_s, stats.vocoder_busy_s)
+            then, before, was_busy, t3_before, steps_before, vocoder_before = self._last_delivery
+            load = stage_load_s(now - then, t3_busy_s=stats.t3_busy_s - t3_before, t3_steps=stats.t3_steps - steps_before,
+                                vocoder_busy_s=stats.vocoder_busy_s - vocoder_before)
+            self.capacity.observe_delivery(now - then, delivered - before, busy and was_busy, load)
+        self._last_delivery = (now, delivered, busy, stats.t3_busy_s, stats.t3_steps, stats.vocoder_busy_s)
 
     def _snapshot(self, stats, now: float) -> EngineSnapshot:
         pipe = self.pipeline

@@ -9,7 +9,7 @@ import pytest
 
 from chorus.engine.request import Priority
 from chorus.server.admission import Admission
-from chorus.server.capacity import MIN_UTILIZATION, RATE_WINDOW_S, CapacityModel, InFlight, Work
+from chorus.server.capacity import MIN_UTILIZATION, RATE_WINDOW_S, CapacityModel, InFlight, Work, stage_load_s
 from chorus.server.errors import APIError
 
 
@@ -267,6 +267,33 @@ def test_a_continuation_is_admitted_whatever_refuses_new_requests():
     for ticket in (head, second, third):
         admission.release(ticket)
     assert admission.in_flight == 0 and admission.drain_s() == 0.0
+
+
+def test_the_vocoders_load_is_its_busy_time():
+    assert stage_load_s(1.0, t3_busy_s=0.0, t3_steps=0, vocoder_busy_s=0.6) == pytest.approx(0.6)
+
+
+def test_t3s_load_is_what_its_mean_step_takes_of_a_streams_real_time_pace():
+    # busy all along in 4 ms steps: each stream gets 250 tokens/s, ten times real time
+    assert stage_load_s(1.0, t3_busy_s=1.0, t3_steps=250, vocoder_busy_s=0.2) == pytest.approx(0.2)
+    assert stage_load_s(1.0, t3_busy_s=1.0, t3_steps=250, vocoder_busy_s=0.05) == pytest.approx(0.1)
+    # 40 ms steps give each stream exactly real time: busy all along; slower ones count no more
+    assert stage_load_s(2.0, t3_busy_s=2.0, t3_steps=50, vocoder_busy_s=0.1) == pytest.approx(2.0)
+    assert stage_load_s(2.0, t3_busy_s=2.0, t3_steps=20, vocoder_busy_s=0.1) == pytest.approx(2.0)
+
+
+def test_t3_stepping_all_along_for_a_few_text_paced_streams_is_not_saturation():
+    """16 voice agents: T3 steps all along (3 ms steps), the vocoder is busy 40% of the time and
+    the audio delivered follows the agents' text. That is capacity to spare: the real-time bound
+    must not learn the delivered 70 s of audio per second as what the server can do (an H100
+    then refused 40 of 64 agents' turns as "68 s of audio per second")."""
+    admission = _realtime_admission(rate=None)
+    for _ in range(12):
+        load = stage_load_s(0.25, t3_busy_s=0.25, t3_steps=83, vocoder_busy_s=0.1)
+        admission.capacity.observe_delivery(0.25, 0.25 * 70 * 25, busy=True, stage_busy_s=load)
+    assert not admission.capacity.saturated and admission.capacity.saturated_rate is None
+    assert admission.capacity.rate == pytest.approx(70 * 25 / 0.4)  # extrapolated from the vocoder
+    [_admit_long(admission) for _ in range(64)]  # the real-time bound waits for a saturated rate
 
 
 def test_the_realtime_bound_waits_until_the_busiest_stage_is_saturated():
