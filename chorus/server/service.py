@@ -82,7 +82,7 @@ class SpeechService:
         self._last_passes: tuple[int, int] = (0, 0)
         # the vocoder's graph captures and their seconds when warm-up ended (later ones: while serving)
         self._warmup_captures: tuple[int, float] = (0, 0.0)
-        # (time, tokens delivered, busy, T3 busy seconds, vocoder busy seconds)
+        # (time, tokens delivered, busy, T3 busy seconds, T3 steps, vocoder busy seconds)
         self._last_delivery: tuple[float, float, bool, float, int, float] | None = None
         self._last_vocoder_busy: tuple[float, float] | None = None  # (when, vocoder busy seconds)
         self._drain_holds: list[Callable[[], int]] = []  # work drain() waits for besides admission's
@@ -297,7 +297,8 @@ class SpeechService:
         stats = self.pipeline.stats()
         if self._last_delivery is not None:
             then, before, was_busy, t3_before, steps_before, vocoder_before = self._last_delivery
-            load = stage_load_s(now - then, t3_busy_s=stats.t3_busy_s - t3_before, t3_steps=stats.t3_steps - steps_before,
+            load = stage_load_s(now - then, t3_busy_s=stats.t3_busy_s - t3_before,
+                                t3_steps=stats.t3_steps - steps_before,
                                 vocoder_busy_s=stats.vocoder_busy_s - vocoder_before)
             self.capacity.observe_delivery(now - then, delivered - before, busy and was_busy, load)
         self._last_delivery = (now, delivered, busy, stats.t3_busy_s, stats.t3_steps, stats.vocoder_busy_s)

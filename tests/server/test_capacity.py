@@ -286,7 +286,7 @@ def test_t3_stepping_all_along_for_a_few_text_paced_streams_is_not_saturation():
     """16 voice agents: T3 steps all along (3 ms steps), the vocoder is busy 40% of the time and
     the audio delivered follows the agents' text. That is capacity to spare: the real-time bound
     must not learn the delivered 70 s of audio per second as what the server can do (an H100
-    then refused 40 of 64 agents' turns as "68 s of audio per second")."""
+    then refused 40 of 256 turns at 64 agents as "68 s of audio per second")."""
     admission = _realtime_admission(rate=None)
     for _ in range(12):
         load = stage_load_s(0.25, t3_busy_s=0.25, t3_steps=83, vocoder_busy_s=0.1)
