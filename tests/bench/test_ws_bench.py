@@ -12,7 +12,7 @@ import pytest
 
 from chorus.bench.online_bench import DEFAULT_TEXT
 from chorus.bench.ws_bench import (OUTCOMES, AgentBenchConfig, ConnectionLog, Turn, first_turn_phase, llm_tokens,
-                                   run_agent, run_connection, summarize, token_times)
+                                   _progress_line, run_agent, run_connection, summarize, token_times)
 from chorus.cli import main
 from tests.server.live import LiveServer, server_config, tiny_loader
 
@@ -134,6 +134,13 @@ def test_a_level_summary_counts_every_turn_once_and_subtracts_the_threshold_wait
     assert cancel["frames_after_cancel_sent"] == 1 and cancel["frames_after_cancelled"] == 0
     assert level["protocol_errors"] == {"seq": 0, "frames_after_done": 0, "frames_after_cancelled": 0,
                                         "frames_of_unknown_turns": 0, "bad_frames": 1, "late_events": 1}
+
+
+def test_the_progress_line_names_the_failed_turns_codes(capsys):
+    level = summarize(2, 3, _level_of_events(), wall_s=4.0, fmt="pcm")
+    _progress_line(level)
+    assert "1/6 turns done, 1 cancelled, 4 failed (connection_closed 1, server_draining 1, synthesis_failed 1)" \
+        in capsys.readouterr().err
 
 
 def test_a_level_summary_splits_each_connection_s_first_turn_from_its_later_ones():
