@@ -15,7 +15,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from chorus.engine.request import Priority
 from chorus.pipeline.errors import PipelineError
@@ -30,6 +30,9 @@ from chorus.server.model_entries import aliases
 from chorus.server.schemas import SpeechBody
 from chorus.sampling.params import InvalidSamplingParams
 from chorus.text.errors import MissingLanguagePackageError, TextError, UnsupportedLanguageError
+
+if TYPE_CHECKING:  # the pipeline module imports torch; the service is built before any model loads
+    from chorus.pipeline.pipeline import PipelineStats
 
 logger = logging.getLogger("chorus.server")
 
@@ -82,8 +85,8 @@ class SpeechService:
         self._last_passes: tuple[int, int] = (0, 0)
         # the vocoder's graph captures and their seconds when warm-up ended (later ones: while serving)
         self._warmup_captures: tuple[int, float] = (0, 0.0)
-        # (time, tokens delivered, busy, T3 busy seconds, T3 steps, vocoder busy seconds)
-        self._last_delivery: tuple[float, float, bool, float, int, float] | None = None
+        # (time, tokens delivered, busy, the pipeline's counters) at the last delivery observation
+        self._last_delivery: tuple[float, float, bool, PipelineStats] | None = None
         self._last_vocoder_busy: tuple[float, float] | None = None  # (when, vocoder busy seconds)
         self._drain_holds: list[Callable[[], int]] = []  # work drain() waits for besides admission's
         # other names of this model (a registry sets them; alone: the bare variant name)
@@ -296,12 +299,12 @@ class SpeechService:
         delivered, busy = self.admission.delivered_tokens, self.admission.in_flight > 0
         stats = self.pipeline.stats()
         if self._last_delivery is not None:
-            then, before, was_busy, t3_before, steps_before, vocoder_before = self._last_delivery
-            load = stage_load_s(now - then, t3_busy_s=stats.t3_busy_s - t3_before,
-                                t3_steps=stats.t3_steps - steps_before,
-                                vocoder_busy_s=stats.vocoder_busy_s - vocoder_before)
+            then, before, was_busy, last = self._last_delivery
+            load = stage_load_s(now - then, t3_busy_s=stats.t3_busy_s - last.t3_busy_s,
+                                t3_steps=stats.t3_steps - last.t3_steps,
+                                vocoder_busy_s=stats.vocoder_busy_s - last.vocoder_busy_s)
             self.capacity.observe_delivery(now - then, delivered - before, busy and was_busy, load)
-        self._last_delivery = (now, delivered, busy, stats.t3_busy_s, stats.t3_steps, stats.vocoder_busy_s)
+        self._last_delivery = (now, delivered, busy, stats)
 
     def _snapshot(self, stats, now: float) -> EngineSnapshot:
         pipe = self.pipeline

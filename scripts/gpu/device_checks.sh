@@ -42,6 +42,12 @@ agents_per_setting() {
     SERVE_ARGS="${AGENT_SERVE_ARGS:-} $args" agent_bench "$out/agent_${name}_$value" "$levels"
   done
 }
+# admit_ahead_pair NAME: agent_bench at 16 and 64 connections with admissions ahead (the default), then without
+# (`--no-t3-admit-ahead`), into OUT_DIR/agent_NAME_on and _off
+admit_ahead_pair() {
+  SERVE_ARGS="${AGENT_SERVE_ARGS:-}" agent_bench "$out/agent_$1_on" 16,64
+  SERVE_ARGS="${AGENT_SERVE_ARGS:-} --no-t3-admit-ahead" agent_bench "$out/agent_$1_off" 16,64
+}
 
 case $what in
   tests)
@@ -103,8 +109,7 @@ case $what in
     # without (`--no-t3-admit-ahead`), one server each, back to back (docs/engine.md, "One-step lookahead"): arrivals
     # admitted in the T3 step queued ahead instead of a synchronous admitting step per arrival; the bench's
     # server.stage_seconds splits t3_prefill
-    SERVE_ARGS="${AGENT_SERVE_ARGS:-}" agent_bench "$out/agent_admit_ahead_on" 16,64
-    SERVE_ARGS="${AGENT_SERVE_ARGS:-} --no-t3-admit-ahead" agent_bench "$out/agent_admit_ahead_off" 16,64 ;;
+    admit_ahead_pair admit_ahead ;;
   agent-turbo-ramp)  # voice agents at 16 and 64 connections whose first turns start within one token interval
     # (as in agent-turbo: the level's burst), then spread over RAMP_S seconds (2), one server each, back to back
     # (docs/benchmarks.md, "Voice-agent latency"); the reports split first turns from later ones
@@ -116,8 +121,7 @@ case $what in
     # server, and probe_summary.json); the probe's wrappers add Python work, so compare phases within a run
     export CHORUS_PROBE_OUT="$out/probe" PYTHONPATH="$PWD/scripts/gpu/probe:$PYTHONPATH"
     mkdir -p "$CHORUS_PROBE_OUT"
-    SERVE_ARGS="${AGENT_SERVE_ARGS:-}" agent_bench "$out/agent_probe_admit_ahead_on" 16,64
-    SERVE_ARGS="${AGENT_SERVE_ARGS:-} --no-t3-admit-ahead" agent_bench "$out/agent_probe_admit_ahead_off" 16,64
+    admit_ahead_pair probe_admit_ahead
     python3 scripts/gpu/t3_queue_probe.py summarize "$CHORUS_PROBE_OUT" --out "$out/probe_summary.json" >/dev/null ;;
   agent-turbo-switch)  # voice agents at 16 and 64 connections with the GIL's switch interval at SWITCHES ms
     # ("5 1 0.5"), one server each, back to back: every T3 admission is hundreds of eager PyTorch calls, each a

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -94,7 +95,7 @@ def install(out_dir: str) -> None:
     wrap(engine.T3Engine, "step", after=on_step)
     wrap(pipeline.Pipeline, "_on_t3_step", after=on_events)
 
-    path = Path(out_dir) / f"probe_{__import__('os').getpid()}.json"
+    path = Path(out_dir) / f"probe_{os.getpid()}.json"
 
     def dump() -> None:
         if requests:
@@ -118,6 +119,10 @@ def _percentiles(values: list[float]) -> dict:
     return {"p50_ms": pick(0.5), "p90_ms": pick(0.9), "p99_ms": pick(0.99), "max_ms": pick(1.0)}
 
 
+def _median(values: list[int]) -> int | None:
+    return sorted(values)[len(values) // 2] if values else None
+
+
 def summarize(path: Path, gap_s: float) -> list[dict]:
     data = json.loads(path.read_text())
     done = sorted((r for r in data["requests"].values() if "first" in r and "submit" in r), key=lambda r: r["submit"])
@@ -138,7 +143,7 @@ def summarize(path: Path, gap_s: float) -> list[dict]:
             "requests": len(run), "span_s": round(end - start, 3),
             "phases": {f"{a}-{b}": _percentiles([r[a] - r[b] for r in run if a in r and b in r]) for a, b in PHASES},
             "admitted_ahead_share": round(sum(bool(r.get("ahead")) for r in run) / len(run), 3),
-            "steps_admit_to_first_p50": sorted(r["first_step"] - r["step"] for r in run if "step" in r)[len(run) // 2],
+            "steps_admit_to_first_p50": _median([r["first_step"] - r["step"] for r in run if "step" in r]),
             "steps": {"count": len(inside), "prefill": sum(1 for s in inside if s[2]),
                       "mean_ms": round(1000 * sum(s[1] for s in inside) / max(1, len(inside)), 2),
                       "prefill_mean_ms": round(1000 * sum(s[1] for s in inside if s[2]) / max(1, sum(1 for s in inside if s[2])), 2)},
