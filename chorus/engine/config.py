@@ -150,6 +150,11 @@ class EngineConfig:
         engine is built (after graph capture), so that the first mixed prefill/decode steps do
         not compile them while serving (``chorus.engine.warmup``; docs/engine.md, "Kernel
         variants and warm-up"). A no-op on the CPU.
+    mixed_graph_tokens: on CUDA with CUDA graphs, a step that admits (up to 8 rows of prompt
+        positions beside its decode rows) with at most this many prompt positions replays a
+        graph captured per (decode rows, prompt positions) bucket, 64, 128, ... up to this
+        (``chorus.engine.cuda_graphs``); larger ones run eagerly. 0: every such step runs
+        eagerly (docs/engine.md, "CUDA graphs").
     """
 
     variant: str = "original"
@@ -157,6 +162,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     default_deadline_s: float | None = 30.0
     warm_up_kernels: bool = True
+    mixed_graph_tokens: int = 256
 
     def __post_init__(self):
         from chorus.models.variants import get_variant  # raises a readable error for unknown names
@@ -164,6 +170,10 @@ class EngineConfig:
         object.__setattr__(self, "variant", get_variant(self.variant).name)
         _require(self.default_deadline_s is None or self.default_deadline_s > 0,
                  f"default_deadline_s must be positive or None, got {self.default_deadline_s!r}")
+        tokens = self.mixed_graph_tokens
+        _require(isinstance(tokens, int) and not isinstance(tokens, bool) and 0 <= tokens <= self.scheduler.max_num_batched_tokens,
+                 f"mixed_graph_tokens must be an int from 0 (off) to max_num_batched_tokens "
+                 f"({self.scheduler.max_num_batched_tokens}), got {tokens!r}")
         n = self.cache.num_blocks
         if n is not None:
             need = cdiv(self.scheduler.max_model_len, self.cache.block_size)

@@ -160,14 +160,15 @@ class T3Engine:
         shared_prefix = cache_cfg.shared_prefix_attention
         self.runner = ModelRunner(model, variant, self.kv_cache, shared_prefix=shared_prefix)
         if cuda_graphs and model.device.type == "cuda":
-            from chorus.engine.cuda_graphs import CudaGraphDecoder
+            from chorus.engine.cuda_graphs import StepGraphs, mixed_token_buckets
 
             sched = self.config.scheduler
-            self.runner.graphs = CudaGraphDecoder(
+            self.runner.graphs = StepGraphs(
                 model, self.kv_cache, max_rows=min(sched.max_num_seqs, 512),
                 max_blocks_per_row=-(-sched.max_model_len // cache_cfg.block_size), max_seq_len=sched.max_model_len,
                 shared_prefix_rows=SHARED_PREFIX_MIN_ROWS if shared_prefix else None,
-                shared_prefix_max_groups=SHARED_PREFIX_MAX_GROUPS)
+                shared_prefix_max_groups=SHARED_PREFIX_MAX_GROUPS,
+                mixed_token_buckets=mixed_token_buckets(self.config.mixed_graph_tokens))
         if (cuda_graphs if sampler_graphs is None else sampler_graphs) and model.device.type == "cuda":
             self.runner.sampler_graphs = SamplerGraphs(
                 variant, model.device, max_rows=min(self.config.scheduler.max_num_seqs, 512))
@@ -180,7 +181,7 @@ class T3Engine:
         self.last_step_seconds: float | None = None  # the last timed step (see _StepTimer)
         self.num_steps_ahead = 0  # steps scheduled ahead of the previous one's commit
         # the step the last step() call committed computed prompt positions (a new request's
-        # prompt chunk or a recompute): such a step runs eagerly, not from a CUDA graph
+        # prompt chunk or a recompute); on CUDA it replays a mixed graph only when one holds it
         self.last_step_prefilled = False
         self._ahead: LaunchedStep | _FailedStep | None = None  # the step scheduled ahead and queued on the device (async scheduling)
 

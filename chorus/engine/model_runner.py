@@ -4,8 +4,9 @@ Input preparation: every position of a row is either a prompt position (its embe
 from the request's precomputed prompt embeddings: conditioning, text, BOS copies; the
 unconditional CFG row has its own) or a generated speech token (``speech_emb(token)`` plus, for
 variants with learned positions, ``speech_pos_emb(i + 1)`` for the i-th generated token). RoPE /
-``wpe`` positions are simply the position in the row. Decode-only steps can replay a captured
-CUDA graph (``CudaGraphDecoder``); on CUDA the sampling step replays one too (``SamplerGraphs``).
+``wpe`` positions are simply the position in the row. Decode steps, and steps that admit a few
+prompts beside them, can replay a captured CUDA graph (``StepGraphs``); on CUDA the sampling
+step replays one too (``SamplerGraphs``).
 """
 from __future__ import annotations
 
@@ -102,7 +103,7 @@ class ModelRunner:
         self.device = model.device
         self.block_size = cache.block_size
         self.requests: dict[str, RequestTensors] = {}
-        self.graphs = None  # a CudaGraphDecoder, set by the engine on CUDA
+        self.graphs = None  # a StepGraphs, set by the engine on CUDA
         self.shared_prefix = shared_prefix
         self._plan_cache: tuple[list, np.ndarray, SharedPrefixPlan] | None = None  # (decode seqs, their leading blocks, plan)
         self.sampler_graphs: SamplerGraphs | None = None  # set by the engine on CUDA
@@ -295,8 +296,10 @@ class ModelRunner:
     @torch.inference_mode()
     def forward_logits(self, inputs: StepInputs) -> torch.Tensor:
         """Logits [rows needing logits, V] in fp32."""
-        if self.graphs is not None and self.graphs.can_run(inputs):
-            return self.graphs.run(inputs)
+        if self.graphs is not None:
+            logits = self.graphs.run(inputs)
+            if logits is not None:
+                return logits
         self.cache.metadata = inputs.metadata
         hidden = self.model(inputs.embeds, inputs.positions, self.cache)
         self.cache.metadata = None

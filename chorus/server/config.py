@@ -131,6 +131,7 @@ class ServerConfig:
     gpu_memory_utilization: float = 0.85
     cuda_graphs: bool = True
     t3_admit_ahead: bool = True  # admit arrivals in T3's step scheduled ahead (SchedulerConfig.admit_ahead)
+    t3_mixed_graph_tokens: int = 256  # admitting steps up to this many prompt positions replay graphs (EngineConfig)
     vocoder_max_pass_seconds: float | None = None  # while streams play, a vocoder pass's predicted time at most
     vocoder_first_window_tokens: int = 20  # speech tokens of a stream's first vocoder window
     vocoder_first_window_prompt_tokens: int | None = None  # voice-prompt tokens of a stream's first vocoder pass
@@ -166,6 +167,9 @@ class ServerConfig:
             value = getattr(self, name)
             _require(value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0),
                      f"{name} must be a positive integer or unset, got {value!r}")
+        _require(isinstance(self.t3_mixed_graph_tokens, int) and not isinstance(self.t3_mixed_graph_tokens, bool)
+                 and self.t3_mixed_graph_tokens >= 0,
+                 f"t3_mixed_graph_tokens must be an integer >= 0 (0: off), got {self.t3_mixed_graph_tokens!r}")
         from chorus.vocoder.config import VocoderConfig
 
         _require(self.vocoder_first_window_tokens <= VocoderConfig.max_window_tokens,
@@ -364,6 +368,9 @@ FIELD_HELP = {
                       "waiting for the step in flight and launching the admitting step while the GPU idles; "
                       "tokens are the same either way; on by default, as measured with voice agents (docs/engine.md, "
                       "\"One-step lookahead\")",
+    "t3_mixed_graph_tokens": "with cuda_graphs, a T3 step that admits up to 8 prompts beside the decoding rows with "
+                             "at most this many prompt positions replays a CUDA graph instead of running eagerly "
+                             "(0: they run eagerly; docs/engine.md, \"CUDA graphs\")",
     "vocoder_max_pass_seconds": "while streams are playing, fill a vocoder pass only while its predicted time stays "
                                 "under this, so a new stream's first audio waits for a shorter pass (default: no "
                                 "limit but the batch size; docs/vocoder.md, \"Pass sizing while streams run\")",

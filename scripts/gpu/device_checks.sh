@@ -4,7 +4,7 @@
 # CHECK: tests | bench-original | bench-turbo | offline-original | offline-turbo |
 #        stream-original | stream-turbo | stream-turbo-prompt-cap | attention | vocoder-graphs | stage-contention | online-original | online-turbo |
 #        agent-original | agent-turbo | agent-turbo-listen | agent-turbo-prompt-cap | agent-turbo-headroom |
-#        agent-turbo-first-window | agent-turbo-admit-ahead | agent-turbo-ramp | agent-turbo-profile | agent-turbo-switch | agent-turbo-queue-probe | online-turbo-short-voice | overload-turbo | two-models | swap-turbo |
+#        agent-turbo-first-window | agent-turbo-admit-ahead | agent-turbo-mixed-graphs | agent-turbo-ramp | agent-turbo-profile | agent-turbo-switch | agent-turbo-queue-probe | online-turbo-short-voice | overload-turbo | two-models | swap-turbo |
 #        scale-out-turbo | scale-out-original | profile-original | profile-turbo | rope-kv |
 #        vocoder-turbo | vocoder-original | vc-turbo | vc-original
 # The reference chatterbox-tts (for the benchmark ratio) must be importable; WHEELS=DIR installs
@@ -123,6 +123,12 @@ case $what in
     mkdir -p "$CHORUS_PROBE_OUT"
     admit_ahead_pair probe_admit_ahead
     python3 scripts/gpu/t3_queue_probe.py summarize "$CHORUS_PROBE_OUT" --out "$out/probe_summary.json" >/dev/null ;;
+  agent-turbo-mixed-graphs)  # voice agents at 1, 16 and 64 connections with T3's admitting steps replayed from
+    # mixed CUDA graphs (`--t3-mixed-graph-tokens 256`, the default) and run eagerly (0), one server each, back to
+    # back, ROUNDS times (1) (docs/engine.md, "CUDA graphs")
+    for round in $(seq "${ROUNDS:-1}"); do
+      agents_per_setting "mixed_r$round" --t3-mixed-graph-tokens 1,16,64 ${MIXED_TOKENS:-256 0}
+    done ;;
   agent-turbo-switch)  # voice agents at 16 and 64 connections with the GIL's switch interval at SWITCHES ms
     # ("5 1 0.5"), one server each, back to back: every T3 admission is hundreds of eager PyTorch calls, each a
     # GIL hand-off that can wait a switch interval behind the event loop's or the vocoder's Python

@@ -21,3 +21,13 @@ def test_an_unknown_kv_cache_dtype_names_the_choices(bad):
 def test_kv_cache_dtype_is_a_flat_engine_option():
     config = EngineConfig.from_flat(variant="turbo", kv_cache_dtype="fp8_e4m3", block_size=32)
     assert config.cache.kv_cache_dtype == "fp8_e4m3" and config.cache.block_size == 32
+
+
+@pytest.mark.parametrize("bad", [-1, 5000, 1.5, True])
+def test_mixed_graph_tokens_is_off_or_within_the_token_budget(bad):
+    with pytest.raises(ValueError, match="mixed_graph_tokens must be an int from 0"):
+        EngineConfig(variant="turbo", mixed_graph_tokens=bad)
+
+
+def test_mixed_graph_tokens_is_a_flat_engine_option():
+    assert EngineConfig.from_flat(variant="turbo", mixed_graph_tokens=0).mixed_graph_tokens == 0

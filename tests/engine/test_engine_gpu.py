@@ -26,8 +26,8 @@ def _model(name, dtype):
     return variant, T3Model.from_state_dict(variant.t3, state, dtype=dtype, device="cuda", source="random")
 
 
-def _engine(model, variant, graphs, **scheduler):
-    config = EngineConfig(variant=variant.name, default_deadline_s=None,
+def _engine(model, variant, graphs, *, mixed_graph_tokens=256, **scheduler):
+    config = EngineConfig(variant=variant.name, default_deadline_s=None, mixed_graph_tokens=mixed_graph_tokens,
                           cache=CacheConfig(kv_cache_bytes=4 << 30),
                           scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=4096, max_model_len=1024,
                                                     **scheduler))
@@ -82,8 +82,9 @@ def test_lookahead_on_gpu_gives_the_tokens_of_synchronous_steps(name):
 @pytest.mark.parametrize("name", ["original", "turbo"])
 def test_arrivals_admitted_ahead_on_gpu_equal_the_sequential_path(name):
     """fp32, CUDA graphs and sampler graphs (``SchedulerConfig.admit_ahead``): a request that
-    arrives while others decode is admitted in an eager step queued behind the replayed graph in
-    flight, and gets the sequential path's tokens."""
+    arrives while others decode is admitted in a step queued behind the replayed graph in
+    flight, itself replayed from a mixed graph (its prompt is the voice's cached prefix and its
+    text), and gets the sequential path's tokens."""
     import dataclasses
 
     from tests.engine.test_admit_ahead import _staggered
@@ -95,9 +96,41 @@ def test_arrivals_admitted_ahead_on_gpu_equal_the_sequential_path(name):
     engine = _engine(model, variant, True, admit_ahead=True)
     got = _staggered(engine, reqs)
     assert engine.num_steps - engine.num_steps_ahead == 1  # every later arrival went ahead
+    assert engine.runner.graphs.replays["mixed"] >= len(reqs) - 1
     for req, tokens in zip(reqs, got):
         seq = generate_speech_tokens(model, variant, req.conditioning.embeds, torch.tensor(req.text_ids), req.params).tokens
         assert tokens == seq
+
+
+@pytest.mark.parametrize("name", ["original", "turbo"])
+def test_mixed_step_graphs_give_the_tokens_of_eager_mixed_steps(name):
+    """fp32: staggered arrivals admitted beside decode rows, once replayed from mixed graphs and
+    once run eagerly (``mixed_graph_tokens=0``), give the same tokens; a step that admits more
+    prompt rows than a mixed graph takes (the first, a burst) runs eagerly in both."""
+    import dataclasses
+
+    from chorus.engine.cuda_graphs import MIXED_PROMPT_ROWS
+
+    variant, model = _model(name, torch.float32)
+    reqs = _requests(variant, model, 14, tokens=30)
+    for r in reqs:
+        r.params = dataclasses.replace(r.params, ignore_eos=True)
+    runs, replays = [], []
+    for tokens in (256, 0):
+        engine = _engine(model, variant, True, mixed_graph_tokens=tokens, admit_ahead=True)
+        ids = [engine.add_request(r) for r in reqs[:MIXED_PROMPT_ROWS + 1]]  # the burst
+        waiting, by_id, steps = list(reqs[MIXED_PROMPT_ROWS + 1:]), {}, 0
+        while waiting or engine.has_unfinished_requests():
+            if waiting and steps % 2 == 1:
+                ids.append(engine.add_request(waiting.pop(0)))
+            for out in engine.step():
+                if out.new_token is not None:
+                    by_id.setdefault(out.request_id, []).append(out.new_token)
+            steps += 1
+        runs.append([by_id.get(i, []) for i in ids])
+        replays.append(dict(engine.runner.graphs.replays))
+    assert runs[0] == runs[1]
+    assert replays[0]["mixed"] >= len(reqs) - MIXED_PROMPT_ROWS - 1 and replays[1]["mixed"] == 0
 
 
 @pytest.mark.parametrize("name", ["original", "turbo"])

@@ -306,6 +306,14 @@ def test_admitting_ahead_reaches_the_t3_scheduler():
     assert engine_config(_build(flags={"t3_admit_ahead": "false"}), 0.85).scheduler.admit_ahead is False
 
 
+def test_mixed_step_graphs_reach_the_t3_engine():
+    from chorus.server.main import engine_config
+
+    assert engine_config(_build(), 0.85).mixed_graph_tokens == 256
+    assert engine_config(_build(flags={"t3_mixed_graph_tokens": "0"}), 0.85).mixed_graph_tokens == 0
+    _error("t3_mixed_graph_tokens must be an integer >= 0", flags={"t3_mixed_graph_tokens": "-1"})
+
+
 def test_the_first_window_reaches_the_vocoder_stage():
     from chorus.server.main import vocoder_config
 
