@@ -130,7 +130,8 @@ class T3Engine:
     def __init__(self, model: T3Model, variant: Variant, config: EngineConfig | None = None,
                  *, attention_backend: str = "auto", cuda_graphs: bool = True, sampler_graphs: bool | None = None,
                  kv_scale_rule: str | None = None):
-        """On CUDA, ``cuda_graphs`` captures the decode forward per batch-size bucket and
+        """On CUDA, ``cuda_graphs`` captures the decode forward per batch-size bucket (and the
+        steps that admit a few prompts beside them, ``EngineConfig.mixed_graph_tokens``) and
         ``sampler_graphs`` (None: as ``cuda_graphs``) each step's sampling, which then gives
         the eager sampler's tokens with a fraction of its kernel launches. ``kv_scale_rule``
         (None: ``kv_quant.DEFAULT_KV_SCALE_RULE``) sets an FP8 cache's static scales. With

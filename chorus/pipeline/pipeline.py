@@ -403,7 +403,7 @@ class Pipeline:
         """``listener(stage, seconds)`` is called, on the pipeline's threads, with ``"queue"``
         (a request's submission to its first T3 token), ``"t3"`` (each T3 step), ``"t3_prefill"``
         (each T3 step, among those, that computed prompt positions: an admission or a prompt
-        chunk, run eagerly, not from a CUDA graph) and ``"vocoder"`` (each vocoder pass). It
+        chunk, from a mixed CUDA graph where one holds it, else eagerly) and ``"vocoder"`` (each vocoder pass). It
         must be quick and thread-safe (e.g. a Prometheus histogram's ``observe``)."""
         self._timing_listener = listener
 
