@@ -153,7 +153,8 @@ class EngineConfig:
     mixed_graph_tokens: on CUDA with CUDA graphs, a step that admits (up to 8 rows of prompt
         positions beside its decode rows) with at most this many prompt positions replays a
         graph captured per (decode rows, prompt positions) bucket, 64, 128, ... up to this
-        (``chorus.engine.cuda_graphs``); larger ones run eagerly. 0: every such step runs
+        or ``max_num_batched_tokens``, the smaller (``chorus.engine.cuda_graphs``); larger ones
+        run eagerly. 0: every such step runs
         eagerly (docs/engine.md, "CUDA graphs").
     """
 
@@ -171,9 +172,8 @@ class EngineConfig:
         _require(self.default_deadline_s is None or self.default_deadline_s > 0,
                  f"default_deadline_s must be positive or None, got {self.default_deadline_s!r}")
         tokens = self.mixed_graph_tokens
-        _require(isinstance(tokens, int) and not isinstance(tokens, bool) and 0 <= tokens <= self.scheduler.max_num_batched_tokens,
-                 f"mixed_graph_tokens must be an int from 0 (off) to max_num_batched_tokens "
-                 f"({self.scheduler.max_num_batched_tokens}), got {tokens!r}")
+        _require(isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0,
+                 f"mixed_graph_tokens must be an int >= 0 (0: off), got {tokens!r}")
         n = self.cache.num_blocks
         if n is not None:
             need = cdiv(self.scheduler.max_model_len, self.cache.block_size)

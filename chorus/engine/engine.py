@@ -33,6 +33,11 @@ _ids = itertools.count()
 DEFAULT_CPU_KV_BYTES = 1 << 30
 
 
+def _uses_cfg(variant: Variant, params: SamplingParams) -> bool:
+    """Whether a request with ``params`` runs as a CFG pair (a conditional and an unconditional row)."""
+    return variant.t3.supports_cfg and params.cfg_weight > 0
+
+
 def _check_kv_dtype_supported(dtype: torch.dtype, device: torch.device) -> None:
     """FP8 K/V need hardware FP8 conversions on CUDA (compute capability 8.9+: Ada, Hopper)."""
     if dtype == torch.float8_e4m3fn and device.type == "cuda":
@@ -169,10 +174,13 @@ class T3Engine:
                 max_blocks_per_row=-(-sched.max_model_len // cache_cfg.block_size), max_seq_len=sched.max_model_len,
                 shared_prefix_rows=SHARED_PREFIX_MIN_ROWS if shared_prefix else None,
                 shared_prefix_max_groups=SHARED_PREFIX_MAX_GROUPS,
-                mixed_token_buckets=mixed_token_buckets(self.config.mixed_graph_tokens))
+                mixed_token_buckets=mixed_token_buckets(min(self.config.mixed_graph_tokens,
+                                                            sched.max_num_batched_tokens)))
         if (cuda_graphs if sampler_graphs is None else sampler_graphs) and model.device.type == "cuda":
             self.runner.sampler_graphs = SamplerGraphs(
                 variant, model.device, max_rows=min(self.config.scheduler.max_num_seqs, 512))
+            defaults = SamplingParams.for_variant(variant)  # what a request that sets nothing samples with
+            self.runner.sampler_graphs.warm_up(defaults, has_uncond=_uses_cfg(variant, defaults))
         self.warmup: WarmupReport | None = None  # what the kernel warm-up did (None: it did not run)
         if self.config.warm_up_kernels and model.device.type == "cuda":
             limits = step_limits(self.config.scheduler, SHARED_PREFIX_MIN_ROWS if shared_prefix else None)
@@ -277,7 +285,7 @@ class T3Engine:
         """Every check of a request that needs no engine state; what :meth:`_enter` queues."""
         params = request.params.fitted_to(self.variant)
         request_id = request.request_id or f"t3-{next(_ids)}"
-        cfg = self.variant.t3.supports_cfg and params.cfg_weight > 0
+        cfg = _uses_cfg(self.variant, params)
         cond = request.conditioning
         text_ids = torch.as_tensor(list(request.text_ids), dtype=torch.long)
         if text_ids.ndim != 1 or text_ids.numel() == 0:

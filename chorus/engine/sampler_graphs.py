@@ -42,7 +42,9 @@ from torch import Tensor
 
 from chorus import capture_gate
 from chorus.models.variants import SamplingStep, Variant
-from chorus.sampling import SamplingBatch, process_logits, record_sampled_tokens, sample_next_tokens
+from chorus.sampling import (
+    SamplingBatch, SamplingParams, process_logits, record_sampled_tokens, sample_next_tokens,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -181,6 +183,21 @@ class SamplerGraphs:
         self._logits[:logits.shape[0]].copy_(logits)
         self._lookup(key)()
         return self._tokens[:self.num_rows]
+
+    def warm_up(self, params: SamplingParams, has_uncond: bool) -> int:
+        """Capture the step of every row bucket up to ``max_rows`` for compositions of requests
+        sampling with ``params`` (e.g. the variant's defaults; ``has_uncond``: they are CFG
+        pairs), so that serving does not capture them the first time its batch grows into each
+        bucket: a capture holds the engine's thread, and so every running request's next token,
+        for tens of milliseconds. Returns the graphs captured (held ones are not captured again;
+        with more buckets than ``max_graphs`` the smallest are dropped again)."""
+        before = self.captures
+        bucket = 1
+        while bucket <= row_bucket(self.max_rows):
+            batch = SamplingBatch.build([params] * min(bucket, self.max_rows), self.variant)
+            self._lookup(GraphKey.of(batch, has_uncond))
+            bucket *= 2
+        return self.captures - before
 
     # -- the step and its graphs ---------------------------------------------------------------
     def _batch(self, key: GraphKey) -> SamplingBatch:

@@ -20,6 +20,7 @@ CLASSES = {
         ("an admitting step's eager forward", ("GPT2Backbone.forward", "Llama", "T3Model.forward")),
         ("a decode step's graph replay", ("StepGraphs._run_decode",)),
         ("an admitting step's graph replay", ("StepGraphs.run", "lay_out_mixed")),
+        ("sampling: loading a new batch composition", ("SamplerGraphs.load", "_hand_back", "SamplingBatch.build")),
         ("sampling", ("SamplerGraphs", "sample")),
         ("a step's inputs (prepare)", ("ModelRunner.prepare",)),
         ("launching a step (the rest)", ("ModelRunner.launch", "T3Engine._launch")),

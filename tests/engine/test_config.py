@@ -23,9 +23,9 @@ def test_kv_cache_dtype_is_a_flat_engine_option():
     assert config.cache.kv_cache_dtype == "fp8_e4m3" and config.cache.block_size == 32
 
 
-@pytest.mark.parametrize("bad", [-1, 5000, 1.5, True])
-def test_mixed_graph_tokens_is_off_or_within_the_token_budget(bad):
-    with pytest.raises(ValueError, match="mixed_graph_tokens must be an int from 0"):
+@pytest.mark.parametrize("bad", [-1, 1.5, True, None])
+def test_mixed_graph_tokens_is_a_count_or_zero(bad):
+    with pytest.raises(ValueError, match="mixed_graph_tokens must be an int >= 0"):
         EngineConfig(variant="turbo", mixed_graph_tokens=bad)
 
 

@@ -168,6 +168,22 @@ def test_padded_rows_leave_the_real_rows_alone():
     assert torch.equal(graphs.seen, alone.seen) and torch.equal(graphs.steps, alone.steps)
 
 
+@pytest.mark.parametrize("variant", [EN, TURBO], ids=["original", "turbo"])
+def test_warm_up_holds_a_step_per_bucket_that_a_default_composition_then_uses(variant):
+    defaults = SamplingParams.for_variant(variant)
+    graphs = SamplerGraphs(variant, "cpu", max_rows=20)
+    has_uncond = variant.t3.supports_cfg
+    assert graphs.warm_up(defaults, has_uncond) == 6
+    assert [key.rows for key in graphs.keys] == [1, 2, 4, 8, 16, 32]
+    assert graphs.warm_up(defaults, has_uncond) == 0  # held already
+    rows = 11  # a composition of requests with their own seeds finds its graph
+    batch = SamplingBatch.build([SamplingParams.for_variant(variant, seed=i) for i in range(rows)], variant)
+    graphs.load(batch, [initial_penalty_mask(variant, 1)] * rows, [0] * rows, list(range(rows)),
+                list(range(rows, 2 * rows)) if has_uncond else None)
+    graphs.sample(torch.randn(2 * rows, variant.t3.speech_vocab_size))
+    assert graphs.captures == 6
+
+
 def test_a_composition_over_the_limit_does_not_fit():
     graphs = SamplerGraphs(TURBO, "cpu", max_rows=5)
     assert graphs.fits(5) and not graphs.fits(6) and not graphs.fits(0)
