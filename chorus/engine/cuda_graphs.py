@@ -21,8 +21,11 @@ bucket's sizes (host-known; the kernels find each row by ``query_start_loc`` and
 so the same graph serves every step of the bucket.
 
 All graphs share one memory pool and one set of static input buffers. Exactness: a replay
-computes the same kernels as eager mode on the padded shapes; a GPU test checks replays against
-eager mode, and a CPU test checks the padded layout against the step's own.
+runs eager mode's kernels on the padded shapes, with the launch choices of its bucket (the
+query-block size, KV splits, no shared-prefix path in a mixed graph), so logits agree with an
+eager step's up to the order of floating-point reductions; a GPU test checks replays' tokens
+against eager mode, and CPU tests check the padded layout against the step's own (the model on
+the reference path; the Triton kernels under their interpreter).
 """
 from __future__ import annotations
 

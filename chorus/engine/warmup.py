@@ -2,9 +2,10 @@
 
 Triton compiles a kernel the first time it sees a new combination of constexpr values and launch
 options (the arguments that vary per step are kept out of that key: ``do_not_specialize`` in the
-kernel modules). Decode-only steps replay CUDA graphs whose kernels compile at capture; steps
-that mix prefill chunks with decode rows run eagerly and would otherwise compile the attention
-plan of each new batch shape on first use, seconds on the first burst a server sees.
+kernel modules). Decode steps, and mixed steps that a mixed graph's bucket holds, replay CUDA
+graphs whose kernels compile at capture; the other steps that mix prefill chunks with decode
+rows run eagerly and would otherwise compile the attention plan of each new batch shape on
+first use, seconds on the first burst a server sees.
 
 ``warm_up_kernels`` launches, once each, on scratch inputs and through the functions a step
 calls:

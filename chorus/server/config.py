@@ -363,7 +363,8 @@ FIELD_HELP = {
     "kv_cache_dtype": "auto (K/V in the model's dtype) or fp8_e4m3 (half the bytes per block, so about twice "
                       "the cached positions, at a small measured accuracy cost; needs compute capability 8.9+)",
     "gpu_memory_utilization": "fraction of GPU memory the process may use",
-    "cuda_graphs": "capture CUDA graphs (T3 decode and the S3Gen solver)",
+    "cuda_graphs": "capture CUDA graphs (T3's decode steps, its admitting steps up to t3_mixed_graph_tokens "
+                   "and its sampling, and the S3Gen solver)",
     "t3_admit_ahead": "admit a request arriving while others decode in the T3 step queued ahead, instead of "
                       "waiting for the step in flight and launching the admitting step while the GPU idles; "
                       "tokens are the same either way; on by default, as measured with voice agents (docs/engine.md, "

@@ -144,3 +144,54 @@ def test_the_shared_prefix_kernels_do_not_import_the_plain_entry_module():
             "print('chorus.engine.attention.triton_paged' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+_DECODES = [(37, 1), (1, 1), (17, 1)]
+_PROMPTS = [(50, 17), (20, 20), (33, 2)]
+
+
+@pytest.mark.parametrize("decodes, prompts, bucket, num_splits", [
+    (_DECODES, _PROMPTS, (4, 64), None),
+    (_DECODES, _PROMPTS, (8, 64), 4),
+    (_DECODES, _PROMPTS, (3, 39), None),  # no decode padding
+    ([], _PROMPTS, (0, 64), 2),  # nothing decoding (the first admission)
+    (_DECODES, [(90, 70), (5, 5)], (4, 128), 8),
+    (_DECODES, [(30, 9)] * 8, (4, 128), None),  # every prompt row of the bucket taken
+    (_DECODES, [(16, 16)] * 4, (4, 64), None),  # prompts of whole query blocks
+], ids=["padded", "padded-splits", "exact-decodes", "no-decodes", "long-prompt", "full-rows", "whole-blocks"])
+def test_a_mixed_graphs_padded_layout_attends_as_the_step(decodes, prompts, bucket, num_splits):
+    """A mixed step laid out in a CUDA-graph bucket (``cuda_graphs.lay_out_mixed``) and attended
+    with the bucket's host-side bounds (its decode rows, a query-block size from its prompt
+    positions, the engine's longest context) gives each real token the step's own attention;
+    padding rows and positions are never read into them."""
+    from types import SimpleNamespace
+
+    from chorus.engine.attention.triton_paged import paged_attention_triton
+    from chorus.engine.cuda_graphs import MixedBucket, StepBuffers, lay_out_mixed
+    from chorus.engine.paged_cache import AttentionMetadata
+
+    batch = make_batch(decodes + prompts, block_size=16, seed=len(prompts))
+    tokens, heads, head_dim = batch.q.shape
+    ref = paged_attention_reference(*batch.args())
+    step = AttentionMetadata(slot_mapping=batch.slot_mapping, block_tables=batch.block_tables,
+                             seq_lens=batch.seq_lens, query_start_loc=batch.query_start_loc,
+                             max_query_len=batch.max_query_len, max_seq_len=int(batch.seq_lens.max()),
+                             num_decodes=len(decodes))
+    last = (batch.query_start_loc[1:] - 1).long()  # every row's last position asks for logits
+    inputs = SimpleNamespace(embeds=batch.q.reshape(tokens, heads * head_dim), positions=torch.arange(tokens),
+                             metadata=step, logits_index=last, num_tokens=tokens)
+    bucket = MixedBucket(*bucket)
+    buffers = StepBuffers.allocate(bucket.tokens, bucket.rows, batch.block_tables.shape[1], heads * head_dim,
+                                   torch.float32, "cpu")
+    buffers.embeds.normal_()  # padding positions hold whatever came before
+    count = lay_out_mixed(inputs, bucket, buffers)
+    meta = bucket.metadata(buffers, max_seq_len=1024)
+    q = buffers.embeds[:bucket.tokens].view(bucket.tokens, heads, head_dim)
+    out = torch.full_like(q, float("nan"))
+    paged_attention_triton(q, batch.key_cache, batch.value_cache, meta.block_tables, meta.seq_lens,
+                           meta.query_start_loc, batch.scale, max_query_len=meta.max_query_len,
+                           num_decodes=meta.num_decodes, max_seq_len=meta.max_seq_len, out=out,
+                           decode_tile=16, prefill_tile=16, num_splits=num_splits)
+    real = torch.cat([out[:len(decodes)], out[bucket.decode_rows:bucket.decode_rows + tokens - len(decodes)]])
+    assert rel_error(real, ref) < FP32_BOUND
+    assert rel_error(out[buffers.logits_index[:count]], ref[last]) < FP32_BOUND
