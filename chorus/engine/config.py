@@ -84,9 +84,10 @@ class SchedulerConfig:
     admit_ahead: with ``async_scheduling``, a step scheduled ahead also admits new requests
         (their first prompt chunk beside the decode rows), where the pool has the blocks without
         preempting anyone. Without it an arrival ends the lookahead: the engine waits for the
-        step in flight, then schedules and launches the admitting step while the device idles, once per arrival. Tokens are unchanged either way; a preempted request's
-        recompute, and an arrival that would need a preemption, still take the regular
-        schedule (docs/engine.md, "One-step lookahead").
+        step in flight, then schedules and launches the admitting step while the device idles,
+        once per arrival. Tokens are unchanged either way; a preempted request's recompute, and
+        an arrival that would need a preemption, still take the regular schedule
+        (docs/engine.md, "One-step lookahead").
     step_time_target_s: the time one step should take at most. The token budget bounds
         positions, not seconds, and a position costs very different time on different devices,
         so a step's prefill positions (beside its decode rows, which always run) are also bounded
