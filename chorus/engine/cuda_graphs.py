@@ -16,7 +16,7 @@ which made such a step several times longer than a decode step under load (docs/
 positions) that holds it when one was captured (``mixed_token_buckets``): the step's flat batch
 is laid out in the bucket's padded one by ``lay_out_mixed`` (the decode rows padded to their
 bucket as above, then the prompt rows, then zero-length rows and unwritten positions up to the
-bucket), a dozen device-to-device copies. The captured attention plans its launches from the
+bucket), about twenty device-to-device copies. The captured attention plans its launches from the
 bucket's sizes (host-known; the kernels find each row by ``query_start_loc`` and skip padding),
 so the same graph serves every step of the bucket.
 
