@@ -28,14 +28,10 @@ from chorus.engine.warmup import WarmupReport, step_limits, warm_up_kernels
 from chorus.models.t3.model import T3Model
 from chorus.models.variants import Variant
 from chorus.sampling import NO_TOKEN, SamplingParams
+from chorus.t3_sequential import uses_cfg
 
 _ids = itertools.count()
 DEFAULT_CPU_KV_BYTES = 1 << 30
-
-
-def _uses_cfg(variant: Variant, params: SamplingParams) -> bool:
-    """Whether a request with ``params`` runs as a CFG pair (a conditional and an unconditional row)."""
-    return variant.t3.supports_cfg and params.cfg_weight > 0
 
 
 def _check_kv_dtype_supported(dtype: torch.dtype, device: torch.device) -> None:
@@ -180,7 +176,7 @@ class T3Engine:
             self.runner.sampler_graphs = SamplerGraphs(
                 variant, model.device, max_rows=min(self.config.scheduler.max_num_seqs, 512))
             defaults = SamplingParams.for_variant(variant)  # what a request that sets nothing samples with
-            self.runner.sampler_graphs.warm_up(defaults, has_uncond=_uses_cfg(variant, defaults))
+            self.runner.sampler_graphs.warm_up(defaults, has_uncond=uses_cfg(variant, defaults))
         self.warmup: WarmupReport | None = None  # what the kernel warm-up did (None: it did not run)
         if self.config.warm_up_kernels and model.device.type == "cuda":
             limits = step_limits(self.config.scheduler, SHARED_PREFIX_MIN_ROWS if shared_prefix else None)
@@ -285,7 +281,7 @@ class T3Engine:
         """Every check of a request that needs no engine state; what :meth:`_enter` queues."""
         params = request.params.fitted_to(self.variant)
         request_id = request.request_id or f"t3-{next(_ids)}"
-        cfg = _uses_cfg(self.variant, params)
+        cfg = uses_cfg(self.variant, params)
         cond = request.conditioning
         text_ids = torch.as_tensor(list(request.text_ids), dtype=torch.long)
         if text_ids.ndim != 1 or text_ids.numel() == 0:
