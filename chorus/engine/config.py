@@ -13,6 +13,11 @@ from chorus.engine.intmath import cdiv
 
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 
+# The smallest prompt-position bucket of the mixed-step CUDA graphs (EngineConfig.mixed_graph_tokens;
+# chorus.engine.cuda_graphs): an admitting step carries a whole prompt, tens of positions at least, so
+# a smaller bucket would hold no step and its graphs would be captured for nothing.
+MIN_MIXED_GRAPH_TOKENS = 64
+
 # Seconds one T3 step should take at most, by device type (SchedulerConfig.step_time_target_s).
 # On a CPU a decode step of the full-size models is a good part of a second and a 4096-position
 # chunk minutes (docs/engine.md, "Step time"). On a GPU the token budget already bounds a step
@@ -154,8 +159,8 @@ class EngineConfig:
         positions beside its decode rows) with at most this many prompt positions replays a
         graph captured per (decode rows, prompt positions) bucket, 64, 128, ... up to this
         or ``max_num_batched_tokens``, the smaller (``chorus.engine.cuda_graphs``); larger ones
-        run eagerly. 0: every such step runs
-        eagerly (docs/engine.md, "CUDA graphs").
+        run eagerly. 0: every such step runs eagerly (docs/engine.md, "CUDA graphs"); otherwise
+        at least ``MIN_MIXED_GRAPH_TOKENS`` (64), the smallest bucket.
     """
 
     variant: str = "original"
@@ -172,8 +177,10 @@ class EngineConfig:
         _require(self.default_deadline_s is None or self.default_deadline_s > 0,
                  f"default_deadline_s must be positive or None, got {self.default_deadline_s!r}")
         tokens = self.mixed_graph_tokens
-        _require(isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0,
-                 f"mixed_graph_tokens must be an int >= 0 (0: off), got {tokens!r}")
+        _require(isinstance(tokens, int) and not isinstance(tokens, bool)
+                 and (tokens == 0 or tokens >= MIN_MIXED_GRAPH_TOKENS),
+                 f"mixed_graph_tokens must be 0 (off) or an int >= {MIN_MIXED_GRAPH_TOKENS} (the smallest "
+                 f"bucket; a step that admits carries a whole prompt), got {tokens!r}")
         n = self.cache.num_blocks
         if n is not None:
             need = cdiv(self.scheduler.max_model_len, self.cache.block_size)

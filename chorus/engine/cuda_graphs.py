@@ -35,12 +35,12 @@ import torch
 
 from chorus import capture_gate
 from chorus.engine.attention import SharedPrefixTensors
+from chorus.engine.config import MIN_MIXED_GRAPH_TOKENS
 from chorus.engine.paged_cache import AttentionMetadata, PagedKVCache
 from chorus.models.t3.model import T3Model
 
 # prompt rows a mixed graph takes: a step admitting more (a burst of arrivals) runs eagerly
 MIXED_PROMPT_ROWS = 8
-MIN_MIXED_TOKEN_BUCKET = 64
 
 
 def default_buckets(max_rows: int) -> list[int]:
@@ -57,7 +57,7 @@ def mixed_token_buckets(max_tokens: int) -> list[int]:
     ``max_tokens`` (0: none)."""
     if max_tokens <= 0:
         return []
-    sizes, n = [], MIN_MIXED_TOKEN_BUCKET
+    sizes, n = [], MIN_MIXED_GRAPH_TOKENS
     while n < max_tokens:
         sizes.append(n)
         n *= 2

@@ -167,9 +167,12 @@ class ServerConfig:
             value = getattr(self, name)
             _require(value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0),
                      f"{name} must be a positive integer or unset, got {value!r}")
-        _require(isinstance(self.t3_mixed_graph_tokens, int) and not isinstance(self.t3_mixed_graph_tokens, bool)
-                 and self.t3_mixed_graph_tokens >= 0,
-                 f"t3_mixed_graph_tokens must be an integer >= 0 (0: off), got {self.t3_mixed_graph_tokens!r}")
+        from chorus.engine.config import MIN_MIXED_GRAPH_TOKENS
+
+        tokens = self.t3_mixed_graph_tokens
+        _require(isinstance(tokens, int) and not isinstance(tokens, bool)
+                 and (tokens == 0 or tokens >= MIN_MIXED_GRAPH_TOKENS),
+                 f"t3_mixed_graph_tokens must be 0 (off) or an integer >= {MIN_MIXED_GRAPH_TOKENS}, got {tokens!r}")
         from chorus.vocoder.config import VocoderConfig
 
         _require(self.vocoder_first_window_tokens <= VocoderConfig.max_window_tokens,
@@ -371,7 +374,8 @@ FIELD_HELP = {
                       "\"One-step lookahead\")",
     "t3_mixed_graph_tokens": "with cuda_graphs, a T3 step that admits up to 8 prompts beside the decoding rows with "
                              "at most this many prompt positions replays a CUDA graph instead of running eagerly "
-                             "(0: they run eagerly; docs/engine.md, \"CUDA graphs\")",
+                             "(0: they run eagerly; else at least 64, the smallest bucket; docs/engine.md, "
+                             "\"CUDA graphs\")",
     "vocoder_max_pass_seconds": "while streams are playing, fill a vocoder pass only while its predicted time stays "
                                 "under this, so a new stream's first audio waits for a shorter pass (default: no "
                                 "limit but the batch size; docs/vocoder.md, \"Pass sizing while streams run\")",

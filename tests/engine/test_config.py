@@ -23,10 +23,15 @@ def test_kv_cache_dtype_is_a_flat_engine_option():
     assert config.cache.kv_cache_dtype == "fp8_e4m3" and config.cache.block_size == 32
 
 
-@pytest.mark.parametrize("bad", [-1, 1.5, True, None])
-def test_mixed_graph_tokens_is_a_count_or_zero(bad):
-    with pytest.raises(ValueError, match="mixed_graph_tokens must be an int >= 0"):
+@pytest.mark.parametrize("bad", [-1, 1, 63, 64.0, True, None])
+def test_mixed_graph_tokens_is_zero_or_at_least_the_smallest_bucket(bad):
+    with pytest.raises(ValueError, match=r"mixed_graph_tokens must be 0 \(off\) or an int >= 64 .* got"):
         EngineConfig(variant="turbo", mixed_graph_tokens=bad)
+
+
+@pytest.mark.parametrize("good", [0, 64, 65, 4096])
+def test_mixed_graph_tokens_takes_zero_and_counts_from_the_smallest_bucket(good):
+    assert EngineConfig(variant="turbo", mixed_graph_tokens=good).mixed_graph_tokens == good
 
 
 def test_mixed_graph_tokens_is_a_flat_engine_option():

@@ -311,7 +311,8 @@ def test_mixed_step_graphs_reach_the_t3_engine():
 
     assert engine_config(_build(), 0.85).mixed_graph_tokens == 256
     assert engine_config(_build(flags={"t3_mixed_graph_tokens": "0"}), 0.85).mixed_graph_tokens == 0
-    _error("t3_mixed_graph_tokens must be an integer >= 0", flags={"t3_mixed_graph_tokens": "-1"})
+    _error(r"t3_mixed_graph_tokens must be 0 \(off\) or an integer >= 64, got -1", flags={"t3_mixed_graph_tokens": "-1"})
+    _error(r"t3_mixed_graph_tokens must be 0 \(off\) or an integer >= 64, got 32", flags={"t3_mixed_graph_tokens": "32"})
 
 
 def test_the_first_window_reaches_the_vocoder_stage():
