@@ -175,8 +175,7 @@ class T3Engine:
         if (cuda_graphs if sampler_graphs is None else sampler_graphs) and model.device.type == "cuda":
             self.runner.sampler_graphs = SamplerGraphs(
                 variant, model.device, max_rows=min(self.config.scheduler.max_num_seqs, 512))
-            defaults = SamplingParams.for_variant(variant)  # what a request that sets nothing samples with
-            self.runner.sampler_graphs.warm_up(defaults, has_uncond=uses_cfg(variant, defaults))
+            self.runner.sampler_graphs.warm_up_defaults()
         self.warmup: WarmupReport | None = None  # what the kernel warm-up did (None: it did not run)
         if self.config.warm_up_kernels and model.device.type == "cuda":
             limits = step_limits(self.config.scheduler, SHARED_PREFIX_MIN_ROWS if shared_prefix else None)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import torch
@@ -45,6 +45,7 @@ from chorus.models.variants import SamplingStep, Variant
 from chorus.sampling import (
     SamplingBatch, SamplingParams, process_logits, record_sampled_tokens, sample_next_tokens,
 )
+from chorus.t3_sequential import uses_cfg
 
 logger = logging.getLogger(__name__)
 
@@ -198,6 +199,18 @@ class SamplerGraphs:
             self._lookup(GraphKey.of(batch, has_uncond))
             bucket *= 2
         return self.captures - before
+
+    def warm_up_defaults(self) -> int:
+        """:meth:`warm_up` for what requests that set nothing sample with: the variant's
+        defaults, and for a variant whose T3 uses CFG those defaults with CFG off as well
+        (``cfg_weight=0``: a request's own choice, or a server degrading under load, which is
+        when a capture holding every running request's next token hurts most). Returns the
+        graphs captured."""
+        defaults = SamplingParams.for_variant(self.variant)
+        captured = self.warm_up(defaults, has_uncond=uses_cfg(self.variant, defaults))
+        if uses_cfg(self.variant, defaults):
+            captured += self.warm_up(replace(defaults, cfg_weight=0.0), has_uncond=False)
+        return captured
 
     # -- the step and its graphs ---------------------------------------------------------------
     def _batch(self, key: GraphKey) -> SamplingBatch:

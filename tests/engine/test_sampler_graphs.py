@@ -184,6 +184,24 @@ def test_warm_up_holds_a_step_per_bucket_that_a_default_composition_then_uses(va
     assert graphs.captures == 6
 
 
+def test_warming_up_the_defaults_of_a_cfg_variant_also_holds_them_with_cfg_off():
+    graphs = SamplerGraphs(EN, "cpu", max_rows=20)
+    assert graphs.warm_up_defaults() == 12
+    assert sorted((key.rows, key.has_uncond) for key in graphs.keys) == \
+        sorted((rows, uncond) for rows in (1, 2, 4, 8, 16, 32) for uncond in (False, True))
+    rows = 5  # requests that turned CFG off find their graph
+    batch = SamplingBatch.build([SamplingParams.for_variant(EN, seed=i, cfg_weight=0.0) for i in range(rows)], EN)
+    graphs.load(batch, [initial_penalty_mask(EN, 1)] * rows, [0] * rows, list(range(rows)), None)
+    graphs.sample(torch.randn(rows, EN.t3.speech_vocab_size))
+    assert graphs.captures == 12
+
+
+def test_warming_up_the_defaults_of_a_variant_without_cfg_holds_one_step_per_bucket():
+    graphs = SamplerGraphs(TURBO, "cpu", max_rows=20)
+    assert graphs.warm_up_defaults() == 6
+    assert not any(key.has_uncond for key in graphs.keys)
+
+
 def test_a_composition_over_the_limit_does_not_fit():
     graphs = SamplerGraphs(TURBO, "cpu", max_rows=5)
     assert graphs.fits(5) and not graphs.fits(6) and not graphs.fits(0)

@@ -122,3 +122,22 @@ def test_engine_tokens_are_the_same_with_and_without_sampler_graphs(name):
     want = [r.tokens for r in eager.generate(reqs)]
     assert got == want
     assert graphed.runner.sampler_graphs.captures > 0 and sum(map(len, want)) > 50
+
+
+def test_an_engine_of_a_cfg_variant_is_built_holding_its_defaults_with_cfg_on_and_off():
+    """Requests that set nothing, and those with CFG off (as a degrading server sets it), sample
+    through graphs captured when the engine was built, not while it serves."""
+    variant, model = _tiny_cuda("original")
+    config = EngineConfig(variant=variant.name, default_deadline_s=None, cache=CacheConfig(kv_cache_bytes=256 << 20),
+                          scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=1024, max_model_len=1024))
+    engine = T3Engine(model, variant, config)
+    graphs = engine.runner.sampler_graphs
+    assert {(key.rows, key.has_uncond) for key in graphs.keys} == \
+        {(rows, uncond) for rows in (1, 2, 4, 8) for uncond in (False, True)}
+    built_with = graphs.captures
+    g = torch.Generator().manual_seed(1)
+    reqs = [T3Request(torch.randint(1, 600, (12,), generator=g).tolist(), conditioning(variant, model, voice(variant, i)),
+                      SamplingParams.for_variant(variant, seed=i, max_new_tokens=8, cfg_weight=0.0))
+            for i in range(3)]
+    assert all(1 <= len(r.tokens) <= 8 for r in engine.generate(reqs))
+    assert graphs.captures == built_with
