@@ -161,6 +161,11 @@ class EngineConfig:
         or ``max_num_batched_tokens``, the smaller (``chorus.engine.cuda_graphs``); larger ones
         run eagerly. 0: every such step runs eagerly (docs/engine.md, "CUDA graphs"); otherwise
         at least ``MIN_MIXED_GRAPH_TOKENS`` (64), the smallest bucket.
+    admit_within_graphs: with mixed graphs, a step that decodes admits (and prefills) only what
+        the largest of them holds, 8 prompt rows and ``mixed_graph_tokens`` positions (or the
+        token budget, the smaller); the rest waits for the next steps (``Scheduler``'s
+        ``PrefillShape``). A burst of arrivals is then admitted over a few graph replays instead
+        of one eager step that every running row waits for (docs/engine.md, "CUDA graphs").
     """
 
     variant: str = "original"
@@ -169,6 +174,7 @@ class EngineConfig:
     default_deadline_s: float | None = 30.0
     warm_up_kernels: bool = True
     mixed_graph_tokens: int = 256
+    admit_within_graphs: bool = True
 
     def __post_init__(self):
         from chorus.models.variants import get_variant  # raises a readable error for unknown names

@@ -17,13 +17,15 @@ import torch
 
 from chorus import capture_gate
 from chorus.engine.config import EngineConfig
+from chorus.engine.cuda_graphs import MIXED_PROMPT_ROWS, StepGraphs, mixed_token_buckets
 from chorus.engine.kv_cache_manager import KVCacheManager
 from chorus.engine.model_runner import (NAN_LOGITS, SHARED_PREFIX_MAX_GROUPS, SHARED_PREFIX_MIN_ROWS, LaunchedStep,
                                        ModelRunner)
 from chorus.engine.paged_cache import PagedKVCache, kv_bytes_per_block, resolve_kv_cache_dtype
 from chorus.engine.sampler_graphs import SamplerGraphs
 from chorus.engine.request import FinishReason, Priority, Request, T3Prompt
-from chorus.engine.scheduler import AdmissionError, RequestOutput, Scheduler, SchedulerOutput, SchedulerStats
+from chorus.engine.scheduler import (AdmissionError, PrefillShape, RequestOutput, Scheduler, SchedulerOutput,
+                                     SchedulerStats)
 from chorus.engine.warmup import WarmupReport, step_limits, warm_up_kernels
 from chorus.models.t3.model import T3Model
 from chorus.models.variants import Variant
@@ -155,23 +157,25 @@ class T3Engine:
 
             self.kv_cache.set_kv_scales(kv_scales(model, kv_scale_rule or DEFAULT_KV_SCALE_RULE))
         self.kv_manager = KVCacheManager(num_blocks, cache_cfg.block_size, cache_cfg.enable_prefix_caching)
+        graphed = cuda_graphs and model.device.type == "cuda"
+        mixed_tokens = mixed_token_buckets(min(self.config.mixed_graph_tokens,
+                                               self.config.scheduler.max_num_batched_tokens)) if graphed else []
         self.scheduler = Scheduler(
             self.config.scheduler, self.kv_manager,
-            step_time_target_s=self.config.scheduler.resolved_step_time_target(model.device.type))
+            step_time_target_s=self.config.scheduler.resolved_step_time_target(model.device.type),
+            prefill_shape=PrefillShape(MIXED_PROMPT_ROWS, mixed_tokens[-1])
+            if mixed_tokens and self.config.admit_within_graphs else None)
         self._timers: dict[int, _StepTimer] = {}  # id(LaunchedStep) -> its timer, until committed
         shared_prefix = cache_cfg.shared_prefix_attention
         self.runner = ModelRunner(model, variant, self.kv_cache, shared_prefix=shared_prefix)
-        if cuda_graphs and model.device.type == "cuda":
-            from chorus.engine.cuda_graphs import StepGraphs, mixed_token_buckets
-
+        if graphed:
             sched = self.config.scheduler
             self.runner.graphs = StepGraphs(
                 model, self.kv_cache, max_rows=min(sched.max_num_seqs, 512),
                 max_blocks_per_row=-(-sched.max_model_len // cache_cfg.block_size), max_seq_len=sched.max_model_len,
                 shared_prefix_rows=SHARED_PREFIX_MIN_ROWS if shared_prefix else None,
                 shared_prefix_max_groups=SHARED_PREFIX_MAX_GROUPS,
-                mixed_token_buckets=mixed_token_buckets(min(self.config.mixed_graph_tokens,
-                                                            sched.max_num_batched_tokens)))
+                mixed_token_buckets=mixed_tokens)
         if (cuda_graphs if sampler_graphs is None else sampler_graphs) and model.device.type == "cuda":
             self.runner.sampler_graphs = SamplerGraphs(
                 variant, model.device, max_rows=min(self.config.scheduler.max_num_seqs, 512))

@@ -19,7 +19,9 @@ sit next to each other in the batch (conditional first).
 
 Besides the token budget, a step's prefill positions (prompt chunks and admissions, never the
 decode rows) are bounded by time: what ``step_cost`` predicts fits in ``step_time_target_s``
-beside the decode rows (``prefill_time_budget``; docs/engine.md, "Step time").
+beside the decode rows (``prefill_time_budget``; docs/engine.md, "Step time"). And where the
+engine gives a ``PrefillShape`` (the largest step its mixed CUDA graphs hold), a step with decode
+rows takes at most that many prompt rows and positions, so that it replays a graph.
 """
 from __future__ import annotations
 
@@ -47,11 +49,26 @@ from chorus.engine.step_cost import StepCostModel
 MIN_PREFILL_TARGET_SHARE = 0.5
 MIN_PREFILL_TOKENS = 16
 
-__all__ = ["AdmissionError", "RequestOutput", "ScheduledSequence", "Scheduler", "SchedulerOutput", "SchedulerStats"]
+__all__ = ["AdmissionError", "PrefillShape", "RequestOutput", "ScheduledSequence", "Scheduler", "SchedulerOutput", "SchedulerStats"]
 
 
 class AdmissionError(ValueError):
     """The request can never run under this configuration; it was not queued."""
+
+
+@dataclass(frozen=True)
+class PrefillShape:
+    """The most rows with prompt positions (``rows``, a CFG pair counting two) and prompt
+    positions in all (``tokens``) that a step which also decodes may take. The engine sets the
+    largest step its mixed CUDA graphs hold, so that a step admitting beside running rows
+    replays a graph instead of running eagerly while every running row waits for it; what does
+    not fit waits for the next steps. A step without decode rows is not bounded by it."""
+
+    rows: int
+    tokens: int
+
+    def __post_init__(self):
+        assert self.rows >= 1 and self.tokens >= 1, self
 
 
 @dataclass(frozen=True)
@@ -76,12 +93,16 @@ class Scheduler:
     def __init__(
         self, config: SchedulerConfig, kv_cache: KVCacheManager,
         clock: Callable[[], float] = time.monotonic, *, step_time_target_s: float = math.inf,
+        prefill_shape: PrefillShape | None = None,
     ):
         """``step_time_target_s``: seconds a step's predicted time should stay under (the
         engine resolves ``config.step_time_target_s`` for its device; inf: no time bound). The
-        caller times steps and feeds ``step_cost`` (``StepCostModel.observe``)."""
+        caller times steps and feeds ``step_cost`` (``StepCostModel.observe``).
+        ``prefill_shape``: the most prompt rows and positions beside decode rows (None: no bound
+        but the others)."""
         self.config = config
         self.step_time_target_s = step_time_target_s
+        self.prefill_shape = prefill_shape
         self.step_cost = StepCostModel()
         self.kv = kv_cache
         self.clock = clock
@@ -172,9 +193,11 @@ class Scheduler:
         decode_starts = self._allocate_decode_slots(decoding)
         # prefill positions that fit the step-time target beside the decode rows (which always
         # run); the steady decode step (nothing prefilling or waiting) has no use for them
-        prefill_time = 0
+        prefill_time, prefill_rows = 0, math.inf
         if prefilling or self.waiting or decode_starts is None:
             prefill_time = self.prefill_time_budget(self.num_running_rows - sum(r.num_rows for r in prefilling))
+            if decode_starts is not None and decoding:
+                prefill_time, prefill_rows = self._within_prefill_shape(prefill_time)
         if decode_starts is not None:
             scheduled = dict.fromkeys([r.request_id for r in decoding], 1)
             budget -= self.num_running_rows - sum(r.num_rows for r in prefilling)
@@ -188,7 +211,7 @@ class Scheduler:
             remaining = self._remaining(request)
             limit = budget if remaining <= 1 else min(budget, prefill_time)  # a decode row always runs
             n = min(remaining, limit // request.num_rows)
-            if n <= 0:
+            if n <= 0 or (remaining > 1 and request.num_rows > prefill_rows):
                 continue
             while request.status is RequestStatus.RUNNING:
                 if self.kv.allocate_slots(request, n) is not None:
@@ -196,13 +219,14 @@ class Scheduler:
                     budget -= n * request.num_rows
                     if remaining > 1:
                         prefill_time -= n * request.num_rows
+                        prefill_rows -= request.num_rows
                     break
                 budget += preempt(self.running[-1])
 
         if not preempted:  # a step that ran out of blocks for its running requests admits nothing
             # (a request preempted below for a higher priority is not back before the next step)
-            self._admit_waiting(scheduled, budget, prefill_time, waits=lambda r: r.request_id in preempted,
-                                make_room=make_room)
+            self._admit_waiting(scheduled, budget, prefill_time, prefill_rows,
+                                waits=lambda r: r.request_id in preempted, make_room=make_room)
 
         if decode_starts is not None and not preempted and len(scheduled) == len(decoding):
             out = self._decode_output(decoding, decode_starts, finished)  # the steady state
@@ -287,21 +311,32 @@ class Scheduler:
             self._needs_regular_schedule = True
 
         admitted: dict[str, int] = {}
-        self._admit_waiting(admitted, self.config.max_num_batched_tokens - decode_rows,
-                            self.prefill_time_budget(decode_rows), waits=lambda r: bool(r.output_tokens),
-                            make_room=defer)
+        prefill_time, prefill_rows = self._within_prefill_shape(self.prefill_time_budget(decode_rows))
+        self._admit_waiting(admitted, self.config.max_num_batched_tokens - decode_rows, prefill_time, prefill_rows,
+                            waits=lambda r: bool(r.output_tokens), make_room=defer)
         return admitted
 
-    def _admit_waiting(self, scheduled: dict[str, int], budget: int, prefill_time: int, *,
+    def _within_prefill_shape(self, prefill_time: int) -> tuple[int, float]:
+        """The prefill positions and prompt rows a step beside decode rows may take: ``prefill_time``
+        and no row bound, each cut to ``prefill_shape`` where one is set."""
+        shape = self.prefill_shape
+        if shape is None:
+            return prefill_time, math.inf
+        return min(prefill_time, shape.tokens), shape.rows
+
+    def _admit_waiting(self, scheduled: dict[str, int], budget: int, prefill_time: int, prefill_rows: float, *,
                        waits: Callable[[Request], bool], make_room: Callable[[Request], int | None]) -> None:
         """Admit waiting requests in priority order into ``scheduled`` (request id -> positions)
-        while rows, the token ``budget`` and the ``prefill_time`` positions allow. Stops at the
-        first request that ``waits`` or that does not fit; one the pool is short for gets
-        ``make_room(request)``: the budget that freeing blocks gave back (then it is tried
-        again), or None (admission stops)."""
+        while rows, the token ``budget``, the ``prefill_time`` positions and the ``prefill_rows``
+        prompt rows allow (every admitted request counts against the last, whether or not it
+        has prompt positions left). Stops at the first request that ``waits`` or that does not
+        fit; one the pool is short for gets ``make_room(request)``: the budget that freeing
+        blocks gave back (then it is tried again), or None (admission stops)."""
         while self.waiting:
             request = self.waiting.peek()
             if waits(request) or self.num_running_rows + request.num_rows > self.config.max_num_seqs:
+                break
+            if request.num_rows > prefill_rows:
                 break
             computed = self.kv.get_computed_blocks(request)
             remaining = request.num_tokens - computed.num_tokens
@@ -320,6 +355,7 @@ class Scheduler:
             self._add_running(request)
             scheduled[request.request_id] = n
             budget -= n * request.num_rows
+            prefill_rows -= request.num_rows
             if remaining > 1:
                 prefill_time -= n * request.num_rows
 

@@ -132,6 +132,7 @@ class ServerConfig:
     cuda_graphs: bool = True
     t3_admit_ahead: bool = True  # admit arrivals in T3's step scheduled ahead (SchedulerConfig.admit_ahead)
     t3_mixed_graph_tokens: int = 256  # admitting steps up to this many prompt positions replay graphs (EngineConfig)
+    t3_admit_within_graphs: bool = True  # a step that decodes admits what a mixed graph holds (EngineConfig)
     vocoder_max_pass_seconds: float | None = None  # while streams play, a vocoder pass's predicted time at most
     vocoder_first_window_tokens: int = 20  # speech tokens of a stream's first vocoder window
     vocoder_first_window_prompt_tokens: int | None = None  # voice-prompt tokens of a stream's first vocoder pass
@@ -376,6 +377,10 @@ FIELD_HELP = {
                              "at most this many prompt positions replays a CUDA graph instead of running eagerly "
                              "(0: they run eagerly; else at least 64, the smallest bucket; docs/engine.md, "
                              "\"CUDA graphs\")",
+    "t3_admit_within_graphs": "with t3_mixed_graph_tokens, a T3 step that decodes admits only what the largest mixed "
+                              "CUDA graph holds (8 prompt rows, t3_mixed_graph_tokens positions); the rest waits for "
+                              "the next steps, so a burst of arrivals is admitted over a few graph replays instead of "
+                              "one eager step that every running stream waits for (docs/engine.md, \"CUDA graphs\")",
     "vocoder_max_pass_seconds": "while streams are playing, fill a vocoder pass only while its predicted time stays "
                                 "under this, so a new stream's first audio waits for a shorter pass (default: no "
                                 "limit but the batch size; docs/vocoder.md, \"Pass sizing while streams run\")",

@@ -4,7 +4,7 @@
 # CHECK: tests | bench-original | bench-turbo | offline-original | offline-turbo |
 #        stream-original | stream-turbo | stream-turbo-prompt-cap | attention | vocoder-graphs | stage-contention | online-original | online-turbo |
 #        agent-original | agent-turbo | agent-turbo-listen | agent-turbo-prompt-cap | agent-turbo-headroom |
-#        agent-turbo-first-window | agent-turbo-admit-ahead | agent-turbo-mixed-graphs | agent-turbo-ramp | agent-turbo-profile | agent-turbo-switch | agent-turbo-queue-probe | online-turbo-short-voice | overload-turbo | two-models | swap-turbo |
+#        agent-turbo-first-window | agent-turbo-admit-ahead | agent-turbo-mixed-graphs | agent-turbo-admit-within-graphs | agent-turbo-ramp | agent-turbo-profile | agent-turbo-switch | agent-turbo-queue-probe | online-turbo-short-voice | overload-turbo | two-models | swap-turbo |
 #        scale-out-turbo | scale-out-original | profile-original | profile-turbo | rope-kv |
 #        vocoder-turbo | vocoder-original | vc-turbo | vc-original
 # The reference chatterbox-tts (for the benchmark ratio) must be importable; WHEELS=DIR installs
@@ -128,6 +128,13 @@ case $what in
     # back, ROUNDS times (1) (docs/engine.md, "CUDA graphs")
     for round in $(seq "${ROUNDS:-1}"); do
       agents_per_setting "mixed_r$round" --t3-mixed-graph-tokens 1,16,64 ${MIXED_TOKENS:-256 0}
+    done ;;
+  agent-turbo-admit-within-graphs)  # voice agents at 1, 16 and 64 connections with T3's steps that decode admitting
+    # only what the largest mixed CUDA graph holds (the default) and without that bound (`--no-t3-admit-within-graphs`),
+    # one server each, back to back, in ORDER ("on off") (docs/engine.md, "CUDA graphs")
+    for setting in ${ORDER:-on off}; do
+      case $setting in on) args= ;; off) args=--no-t3-admit-within-graphs ;; *) echo "ORDER: on or off"; exit 1 ;; esac
+      SERVE_ARGS="${AGENT_SERVE_ARGS:-} $args" agent_bench "$out/agent_within_$setting" 1,16,64
     done ;;
   agent-turbo-switch)  # voice agents at 16 and 64 connections with the GIL's switch interval at SWITCHES ms
     # ("5 1 0.5"), one server each, back to back: every T3 admission is hundreds of eager PyTorch calls, each a

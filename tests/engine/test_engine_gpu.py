@@ -26,8 +26,9 @@ def _model(name, dtype):
     return variant, T3Model.from_state_dict(variant.t3, state, dtype=dtype, device="cuda", source="random")
 
 
-def _engine(model, variant, graphs, *, mixed_graph_tokens=256, **scheduler):
+def _engine(model, variant, graphs, *, mixed_graph_tokens=256, admit_within_graphs=True, **scheduler):
     config = EngineConfig(variant=variant.name, default_deadline_s=None, mixed_graph_tokens=mixed_graph_tokens,
+                          admit_within_graphs=admit_within_graphs,
                           cache=CacheConfig(kv_cache_bytes=4 << 30),
                           scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=4096, max_model_len=1024,
                                                     **scheduler))
@@ -131,6 +132,39 @@ def test_mixed_step_graphs_give_the_tokens_of_eager_mixed_steps(name):
         replays.append(dict(engine.runner.graphs.replays))
     assert runs[0] == runs[1]
     assert replays[0]["mixed"] >= len(reqs) - MIXED_PROMPT_ROWS - 1 and replays[1]["mixed"] == 0
+
+
+@pytest.mark.parametrize("name", ["original", "turbo"])
+def test_a_burst_beside_decode_rows_is_admitted_through_mixed_graphs(name):
+    """fp32: 12 arrivals at once while two requests decode. With ``admit_within_graphs`` (the
+    default) a step that decodes admits what the largest mixed graph holds, so every step that
+    computes prompt positions after the first (two prompts, nothing decoding: eager where its
+    prompts are longer than the largest graph) replays a graph; without it the burst is admitted
+    in one eager step. The tokens are the same."""
+    import dataclasses
+
+    variant, model = _model(name, torch.float32)
+    reqs = _requests(variant, model, 14, tokens=30)
+    for r in reqs:
+        r.params = dataclasses.replace(r.params, ignore_eos=True)
+    runs, eager = [], []
+    for within in (True, False):
+        engine = _engine(model, variant, True, admit_within_graphs=within, admit_ahead=True)
+        ids = [engine.add_request(r) for r in reqs[:2]]
+        by_id, prefilled, steps = {}, 0, 0
+        while engine.has_unfinished_requests():
+            if steps == 3:
+                ids += [engine.add_request(r) for r in reqs[2:]]  # the burst, beside two decoding
+            for out in engine.step():
+                if out.new_token is not None:
+                    by_id.setdefault(out.request_id, []).append(out.new_token)
+            prefilled += engine.last_step_prefilled
+            steps += 1
+        runs.append([by_id.get(i, []) for i in ids])
+        eager.append(prefilled - engine.runner.graphs.replays["mixed"])
+    assert runs[0] == runs[1] and all(len(tokens) == 30 for tokens in runs[0])
+    # the first step (no decode rows, the voice prefix not yet cached) runs eagerly where no graph holds it
+    assert eager[0] <= 1 and eager[1] == eager[0] + 1
 
 
 @pytest.mark.parametrize("name", ["original", "turbo"])

@@ -58,7 +58,9 @@ def test_fp8_logits_stay_close_to_the_bf16_cache(name, size, capsys):
 
 
 def _engine(model, variant, kv_cache_dtype, graphs):
-    config = EngineConfig(variant=variant.name, default_deadline_s=None,
+    # admit_within_graphs off: the graphed engine then admits in the eager one's batch compositions,
+    # which the comparisons need (shared-prefix plans and KV splits follow the composition)
+    config = EngineConfig(variant=variant.name, default_deadline_s=None, admit_within_graphs=False,
                           cache=CacheConfig(kv_cache_bytes=2 << 30, kv_cache_dtype=kv_cache_dtype),
                           scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=4096, max_model_len=1024))
     return T3Engine(model, variant, config, cuda_graphs=graphs)

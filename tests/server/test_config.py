@@ -315,6 +315,13 @@ def test_mixed_step_graphs_reach_the_t3_engine():
     _error(r"t3_mixed_graph_tokens must be 0 \(off\) or an integer >= 64, got 32", flags={"t3_mixed_graph_tokens": "32"})
 
 
+def test_admitting_within_the_mixed_graphs_reaches_the_t3_engine():
+    from chorus.server.main import engine_config
+
+    assert engine_config(_build(), 0.85).admit_within_graphs is True
+    assert engine_config(_build(flags={"t3_admit_within_graphs": "false"}), 0.85).admit_within_graphs is False
+
+
 def test_the_first_window_reaches_the_vocoder_stage():
     from chorus.server.main import vocoder_config
 
