@@ -49,7 +49,8 @@ from chorus.engine.step_cost import StepCostModel
 MIN_PREFILL_TARGET_SHARE = 0.5
 MIN_PREFILL_TOKENS = 16
 
-__all__ = ["AdmissionError", "PrefillShape", "RequestOutput", "ScheduledSequence", "Scheduler", "SchedulerOutput", "SchedulerStats"]
+__all__ = ["AdmissionError", "PrefillShape", "RequestOutput", "ScheduledSequence", "Scheduler", "SchedulerOutput",
+           "SchedulerStats"]
 
 
 class AdmissionError(ValueError):

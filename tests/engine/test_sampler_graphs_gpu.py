@@ -136,7 +136,8 @@ def test_an_engine_of_a_cfg_variant_is_built_holding_its_defaults_with_cfg_on_an
         {(rows, uncond) for rows in (1, 2, 4, 8) for uncond in (False, True)}
     built_with = graphs.captures
     g = torch.Generator().manual_seed(1)
-    reqs = [T3Request(torch.randint(1, 600, (12,), generator=g).tolist(), conditioning(variant, model, voice(variant, i)),
+    reqs = [T3Request(torch.randint(1, 600, (12,), generator=g).tolist(),
+                      conditioning(variant, model, voice(variant, i)),
                       SamplingParams.for_variant(variant, seed=i, max_new_tokens=8, cfg_weight=0.0))
             for i in range(3)]
     assert all(1 <= len(r.tokens) <= 8 for r in engine.generate(reqs))
