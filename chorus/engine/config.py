@@ -18,6 +18,12 @@ KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 # a smaller bucket would hold no step and its graphs would be captured for nothing.
 MIN_MIXED_GRAPH_TOKENS = 64
 
+
+def valid_mixed_graph_tokens(value) -> bool:
+    """Whether ``value`` is a setting of ``EngineConfig.mixed_graph_tokens``: 0 (off) or an int of
+    at least ``MIN_MIXED_GRAPH_TOKENS``."""
+    return isinstance(value, int) and not isinstance(value, bool) and (value == 0 or value >= MIN_MIXED_GRAPH_TOKENS)
+
 # Seconds one T3 step should take at most, by device type (SchedulerConfig.step_time_target_s).
 # On a CPU a decode step of the full-size models is a good part of a second and a 4096-position
 # chunk minutes (docs/engine.md, "Step time"). On a GPU the token budget already bounds a step
@@ -183,8 +189,7 @@ class EngineConfig:
         _require(self.default_deadline_s is None or self.default_deadline_s > 0,
                  f"default_deadline_s must be positive or None, got {self.default_deadline_s!r}")
         tokens = self.mixed_graph_tokens
-        _require(isinstance(tokens, int) and not isinstance(tokens, bool)
-                 and (tokens == 0 or tokens >= MIN_MIXED_GRAPH_TOKENS),
+        _require(valid_mixed_graph_tokens(tokens),
                  f"mixed_graph_tokens must be 0 (off) or an int >= {MIN_MIXED_GRAPH_TOKENS} (the smallest "
                  f"bucket; a step that admits carries a whole prompt), got {tokens!r}")
         n = self.cache.num_blocks

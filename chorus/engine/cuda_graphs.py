@@ -178,11 +178,10 @@ class StepGraphs:
         dev, hidden = model.device, model.config.hidden_size
         n = self.max_rows
         largest = max([n, *(m.tokens for m in self.mixed)])
-        self.buffers = StepBuffers.allocate(largest, max([n, *(m.rows for m in self.mixed)]), max_blocks_per_row,
-                                            hidden, model.dtype, dev)
+        most_rows = max([n, *(m.rows for m in self.mixed)])
+        self.buffers = StepBuffers.allocate(largest, most_rows, max_blocks_per_row, hidden, model.dtype, dev)
         self._decode_starts = torch.arange(n + 1, dtype=torch.int32, device=dev)
-        self.logits = torch.zeros(max([n, *(m.rows for m in self.mixed)]), model.config.speech_vocab_size,
-                                  dtype=torch.float32, device=dev)
+        self.logits = torch.zeros(most_rows, model.config.speech_vocab_size, dtype=torch.float32, device=dev)
         # the shared-prefix plan (``AttentionMetadata.shared_prefix``) of buckets that have a
         # graph with it: rows past the step's are in no group
         self.shared_buckets = [b for b in self.buckets if shared_prefix_rows is not None and b >= shared_prefix_rows]

@@ -169,11 +169,10 @@ class ServerConfig:
             value = getattr(self, name)
             _require(value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0),
                      f"{name} must be a positive integer or unset, got {value!r}")
-        from chorus.engine.config import MIN_MIXED_GRAPH_TOKENS
+        from chorus.engine.config import MIN_MIXED_GRAPH_TOKENS, valid_mixed_graph_tokens
 
         tokens = self.t3_mixed_graph_tokens
-        _require(isinstance(tokens, int) and not isinstance(tokens, bool)
-                 and (tokens == 0 or tokens >= MIN_MIXED_GRAPH_TOKENS),
+        _require(valid_mixed_graph_tokens(tokens),
                  f"t3_mixed_graph_tokens must be 0 (off) or an integer >= {MIN_MIXED_GRAPH_TOKENS}, got {tokens!r}")
         from chorus.vocoder.config import VocoderConfig
 
