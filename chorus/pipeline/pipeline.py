@@ -215,7 +215,6 @@ class Pipeline:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.vocoder_busy_s = 0.0
-        self._t3_seen = (0, 0.0)  # T3's steps and busy seconds at the vocoder thread's last look
         self._vocoder_step_started_at: float | None = None
         self.requests_done = 0
         self.audio_seconds = 0.0
@@ -482,22 +481,12 @@ class Pipeline:
             self._jobs[job_id] = state.jobs[0]
         elif kind == "t3":
             stepped_at, events = payload
-            self._observe_t3_pace()
             for event in events:
                 self._on_t3_event(event, stepped_at, touched)
         elif kind == "abort":
             state = self._requests.get(payload)
             if state is not None:
                 self._fail(state, "aborted", "cancelled")
-
-    def _observe_t3_pace(self) -> None:
-        """Tell the vocoder T3's mean step time since the last look: a stream's time per token,
-        which says how soon a waiting stream's first window will be ready."""
-        steps, busy_s = self._t3.steps, self._t3.busy_s
-        seen_steps, seen_busy_s = self._t3_seen
-        if steps > seen_steps:
-            self.vocoder.observe_token_interval(max(0.0, busy_s - seen_busy_s) / (steps - seen_steps))
-            self._t3_seen = (steps, busy_s)
 
     def _on_t3_event(self, event: RequestOutput, stepped_at: float, touched: set[str]) -> None:
         """``stepped_at``: the ``time.monotonic()`` at which T3's step produced ``event``."""

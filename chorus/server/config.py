@@ -137,7 +137,6 @@ class ServerConfig:
     vocoder_first_window_tokens: int = 20  # speech tokens of a stream's first vocoder window
     vocoder_first_window_prompt_tokens: int | None = None  # voice-prompt tokens of a stream's first vocoder pass
     vocoder_follower_first_window_tokens: int | None = 100  # first vocoder window of a turn's later piece
-    vocoder_first_window_hold_s: float = 0.0  # hold a vocoder pass this long at most for a first window about to be ready
     vocoder_graph_cover_work: float | None = 4.0  # a shape without a CUDA graph replays a larger one up to this padded work
     # operations
     warmup: bool = True
@@ -192,9 +191,6 @@ class ServerConfig:
         _require(self.realtime_headroom is None or (isinstance(self.realtime_headroom, (int, float))
                                                     and self.realtime_headroom >= 0),
                  f"realtime_headroom must be a number >= 0 (0: off) or unset, got {self.realtime_headroom!r}")
-        hold = self.vocoder_first_window_hold_s
-        _require(isinstance(hold, (int, float)) and not isinstance(hold, bool) and 0 <= hold < float("inf"),
-                 f"vocoder_first_window_hold_s must be a number of seconds >= 0 (0: off), got {hold!r}")
         for name in ("start_deadline_s", "default_deadline_s", "vocoder_max_pass_seconds"):
             value = getattr(self, name)
             _require(value is None or (isinstance(value, (int, float)) and value > 0),
@@ -402,11 +398,6 @@ FIELD_HELP = {
                                             "passes per piece, its first audio needing more tokens (default 100; "
                                             "none: the first window of every stream, 20; docs/vocoder.md, "
                                             "\"Listeners\")",
-    "vocoder_first_window_hold_s": "hold a vocoder pass back for at most this many seconds while a stream whose "
-                                   "listener waits for its first audio is about to have its first window (by T3's "
-                                   "token interval) and no playing stream is due: the window joins the next pass "
-                                   "instead of waiting for one, and T3 has the GPU alone meanwhile (0: off; "
-                                   "docs/vocoder.md, \"Holding a pass for a first window\")",
     "vocoder_graph_cover_work": "a vocoder call whose shape has no CUDA graph of its own (a voice prompt shorter "
                                 "than warm-up's 10 s, a shape before its capture) replays the held graph of more "
                                 "rows and frames with the least padded work, if at most this many times its own, "

@@ -47,8 +47,8 @@ def memory_utilization(config: ServerConfig, device) -> float:
 
 def vocoder_config(config: ServerConfig):
     """The vocoder stage's settings of one model version (``config.for_entry``): its batch limit,
-    the server's pass-time limit while streams play, first window, first-window prompt cap,
-    followers' first window and first-window hold, and CUDA graphs as the server's ``cuda_graphs`` says (T3's and the vocoder's alike),
+    the server's pass-time limit while streams play, first window, first-window prompt cap and
+    followers' first window, and CUDA graphs as the server's ``cuda_graphs`` says (T3's and the vocoder's alike),
     shapes without a graph of their own covered as ``vocoder_graph_cover_work`` says."""
     from chorus.vocoder.config import VocoderConfig
 
@@ -58,7 +58,6 @@ def vocoder_config(config: ServerConfig):
                          first_window_tokens=config.vocoder_first_window_tokens,
                          first_window_prompt_tokens=config.vocoder_first_window_prompt_tokens,
                          follower_first_window_tokens=config.vocoder_follower_first_window_tokens,
-                         first_window_hold_s=config.vocoder_first_window_hold_s,
                          graph_cover_work=config.vocoder_graph_cover_work, **limits)
 
 

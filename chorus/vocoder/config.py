@@ -1,7 +1,6 @@
 """Configuration, outputs and counters of the vocoder stage."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -95,14 +94,6 @@ class VocoderConfig:
     which streams share a pass follows measured times, so a stream's audio can differ between
     runs in the last bits (batch mates change kernels' rounding); without one, passes are a
     function of the tokens. Measured on an H200 (docs/vocoder.md, "Pass sizing")."""
-    first_window_hold_s: float = 0.0
-    """Hold a pass back for at most this many seconds while a stream whose listener waits for
-    its first audio is about to have its first window (T3's measured token interval says it
-    will within the time left of the hold), and nothing ready is due before then: the window
-    then goes into the next pass instead of waiting for a whole pass of other streams' work, and
-    T3 has the GPU to itself while it makes the window's last tokens. A pass whose most urgent
-    job is a first window, or a due one, is never held. 0 (the default): passes start whenever
-    a window is ready (docs/vocoder.md, "Holding a pass for a first window")."""
     voice_cache_size: int = 16
     """Voices whose prompt tensors are kept on the device (LRU)."""
     cuda_graphs: bool = True
@@ -169,9 +160,6 @@ class VocoderConfig:
             raise ValueError(f"window_growth must be an int >= 1, got {self.window_growth!r}")
         if self.max_pass_seconds is not None and not self.max_pass_seconds > 0:
             raise ValueError(f"max_pass_seconds must be > 0 or None, got {self.max_pass_seconds!r}")
-        if isinstance(self.first_window_hold_s, bool) or not isinstance(self.first_window_hold_s, (int, float)) \
-                or not 0 <= self.first_window_hold_s < math.inf:
-            raise ValueError(f"first_window_hold_s must be a number of seconds >= 0, got {self.first_window_hold_s!r}")
         if not self.playback_margin_s >= 0:
             raise ValueError(f"playback_margin_s must be >= 0, got {self.playback_margin_s!r}")
         if self.max_batch_items < 1 or self.max_batch_tokens < 1:
@@ -257,7 +245,3 @@ class VocoderStats:
     """Wall time spent capturing them (each capture includes an eager run first)."""
     eager_runs: int = 0
     """Flow or HiFT calls run eagerly (CPU, graphs off, too many rows, a shape not captured yet)."""
-    holds: int = 0
-    """Times a pass was held back for a first window about to be ready (``first_window_hold_s``)."""
-    hold_seconds: float = 0.0
-    """Stage-clock time passes were held back in all (each hold ends when the next pass starts)."""

@@ -293,16 +293,6 @@ class Job:
             return True
         return self.stream is not None and len(self.tokens) > self.stream.next_threshold + holdback
 
-    def tokens_short(self, holdback: int) -> int:
-        """How many more tokens a stream needs before its next window is ready (0 when it is)."""
-        assert self.stream is not None
-        return 0 if self.is_ready(holdback) else self.stream.next_threshold + holdback + 1 - len(self.tokens)
-
-    def awaits_first_audio(self, lead: float | None) -> bool:
-        """A stream that has sent nothing while its listener has nothing else to hear (``lead``:
-        as for :meth:`deadline`): someone is waiting in silence for its first window."""
-        return self.stream is not None and self.stream.first_sent_at is None and lead is None
-
     def sample_limit(self, num_tokens: int) -> int | None:
         """Multilingual: the audio of ``num_tokens`` tokens ends before the last token's
         (``max(1, N - 1) * 960``). None when the variant keeps all the audio."""

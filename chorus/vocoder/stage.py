@@ -48,9 +48,6 @@ class VocoderStage:
         self._stats = VocoderStats()
         self.cost = PassCostModel()
         """Learned seconds per padded flow token and per HiFT frame (sizes passes, see ``max_pass_seconds``)."""
-        self.token_interval: float | None = None
-        """T3's seconds per token of a stream (:meth:`observe_token_interval`; None until observed)."""
-        self._hold_started: float | None = None  # stage clock when the hold under way began
         self.expected_pass_seconds = 0.0
         """The predicted time of the pass under way (``cost``, learned from this stage's passes;
         0.0 between passes and before any was measured): a pass far past it is stuck, not busy
@@ -113,26 +110,15 @@ class VocoderStage:
         if job.final:
             job.final_at = self._clock()
 
-    def observe_token_interval(self, seconds: float) -> None:
-        """T3's time per token of a stream (the wall time of its steps, as the caller measures
-        them; tokens are pushed in bursts, so their arrival here does not tell): how soon a
-        waiting stream's first window will be ready (``first_window_hold_s``). Exponentially
-        weighted."""
-        assert seconds >= 0, seconds
-        last = self.token_interval
-        self.token_interval = seconds if last is None else last + 0.2 * (seconds - last)
-
     def step(self) -> list[AudioOut]:
-        """One batched pass over jobs with a window ready (or a finished non-streaming job),
-        whether or not :meth:`has_work` would hold it back. Jobs without usable tokens finish
-        here without a pass. Returns the pieces produced."""
+        """One batched pass over jobs with a window ready (or a finished non-streaming job).
+        Jobs without usable tokens finish here without a pass. Returns the pieces produced."""
         hold = self.config.holdback_tokens
         out = [self._finish_empty(job) for job in list(self._jobs.values())
                if job.final and not job.next_pass(hold)[0]]
         ready = [job for job in self._jobs.values() if job.is_ready(hold)]
         if not ready:
             return out
-        self._end_hold()
         batch = self._select(ready)
         start = time.perf_counter()
         try:
@@ -155,16 +141,9 @@ class VocoderStage:
         self._forget(job_id)
 
     def has_work(self) -> bool:
-        """True while a pass should run now: a job has a window ready (or its last tokens) and
-        the stage is not holding passes back for a first window about to be ready
-        (``VocoderConfig.first_window_hold_s``). A caller that waits while this is False must
-        look again when tokens are pushed (a held window arrives with a push)."""
+        """True while a call to :meth:`step` would produce something."""
         hold = self.config.holdback_tokens
-        ready = [job for job in self._jobs.values() if job.is_ready(hold)]
-        if not ready:
-            self._end_hold()  # what it waited for left the stage
-            return False
-        return not self._holding(ready)
+        return any(job.is_ready(hold) for job in self._jobs.values())
 
     def capture_while_idle(self) -> bool:
         """Capture one CUDA graph that a covered shape is due (``VocoderConfig.covered_capture_after``)
@@ -259,41 +238,6 @@ class VocoderStage:
         source_noise = NoiseTape(self.s3gen.mel2wav.config.num_harmonics, 0, device)
         for tape in (flow_noise, source_noise):
             read_tapes([tape], [((0, 1),)], 1)
-
-    def _holding(self, ready: list[Job]) -> bool:
-        """Whether to hold the next pass back (``first_window_hold_s``): its most urgent ready job
-        is not a first window someone waits for, and a stream of at least that priority whose
-        listener waits for its first audio will have its first window within the hold's time
-        left and before the most urgent job is due (its deadline already keeps
-        ``playback_margin_s`` in hand), by T3's measured token interval. Starts the hold (its
-        clock and count) when it holds."""
-        limit, interval = self.config.first_window_hold_s, self.token_interval
-        if limit <= 0 or interval is None:
-            return False
-        now = self._clock()
-        left = limit - (0.0 if self._hold_started is None else now - self._hold_started)
-        if left <= 0:
-            return False
-        leads = self._listeners.leads(now)
-        margin, holdback = self.config.playback_margin_s, self.config.holdback_tokens
-        due = {job.job_id: job.deadline(margin, leads.get(job.job_id)) for job in ready}
-        urgent = min(ready, key=lambda j: (j.priority, due[j.job_id], j.order))
-        if urgent.awaits_first_audio(leads.get(urgent.job_id)):
-            return False
-        soonest = min((job.tokens_short(holdback) * interval for job in self._jobs.values()
-                       if job.priority <= urgent.priority and job.awaits_first_audio(leads.get(job.job_id))
-                       and not job.is_ready(holdback)), default=math.inf)
-        if soonest > min(left, due[urgent.job_id] - now):
-            return False
-        if self._hold_started is None:
-            self._hold_started = now
-            self._stats.holds += 1
-        return True
-
-    def _end_hold(self) -> None:
-        if self._hold_started is not None:
-            self._stats.hold_seconds += self._clock() - self._hold_started
-            self._hold_started = None
 
     def _forget(self, job_id: str, *, finished: bool = False) -> None:
         """Drop a job: ``finished`` when its last audio has just been sent (its listener hears

@@ -4,7 +4,7 @@
 # CHECK: tests | bench-original | bench-turbo | offline-original | offline-turbo |
 #        stream-original | stream-turbo | stream-turbo-prompt-cap | attention | vocoder-graphs | stage-contention | online-original | online-turbo |
 #        agent-original | agent-turbo | agent-turbo-listen | agent-turbo-prompt-cap | agent-turbo-headroom |
-#        agent-turbo-first-window | agent-turbo-admit-ahead | agent-turbo-mixed-graphs | agent-turbo-admit-within-graphs | agent-turbo-first-window-hold | agent-turbo-ramp | agent-turbo-profile | agent-turbo-switch | agent-turbo-queue-probe | online-turbo-short-voice | overload-turbo | two-models | swap-turbo |
+#        agent-turbo-first-window | agent-turbo-admit-ahead | agent-turbo-mixed-graphs | agent-turbo-admit-within-graphs | agent-turbo-ramp | agent-turbo-profile | agent-turbo-switch | agent-turbo-queue-probe | online-turbo-short-voice | overload-turbo | two-models | swap-turbo |
 #        scale-out-turbo | scale-out-original | profile-original | profile-turbo | rope-kv |
 #        vocoder-turbo | vocoder-original | vc-turbo | vc-original
 # The reference chatterbox-tts (for the benchmark ratio) must be importable; WHEELS=DIR installs
@@ -136,10 +136,6 @@ case $what in
       case $setting in on) args= ;; off) args=--no-t3-admit-within-graphs ;; *) echo "ORDER: on or off"; exit 1 ;; esac
       SERVE_ARGS="${AGENT_SERVE_ARGS:-} $args" agent_bench "$out/agent_within_$setting" 1,16,64
     done ;;
-  agent-turbo-first-window-hold)  # voice agents at LEVELS connections (1,16,64) with the vocoder holding a pass for a
-    # first window about to be ready for at most HOLDS seconds each ("none 0.04": off, then 40 ms), one server each,
-    # back to back (docs/vocoder.md, "Holding a pass for a first window")
-    agents_per_setting hold --vocoder-first-window-hold-s "${LEVELS:-1,16,64}" ${HOLDS:-none 0.04} ;;
   agent-turbo-switch)  # voice agents at 16 and 64 connections with the GIL's switch interval at SWITCHES ms
     # ("5 1 0.5"), one server each, back to back: every T3 admission is hundreds of eager PyTorch calls, each a
     # GIL hand-off that can wait a switch interval behind the event loop's or the vocoder's Python

@@ -76,26 +76,3 @@ def test_the_vocoder_thread_offers_the_stage_its_idle_moments_for_graph_captures
         assert offered_idle.wait(timeout=30)  # the thread keeps offering while it has nothing to do
     finally:
         pipe.close()
-
-
-def test_the_vocoder_learns_t3s_pace_from_its_steps():
-    pipe = _pipeline("turbo")
-    try:
-        assert pipe.vocoder.token_interval is None
-        pipe.synthesize(_request(tokens=8))
-        stats = pipe.stats()
-        assert 0 < pipe.vocoder.token_interval <= stats.t3_busy_s
-    finally:
-        pipe.close()
-
-
-def test_streams_finish_while_the_vocoder_holds_passes_for_first_windows():
-    from chorus.vocoder import VocoderConfig
-
-    pipe = _pipeline("turbo", vocoder=VocoderConfig(first_window_hold_s=0.05))
-    try:
-        streams = [pipe.submit(_request(tokens=40, seed=seed, stream=True)) for seed in range(4)]
-        results = [stream.result() for stream in streams]
-        assert all(result.wav.size > 0 for result in results)
-    finally:
-        pipe.close()

@@ -345,18 +345,6 @@ def test_the_followers_first_window_reaches_the_vocoder_stage():
     assert vocoder_config(_build(flags=flags)).follower_first_window_tokens is None
 
 
-def test_the_first_window_hold_reaches_the_vocoder_stage():
-    from chorus.server.main import vocoder_config
-
-    assert vocoder_config(_build()).first_window_hold_s == 0.0
-    assert vocoder_config(_build(flags={"vocoder_first_window_hold_s": "0.04"})).first_window_hold_s == 0.04
-
-
-def test_a_negative_first_window_hold_is_refused_by_name():
-    with pytest.raises(ValueError, match="vocoder_first_window_hold_s must be a number of seconds >= 0"):
-        _build(flags={"vocoder_first_window_hold_s": "-0.01"})
-
-
 def test_the_graph_cover_work_reaches_the_vocoder_stage_and_none_turns_it_off():
     from chorus.server.main import vocoder_config
 
