@@ -24,6 +24,7 @@ def valid_mixed_graph_tokens(value) -> bool:
     at least ``MIN_MIXED_GRAPH_TOKENS``."""
     return isinstance(value, int) and not isinstance(value, bool) and (value == 0 or value >= MIN_MIXED_GRAPH_TOKENS)
 
+
 # Seconds one T3 step should take at most, by device type (SchedulerConfig.step_time_target_s).
 # On a CPU a decode step of the full-size models is a good part of a second and a 4096-position
 # chunk minutes (docs/engine.md, "Step time"). On a GPU the token budget already bounds a step
