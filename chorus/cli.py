@@ -352,7 +352,8 @@ def _chunking(value: str) -> dict:
 
 # ``chorus bench online --agent`` options -> AgentBenchConfig fields (None: not given; the config's default)
 _AGENT_OPTIONS = {"turns": "--turns", "llm_tokens_per_s": "--llm-tokens-per-s", "token_spacing": "--token-spacing",
-                  "cancel_fraction": "--cancel-fraction", "turn_gap_s": "--turn-gap-s", "listen": "--listen",
+                  "cancel_fraction": "--cancel-fraction", "turn_gap_s": "--turn-gap-s",
+                  "turn_gap_max_s": "--turn-gap-max-s", "listen": "--listen",
                   "agent_seed": "--agent-seed",
                   "chunking": "--chunking"}  # --ramp-s serves both modes
 _HTTP_ONLY_OPTIONS = {"requests_per_level": "--requests-per-level", "duration_s": "--duration-s",
@@ -481,6 +482,10 @@ def _add_online_bench_parser(bench_sub) -> None:
                             f"(default {Agent.cancel_fraction:g})")
     agent.add_argument("--turn-gap-s", type=float, default=None, metavar="SECONDS",
                        help=f"pause between a turn's end and the next turn (default {Agent.turn_gap_s:g})")
+    agent.add_argument("--turn-gap-max-s", type=float, default=None, metavar="SECONDS",
+                       help="draw each pause uniformly between --turn-gap-s and this (seeded by --agent-seed), "
+                            "as a user's answers differ in length, so listening agents drift out of step "
+                            "(default: every pause --turn-gap-s)")
     agent.add_argument("--listen", action="store_const", const=True, default=None,
                        help="start a connection's next turn only once its last turn's audio has played at 1x "
                             "from its first frame (then --turn-gap-s), as an agent waits for its user to hear "

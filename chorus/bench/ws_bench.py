@@ -4,7 +4,8 @@ Per level N, N WebSocket connections (``WS /v1/audio/speech/stream``) behave lik
 Each sends its ``config``, then speaks ``turns`` turns one after the other: a turn streams the
 reply text as LLM-like token deltas (:func:`llm_tokens`) at ``llm_tokens_per_s`` (fixed or
 Poisson spacing, seeded), then ``flush``, and ends at its ``done`` (or ``cancelled``, or an
-error); the next turn starts ``turn_gap_s`` later, or with ``listen`` that long after the
+error); the next turn starts ``turn_gap_s`` later (with ``turn_gap_max_s``, a gap drawn from
+between the two, as a user's answers differ in length), or with ``listen`` that long after the
 turn's audio has played at 1x from its first frame (a barged-in turn stops playing at its
 ``cancel``), as an agent waits for its user to hear the reply and answer. A
 ``cancel_fraction`` of the turns (picked by the seed) is barged in: ``cancel`` goes out as soon
@@ -69,6 +70,7 @@ class AgentBenchConfig:
     token_spacing: str = "fixed"
     cancel_fraction: float = 0.0
     turn_gap_s: float = 0.0
+    turn_gap_max_s: float | None = None  # each gap uniform within [turn_gap_s, this] (None: turn_gap_s)
     ramp_s: float = 0.0  # connection i starts its first turn i/N of this later (0: all within one token interval)
     listen: bool = False  # the next turn waits until this one's audio has played (then turn_gap_s)
     seed: int = 0  # token spacing, connection phases, which turns are cancelled
@@ -93,6 +95,9 @@ class AgentBenchConfig:
             raise ValueError(f"--cancel-fraction must be within [0, 1], got {self.cancel_fraction}")
         if self.turn_gap_s < 0 or not self.timeout_s > 0:
             raise ValueError("--turn-gap-s must be >= 0 and --timeout-s > 0")
+        if self.turn_gap_max_s is not None and not self.turn_gap_max_s >= self.turn_gap_s:
+            raise ValueError(f"--turn-gap-max-s must be >= --turn-gap-s ({self.turn_gap_s:g}), "
+                             f"got {self.turn_gap_max_s}")
         if not self.ramp_s >= 0:
             raise ValueError(f"--ramp-s must be a number >= 0, got {self.ramp_s}")
         if self.response_format not in FORMATS:
@@ -385,6 +390,15 @@ async def _speak(ws: ClientConnection, cfg: AgentBenchConfig, turn: Turn, tokens
     await turn.ended.wait()
 
 
+def turn_gap(cfg: AgentBenchConfig, rng: random.Random) -> float:
+    """Seconds between a turn's end (with ``listen``: its audio's end) and the next turn's start:
+    ``turn_gap_s``, or with ``turn_gap_max_s`` a draw from the connection's seeded ``rng``,
+    uniform between the two."""
+    if cfg.turn_gap_max_s is None:
+        return cfg.turn_gap_s
+    return rng.uniform(cfg.turn_gap_s, cfg.turn_gap_max_s)
+
+
 def _left_to_play(cfg: AgentBenchConfig, turn: Turn) -> float:
     """With ``listen``: seconds until the player has played ``turn``'s audio to its end (0 for a
     barged-in turn, whose playing stopped at its ``cancel``, and for one without measured audio)."""
@@ -408,7 +422,7 @@ async def run_connection(cfg: AgentBenchConfig, model: str, log: ConnectionLog, 
         await asyncio.sleep(phase_s)
         for k in range(turns):
             if k:
-                await asyncio.sleep(cfg.turn_gap_s + max(0.0, _left_to_play(cfg, log.turns[-1])))
+                await asyncio.sleep(turn_gap(cfg, rng) + max(0.0, _left_to_play(cfg, log.turns[-1])))
             if reader.done():
                 return
             turn = Turn(f"{name}-t{k}", k, cancel_planned=cancels and rng.random() < cfg.cancel_fraction,
@@ -588,7 +602,8 @@ async def run_agent_async(cfg: AgentBenchConfig, progress=None) -> dict:
         "response_format": cfg.response_format, "audio_measured": cfg.response_format in SAMPLE_BYTES,
         "text_chars": len(cfg.text), "text_words": len(cfg.text.split()), "tokens_per_turn": len(tokens),
         "llm_tokens_per_s": cfg.llm_tokens_per_s, "token_spacing": cfg.token_spacing, "seed": cfg.seed,
-        "turns_per_connection": cfg.turns, "turn_gap_s": cfg.turn_gap_s, "ramp_s": cfg.ramp_s, "listen": cfg.listen,
+        "turns_per_connection": cfg.turns, "turn_gap_s": cfg.turn_gap_s,
+        "turn_gap_max_s": cfg.turn_gap_max_s, "ramp_s": cfg.ramp_s, "listen": cfg.listen,
         "cancel_fraction": cfg.cancel_fraction,
         "max_new_tokens": cfg.max_new_tokens, "chunking_requested": cfg.chunking,
         "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

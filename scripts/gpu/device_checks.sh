@@ -3,7 +3,7 @@
 #   bash scripts/gpu/device_checks.sh CHECK OUT_DIR
 # CHECK: tests | bench-original | bench-turbo | offline-original | offline-turbo |
 #        stream-original | stream-turbo | stream-turbo-prompt-cap | attention | vocoder-graphs | stage-contention | online-original | online-turbo |
-#        agent-original | agent-turbo | agent-turbo-listen | agent-turbo-prompt-cap | agent-turbo-headroom |
+#        agent-original | agent-turbo | agent-turbo-listen | agent-turbo-conversation | agent-turbo-prompt-cap | agent-turbo-headroom |
 #        agent-turbo-first-window | agent-turbo-admit-ahead | agent-turbo-mixed-graphs | agent-turbo-admit-within-graphs | agent-turbo-ramp | agent-turbo-profile | agent-turbo-switch | agent-turbo-queue-probe | online-turbo-short-voice | overload-turbo | two-models | swap-turbo |
 #        scale-out-turbo | scale-out-original | profile-original | profile-turbo | rope-kv |
 #        vocoder-turbo | vocoder-original | vc-turbo | vc-original
@@ -165,6 +165,15 @@ case $what in
         bash scripts/gpu/online.sh turbo "$out/short_voice_cover_$c" --concurrency 1,16,64 --duration-s 15 \
         --client-processes 4 --quiet | tail -8
       rm -f "$out/short_voice_cover_$c"/metrics_*
+    done ;;
+  agent-turbo-conversation)  # voice agents in conversation: each hears its reply, then its user answers for 1-4 s
+    # (`--listen --turn-gap-s 1 --turn-gap-max-s 4`), the first turns spread over RAMP_S (10) s, at CONV_LEVELS
+    # (16,64,256) connections; before it, on a server of its own, the busy agents of agent-turbo at 16 and 64 as the
+    # same machine's baseline (docs/voice-agents.md, "Measured latency"); AGENT_SEEDS: one conversation server each
+    SERVE_ARGS="${AGENT_SERVE_ARGS:-}" agent_bench "$out/agent_busy" 16,64
+    for seed in ${AGENT_SEEDS:-0}; do
+      SERVE_ARGS="${AGENT_SERVE_ARGS:-}" agent_bench "$out/agent_conversation_seed$seed" "${CONV_LEVELS:-16,64,256}" \
+        --listen --turn-gap-s 1 --turn-gap-max-s 4 --ramp-s "${RAMP_S:-10}" --agent-seed "$seed"
     done ;;
   agent-turbo-listen)  # voice agents that hear each reply before their next turn (`--listen`), 3 turns each
     bash scripts/gpu/online.sh turbo "$out" --agent --listen --turns 3 --concurrency 1,16,64,256 \

@@ -12,7 +12,7 @@ import pytest
 
 from chorus.bench.online_bench import DEFAULT_TEXT
 from chorus.bench.ws_bench import (OUTCOMES, AgentBenchConfig, ConnectionLog, Turn, first_turn_phase, llm_tokens,
-                                   _progress_line, run_agent, run_connection, summarize, token_times)
+                                   _progress_line, run_agent, run_connection, summarize, token_times, turn_gap)
 from chorus.cli import main
 from tests.server.live import LiveServer, server_config, tiny_loader
 
@@ -158,6 +158,16 @@ def test_a_ramp_spreads_the_connections_first_turns_over_its_length():
     assert all(0 <= first_turn_phase(without, i, 4, rng) < 0.02 for i in range(4))  # the level's burst
 
 
+def test_a_turn_gap_range_draws_each_gap_from_the_connection_s_seed():
+    fixed = AgentBenchConfig(url="http://127.0.0.1:1", turn_gap_s=1.5)
+    assert turn_gap(fixed, random.Random(0)) == 1.5
+    spread = AgentBenchConfig(url="http://127.0.0.1:1", turn_gap_s=1.0, turn_gap_max_s=4.0)
+    gaps = [turn_gap(spread, random.Random(7)) for _ in range(3)]
+    assert gaps[0] == gaps[1] == gaps[2]  # the seed fixes the draw
+    drawn = [turn_gap(spread, rng) for rng in [random.Random(11)] for _ in range(2000)]
+    assert 1.0 <= min(drawn) < 1.1 and 3.9 < max(drawn) <= 4.0 and sum(drawn) / len(drawn) == pytest.approx(2.5, rel=0.05)
+
+
 def test_compressed_formats_are_counted_in_bytes_only():
     level = summarize(2, 3, _level_of_events(), wall_s=4.0, fmt="opus")
     assert level["audio_s"] is None and level["stalls"] is None and level["throughput_audio_s_per_s"] is None
@@ -166,7 +176,8 @@ def test_compressed_formats_are_counted_in_bytes_only():
 def test_settings_the_mode_cannot_use_are_refused(capsys):
     url = "http://127.0.0.1:1"
     for bad in (dict(response_format="wav"), dict(turns=0), dict(llm_tokens_per_s=0), dict(cancel_fraction=1.5),
-                dict(token_spacing="burst"), dict(chunking={"min_words": 3}), dict(url="ws://x"), dict(ramp_s=-1)):
+                dict(token_spacing="burst"), dict(chunking={"min_words": 3}), dict(url="ws://x"), dict(ramp_s=-1),
+                dict(turn_gap_s=2.0, turn_gap_max_s=1.0)):
         with pytest.raises(ValueError):
             AgentBenchConfig(**{"url": url, **bad})
     assert AgentBenchConfig(url="https://h:1/").ws_url == "wss://h:1/v1/audio/speech/stream"
