@@ -168,9 +168,9 @@ case $what in
     done ;;
   agent-turbo-conversation)  # voice agents in conversation: each hears its reply, then its user answers for 1-4 s
     # (`--listen --turn-gap-s 1 --turn-gap-max-s 4`), the first turns spread over RAMP_S (10) s, at CONV_LEVELS
-    # (16,64,256) connections; before it, on a server of its own, the busy agents of agent-turbo at 16 and 64 as the
-    # same machine's baseline (docs/voice-agents.md, "Measured latency"); AGENT_SEEDS: one conversation server each
-    SERVE_ARGS="${AGENT_SERVE_ARGS:-}" agent_bench "$out/agent_busy" 16,64
+    # (16,64,256) connections; before it, on a server of its own, the busy agents of agent-turbo at BUSY_LEVELS (16,64)
+    # as the same machine's baseline (docs/voice-agents.md, "Measured latency"); AGENT_SEEDS: one conversation server each
+    SERVE_ARGS="${AGENT_SERVE_ARGS:-}" agent_bench "$out/agent_busy" "${BUSY_LEVELS:-16,64}"
     for seed in ${AGENT_SEEDS:-0}; do
       SERVE_ARGS="${AGENT_SERVE_ARGS:-}" agent_bench "$out/agent_conversation_seed$seed" "${CONV_LEVELS:-16,64,256}" \
         --listen --turn-gap-s 1 --turn-gap-max-s 4 --ramp-s "${RAMP_S:-10}" --agent-seed "$seed"
