@@ -164,8 +164,10 @@ def test_a_turn_gap_range_draws_each_gap_from_the_connection_s_seed():
     spread = AgentBenchConfig(url="http://127.0.0.1:1", turn_gap_s=1.0, turn_gap_max_s=4.0)
     gaps = [turn_gap(spread, random.Random(7)) for _ in range(3)]
     assert gaps[0] == gaps[1] == gaps[2]  # the seed fixes the draw
-    drawn = [turn_gap(spread, rng) for rng in [random.Random(11)] for _ in range(2000)]
-    assert 1.0 <= min(drawn) < 1.1 and 3.9 < max(drawn) <= 4.0 and sum(drawn) / len(drawn) == pytest.approx(2.5, rel=0.05)
+    rng = random.Random(11)
+    drawn = [turn_gap(spread, rng) for _ in range(2000)]  # one connection's gaps: uniform over [1, 4]
+    assert 1.0 <= min(drawn) < 1.1 and 3.9 < max(drawn) <= 4.0
+    assert sum(drawn) / len(drawn) == pytest.approx(2.5, rel=0.05)
 
 
 def test_compressed_formats_are_counted_in_bytes_only():
