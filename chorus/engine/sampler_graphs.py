@@ -207,9 +207,9 @@ class SamplerGraphs:
         when a capture holding every running request's next token hurts most). Returns the
         graphs captured."""
         defaults = SamplingParams.for_variant(self.variant)
-        cfg = uses_cfg(self.variant, defaults)
-        captured = self.warm_up(defaults, has_uncond=cfg)
-        if cfg:
+        with_cfg = uses_cfg(self.variant, defaults)
+        captured = self.warm_up(defaults, has_uncond=with_cfg)
+        if with_cfg:
             captured += self.warm_up(replace(defaults, cfg_weight=0.0), has_uncond=False)
         return captured
 
