@@ -80,6 +80,40 @@ def masked_residual(x: torch.Tensor, delta: torch.Tensor, mask: torch.Tensor | N
     return x + delta if mask is None else torch.addcmul(x, delta, mask)
 
 
+def snake_conv_reference(x: torch.Tensor, alpha: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                         dilation: int, padding: int, mask: torch.Tensor | None = None,
+                         residual: torch.Tensor | None = None) -> torch.Tensor:
+    """A residual unit's half: ``conv1d(Snake(mask * x))`` with the conv's bias, and with a
+    ``residual`` the masked residual ``residual + mask * that``. Shapes: x ``[B, C_in, L]``, alpha
+    ``[C_in]``, weight ``[C_out, C_in, K]``, a 'same' convolution (the output has L samples)."""
+    y = F.conv1d(snake_reference(x, alpha, mask), weight, bias, padding=padding, dilation=dilation)
+    return y if residual is None else masked_residual(residual, y, mask)
+
+
+def _weight_taps(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` ``[C_out, C_in, K]`` laid out ``[K, C_out, C_in]`` for the kernel, made once per
+    weight and kept on it (made again if the weight is changed in place: its version moves)."""
+    cached = getattr(weight, "_chorus_taps", None)
+    if cached is None or cached[0] != weight._version:
+        cached = (weight._version, weight.detach().permute(2, 0, 1).contiguous())
+        weight._chorus_taps = cached
+    return cached[1]
+
+
+def snake_conv(x: torch.Tensor, alpha: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+               dilation: int, padding: int, mask: torch.Tensor | None = None,
+               residual: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
+    """:func:`snake_conv_reference` as one Triton kernel on CUDA: Snake on the input tile as it
+    is loaded, the convolution as an implicit GEMM with fp32 sums, bias, mask and residual added
+    before the one store. The reference runs elsewhere: Snake (itself one kernel on CUDA), the
+    convolution, then the masked residual, each rounding to the activations' dtype."""
+    if _runs_kernel(backend, x, "HiFT ops"):
+        from chorus.models.s3gen.triton_ops import snake_conv_triton
+
+        return snake_conv_triton(x, alpha, _weight_taps(weight), bias, dilation, padding, mask, residual)
+    return snake_conv_reference(x, alpha, weight, bias, dilation, padding, mask, residual)
+
+
 # ------------------------------------------------------------------------------------- flow
 def norm_mish_mask_reference(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
                              mask: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:

@@ -20,7 +20,7 @@ from torch.nn.utils import parametrize
 
 from chorus.models.checkpoint import check_state_dict
 from chorus.models.s3gen.f0_predictor import WEIGHT_NORM_MARK, F0Predictor, F0PredictorConfig, checkpoint_conv
-from chorus.models.s3gen.fused_ops import masked_residual, snake
+from chorus.models.s3gen.fused_ops import snake, snake_conv
 from chorus.models.s3gen.mel import lengths_mask, reflect_pad
 from chorus.triton_backend import BACKENDS
 
@@ -118,7 +118,8 @@ class Snake(nn.Module):
 
 
 class ResBlock(nn.Module):
-    """Three Snake -> dilated conv -> Snake -> conv residual units."""
+    """Three Snake -> dilated conv -> Snake -> conv residual units; each Snake and the conv after
+    it are one kernel on CUDA (:func:`chorus.models.s3gen.fused_ops.snake_conv`)."""
 
     def __init__(self, channels: int, kernel: int, dilations: Sequence[int], weight_norm_layout: bool = True):
         super().__init__()
@@ -135,7 +136,11 @@ class ResBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         for conv1, conv2, act1, act2 in zip(self.convs1, self.convs2, self.activations1, self.activations2):
-            x = masked_residual(x, conv2(act2(conv1(act1(x)), mask)), mask)
+            # x is zero past each item already: the first Snake needs no mask
+            h = snake_conv(x, act1.alpha, conv1.weight, conv1.bias, conv1.dilation[0], conv1.padding[0],
+                           backend=act1.ops_backend)
+            x = snake_conv(h, act2.alpha, conv2.weight, conv2.bias, conv2.dilation[0], conv2.padding[0], mask,
+                           residual=x, backend=act2.ops_backend)
         return x
 
 

@@ -146,3 +146,97 @@ def add_layer_norm_frames_triton(x: torch.Tensor, delta: torch.Tensor, weight: t
     residual, normed = add_layer_norm_triton(_frames_as_rows(x), _frames_as_rows(delta), weight.contiguous(),
                                              bias.contiguous(), eps)
     return residual.view(x.shape), normed.view(x.shape)
+
+
+# -------------------------------------------------------------------------------- HiFT convolutions
+# Tiles of the fused residual-unit convolution: output channels x samples, reduced over input
+# channels per tap. HiFT's channel counts (64, 128, 256) are multiples of 64.
+_CONV_BLOCK_CO = 64
+_CONV_BLOCK_CI = 64
+_CONV_BLOCK_L = 128
+_CONV_BLOCK_L_INTERPRETED = 1024  # the interpreter pays per program and per op, not per element
+_CONV_WARPS = 4
+_CONV_STAGES = 3
+
+
+@triton.jit(do_not_specialize=["length", "stride_xb", "stride_rb", "stride_ob"])
+def _snake_conv_kernel(x_ptr, alpha_ptr, w_ptr, bias_ptr, mask_ptr, res_ptr, out_ptr,
+                       c_in, c_out, length, stride_xb, stride_rb, stride_ob,
+                       TAPS: tl.constexpr, DILATION: tl.constexpr, PAD: tl.constexpr,
+                       HAS_MASK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PRECISION: tl.constexpr,
+                       BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_L: tl.constexpr):
+    """One output tile ``[BLOCK_CO, BLOCK_L]`` of ``conv1d(snake(mask * x))`` (+ bias), and with a
+    residual ``residual + mask * that``. x, residual and out are ``[B, C, L]`` with unit stride
+    over L and ``L`` over C; the weight is laid out ``[TAPS, C_out, C_in]``.
+
+    An implicit GEMM: for every tap the input tile shifted by ``tap * DILATION - PAD`` goes
+    through Snake in fp32 (recomputed per tap and per output tile: a sine is cheap next to the
+    bytes it saves) and is rounded once to the weight's dtype for the tensor cores; the sum stays
+    fp32 until the one rounding at the store. Positions outside ``[0, L)`` are the convolution's
+    zero padding (Snake of 0 is 0, so padding before or after the activation is the same)."""
+    item = tl.program_id(0).to(tl.int64)
+    samples = tl.program_id(1) * BLOCK_L + tl.arange(0, BLOCK_L)
+    outs = tl.program_id(2) * BLOCK_CO + tl.arange(0, BLOCK_CO)
+    out_inside = outs < c_out
+    acc = tl.zeros((BLOCK_CO, BLOCK_L), dtype=tl.float32)
+    x_item = x_ptr + item * stride_xb
+    for tap in tl.static_range(TAPS):
+        pos = samples + (tap * DILATION - PAD)
+        inside = (pos >= 0) & (pos < length)
+        if HAS_MASK:
+            keep = tl.load(mask_ptr + item * length + pos, mask=inside, other=0.0).to(tl.float32)
+        for start in range(0, c_in, BLOCK_CI):
+            ins = start + tl.arange(0, BLOCK_CI)
+            in_inside = ins < c_in
+            x = tl.load(x_item + ins[:, None] * length + pos[None, :],
+                        mask=in_inside[:, None] & inside[None, :], other=0.0).to(tl.float32)
+            if HAS_MASK:  # the mask is 0 or 1: the product is exact
+                x = x * keep[None, :]
+            alpha = tl.load(alpha_ptr + ins, mask=in_inside, other=1.0).to(tl.float32)[:, None]
+            sine = tl.sin(x * alpha)
+            x = x + sine * sine / (alpha + 1e-9)
+            w = tl.load(w_ptr + tap * c_out * c_in + outs[:, None] * c_in + ins[None, :],
+                        mask=out_inside[:, None] & in_inside[None, :], other=0.0)
+            acc = tl.dot(w, x.to(w.dtype), acc, input_precision=PRECISION)
+    acc += tl.load(bias_ptr + outs, mask=out_inside, other=0.0).to(tl.float32)[:, None]
+    in_length = samples < length
+    tile = outs[:, None] * length + samples[None, :]
+    tile_inside = out_inside[:, None] & in_length[None, :]
+    if HAS_RESIDUAL:
+        if HAS_MASK:
+            acc = acc * tl.load(mask_ptr + item * length + samples, mask=in_length, other=0.0).to(tl.float32)[None, :]
+        acc += tl.load(res_ptr + item * stride_rb + tile, mask=tile_inside, other=0.0).to(tl.float32)
+    tl.store(out_ptr + item * stride_ob + tile, acc.to(out_ptr.dtype.element_ty), mask=tile_inside)
+
+
+def snake_conv_triton(x: torch.Tensor, alpha: torch.Tensor, weight_taps: torch.Tensor, bias: torch.Tensor,
+                      dilation: int, padding: int, mask: torch.Tensor | None,
+                      residual: torch.Tensor | None) -> torch.Tensor:
+    """``fused_ops.snake_conv`` on a weight already laid out ``[taps, C_out, C_in]`` (contiguous)."""
+    assert x.ndim == 3 and weight_taps.ndim == 3, (x.shape, weight_taps.shape)
+    batch, c_in, length = x.shape
+    taps, c_out, c_in_w = weight_taps.shape
+    assert c_in_w == c_in and alpha.shape == (c_in,) and bias.shape == (c_out,), (x.shape, weight_taps.shape)
+    assert length + 2 * padding - dilation * (taps - 1) == length, "only 'same' convolutions are fused"
+    x = x.contiguous()
+    if mask is not None:
+        assert mask.shape == (batch, 1, length), (mask.shape, x.shape)
+        mask = mask.to(x.dtype).contiguous()
+    if residual is not None:
+        assert residual.shape == (batch, c_out, length), (residual.shape, x.shape)
+        residual = residual.contiguous()
+    out = torch.empty((batch, c_out, length), dtype=x.dtype, device=x.device)
+    if out.numel():
+        block_l = _CONV_BLOCK_L if x.is_cuda else _CONV_BLOCK_L_INTERPRETED
+        grid = (batch, triton.cdiv(length, block_l), triton.cdiv(c_out, _CONV_BLOCK_CO))
+        _snake_conv_kernel[grid](
+            x, alpha.contiguous(), weight_taps, bias.contiguous(), x if mask is None else mask,
+            x if residual is None else residual, out, c_in, c_out, length,
+            x.stride(0), 0 if residual is None else residual.stride(0), out.stride(0),
+            TAPS=taps, DILATION=dilation, PAD=padding, HAS_MASK=mask is not None,
+            HAS_RESIDUAL=residual is not None,
+            # fp32 models multiply in fp32 (no TF32), as their PyTorch path does with TF32 off
+            PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            BLOCK_CO=_CONV_BLOCK_CO, BLOCK_CI=_CONV_BLOCK_CI, BLOCK_L=block_l, num_warps=_CONV_WARPS,
+            num_stages=_CONV_STAGES)
+    return out
