@@ -118,7 +118,7 @@ def test_reference_clip_too_short_or_undecodable(light_nano_dir, tmp_path, capsy
     assert "needs more than 5 s" in _error(capsys, [*base, "--voice", short, "Hello."])
     garbage = tmp_path / "noise.wav"
     garbage.write_bytes(random.Random(0).randbytes(4096))
-    assert "could not decode" in _error(capsys, [*base, "--voice", str(garbage), "Hello."])
+    assert "not an audio file we can decode" in _error(capsys, [*base, "--voice", str(garbage), "Hello."])
     assert "not found" in _error(capsys, [*base, "--voice", str(tmp_path / "missing.wav"), "Hello."])
     line = _error(capsys, ["voice", "create", "--variant", "nano", "--checkpoint", light_nano_dir, "--audio", short,
                            "--out", str(tmp_path / "v.safetensors")])

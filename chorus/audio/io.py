@@ -169,8 +169,8 @@ def _decode_with_pyav(source: AudioSource, limits: _Limits, sf_error: Exception)
         import av
     except ImportError:
         raise AudioDecodeError(
-            f"could not decode the audio ({sf_error}); install PyAV (`pip install av`) to read "
-            "formats libsndfile does not support, such as m4a/AAC or webm"
+            f"{_not_decodable(with_ffmpeg=False)}; install PyAV (`pip install av`) to read formats libsndfile "
+            "does not, such as m4a/AAC or webm"
         ) from sf_error
     try:
         with av.open(_as_file(source), mode="r") as container:
@@ -196,12 +196,24 @@ def _decode_with_pyav(source: AudioSource, limits: _Limits, sf_error: Exception)
     except AudioDecodeError:
         raise
     except Exception as exc:  # PyAV raises many error types (InvalidDataError, ValueError, ...)
-        raise AudioDecodeError(
-            f"could not decode the audio: not a supported audio format, or the data is corrupt or "
-            f"truncated (libsndfile: {sf_error}; FFmpeg: {exc})"
-        ) from exc
+        # the decoders' own words name buffers and error numbers, not the user's file: they stay
+        # in the exception chain (__cause__, __context__) for whoever debugs
+        raise AudioDecodeError(f"{_not_decodable(with_ffmpeg=True)}, or the data is corrupt or truncated") from exc
     samples, truncated = collector.result()
     return samples, sample_rate, truncated
+
+
+# the formats named first in the error for data that no decoder reads, as libsndfile spells them
+_NAMED_FORMATS = ("WAV", "FLAC", "OGG", "MP3", "AIFF")
+
+
+def _not_decodable(*, with_ffmpeg: bool) -> str:
+    """The error for data that neither decoder reads: the formats tried, in words a user knows."""
+    available = soundfile.available_formats()
+    tried = [name.lower() for name in _NAMED_FORMATS if name in available]
+    if with_ffmpeg:
+        tried += ["m4a/aac", "webm"]
+    return f"not an audio file we can decode (tried: {', '.join(tried)}, ...)"
 
 
 def _to_mono(data: np.ndarray) -> np.ndarray:

@@ -99,6 +99,17 @@ def test_undecodable_data_raises_audio_decode_error(data):
         decode_audio(data)
 
 
+@pytest.mark.parametrize("data", [random.Random(1).randbytes(1 << 20), b"not audio at all" * 200],
+                         ids=["random", "text"])
+def test_undecodable_data_is_named_in_a_users_words_without_decoder_internals(data):
+    with pytest.raises(AudioDecodeError) as raised:
+        decode_audio(data)
+    message = str(raised.value)
+    assert message.startswith("not an audio file we can decode (tried: wav, flac, ogg, mp3, aiff, m4a/aac, webm, ...)")
+    for internal in ("0x", "BytesIO", "Errno", "libsndfile", "FFmpeg", "<", ">"):
+        assert internal not in message, message
+
+
 def test_missing_file_raises_file_not_found(tmp_path):
     with pytest.raises(FileNotFoundError):
         decode_audio(tmp_path / "nope.wav")
