@@ -3,6 +3,7 @@ and bad uploads."""
 from __future__ import annotations
 
 import io
+import random
 import uuid
 from pathlib import Path
 
@@ -111,6 +112,15 @@ def test_bad_uploads_are_clear_errors_and_store_nothing(voices_server, data, sta
         assert error["code"] == code
     assert error["message"]
     assert voices_server.client.get("/v1/voices").json()["data"] == before
+
+
+def test_random_bytes_are_not_audio_in_a_users_words(voices_server):
+    response = _upload(voices_server, random.Random(7).randbytes(1 << 20))
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_audio" and error["param"] == "file"
+    assert error["message"] == ("not an audio file we can decode (tried: wav, flac, ogg, mp3, aiff, m4a/aac, webm, "
+                                "...), or the data is corrupt or truncated")
 
 
 def test_an_upload_without_a_file_field(voices_server):
