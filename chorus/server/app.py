@@ -75,10 +75,14 @@ def create_app(service: Backend) -> FastAPI:
         return service.certain_refusal(body, header.decode("latin-1") if header is not None else None)
 
     app.add_middleware(_EarlyRefusal, refusal=refused_early)
+    # an upload's body over its bound has a clip over max_upload_bytes: the same answer as a
+    # clip found over it while the form is read (upload_too_large)
     app.add_middleware(_BodyLimit, default=config.max_body_bytes,
-                       uploads={"/v1/voices": config.max_upload_bytes + _MULTIPART_OVERHEAD,
+                       uploads={"/v1/voices": (config.max_upload_bytes + _MULTIPART_OVERHEAD,
+                                               upload_too_large(config.max_upload_bytes, "file")),
                                 # a source clip and perhaps a target clip
-                                CONVERSION_PATH: 2 * config.max_upload_bytes + _MULTIPART_OVERHEAD},
+                                CONVERSION_PATH: (2 * config.max_upload_bytes + _MULTIPART_OVERHEAD,
+                                                  upload_too_large(config.max_upload_bytes, None))},
                        timeout_s=config.body_timeout_s,
                        header_limit=config.max_header_bytes)
     if config.cors_origins:
@@ -292,6 +296,13 @@ def _voice_card(info) -> VoiceCard:
                      variant=info.variant)
 
 
+def upload_too_large(limit: int, param: str | None) -> APIError:
+    """The 413 of an upload with a clip over ``max_upload_bytes`` (``limit``), whether the body's
+    size or the clip's own gave it away; ``param``: the clip's field, when known."""
+    return APIError(413, f"a clip is larger than this server's upload limit, {limit} bytes (max_upload_bytes)",
+                    code="too_large", param=param)
+
+
 async def _read_form(request: Request, limit: int, *, max_files: int, max_fields: int):
     """The request's multipart form, each part at most ``limit`` bytes (close it when done)."""
     content_type = request.headers.get("content-type", "")
@@ -299,8 +310,10 @@ async def _read_form(request: Request, limit: int, *, max_files: int, max_fields
         raise APIError(415, "upload the clip as multipart/form-data with a 'file' field", code="unsupported_media_type")
     try:
         return await request.form(max_files=max_files, max_fields=max_fields, max_part_size=limit)
+    except _TooLarge as exc:
+        raise exc.error from None
     except StarletteHTTPException as exc:
-        if exc.status_code in (408, 413):  # the body's time and size limits answer for themselves
+        if exc.status_code == 408:  # the body's time limit answers for itself
             raise
         raise APIError(400, f"could not read the multipart body: {exc.detail}", code="invalid_multipart") from None
     except Exception as exc:  # noqa: BLE001 - malformed multipart of any kind
@@ -317,7 +330,7 @@ async def _form_file(form, field: str, limit: int, *, required: bool) -> bytes |
                        code="missing_file", param=field)
     data = await upload.read(limit + 1)
     if len(data) > limit:
-        raise APIError(413, f"{field}: the clip is larger than {limit} bytes", code="too_large", param=field)
+        raise upload_too_large(limit, field)
     return data
 
 
@@ -574,12 +587,13 @@ class _EarlyRefusal:
 class _BodyLimit:
     """Reject a request line and headers over ``header_limit`` bytes (431), and bodies over the
     limit (413) before they are read: by Content-Length, and by
-    counting for chunked bodies. Uploads (``uploads``: path -> limit; POST /v1/voices and
-    /v1/audio/voice-conversion) have their own, larger limits. A body
+    counting for chunked bodies. Uploads (``uploads``: path -> (limit, its 413); POST /v1/voices
+    and /v1/audio/voice-conversion) have their own, larger limits and their own 413. A body
     must also arrive in full within ``timeout_s`` of the request (408 otherwise), so a client
     that trickles it (slowloris) cannot hold a connection and a worker for long."""
 
-    def __init__(self, app, default: int, uploads: dict[str, int], timeout_s: float, header_limit: int):
+    def __init__(self, app, default: int, uploads: dict[str, tuple[int, APIError]], timeout_s: float,
+                 header_limit: int):
         self.app, self.default, self.uploads, self.timeout_s = app, default, uploads, timeout_s
         self.header_limit = header_limit
 
@@ -592,12 +606,13 @@ class _BodyLimit:
             scope.setdefault("state", {})["error_code"] = "headers_too_large"
             return await _send_error(APIError(431, f"the request line and headers exceed {self.header_limit} bytes",
                                               code="headers_too_large", headers={"Connection": "close"}), send)
-        limit = self.uploads.get(scope["path"].rstrip("/"), self.default)
+        limit, too_large = self.uploads.get(scope["path"].rstrip("/"), (self.default, None))
+        too_large = too_large or APIError(413, f"the request body is larger than {limit} bytes", code="body_too_large")
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
-            scope.setdefault("state", {})["error_code"] = "body_too_large"  # the metric's label
-            return await _too_large(limit, send)
+            scope.setdefault("state", {})["error_code"] = too_large.code  # the metric's label
+            return await _send_error(too_large, send)
         seen = 0
         started = False
         body_done = False
@@ -640,8 +655,8 @@ class _BodyLimit:
                 seen += len(message.get("body", b""))
                 body_done = not message.get("more_body", False)
                 if seen > limit:
-                    scope.setdefault("state", {})["error_code"] = "body_too_large"
-                    raise _TooLarge()
+                    scope.setdefault("state", {})["error_code"] = too_large.code
+                    raise _TooLarge(too_large)
             else:
                 body_done = True
             if body_done:
@@ -656,9 +671,9 @@ class _BodyLimit:
 
         try:
             await self.app(scope, counting_receive, tracking_send)
-        except _TooLarge:
+        except _TooLarge as exc:
             if not started:
-                await _too_large(limit, send)
+                await _send_error(exc.error, send)
         except _BodyTimeout as exc:
             if not started:
                 await _send_error(exc.error, send)
@@ -668,11 +683,13 @@ class _BodyLimit:
 
 
 class _TooLarge(StarletteHTTPException):
-    """Raised from ``receive`` when a chunked body passes the limit; FastAPI re-raises HTTP
-    exceptions met while reading a body, so the error handlers answer 413."""
+    """Raised from ``receive`` when a chunked body passes the limit, carrying its 413 ``error``;
+    FastAPI re-raises HTTP exceptions met while reading a body, so the error handlers answer 413
+    (the upload routes raise ``error`` itself)."""
 
-    def __init__(self):
-        super().__init__(413, "the request body is too large")
+    def __init__(self, error: APIError):
+        super().__init__(413, error.message)
+        self.error = error
 
 
 class _BodyTimeout(StarletteHTTPException):
@@ -682,10 +699,6 @@ class _BodyTimeout(StarletteHTTPException):
         message = f"the request body did not arrive within {timeout_s:g} s"
         super().__init__(408, message, headers={"Connection": "close"})
         self.error = APIError(408, message, code="body_timeout", headers={"Connection": "close"})
-
-
-async def _too_large(limit: int, send) -> None:
-    await _send_error(APIError(413, f"the request body is larger than {limit} bytes", code="body_too_large"), send)
 
 
 async def _send_error(error: APIError, send) -> None:

@@ -101,7 +101,7 @@ def _wav(seconds: float) -> bytes:
     (b"this is not audio at all, just text" * 10, 400, "invalid_audio"),
     (CLIP.read_bytes()[: len(CLIP.read_bytes()) // 50], 400, "__any__"),  # truncated: too short or corrupt
     (_wav(0.2), 400, "too_short"),
-    (b"\0" * (3 << 20), 413, "__any__"),  # over the 2 MiB limit
+    (b"\0" * (3 << 20), 413, "too_large"),  # over the 2 MiB limit
 ])
 def test_bad_uploads_are_clear_errors_and_store_nothing(voices_server, data, status, code):
     before = voices_server.client.get("/v1/voices").json()["data"]
@@ -121,6 +121,40 @@ def test_random_bytes_are_not_audio_in_a_users_words(voices_server):
     assert error["code"] == "invalid_audio" and error["param"] == "file"
     assert error["message"] == ("not an audio file we can decode (tried: wav, flac, ogg, mp3, aiff, m4a/aac, webm, "
                                 "...), or the data is corrupt or truncated")
+
+
+LIMIT = 2 << 20  # voices_server's max_upload_bytes
+
+
+def _chunked_upload(server, data: bytes):
+    """An upload sent with chunked transfer encoding (no Content-Length), as a streaming client sends it."""
+    boundary = "chorus-test-boundary"
+    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"clip.wav\"\r\n"
+            "Content-Type: application/octet-stream\r\n\r\n").encode()
+    tail = f"\r\n--{boundary}--\r\n".encode()
+
+    def body():
+        yield head
+        for start in range(0, len(data), 1 << 16):
+            yield data[start:start + (1 << 16)]
+        yield tail
+
+    return server.client.post("/v1/voices", content=body(),
+                              headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+
+
+@pytest.mark.parametrize("size, how", [
+    (LIMIT + 40, "form"),  # the body is within the limit and framing: the clip is found over it while read
+    (LIMIT + 514_240, "form"),  # the body's Content-Length is over the limit and framing: refused unread
+    (LIMIT + 514_240, "chunked"),  # no Content-Length: refused once the count passes the limit
+], ids=["clip", "content-length", "chunked"])
+def test_a_clip_over_the_upload_limit_has_one_code_and_message_however_it_is_found(voices_server, size, how):
+    data = b"\0" * size
+    response = _upload(voices_server, data) if how == "form" else _chunked_upload(voices_server, data)
+    assert response.status_code == 413, response.text
+    assert response.json()["error"] == {
+        "code": "too_large", "param": "file", "type": "invalid_request_error",
+        "message": f"a clip is larger than this server's upload limit, {LIMIT} bytes (max_upload_bytes)"}
 
 
 def test_an_upload_without_a_file_field(voices_server):
