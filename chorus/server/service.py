@@ -43,6 +43,20 @@ CANARY_TOKENS = 25  # one second of audio: enough to run every stage once
 # Unicode's control characters (category Cc: U+0000-U+001F, U+007F-U+009F) but tab and newlines,
 # searched in C (every speech request's input is checked, refused ones too)
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def _delivery_advice(variant) -> str:
+    """What steers a variant's delivery, for the error of ``instructions``: the fields it uses
+    (``exaggeration`` needs its emotion input, ``cfg_weight`` its CFG); the variants with neither
+    (turbo, nano) take paralinguistic tags in their text instead (docs/text.md)."""
+    fields = [name for name, used in (("exaggeration", variant.t3.emotion_adv), ("cfg_weight", variant.t3.supports_cfg))
+              if used]
+    if fields:
+        return f"steer delivery with {' and '.join(fields)}"
+    return (f"{variant.name} ignores exaggeration and cfg_weight; steer delivery with paralinguistic tags in "
+            "the input, such as [laugh] or [sigh]")
+
+
 PRIORITIES = {"high": Priority.HIGH, "normal": Priority.NORMAL, "low": Priority.LOW}
 
 
@@ -461,8 +475,9 @@ class SpeechService:
             raise APIError(400, f"input contains the control character U+{ord(control.group()):04X}; send plain text",
                            code="invalid_input", param="input")
         if body.instructions:
-            raise APIError(400, "instructions are not supported by Chatterbox models; steer delivery with "
-                                "exaggeration and cfg_weight", code="unsupported_parameter", param="instructions")
+            raise APIError(400, f"instructions are not supported by Chatterbox models; "
+                                f"{_delivery_advice(self.pipeline.models.variant)}",
+                           code="unsupported_parameter", param="instructions")
         cap = config.max_new_tokens
         if cap is not None and body.max_new_tokens is not None and body.max_new_tokens > cap:
             raise APIError(400, f"max_new_tokens must be at most {cap} on this server, got {body.max_new_tokens}",

@@ -70,6 +70,19 @@ def test_an_unknown_model_is_a_400_naming_the_served_ones(two):
     assert error["code"] == "model_not_found" and "chatterbox-turbo" in error["message"] and "chatterbox" in error["message"]
 
 
+@pytest.mark.parametrize("model, advice, wrong", [
+    ("chatterbox", "steer delivery with exaggeration and cfg_weight", "[laugh]"),
+    ("chatterbox-turbo", "turbo ignores exaggeration and cfg_weight; steer delivery with paralinguistic tags in "
+                         "the input, such as [laugh] or [sigh]", "steer delivery with exaggeration"),
+])
+def test_the_instructions_error_advises_what_steers_that_model(two, model, advice, wrong):
+    response = _speak(two, model, body={"instructions": "speak softly"})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "unsupported_parameter" and error["param"] == "instructions"
+    assert error["message"].endswith(advice) and wrong not in error["message"], error["message"]
+
+
 def test_models_lists_each_model_with_variant_languages_and_versions(two):
     cards = {c["id"]: c for c in two.client.get("/v1/models").json()["data"]}
     assert set(cards) == {"chatterbox-turbo", "chatterbox", "turbo"}  # the alias of chatterbox-<variant> ids
