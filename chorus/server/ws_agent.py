@@ -89,15 +89,16 @@ class AgentHub:
         if not authorized:
             return await _refuse(websocket, APIError(
                 401, "missing or invalid API key: send 'Authorization: Bearer <key>' or ?api_key=<key>",
-                code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}))
+                code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}), self.config.retry_after_s)
         if len(self.connections) >= self.config.ws_max_connections:
             return await _refuse(websocket, APIError(
                 503, f"the server has {len(self.connections)} WebSocket connections open, its limit; retry later",
-                code="too_many_connections", headers={"Retry-After": str(self.config.retry_after_s)}))
+                code="too_many_connections", headers={"Retry-After": str(self.config.retry_after_s)}),
+                self.config.retry_after_s)
         try:
             self.backend.require_serving()
         except APIError as error:
-            return await _refuse(websocket, error)
+            return await _refuse(websocket, error, self.config.retry_after_s)
         connection = Connection(self, websocket)
         self.connections.add(connection)
         self.backend.metrics.ws_connections.set(len(self.connections))
@@ -124,19 +125,24 @@ class AgentHub:
             await asyncio.sleep(0.05)
 
 
-async def _refuse(websocket: WebSocket, error: APIError) -> None:
+async def _refuse(websocket: WebSocket, error: APIError, least_retry_after_s: int) -> None:
     """Refuse the handshake with ``error``'s HTTP status and JSON body; a server without the
     ASGI denial-response extension accepts, sends the ``error`` event and closes instead."""
     if "websocket.http.response" in websocket.scope.get("extensions", {}):
         await websocket.send_denial_response(error.response())
         return
     await websocket.accept()
-    await websocket.send_text(json.dumps(_error_event(error, None)))
+    await websocket.send_text(json.dumps(error_event(error, None, least_retry_after_s)))
     await websocket.close(_CLOSE_BY_STATUS.get(error.status, POLICY))
 
 
-def _error_event(error: APIError, turn_id: str | None) -> dict:
+def error_event(error: APIError, turn_id: str | None, least_retry_after_s: int) -> dict:
+    """The ``error`` event of ``error``: every 429 and 503 carries ``retry_after_s``, its
+    ``Retry-After`` or, where the cause has no better guess, the server's least one
+    (``retry_after_s`` of the config)."""
     retry = error.headers.get("Retry-After")
+    if retry is None and error.status in (429, 503):
+        retry = least_retry_after_s
     return {"type": "error", "turn_id": turn_id, "code": error.code, "message": error.message,
             "status": error.status, "retry_after_s": float(retry) if retry is not None else None}
 
@@ -395,7 +401,7 @@ class Connection:
 
     async def send_error(self, error: APIError, turn_id: str | None) -> None:
         self.backend.record_error(error.code, error.rule)
-        await self.send_event(_error_event(error, turn_id))
+        await self.send_event(error_event(error, turn_id, self.config.retry_after_s))
 
     async def _send(self, send, payload) -> None:
         """Send one message; a client that reads nothing for ``write_stall_s`` is dropped."""

@@ -9,6 +9,8 @@ import time
 import pytest
 from websockets.exceptions import InvalidStatus
 
+from chorus.server.errors import APIError
+from chorus.server.ws_agent import error_event
 from tests.server.live import EnginePause, LiveServer, server_config, tiny_loader
 from tests.server.ws_client import Turn, collect, configure, connect, next_message, send
 
@@ -84,11 +86,23 @@ def test_more_open_turns_than_the_limit_are_refused(server):
         send(ws, type="text", turn_id="c", text="three")
         error = next_message(ws)
         assert error["code"] == "too_many_turns" and error["turn_id"] == "c" and error["status"] == 429
+        assert error["retry_after_s"] == server.config.retry_after_s  # as every 429 and 503 has
         send(ws, type="cancel", turn_id="a")
         assert next_message(ws) == {"type": "cancelled", "turn_id": "a"}
         send(ws, type="text", turn_id="c", text="three")  # room again
         send(ws, type="cancel", turn_id="c")
         assert next_message(ws) == {"type": "cancelled", "turn_id": "c"}
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_every_429_and_503_event_carries_retry_after_s(status):
+    """error_event builds every error event of the WebSocket (a turn's, a connection's, a refused
+    handshake's): a 429 or 503 carries its Retry-After, or the server's least one."""
+    least = 3
+    bare = error_event(APIError(status, "refused", code="any"), "t", least)
+    given = error_event(APIError(status, "refused", code="any", headers={"Retry-After": "7"}), "t", least)
+    assert bare["retry_after_s"] == least and given["retry_after_s"] == 7
+    assert error_event(APIError(400, "bad", code="any"), "t", least)["retry_after_s"] is None
 
 
 def test_connections_beyond_the_limit_are_refused_with_503(server):
@@ -181,8 +195,9 @@ def test_draining_lets_open_turns_finish_then_closes_with_1001(tmp_path):
             send(ws, type="text", turn_id="new", text="A new turn.")
             refused = next_message(ws)
             assert refused["code"] == "shutting_down" and refused["turn_id"] == "new" and refused["status"] == 503
+            assert refused["retry_after_s"] == 5
         turn = collect(ws, ["open"])["open"]  # released: the open turn finishes
         assert turn.of("done") and turn.frames
         error = next_message(ws)
-        assert error["code"] == "shutting_down" and error["turn_id"] is None
+        assert error["code"] == "shutting_down" and error["turn_id"] is None and error["retry_after_s"] == 5
         _closed_with(ws, 1001)
