@@ -6,8 +6,9 @@ A connection is configured once (``config``: the model, the voice and the Speech
 make sense per connection, all checked by ``SpeechBody`` itself, and the response format and the
 text threshold); then ``text`` deltas open and feed turns, ``flush`` ends a turn's text,
 ``cancel`` drops a turn at once and ``close`` finishes every turn and closes. Protocol errors
-(a malformed message, a message before ``config``) end the connection; errors of one turn end
-that turn only.
+(a message that is not a JSON object with a known ``type``, one before ``config``, one without a
+valid ``turn_id``) end the connection; errors of one turn (a malformed message naming a valid
+``turn_id`` included) end that turn only.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ BODY_FIELDS = ("model", "voice", "exaggeration", "cfg_weight", "temperature", "t
                "repetition_penalty", "seed", "language", "priority", "flow_steps", "max_new_tokens")
 CONFIG_FIELDS = ("type", "response_format", "chunking", *BODY_FIELDS)
 MAX_TURN_ID_CHARS = 128
+TURN_FIELDS = {"text": ("type", "turn_id", "text"), "flush": ("type", "turn_id"), "cancel": ("type", "turn_id")}
 CLOSED_TURN_IDS = 1024  # closed turn ids remembered per connection (their text is refused)
 # close codes (RFC 6455 and the protocol's own 4401)
 NORMAL, GOING_AWAY, POLICY, TOO_BIG, INTERNAL, TRY_LATER, UNAUTHORIZED = 1000, 1001, 1008, 1009, 1011, 1013, 4401
@@ -266,28 +268,29 @@ class Connection:
             raise _Close(POLICY, APIError(400, 'the first message must be {"type": "config", "model": ...}',
                                           code="config_required"))
         now = time.perf_counter()
+        if kind in TURN_FIELDS:
+            turn_id = _turn_id(data)  # without a valid one the message is the connection's error
+            problem = _unknown_field(data, TURN_FIELDS[kind])
+            if problem is None and kind == "text" and not isinstance(data.get("text"), str):
+                problem = 'a text message needs "text": a string'
+            if problem is not None:
+                return await self._refuse_for_turn(turn_id, problem)
         if kind == "text":
-            chunk = data.get("text")
-            if not isinstance(chunk, str):
-                raise _protocol_error('a text message needs "text": a string')
-            _only(data, ("type", "turn_id", "text"))
-            await self._text(_turn_id(data), chunk, now)
+            await self._text(turn_id, data["text"], now)
         elif kind == "flush":
-            _only(data, ("type", "turn_id"))
-            turn_id = _turn_id(data)
             turn = await self._open_turn(turn_id, now)
             if turn is not None:
                 turn.flush(now)
         elif kind == "cancel":
-            _only(data, ("type", "turn_id"))
-            turn_id = _turn_id(data)
             turn = self.turns.get(turn_id)
             if turn is not None:
                 await turn.cancel()
             self._forget(turn_id)
             await self.send_event({"type": "cancelled", "turn_id": turn_id})
         elif kind == "close":
-            _only(data, ("type",))
+            problem = _unknown_field(data, ("type",))
+            if problem is not None:
+                raise _protocol_error(problem)
             self.closing = True
             for turn in list(self.turns.values()):
                 if not turn.flushed:
@@ -295,6 +298,14 @@ class Connection:
         else:
             raise _protocol_error(f"unknown message type {kind!r}; the types are config, text, flush, cancel "
                                   "and close")
+
+    async def _refuse_for_turn(self, turn_id: str, problem: str) -> None:
+        """A malformed message for turn ``turn_id``: the turn's error, not the connection's. An
+        open turn ends (a delta of its text may be lost); the connection and its other turns go on."""
+        turn = self.turns.get(turn_id)
+        if turn is not None:
+            await turn.cancel(outcome="error")
+        await self.send_error(APIError(400, problem, code="invalid_message"), turn_id)
 
     def _too_big(self, size: int) -> _Close:
         return _Close(TOO_BIG, APIError(413, f"a message of {size} bytes is over the limit of "
@@ -429,11 +440,12 @@ class Connection:
                 raise ConnectionAbortedError("client_disconnected") from exc
 
 
-def _only(data: dict, fields: tuple[str, ...]) -> None:
+def _unknown_field(data: dict, fields: tuple[str, ...]) -> str | None:
+    """What is wrong with a message of ``fields`` that has another, or None."""
     unknown = [k for k in data if k not in fields]
-    if unknown:
-        raise _protocol_error(f"unknown field {unknown[0]!r} in a {data['type']} message; its fields are "
-                              f"{', '.join(fields[1:]) or 'none'}")
+    if not unknown:
+        return None
+    return f"unknown field {unknown[0]!r} in a {data['type']} message; its fields are {', '.join(fields[1:]) or 'none'}"
 
 
 def _turn_id(data: dict) -> str:

@@ -140,6 +140,14 @@ def test_telephony_formats_have_the_byte_count_of_their_rate(server, fmt, rate, 
     assert len(turn.audio) == width * round(samples * rate / 24_000)
 
 
+def test_every_pcm_frame_holds_whole_samples(server):
+    with connect(server) as ws:
+        configure(ws, response_format="pcm_16000")
+        turn = _speak(ws, "t", LONG[:120])
+    sizes = [len(audio) for _, audio in turn.frames]
+    assert len(sizes) >= 2 and all(size % 2 == 0 for size in sizes), sizes
+
+
 @pytest.mark.parametrize("fmt", ["opus", "mp3"])
 def test_a_turns_codec_frames_concatenate_to_one_stream(server, fmt):
     with connect(server) as ws:
@@ -176,6 +184,50 @@ def test_a_bad_config_is_an_error_naming_the_field_then_close_1008(server, messa
         assert ws.close_code == 1008
 
 
+def test_a_first_message_that_is_not_json_is_invalid_message_not_config_required(server):
+    with connect(server) as ws:
+        ws.send("{not json")
+        error = next_message(ws)
+        assert error["code"] == "invalid_message" and error["turn_id"] is None and error["status"] == 400
+        with pytest.raises(Exception):
+            ws.recv(timeout=10)
+        assert ws.close_code == 1008
+
+
+@pytest.mark.parametrize("message", [
+    {"type": "text", "turn_id": "a", "text": 5},
+    {"type": "text", "turn_id": "a"},
+    {"type": "flush", "turn_id": "a", "force": True},
+    {"type": "cancel", "turn_id": "a", "reason": "barge-in"},
+], ids=["wrong-type", "missing-text", "unknown-field-flush", "unknown-field-cancel"])
+def test_a_malformed_message_for_a_turn_ends_that_turn_only(server, message):
+    with connect(server) as ws:
+        configure(ws)
+        send(ws, type="text", turn_id="a", text="Hello")  # one word: nothing is cut yet
+        send(ws, type="text", turn_id="b", text="Hello")
+        send(ws, **message)
+        error = next_message(ws)
+        assert error["type"] == "error" and error["code"] == "invalid_message" and error["turn_id"] == "a", error
+        assert error["status"] == 400
+        send(ws, type="text", turn_id="a", text="again")
+        assert next_message(ws)["code"] == "turn_closed"  # the error ended the turn
+        send(ws, type="text", turn_id="b", text=" there, the other turn goes on.")
+        send(ws, type="flush", turn_id="b")
+        assert collect(ws, ["b"])["b"].of("done")
+
+
+@pytest.mark.parametrize("turn_id", ["x" * 129, "", 7], ids=["too-long", "empty", "not-a-string"])
+def test_a_message_without_a_valid_turn_id_closes_the_connection(server, turn_id):
+    with connect(server) as ws:
+        configure(ws)
+        send(ws, type="text", turn_id=turn_id, text="Hello")
+        error = next_message(ws)
+        assert error["code"] == "invalid_message" and error["turn_id"] is None and error["status"] == 400
+        with pytest.raises(Exception):
+            ws.recv(timeout=10)
+        assert ws.close_code == 1008
+
+
 def test_anything_before_config_is_refused_with_1008(server):
     with connect(server) as ws:
         send(ws, type="text", turn_id="t", text="hello")
@@ -194,6 +246,8 @@ def test_close_finishes_every_open_turn_then_closes_1000(server):
         send(ws, type="close")
         turns = collect(ws, ["a", "b"])
         assert all(t.of("done") for t in turns.values())
+        # close flushed them: their flush_to_last_audio_s counts from it
+        assert all(t.of("done")[0]["timings"]["flush_to_last_audio_s"] is not None for t in turns.values())
         with pytest.raises(Exception):
             ws.recv(timeout=10)
         assert ws.close_code == 1000
