@@ -2,8 +2,12 @@
 configured with small limits."""
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import logging
+import os
+import socket
 import time
 
 import pytest
@@ -11,7 +15,7 @@ from websockets.exceptions import InvalidStatus
 
 from chorus.server.errors import APIError
 from chorus.server.ws_agent import error_event
-from tests.server.live import EnginePause, LiveServer, server_config, tiny_loader
+from tests.server.live import EnginePause, LiveServer, metric, server_config, tiny_loader, until
 from tests.server.ws_client import Turn, collect, configure, connect, next_message, send
 
 pytestmark = pytest.mark.timeout(120)
@@ -201,3 +205,75 @@ def test_draining_lets_open_turns_finish_then_closes_with_1001(tmp_path):
         error = next_message(ws)
         assert error["code"] == "shutting_down" and error["turn_id"] is None and error["retry_after_s"] == 5
         _closed_with(ws, 1001)
+
+
+class _RawSocket:
+    """A WebSocket client on a plain socket with a small receive window, so that a test decides
+    exactly when it reads (a library client reads ahead on its own)."""
+
+    def __init__(self, port: int):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.sock.settimeout(30)
+        self.sock.connect(("127.0.0.1", port))
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall(f"GET /v1/audio/speech/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                          f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+                          .encode())
+        self.buffer = b""
+        while b"\r\n\r\n" not in self.buffer:
+            self.buffer += self.sock.recv(1024)
+        head, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+
+    def send(self, **message) -> None:
+        payload, mask = json.dumps(message).encode(), os.urandom(4)
+        assert len(payload) < 126
+        self.sock.sendall(bytes([0x81, 0x80 | len(payload)]) + mask +
+                          bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+
+    def frame(self) -> tuple[int, bytes] | None:
+        """The next frame (opcode, payload); None once the connection has ended."""
+        try:
+            while True:
+                if len(self.buffer) >= 2:
+                    size, start = self.buffer[1] & 0x7F, 2
+                    if size >= 126:
+                        width = 2 if size == 126 else 8
+                        size, start = int.from_bytes(self.buffer[2:2 + width], "big"), 2 + width
+                    if len(self.buffer) >= start + size:
+                        frame = (self.buffer[0] & 0x0F, self.buffer[start:start + size])
+                        self.buffer = self.buffer[start + size:]
+                        return frame
+                data = self.sock.recv(1 << 16)
+                if not data:
+                    return None
+                self.buffer += data
+        except ConnectionResetError:
+            return None
+
+
+def test_a_client_that_stops_reading_is_dropped_without_an_event_and_its_turn_cancelled(tmp_path):
+    config = server_config(tmp_path, max_new_tokens=900, write_stall_s=0.5, canary_interval_s=3600.0)
+    with LiveServer(config, tiny_loader(config), send_buffer_bytes=4096) as server:
+        client = _RawSocket(server.port)
+        try:
+            client.send(type="config", model="chatterbox-turbo")
+            opcode, ready = client.frame()
+            assert opcode == 1 and json.loads(ready)["type"] == "ready"
+            client.send(type="text", turn_id="t", text="Hello there, this is a long reply.")
+            client.send(type="flush", turn_id="t")  # then read nothing: the server's sends soon wait
+            until(lambda: metric(server.client.get("/metrics").text, "chorus_ws_turns_total",
+                                 'outcome="cancelled"') == 1, timeout=60, what="the slow reader's turn to be cancelled")
+            until(lambda: metric(server.client.get("/metrics").text, "chorus_ws_connections_open") == 0,
+                  what="the connection to be dropped")
+            frames = []
+            while (frame := client.frame()) is not None and frame[0] != 8:
+                frames.append(frame)
+            events = [json.loads(payload)["type"] for opcode, payload in frames if opcode == 1]
+            assert "error" not in events and "done" not in events, events
+            if frame is not None:  # a close frame that got past the unread audio says 1008
+                assert int.from_bytes(frame[1][:2], "big") == 1008
+        finally:
+            client.sock.close()
+        server.wait_idle(timeout=10)
