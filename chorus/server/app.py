@@ -76,13 +76,13 @@ def create_app(service: Backend) -> FastAPI:
 
     app.add_middleware(_EarlyRefusal, refusal=refused_early)
     # an upload's body over its bound has a clip over max_upload_bytes: the same answer as a
-    # clip found over it while the form is read (upload_too_large)
+    # clip found over it while the form is read (_upload_too_large)
     app.add_middleware(_BodyLimit, default=config.max_body_bytes,
                        uploads={"/v1/voices": (config.max_upload_bytes + _MULTIPART_OVERHEAD,
-                                               upload_too_large(config.max_upload_bytes, "file")),
+                                               _upload_too_large(config.max_upload_bytes, "file")),
                                 # a source clip and perhaps a target clip
                                 CONVERSION_PATH: (2 * config.max_upload_bytes + _MULTIPART_OVERHEAD,
-                                                  upload_too_large(config.max_upload_bytes, None))},
+                                                  _upload_too_large(config.max_upload_bytes, None))},
                        timeout_s=config.body_timeout_s,
                        header_limit=config.max_header_bytes)
     if config.cors_origins:
@@ -296,7 +296,7 @@ def _voice_card(info) -> VoiceCard:
                      variant=info.variant)
 
 
-def upload_too_large(limit: int, param: str | None) -> APIError:
+def _upload_too_large(limit: int, param: str | None) -> APIError:
     """The 413 of an upload with a clip over ``max_upload_bytes`` (``limit``), whether the body's
     size or the clip's own gave it away; ``param``: the clip's field, when known."""
     return APIError(413, f"a clip is larger than this server's upload limit, {limit} bytes (max_upload_bytes)",
@@ -330,7 +330,7 @@ async def _form_file(form, field: str, limit: int, *, required: bool) -> bytes |
                        code="missing_file", param=field)
     data = await upload.read(limit + 1)
     if len(data) > limit:
-        raise upload_too_large(limit, field)
+        raise _upload_too_large(limit, field)
     return data
 
 
@@ -607,7 +607,8 @@ class _BodyLimit:
             return await _send_error(APIError(431, f"the request line and headers exceed {self.header_limit} bytes",
                                               code="headers_too_large", headers={"Connection": "close"}), send)
         limit, too_large = self.uploads.get(scope["path"].rstrip("/"), (self.default, None))
-        too_large = too_large or APIError(413, f"the request body is larger than {limit} bytes", code="body_too_large")
+        if too_large is None:
+            too_large = APIError(413, f"the request body is larger than {limit} bytes", code="body_too_large")
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
