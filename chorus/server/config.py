@@ -119,7 +119,7 @@ class ServerConfig:
     ws_max_message_bytes: int = 64 << 10  # one client message; larger: close 1009
     ws_max_turns: int = 8  # turns open at once on one connection
     ws_text_buffer_chars: int = 16384  # a turn's text received and not yet sent to synthesis
-    ws_idle_timeout_s: float = 300.0  # no message and no turn in flight for this long: closed
+    ws_idle_timeout_s: float = 300.0  # no message and no open turn (flushed or not) for this long: closed
     ws_chunk_min_chars: int = 20  # the text threshold's defaults (chorus/server/text_pieces.py)
     ws_chunk_max_chars: int = 160
     ws_chunk_max_wait_ms: int = 500
@@ -355,7 +355,7 @@ FIELD_HELP = {
     "ws_max_turns": "turns open at once on one WebSocket connection (more: error too_many_turns)",
     "ws_text_buffer_chars": "characters of a WebSocket turn's text received and not yet sent to synthesis "
                             "(more: error text_buffer_full)",
-    "ws_idle_timeout_s": "a WebSocket connection with no message and no turn in flight for this long is closed",
+    "ws_idle_timeout_s": "a WebSocket connection with no message and no open turn for this long is closed",
     "ws_chunk_min_chars": "text threshold: the shortest piece cut at a sentence end (docs/voice-agents.md)",
     "ws_chunk_max_chars": "text threshold: the longest piece; half of it is the shortest cut at a clause mark",
     "ws_chunk_max_wait_ms": "text threshold: after this long in the buffer, text of at least two words is "

@@ -227,7 +227,7 @@ class Connection:
             return None
         left = self.last_activity + self.config.ws_idle_timeout_s - time.monotonic()
         if left <= 0:
-            raise _Close(NORMAL, APIError(408, f"no message and no turn in flight for "
+            raise _Close(NORMAL, APIError(408, f"no message and no open turn for "
                                                f"{self.config.ws_idle_timeout_s:g} s", code="idle_timeout"))
         return left
 
