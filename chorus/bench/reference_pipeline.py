@@ -86,6 +86,6 @@ def run_reference_pipeline(variant: Variant, directory: Path, chunks: list[str],
             "per_chunk": per_chunk(times, chunks, lengths),
             "method": method(times, len(chunks), lengths, min_chunks, min_audio_s,
                              "none needed: the ratio is taken per second of audio (the timed chunks' seconds / "
-                             "their audio seconds)"),
+                             "their audio seconds)", "generate()"),
             "dtype": "fp32 (as shipped)", "import_shims": shims,
             "note": "generate() one chunk at a time, as the reference runs"}

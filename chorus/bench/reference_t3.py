@@ -157,6 +157,7 @@ def run_reference_t3(variant: Variant, voice: Voice, chunks: list[str], chunk_id
             "extrapolated_workload_t3_seconds": round(sum(lengths) / rate, 1),
             "method": method(times, len(chunks), lengths, min_chunks, min_audio_s,
                              "workload seconds = the workload's forced speech tokens / the timed chunks' "
-                             "speech tokens per second"),
+                             "speech tokens per second",
+                             "t3.inference()" if variant.t3.backbone.kind == "llama" else "t3.inference_turbo()"),
             "dtype": "fp32 (as shipped)", "import_shims": shims,
             "note": "one chunk at a time, as the reference runs; speech_tokens counts what it generated"}

@@ -82,11 +82,12 @@ def per_chunk(times: ReferenceTimes, chunks: list[str], lengths: list[int]) -> l
 
 
 def method(times: ReferenceTimes, total_chunks: int, lengths: list[int], min_chunks: int, min_audio_s: float,
-           extrapolation: str) -> dict:
-    """What the reference figure measured, for the report next to the ratio."""
+           extrapolation: str, call: str) -> dict:
+    """What the reference figure measured, for the report next to the ratio; ``call`` names the
+    reference call that was timed, e.g. ``generate()``."""
     timed_tokens = sum(lengths[i] for i in times.indices)
     return {
-        "warm_up": f"one untimed generate() on chunk {times.warm_up_index} first "
+        "warm_up": f"one untimed {call} on chunk {times.warm_up_index} first "
                    f"({times.warm_up_seconds:.3f} s, not counted)",
         "chunks_timed": len(times.indices),
         "chunks_in_workload": total_chunks,
