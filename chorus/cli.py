@@ -496,7 +496,7 @@ def _add_online_bench_parser(bench_sub) -> None:
     agent.add_argument("--chunking", default=None, metavar="min_chars=N,max_chars=N,max_wait_ms=N",
                        help="the connection's text threshold, sent in its config (default: the server's)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
-    p.add_argument("--out", "-o", default=None, help="also write the JSON report to this file (atomically)")
+    _add_bench_out(p)
     p.set_defaults(handler=_cmd_bench_online)
 
 
@@ -546,8 +546,16 @@ def _add_swap_bench_parser(bench_sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=None, help="speech tokens per text chunk (default: the "
                                                                      "server's)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="seconds a request may take (default 300)")
-    p.add_argument("--out", "-o", default=None, help="also write the JSON report to this file (atomically)")
+    _add_bench_out(p)
     p.set_defaults(handler=_cmd_bench_swap)
+
+
+def _add_bench_out(p: argparse.ArgumentParser) -> None:
+    """Where every benchmark writes its report, and the one exception to benchmarks/results/'s rule."""
+    p.add_argument("--out", "-o", default=None, help="also write the JSON report to this file (atomically)")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="write --out into a benchmarks/results/ directory although the checkout has uncommitted "
+                        "changes (default: refused; the report's provenance says which commit ran)")
 
 
 def _add_bench_model(p: argparse.ArgumentParser) -> None:
@@ -571,7 +579,7 @@ def _add_pipeline_bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocoder-batch", type=int, default=None, help="vocoder items per batched pass at most")
     p.add_argument("--vocoder-option", action="append", default=None, metavar="KEY=VALUE",
                    help="any VocoderConfig field (docs/vocoder.md), e.g. max_graph_rows=8; repeatable")
-    p.add_argument("--out", "-o", default=None, help="also write the JSON report to this file")
+    _add_bench_out(p)
 
 
 def _read_text(args: argparse.Namespace) -> str:
@@ -1015,7 +1023,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPE_CHOICES,
                    help="KV cache storage: auto (the model's dtype, default) or fp8_e4m3; with fp8 the report's "
                         "kv_cache section adds the logits cosine against the model-dtype cache")
-    p.add_argument("--out", "-o", default=None, help="also write the JSON report to this file")
+    _add_bench_out(p)
     p.set_defaults(handler=_cmd_bench_t3)
     p = _add_command(
         bench_sub, "vocoder", help="the vocoder stage: one batched pass per shape (jobs x new tokens), split into "
@@ -1042,7 +1050,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-yardstick", action="store_true",
                    help="skip the yardstick (the pass's modules in plain PyTorch as one CUDA graph; reported as "
                         "yardstick_seconds and yardstick_fraction)")
-    p.add_argument("--out", "-o", default=None, help="also write the JSON report to this file")
+    _add_bench_out(p)
     p.set_defaults(handler=_cmd_bench_vocoder)
     p = _add_command(
         bench_sub, "vc", help="voice conversion, one at a time as `chorus vc` runs it: a source clip of --source-s "
@@ -1052,7 +1060,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=10, help="timed conversions (median)")
     p.add_argument("--warmup", type=int, default=2, help="untimed conversions first")
     p.add_argument("--flow-steps", type=int, default=None, help="flow solver steps (default: the variant's)")
-    p.add_argument("--out", "-o", default=None, help="also write the JSON report to this file")
+    _add_bench_out(p)
     p.set_defaults(handler=_cmd_bench_vc)
     p = _add_command(
         bench_sub, "offline", help="the whole path (T3 + S3Gen) on the benchmark text, all chunks at once; optionally "
@@ -1096,6 +1104,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if args.command == "bench":
+            from chorus.bench.report import check_results_tree, set_cli_argv
+
+            set_cli_argv(sys.argv[1:] if argv is None else argv)  # for the report's provenance
+            if getattr(args, "out", None):  # `chorus bench` alone has none
+                check_results_tree(args.out, allow_dirty=args.allow_dirty)  # before the run, not after it
         with warnings.catch_warnings():
             _quiet_third_party_warnings()
             return handler(args)
@@ -1108,6 +1122,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PipelineError as exc:  # a model step failed after the inputs were accepted
         print(f"chorus: error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if args.command == "bench":
+            from chorus.bench.report import set_cli_argv
+
+            set_cli_argv(None)
 
 
 def _quiet_third_party_warnings() -> None:

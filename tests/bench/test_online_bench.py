@@ -12,6 +12,7 @@ from chorus.bench.online_bench import (STATUSES, OnlineBenchConfig, Outcome, Pla
                                        bucket_quantiles, parse_buckets, labelled_totals, parse_metrics, pause_report,
                                        request_body, run_online, server_pauses, shares, stage_means)
 from chorus.bench.overload_bench import OverloadConfig, arrival_times, summarize as summarize_overload
+from chorus.bench.report import local_card
 from chorus.cli import main
 from chorus.server.model_entries import ModelEntry
 from chorus.server.service import CANARY_TOKENS
@@ -108,6 +109,10 @@ def test_the_command_line_prints_and_writes_the_report(live, tmp_path, capsys):
     report = json.loads(captured.out)
     assert json.loads(out.read_text()) == report
     assert "concurrency 2:" in captured.err  # a progress line per level
+    # main ran in-process: the command is its own arguments, not this process's
+    assert report["provenance"]["command"] == (f"chorus bench online --url {live.url} --concurrency 2 --duration-s 1 "
+                                               f"--max-new-tokens {TOKENS} --out {out}")
+    assert report["provenance"]["card"] == local_card()  # a client bench: this machine's card
     assert report["duration_s"] == 1.0 and report["text_words"] == 26  # the default sentence
     (level,) = report["levels"]
     _check_level(level, 2, None, chunks=3)

@@ -22,6 +22,7 @@ def test_the_t3_bench_reports_decode_steps_and_the_workload(tmp_path):
     report = main_json(cfg, str(out))
     assert json.loads(out.read_text()) == report
     assert report["random_weights"] is True and report["device"] == "cpu" and report["dtype"] == "fp32"
+    assert report["provenance"]["card"] == "cpu"  # where it ran (chorus/bench/report.py: every bench's)
     assert [(d["batch"], d["rows"]) for d in report["decode"]] == [(1, 1), (3, 3)]  # turbo: no CFG rows
     assert report["decode"][0]["context_tokens"] == report["decode"][0]["prompt_tokens"] + 3
     for decode in report["decode"]:
