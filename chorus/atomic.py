@@ -10,10 +10,12 @@ whatever the machine's speed: with ``CHORUS_TEST_HOLD_WRITES=FILE`` in the envir
 test-only switch, unset in normal use), a write that reaches a hold point (:func:`hold_for_tests`:
 :func:`atomic_directory` before its rename, the voice store's writes and deletes) writes the
 point's name to FILE and waits there until a signal interrupts it or the process is killed.
-``CHORUS_TEST_HOLD_POINT=NAME`` limits the hold to one point.
+``CHORUS_TEST_HOLD_POINT=NAME`` limits the hold to one point, and ``CHORUS_TEST_HOLD_AFTER=N``
+lets the first N arrivals at it pass (e.g. N uploads finish, the next one is held mid-way).
 """
 from __future__ import annotations
 
+import itertools
 import os
 import secrets
 import shutil
@@ -25,6 +27,8 @@ from typing import Iterator
 TEMP_MARK = ".tmp-"
 HOLD_WRITES_ENV = "CHORUS_TEST_HOLD_WRITES"  # test-only: see the module docstring
 HOLD_POINT_ENV = "CHORUS_TEST_HOLD_POINT"
+HOLD_AFTER_ENV = "CHORUS_TEST_HOLD_AFTER"
+_hold_arrivals = itertools.count()  # arrivals at a hold point that holds (tests only)
 
 
 def temporary_sibling(path: str | os.PathLike) -> Path:
@@ -105,6 +109,8 @@ def hold_for_tests(point: str) -> None:
     thread) or a kill ends the wait. Without it: nothing, at the cost of one lookup."""
     marker = os.environ.get(HOLD_WRITES_ENV)
     if not marker or os.environ.get(HOLD_POINT_ENV, point) != point:
+        return
+    if next(_hold_arrivals) < int(os.environ.get(HOLD_AFTER_ENV, "0")):  # count() is atomic under the GIL
         return
     atomic_write_text(marker, point + "\n")  # whole when it appears: the test reads it at once
     while True:

@@ -174,30 +174,34 @@ def test_kill_9_at_each_step_of_a_write_leaves_a_whole_library(tmp_path, seeded,
 def test_kill_9_in_a_burst_of_uploads_and_deletes_loses_nothing_acknowledged(tmp_path, seeded):
     voices_dir = tmp_path / "voices"
     shutil.copytree(seeded[0], voices_dir)
-    server = Process(voices_dir, tmp_path / "log").wait_ready()
+    held = tmp_path / "held"
+    # uploads are built and written one at a time: three publish their records, the fourth is
+    # held just before publishing its own (its files written), and the rest wait behind it
+    server = Process(voices_dir, tmp_path / "log", CHORUS_TEST_HOLD_WRITES=str(held),
+                     CHORUS_TEST_HOLD_POINT="blob-create", CHORUS_TEST_HOLD_AFTER="3").wait_ready()
     acknowledged, deleted = set(seeded[1]), set()
-    done = []
 
     def upload(seed):
         response = server.upload(clip(seed))
         if response.status_code == 201:
             acknowledged.add(response.json()["id"])
-        done.append(seed)
 
     def delete(voice_id):
         if server.delete(voice_id).status_code == 200:
             deleted.add(voice_id)
-        done.append(voice_id)
 
-    with concurrent.futures.ThreadPoolExecutor(6) as pool:
-        futures = [pool.submit(delete, seeded[1][0])] + [pool.submit(upload, seed) for seed in range(10, 18)]
-        deadline = time.monotonic() + 120
-        while len(done) < 3:  # kill once a few answers came back and the rest are under way
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+    with concurrent.futures.ThreadPoolExecutor(9) as pool:
+        deleting = pool.submit(delete, seeded[1][0])
+        uploads = [pool.submit(upload, seed) for seed in range(10, 18)]
+        answered = concurrent.futures.as_completed(uploads, timeout=120)
+        for _ in range(3):  # the three that passed the hold point answer; no other upload can
+            next(answered).result()
+        _wait_for(held, server)  # the fourth is inside its write: kill now
+        assert held.read_text().strip() == "blob-create"
         server.kill()
-        for future in futures:
+        for future in [deleting, *uploads]:
             future.exception()  # the unanswered ones fail; the answered ones are recorded
+    assert len(acknowledged - set(seeded[1])) == 3
     server = Process(voices_dir, tmp_path / "log").wait_ready()
     try:
         _check_library(server, voices_dir, must_have=acknowledged - deleted, must_not_have=deleted)
