@@ -2,8 +2,10 @@
 the protocol, the audio, cancel (barge-in) and what it frees."""
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import random
+import threading
 import time
 
 import av
@@ -283,33 +285,49 @@ def test_cancel_mid_turn_stops_its_frames_and_frees_its_kv_blocks(server):
     assert latency < 5.0  # a loose bound for a loaded CI machine; the measured value is printed
 
 
+CANCEL_CONNECTIONS = 4
+
+
 @pytest.mark.timeout(300)
 def test_a_thousand_random_cancels_leak_no_kv_block(server):
     """Turns cancelled at random points (before any event, after their first piece was
     submitted, after their first audio frame, after done), chosen by a seeded RNG and reached by
-    waiting for that event, with other turns in flight."""
-    rng = random.Random(20)
+    waiting for that event, on four connections at once: in each of 250 rounds the four open
+    their turns together, then each cancels its own at its point, so the cancels land among the
+    round's other turns, under way on the other connections."""
+    rounds = 1000 // CANCEL_CONNECTIONS
+    together = threading.Barrier(CANCEL_CONNECTIONS, timeout=60)
     latencies = []
-    with connect(server) as ws:
-        configure(ws, max_new_tokens=4, chunking={"min_chars": 5, "max_chars": 40, "max_wait_ms": 60_000})
-        for i in range(1000):
-            turn_id = f"t{i}"
-            point = rng.choices(["sent", "piece", "frame", "done"], weights=[5, 3, 1, 1])[0]
-            text = rng.choice([TEXT, LONG[:100], "Two words."])
-            send(ws, type="text", turn_id=turn_id, text=text)
-            if rng.random() < 0.7:
-                send(ws, type="flush", turn_id=turn_id)
-            elif text == "Two words.":  # unflushed, it stays in the buffer (no sentence follows)
-                point = "sent"
-            elif point == "done":
-                point = "piece"
-            if point != "sent":
-                _read_until(ws, turn_id, point)
-            started = time.perf_counter()
-            send(ws, type="cancel", turn_id=turn_id)
-            _read_until(ws, turn_id, "cancelled")
-            latencies.append(time.perf_counter() - started)
-        assert server.service.admission.in_flight == 0
+
+    def connection(index: int) -> None:
+        rng = random.Random(20 + index)
+        with connect(server) as ws:
+            configure(ws, max_new_tokens=4, chunking={"min_chars": 5, "max_chars": 40, "max_wait_ms": 60_000})
+            for i in range(rounds):
+                turn_id = f"c{index}-t{i}"
+                point = rng.choices(["sent", "piece", "frame", "done"], weights=[5, 3, 1, 1])[0]
+                text = rng.choice([TEXT, LONG[:100], "Two words."])
+                together.wait()
+                send(ws, type="text", turn_id=turn_id, text=text)
+                if rng.random() < 0.7:
+                    send(ws, type="flush", turn_id=turn_id)
+                elif text == "Two words.":  # unflushed, it stays in the buffer (no sentence follows)
+                    point = "sent"
+                elif point == "done":
+                    point = "piece"
+                if point != "sent":
+                    _read_until(ws, turn_id, point)
+                started = time.perf_counter()
+                send(ws, type="cancel", turn_id=turn_id)
+                _read_until(ws, turn_id, "cancelled")
+                latencies.append(time.perf_counter() - started)
+
+    with concurrent.futures.ThreadPoolExecutor(CANCEL_CONNECTIONS) as pool:
+        for done in concurrent.futures.as_completed([pool.submit(connection, i) for i in range(CANCEL_CONNECTIONS)]):
+            if done.exception() is not None:
+                together.abort()  # the others stop waiting for it
+                raise done.exception()
+    assert server.service.admission.in_flight == 0
     server.wait_idle()
     _wait_engine_free(server)
     latencies.sort()
