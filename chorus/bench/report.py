@@ -66,8 +66,8 @@ def command_line() -> str:
 
 def local_card() -> str:
     """This machine's GPUs as ``nvidia-smi`` names them (``2x NAME`` for two alike), or ``cpu``
-    without one. The client benches (online, swap) run beside the server they load, so this is
-    the server's card there too."""
+    without one. For the client benches (online, swap) that is the server's card only when they
+    run beside the server, as ``scripts/gpu/`` runs them."""
     try:
         names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                                text=True, timeout=30).stdout.split("\n")

@@ -2,7 +2,9 @@
 code only (chorus/bench/report.py)."""
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -11,13 +13,13 @@ import pytest
 from chorus import __version__
 from chorus.bench import report
 from chorus.bench.report import BENCH_VERSION, check_results_tree, write_report
-from chorus.cli import main
+from chorus.cli import build_parser, main
 
 
 def _git(directory, *args: str) -> str:
     return subprocess.run(["git", "-C", str(directory), *args], check=True, capture_output=True, text=True,
-                          env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-                               "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(directory)}).stdout.strip()
+                          env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+                               "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}).stdout.strip()
 
 
 @pytest.fixture
@@ -42,10 +44,22 @@ def test_a_report_records_commit_card_command_and_versions(tmp_path, monkeypatch
     assert provenance["card"] == "NVIDIA H100 80GB HBM3"  # the card the bench ran its model on
     assert provenance["command"] == "measure.py --out 'a b.json'"
     assert provenance["bench_version"] == BENCH_VERSION and provenance["chorus_version"] == __version__
-    source = report.SOURCE_ROOT
-    if (source / ".git").exists():  # a checkout (a clean clone in CI): its HEAD, and whether it has changes
-        assert provenance["git_commit"] == _git(source, "rev-parse", "HEAD")
-        assert isinstance(provenance["git_dirty"], bool)
+    assert set(provenance) == {"git_commit", "git_dirty", "card", "command", "bench_version", "chorus_version"}
+
+
+def test_the_commit_is_the_source_checkout_s_and_its_changes_are_told(checkout, monkeypatch):
+    monkeypatch.setattr(report, "SOURCE_ROOT", checkout)  # the code's checkout, as if it ran from there
+    head = _git(checkout, "rev-parse", "HEAD")
+    assert report.provenance()["git_commit"] == head and report.provenance()["git_dirty"] is False
+    (checkout / "code.py").write_text("x = 2\n")
+    assert report.provenance()["git_dirty"] is True
+
+
+def test_a_package_inside_another_checkout_has_no_commit(checkout, monkeypatch):
+    # an installed chorus in a virtual environment inside some repository: not that repository's commit
+    (checkout / "venv" / "site-packages").mkdir(parents=True)
+    monkeypatch.setattr(report, "SOURCE_ROOT", checkout / "venv" / "site-packages")
+    assert (report.provenance()["git_commit"], report.provenance()["git_dirty"]) == (None, None)
 
 
 def test_a_report_without_a_device_names_this_machine_s_card(tmp_path):
@@ -90,3 +104,11 @@ def test_the_bench_refuses_before_it_runs(checkout, capsys):
     assert main(["bench", "online", "--url", "http://127.0.0.1:1", "--quiet", "--out", str(out),
                  "--allow-dirty"]) == 2
     assert "cannot reach the server" in capsys.readouterr().err  # allowed: it went on to run
+
+
+def test_every_bench_takes_out_and_allow_dirty():
+    bench = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["bench"]
+    stages = next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction)).choices
+    missing = [name for name, parser in stages.items()
+               if not {"out", "allow_dirty"} <= {a.dest for a in parser._actions}]
+    assert stages and missing == []
