@@ -30,7 +30,7 @@ def checkout(tmp_path):
     (root / "code.py").write_text("x = 1\n")
     _git(root, "init", "-q")
     _git(root, "add", "code.py")
-    _git(root, "commit", "-q", "-m", "first")
+    _git(root, "-c", "commit.gpgsign=false", "commit", "-q", "-m", "first")
     return root
 
 
