@@ -98,14 +98,16 @@ def _looks_like_local_path(location: str) -> bool:
 
 
 def _missing_files_message(variant: Variant, where: str, missing: list[str]) -> str:
-    return (
-        f"the {variant.name} checkpoint at {where} lacks {len(missing)} required file(s): "
-        f"{', '.join(missing)}.\nPoint Chorus at a local directory holding the official files "
-        f"({', '.join(variant.files.required)}) with --checkpoint DIR, or make them reachable on "
-        f"the hub (unset HF_HUB_OFFLINE, set HF_TOKEN for gated repos). "
-        f"`chorus checkpoint random --variant {variant.name} --out DIR` writes a random-weight "
-        f"directory for testing."
-    )
+    return (f"the {variant.name} checkpoint at {where} lacks {len(missing)} required file(s): "
+            f"{', '.join(missing)}.\n{_ways_out(variant)}")
+
+
+def _ways_out(variant: Variant) -> str:
+    return (f"Point Chorus at a local directory holding the official files "
+            f"({', '.join(variant.files.required)}) with --checkpoint DIR, or make them reachable on "
+            f"the hub (unset HF_HUB_OFFLINE, set HF_TOKEN for gated repos). "
+            f"`chorus checkpoint random --variant {variant.name} --out DIR` writes a random-weight "
+            f"directory for testing.")
 
 
 def resolve_checkpoint_dir(variant: Variant, location: str | os.PathLike | None = None,
@@ -116,6 +118,7 @@ def resolve_checkpoint_dir(variant: Variant, location: str | os.PathLike | None 
     Optional files (``conds.pt``, the Chinese Cangjie table) are fetched when available.
     Raises :class:`CheckpointNotFoundError` naming every missing file.
     """
+    given = location is not None
     location = variant.hub_repo if location is None else os.fspath(location)
     expanded = os.path.expanduser(location)
     if os.path.isdir(expanded):
@@ -129,7 +132,13 @@ def resolve_checkpoint_dir(variant: Variant, location: str | os.PathLike | None 
             f"checkpoint directory {location!r} does not exist. Pass an existing directory in the "
             f"official layout or a hub repo id such as {variant.hub_repo!r}."
         )
-    return _download_from_hub(variant, location, revision, cache_dir)
+    try:
+        return _download_from_hub(variant, location, revision, cache_dir)
+    except CheckpointNotFoundError as exc:
+        if not given:
+            raise
+        # "owner/name" is also a relative path: say that both readings failed
+        raise type(exc)(f"no directory {location!r} in {os.getcwd()}, and {exc}") from None
 
 
 def _download_from_hub(variant: Variant, repo_id: str, revision: str | None,
@@ -146,9 +155,10 @@ def _download_from_hub(variant: Variant, repo_id: str, revision: str | None,
                                constants.ENDPOINT, unreachable, repo_id)
                 return cached
             raise HubUnreachableError(
-                f"cannot reach the Hugging Face hub at {constants.ENDPOINT} ({unreachable}) and the {variant.name} "
-                f"files of {repo_id!r} are not in the local cache: pass --checkpoint DIR with a local checkpoint, "
-                f"set HF_HUB_OFFLINE=1 to use only the cache, or set HTTPS_PROXY if the hub is reached through a proxy")
+                f"no hub repo {repo_id!r} with the {variant.name} files in the local cache, and the Hugging Face "
+                f"hub at {constants.ENDPOINT} cannot be reached ({unreachable}): pass --checkpoint DIR with a local "
+                f"checkpoint, set HF_HUB_OFFLINE=1 to use only the cache, or set HTTPS_PROXY if the hub is reached "
+                f"through a proxy")
 
     directory: Path | None = None
     missing: list[str] = []
@@ -162,11 +172,13 @@ def _download_from_hub(variant: Variant, repo_id: str, revision: str | None,
                 missing.append(name)
                 reasons.add(type(exc).__name__)
     if missing:
-        offline = constants.HF_HUB_OFFLINE
-        where = f"hub repo {repo_id!r}" + (" (HF_HUB_OFFLINE is set: only the local cache was searched)" if offline else "")
+        offline = " (HF_HUB_OFFLINE is set: only the local cache was searched)" if constants.HF_HUB_OFFLINE else ""
+        errors = f"(errors: {', '.join(sorted(reasons))})"
+        if directory is None:  # not one file: no such repo (or not in the cache)
+            raise CheckpointNotFoundError(f"no hub repo {repo_id!r} with the {variant.name} files{offline} {errors}."
+                                          f"\n{_ways_out(variant)}")
         raise CheckpointNotFoundError(
-            _missing_files_message(variant, where, missing) + f"\n(errors: {', '.join(sorted(reasons))})"
-        )
+            _missing_files_message(variant, f"hub repo {repo_id!r}{offline}", missing) + f"\n{errors}")
     assert directory is not None
     return directory
 

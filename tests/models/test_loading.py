@@ -10,6 +10,7 @@ from chorus.models.loading import (
 from chorus.models.variants import get_variant
 
 ORIGINAL = get_variant("original")
+TURBO = get_variant("turbo")
 
 
 def _touch_required(directory: Path, variant=ORIGINAL, skip=()):
@@ -43,6 +44,45 @@ def test_offline_hub_miss_names_files_and_offline_mode(tmp_path, monkeypatch):
         resolve_checkpoint_dir(ORIGINAL, "nobody-here/no-such-repo", cache_dir=tmp_path)
     msg = str(info.value)
     assert "HF_HUB_OFFLINE" in msg and "t3_cfg.safetensors" in msg and "no-such-repo" in msg
+
+
+def test_a_path_shaped_like_a_hub_id_that_is_neither_says_both(tmp_path, monkeypatch):
+    """The README's ``ckpt/turbo`` before it is written: no such directory here, and no such repo
+    in the cache (offline: conftest sets HF_HUB_OFFLINE=1)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointNotFoundError) as info:
+        resolve_checkpoint_dir(TURBO, "ckpt/turbo", cache_dir=tmp_path / "hub")
+    first = str(info.value).splitlines()[0]
+    assert first.startswith(f"no directory 'ckpt/turbo' in {tmp_path}, and no hub repo 'ckpt/turbo' with the turbo "
+                            f"files (HF_HUB_OFFLINE is set"), first
+    assert "`chorus checkpoint random --variant turbo --out DIR`" in str(info.value)
+
+
+def test_a_hub_id_that_is_no_directory_and_unreachable_says_both(tmp_path, monkeypatch):
+    """Online, with the hub unreachable (a closed loopback port) and nothing cached."""
+    import socket
+
+    from huggingface_hub import constants
+
+    with socket.socket() as s:  # a port nobody listens on: the connection is refused at once
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", closed)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointNotFoundError) as info:
+        resolve_checkpoint_dir(TURBO, "ckpt/turbo", cache_dir=tmp_path / "hub")
+    message = str(info.value)
+    assert message.startswith(f"no directory 'ckpt/turbo' in {tmp_path}, and no hub repo 'ckpt/turbo' with the "
+                              f"turbo files in the local cache, and the Hugging Face hub at {closed} cannot be "
+                              f"reached ("), message
+    assert "--checkpoint DIR" in message and "HF_HUB_OFFLINE=1" in message
+
+
+def test_the_default_repo_is_not_called_a_missing_directory(tmp_path):
+    with pytest.raises(CheckpointNotFoundError) as info:
+        resolve_checkpoint_dir(TURBO, None, cache_dir=tmp_path)
+    assert str(info.value).startswith(f"no hub repo {TURBO.hub_repo!r} with the turbo files"), str(info.value)
 
 
 def test_hub_cache_is_used_offline(tmp_path):
