@@ -605,8 +605,9 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     from chorus.models.variants import get_variant
     from chorus.pipeline.planner import RequestPlanner, is_voice_file
     from chorus.pipeline.request import SpeechRequest
-    from chorus.cli_checks import check_input_file, check_output_file, random_weights_token_cap
+    from chorus.cli_checks import check_input_file, check_output_file
     from chorus.models.loading import resolve_dtype
+    from chorus.models.random_checkpoint import random_weights_token_cap
     from chorus.text import load_text_encoder
     from chorus.voices import Voice, prepare_voice_audio
 

@@ -1,13 +1,10 @@
-"""Checks the command line runs before any model loads: input files exist, output paths can be
-written, and defaults that depend on the checkpoint. Each raises :class:`PathCheckError` (a
-``ValueError``, shown as one line by ``chorus``) so a mistake costs seconds, not a synthesis."""
+"""Checks the command line runs before any model loads: input files exist and output paths can
+be written. Each raises :class:`PathCheckError` (a ``ValueError``, shown as one line by
+``chorus``) so a mistake costs seconds, not a synthesis."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
-
-RANDOM_WEIGHTS_TOKEN_CAP = 100  # 4 s of speech per chunk
-
 
 class PathCheckError(ValueError):
     """An input or output path given on the command line cannot be used."""
@@ -57,16 +54,3 @@ def check_output_directory(path: str | os.PathLike, option: str, *, replaceable=
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise PathCheckError(f"{option} {os.fspath(path)}: the directory {os.fspath(ancestor)} is not writable")
     return p
-
-
-def random_weights_token_cap(has_random_weights: bool, max_new_tokens: int | None,
-                             min_new_tokens: int | None) -> tuple[int | None, str | None]:
-    """``(max_new_tokens, note)``: a random-weight model rarely samples EOS, so without an explicit
-    ``--max-new-tokens`` every chunk would run to the variant's limit (about 1000 tokens, minutes
-    on a CPU, 40 s of noise). Such checkpoints get a cap of :data:`RANDOM_WEIGHTS_TOKEN_CAP`
-    tokens per chunk and a note saying so; everything else is returned unchanged."""
-    if not has_random_weights or max_new_tokens is not None:
-        return max_new_tokens, None
-    cap = max(RANDOM_WEIGHTS_TOKEN_CAP, min_new_tokens or 0)
-    return cap, (f"random-weight checkpoint: speech tokens capped at {cap} per chunk ({cap / 25:g} s); "
-                 f"pass --max-new-tokens to change")

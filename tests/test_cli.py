@@ -273,7 +273,7 @@ def test_random_weights_cap_the_tokens_with_a_note(light_nano, tmp_path, capsys)
 
 
 def test_random_weights_cap_yields_to_explicit_limits():
-    from chorus.cli_checks import random_weights_token_cap
+    from chorus.models.random_checkpoint import random_weights_token_cap
 
     assert random_weights_token_cap(True, 300, None) == (300, None)
     assert random_weights_token_cap(True, None, 150)[0] == 150
@@ -334,8 +334,10 @@ def test_watermark_prints_no_third_party_noise(light_nano, tmp_path):
                       "--device", "cpu", "--max-new-tokens", "5", "--out", str(tmp_path / "o.wav"), "Hi."],
                      timeout=300, HF_HUB_OFFLINE="1")
     assert result.stdout == ""  # perth's "loaded PerthNet" line went nowhere
+    # Chorus's own warning that the (light) checkpoint has random weights, then the error
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("chorus: error: could not read checkpoint file"), result.stderr
+    assert len(lines) == 2 and "RANDOM WEIGHTS" in lines[0], result.stderr
+    assert lines[1].startswith("chorus: error: could not read checkpoint file"), result.stderr
 
 
 # ---- the parser --------------------------------------------------------------------------------

@@ -14,13 +14,16 @@ import torch
 
 from chorus.audio import load_audio
 from chorus.models.loading import Checkpoint
+from chorus.models.random_checkpoint import RANDOM_WEIGHTS_TOKEN_CAP
 from chorus.models.s3gen.s3gen import SAMPLES_PER_TOKEN
 from chorus.models.variants import get_variant
+from chorus.pipeline import SpeechModels
 from chorus.pipeline.planner import plan_text
+from chorus.pipeline.request import SpeechRequest
 from chorus.synthesis import Synthesizer, synthesize
 from chorus.text import TextInputError, UnsupportedLanguageError, load_text_encoder
 from tests.conftest import DATA_DIR
-from tests.voices.checkpoints import shared_checkpoint
+from tests.voices.checkpoints import light_checkpoint, shared_checkpoint
 
 N = 6  # speech tokens per chunk, forced with max_new_tokens == min_new_tokens
 SILENCE = 3  # Nano appends three silence tokens per chunk
@@ -114,6 +117,23 @@ def test_bad_requests_fail_before_any_model_runs(synth):
         _run(synth, language="fr")
     with pytest.raises(ValueError, match="sample_rate"):
         synth.resolve_voice(np.zeros(24000 * 6, np.float32))
+
+
+@pytest.mark.fullsize
+def test_models_loaded_from_a_random_checkpoint_cap_unlimited_requests(synth):
+    """The README's Python example on serve.sh's random checkpoint: capped as chorus synth is."""
+    assert synth.models.random_weights
+    plan = synth.planner.plan(SpeechRequest(TEXT))
+    assert [c.params.max_new_tokens for c in plan.chunks] == [RANDOM_WEIGHTS_TOKEN_CAP]
+
+
+def test_loading_a_random_checkpoint_warns_of_noise_and_the_cap(tmp_path, caplog):
+    light = light_checkpoint("nano", tmp_path)  # empty weight files: loading fails after the warning
+    with caplog.at_level("WARNING", logger="chorus.pipeline.models"), pytest.raises(ValueError):
+        SpeechModels.load("nano", light, device="cpu")
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "chorus.pipeline.models"]
+    assert "RANDOM WEIGHTS" in warning and "speaks noise" in warning
+    assert f"without max_new_tokens stops at {RANDOM_WEIGHTS_TOKEN_CAP} speech tokens" in warning
 
 
 @pytest.mark.fullsize

@@ -23,6 +23,7 @@ from chorus.models.variants import Variant
 
 NOISE_WARNING = "random weights: this checkpoint is for tests and benchmarks and speaks noise"
 COMPONENTS = ("t3", "voice_encoder", "s3gen", "tokenizer", "conds")
+RANDOM_WEIGHTS_TOKEN_CAP = 100  # 4 s of speech per chunk
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,21 @@ def random_builtin_voice(variant: Variant, seed: int) -> dict:
             "embedding": torch.randn(1, 192, generator=g),
         },
     }
+
+
+def random_weights_token_cap(has_random_weights: bool, max_new_tokens: int | None,
+                             min_new_tokens: int | None) -> tuple[int | None, str | None]:
+    """``(max_new_tokens, note)``: a random-weight model rarely samples EOS, so without an explicit
+    ``max_new_tokens`` every chunk would run to the variant's limit (about 1000 tokens, minutes
+    on a CPU, 40 s of noise). Such checkpoints get a cap of :data:`RANDOM_WEIGHTS_TOKEN_CAP`
+    tokens per chunk and a note saying so; everything else is returned unchanged. The one rule
+    for every door: ``chorus synth``, ``chorus serve`` and the Python API (the request planner
+    of models loaded from such a checkpoint)."""
+    if not has_random_weights or max_new_tokens is not None:
+        return max_new_tokens, None
+    cap = max(RANDOM_WEIGHTS_TOKEN_CAP, min_new_tokens or 0)
+    return cap, (f"random-weight checkpoint: speech tokens capped at {cap} per chunk ({cap / 25:g} s); "
+                 f"pass --max-new-tokens to change")
 
 
 def is_random_checkpoint(directory: str | os.PathLike) -> bool:

@@ -1,6 +1,7 @@
 """The loaded models of one checkpoint, shared by the pipeline and the exact sequential path."""
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from dataclasses import dataclass, field
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from chorus.models.loading import Checkpoint, CheckpointNotFoundError, load_t3, parse_device, resolve_dtype
+from chorus.models.random_checkpoint import RANDOM_WEIGHTS_TOKEN_CAP
 from chorus.models.s3gen.s3gen import S3Gen
 from chorus.models.t3.model import T3Model
 from chorus.models.variants import Variant, get_variant
@@ -15,17 +17,22 @@ from chorus.pipeline.planner import RequestPlanner
 from chorus.text import DEFAULT_MAX_CHARS, LanguageStepConfig, TextEncoder, load_text_encoder
 from chorus.voices import Voice, VoiceFrontEnd
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class SpeechModels:
     """T3, S3Gen, the text encoder and optionally the voice front end (the models that turn a
-    reference clip into a voice) of one checkpoint, on one device."""
+    reference clip into a voice) of one checkpoint, on one device. ``random_weights``: the weights
+    came from a random-weight checkpoint (set by :meth:`load`), so requests without
+    ``max_new_tokens`` are capped (:func:`chorus.models.random_checkpoint.random_weights_token_cap`)."""
 
     checkpoint: Checkpoint
     t3: T3Model
     s3gen: S3Gen
     text_encoder: TextEncoder
     front_end: VoiceFrontEnd | None = None
+    random_weights: bool = False
     _builtin: Voice | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -44,6 +51,11 @@ class SpeechModels:
             checkpoint = Checkpoint.open(variant, checkpoint)
         elif checkpoint.variant.name != variant.name:
             raise ValueError(f"the checkpoint is for {checkpoint.variant.name}, not {variant.name}")
+        if checkpoint.has_random_weights:
+            logger.warning("the checkpoint at %s has RANDOM WEIGHTS (written by `chorus checkpoint random`): "
+                           "every voice speaks noise, and a request without max_new_tokens stops at %d speech "
+                           "tokens (%g s) per text chunk; point the checkpoint at real weights to hear speech",
+                           checkpoint.directory, RANDOM_WEIGHTS_TOKEN_CAP, RANDOM_WEIGHTS_TOKEN_CAP / 25)
         device = parse_device(device)
         if not isinstance(dtype, torch.dtype):  # a torch dtype is a choice already resolved
             dtype = resolve_dtype(dtype, device)
@@ -51,7 +63,7 @@ class SpeechModels:
         t3 = load_t3(checkpoint, dtype=dtype, device=device)
         s3gen = S3Gen.from_checkpoint(checkpoint, dtype=dtype, device=device, voice_models=voice_models)
         front_end = VoiceFrontEnd.from_checkpoint(checkpoint, device=device, s3gen=s3gen) if voice_models else None
-        return cls(checkpoint, t3, s3gen, text_encoder, front_end)
+        return cls(checkpoint, t3, s3gen, text_encoder, front_end, random_weights=checkpoint.has_random_weights)
 
     @property
     def variant(self) -> Variant:
@@ -84,4 +96,4 @@ class SpeechModels:
     def planner(self, max_chars: int = DEFAULT_MAX_CHARS) -> RequestPlanner:
         build = None if self.front_end is None else self.front_end.build
         return RequestPlanner(self.variant, self.text_encoder, builtin_voice=self.builtin_voice,
-                              build_voice=build, max_chars=max_chars)
+                              build_voice=build, max_chars=max_chars, random_weights=self.random_weights)

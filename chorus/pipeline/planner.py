@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from chorus.engine.request import Priority
+from chorus.models.random_checkpoint import random_weights_token_cap
 from chorus.models.variants import Variant
 from chorus.pipeline.request import SpeechRequest
 from chorus.sampling import SamplingParams
@@ -110,15 +111,19 @@ class RequestPlanner:
 
     builtin_voice: returns the checkpoint's built-in voice (raises when it has none).
     build_voice: turns a reference clip into a voice (None when the voice models are not loaded).
+    random_weights: the model has random weights: a request without ``max_new_tokens`` is capped
+    (``random_weights_token_cap``), as ``chorus synth`` and ``chorus serve`` cap it.
     """
 
     def __init__(self, variant: Variant, text_encoder: TextEncoder, *, builtin_voice: Callable[[], Voice],
-                 build_voice: Callable[[Any], Voice] | None = None, max_chars: int = DEFAULT_MAX_CHARS):
+                 build_voice: Callable[[Any], Voice] | None = None, max_chars: int = DEFAULT_MAX_CHARS,
+                 random_weights: bool = False):
         self.variant = variant
         self.text_encoder = text_encoder
         self._builtin_voice = builtin_voice
         self._build_voice = build_voice
         self.max_chars = max_chars
+        self.random_weights = random_weights
 
     # ----------------------------------------------------------------------------------- text
     def plan_text(self, text: str, language: str | None = None, *, normalize: bool = True
@@ -164,7 +169,9 @@ class RequestPlanner:
     def _settings(self, request: SpeechRequest) -> dict[str, Any]:
         variant = self.variant
         chunks = self.plan_text(request.text, request.language, normalize=request.normalize)
-        params = SamplingParams.for_variant(variant, **request.sampling_overrides())
+        max_new_tokens, _ = random_weights_token_cap(self.random_weights, request.max_new_tokens,
+                                                     request.min_new_tokens)
+        params = SamplingParams.for_variant(variant, **{**request.sampling_overrides(), "max_new_tokens": max_new_tokens})
         ignored = list(params.ignored)
         flow_steps = request.flow_steps
         if flow_steps is not None and (isinstance(flow_steps, bool) or not isinstance(flow_steps, int) or flow_steps < 1):

@@ -83,10 +83,6 @@ def load_models(config: ServerConfig) -> Loaded:
     utilization = memory_utilization(config, parse_device(config.device))
     models = SpeechModels.load(config.variant, config.checkpoint, dtype=config.dtype, device=config.device,
                                voice_models=config.voice_models, language_steps=language_step_config(config))
-    if models.checkpoint.has_random_weights:
-        logger.warning("the checkpoint at %s has RANDOM WEIGHTS (written by `chorus checkpoint random`): "
-                       "every voice speaks noise; point --checkpoint at real weights to hear speech",
-                       models.checkpoint.directory)
     engine = engine_config(config, utilization)
     pipeline = Pipeline(models, PipelineConfig(engine=engine, vocoder=vocoder_config(config), max_chars=config.max_chars,
                                                conversion=ConversionConfig(max_source_s=config.max_source_s),
@@ -105,8 +101,7 @@ def effective_config(config: ServerConfig) -> ServerConfig:
     """Settings that depend on the checkpoint: random weights cap speech at 100 tokens per chunk
     unless a cap was given (such models rarely stop by themselves). With several models the cap
     applies when any checkpoint has random weights."""
-    from chorus.cli_checks import random_weights_token_cap
-    from chorus.models.random_checkpoint import is_random_checkpoint
+    from chorus.models.random_checkpoint import is_random_checkpoint, random_weights_token_cap
 
     local = [e.checkpoint for e in config.entries() if e.checkpoint is not None and Path(e.checkpoint).is_dir()]
     if not local:

@@ -1,9 +1,12 @@
 """RequestPlanner: every check before any model runs, chunk seeds, voice resolution."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from chorus.engine.request import Priority
+from chorus.models.random_checkpoint import RANDOM_WEIGHTS_TOKEN_CAP
 from chorus.pipeline.planner import chunk_seed, is_voice_file, needs_voice_models
 from chorus.pipeline.request import SpeechRequest
 from chorus.sampling.params import MAX_SEED
@@ -35,6 +38,24 @@ def test_defaults_and_ignored_parameters():
     plan = turbo.plan(SpeechRequest("Hi there.", cfg_weight=0.7, exaggeration=0.9, seed=1))
     assert plan.ignored == ("cfg_weight", "exaggeration") and plan.exaggeration == 0.0
     assert plan.chunks[0].params.cfg_weight == 0.0 and plan.priority is Priority.NORMAL
+
+
+@pytest.mark.parametrize("request_limits, max_new_tokens", [
+    ({}, RANDOM_WEIGHTS_TOKEN_CAP),
+    ({"max_new_tokens": 300}, 300),  # an explicit limit wins
+    ({"min_new_tokens": 150}, 150),  # the cap never undercuts the floor
+])
+def test_random_weights_cap_what_a_request_leaves_unlimited(request_limits, max_new_tokens):
+    """The Python API's planner applies the rule of chorus synth and chorus serve."""
+    planner = replace(tiny_models("turbo"), random_weights=True).planner()
+    plan = planner.plan(SpeechRequest("Hi there.", **request_limits))
+    assert plan.chunks[0].params.max_new_tokens == max_new_tokens
+
+
+def test_real_weights_keep_the_variants_limit():
+    planner = tiny_models("turbo").planner()
+    assert planner.plan(SpeechRequest("Hi there.")).chunks[0].params.max_new_tokens == \
+        planner.variant.sampling.max_new_tokens > RANDOM_WEIGHTS_TOKEN_CAP
 
 
 @pytest.mark.parametrize("field, value, match", [
