@@ -3,6 +3,7 @@ serve.sh would serve and run, without installing anything)."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 from pathlib import Path
 
@@ -92,3 +93,38 @@ def test_a_failed_install_step_shows_the_end_of_its_log(tmp_path):
     result = _install(venv)
     assert result.returncode == 3
     assert "FAILED" in result.stderr and "pip noise: -m pip install -e ." in result.stderr
+
+
+def test_serve_sh_names_the_playground():
+    assert serve_plan("--port", "9000")["playground"] == "http://127.0.0.1:9000/"
+
+
+def _announce(url: str, pid: int) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "scripts/announce-ready.sh", url, str(pid)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("playground", [True, False])
+def test_serve_sh_says_where_to_try_the_server_once_it_is_ready(playground, tmp_path):
+    """scripts/announce-ready.sh (serve.sh runs it beside the server) against a real server."""
+    from tests.server.live import LiveServer, server_config, tiny_loader
+
+    config = server_config(tmp_path / "voices", playground=playground)
+    with LiveServer(config, tiny_loader(config)) as server:
+        result = _announce(server.url, os.getpid())
+        assert result.returncode == 0, result.stderr
+        assert (server.client.get("/").status_code == 200) is playground
+    api = f"{server.url}/v1/audio/speech"
+    expected = (f"ready: open {server.url}/ in a browser to try it (the playground), or send requests to {api}"
+                if playground else f"ready: send requests to {api}")
+    assert result.stdout.strip() == expected
+
+
+def test_the_ready_announcement_gives_up_quietly_when_the_server_ends():
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    with socket.socket() as s:  # nobody listens there
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    result = _announce(url, ended.pid)
+    assert result.returncode == 0 and result.stdout == "", result.stdout
