@@ -20,6 +20,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 torch.set_num_threads(int(os.environ.get("CHORUS_TEST_THREADS", "2")))
 
+from tests import run_temp_dir  # noqa: E402 - after the environment above
+
+RUN_TMP = run_temp_dir.start()  # the run's own temp dir, removed when it passes (tests/run_temp_dir.py)
+
 DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
 
 
@@ -90,6 +94,10 @@ def session_tmp_path_factory(tmp_path_factory):
 def oracle():
     """The imported reference package; skips (or fails under CI) when it is missing."""
     return _import_oracle()
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(run_temp_dir.Check(RUN_TMP, _EXIT_STATUS), "chorus-run-temp-dir")
 
 
 def pytest_collection_modifyitems(config, items):

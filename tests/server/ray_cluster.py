@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
+import tempfile
 import time
 
 import httpx
@@ -84,3 +86,6 @@ def serve_cluster(config, *, ready: int, **scale):
         ray.shutdown()
         for name in PROXY_TIMEOUTS:
             os.environ.pop(name, None)
+        # the cluster's session folder (logs, sockets) stays after shutdown; it is the run's temp
+        # dir's "ray" (TMPDIR, tests/run_temp_dir.py), which Ray makes
+        shutil.rmtree(os.path.join(tempfile.gettempdir(), "ray"), ignore_errors=True)
