@@ -13,31 +13,7 @@ mkdir -p "$VENV"
 LOG="$VENV/install.log"
 : >"$LOG"
 
-# step N/TOTAL "what" command...: run the command with its output in $LOG, say every 10 s that
-# it is still running (with the log's latest line), and show the log's tail if it fails.
-step() {
-  local label=$1 start=$SECONDS next=10 pid status=0
-  shift
-  echo "$label (log: $LOG)"
-  "$@" >>"$LOG" 2>&1 &
-  pid=$!
-  while kill -0 "$pid" 2>/dev/null; do
-    if (( SECONDS - start >= next )); then
-      local last
-      last=$(tail -n 1 "$LOG" 2>/dev/null | cut -c1-100)
-      echo "  ... $(( SECONDS - start )) s${last:+: $last}"
-      next=$(( next + 10 ))
-    fi
-    sleep 1
-  done
-  wait "$pid" || status=$?
-  if (( status != 0 )); then
-    echo "  FAILED after $(( SECONDS - start )) s (exit $status); the end of $LOG:" >&2
-    tail -n 20 "$LOG" >&2
-    exit "$status"
-  fi
-  echo "  done in $(( SECONDS - start )) s"
-}
+source scripts/step.sh
 
 if [[ -x "$VENV/bin/python" ]]; then
   echo "[1/3] $VENV exists"

@@ -97,7 +97,10 @@ def oracle():
 
 
 def pytest_configure(config):
+    from tests.skip_summary import SkipSummary
+
     config.pluginmanager.register(run_temp_dir.Check(RUN_TMP, _EXIT_STATUS), "chorus-run-temp-dir")
+    config.pluginmanager.register(SkipSummary(), "chorus-skip-summary")  # the run's closing line
 
 
 def pytest_collection_modifyitems(config, items):

@@ -114,3 +114,13 @@ def test_readme_quotes_the_line_serve_sh_prints_when_ready():
     line = "ready: open $URL/ in a browser to try it (the playground)"
     assert line in said
     assert line.replace("$URL", "http://127.0.0.1:8000") in _flat(_section("Quick start"))
+
+
+def test_readme_says_what_test_sh_prints():
+    """The install's expected conflicts and the closing line of skipped tests, in their own words."""
+    from tests.skip_summary import KINDS
+
+    quick = _flat(_section("Quick start"))
+    assert ".venv-test/install.log" in quick and "chatterbox-tts 0.1.7 requires torch==2.6.0" in quick
+    what, how = KINDS["browser"]
+    assert f"skipped: 8 {what} ({how.split(',')[0]}," in quick

@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(tmp_path: Path, test: str) -> tuple[subprocess.CompletedProcess, Path]:
+def run_pytest(tmp_path: Path, test: str) -> tuple[subprocess.CompletedProcess, Path]:
     """pytest with this suite's conftest over one test file; returns the result and the system
     temp dir the run was given."""
     system = tmp_path / "system-tmp"
@@ -24,13 +24,13 @@ def _run(tmp_path: Path, test: str) -> tuple[subprocess.CompletedProcess, Path]:
 
 
 def test_a_passed_run_removes_its_temp_dir_with_pytests_base_folder(tmp_path):
-    result, system = _run(tmp_path, "def test_writes(tmp_path):\n    (tmp_path / 'f').write_text('x')\n")
+    result, system = run_pytest(tmp_path, "def test_writes(tmp_path):\n    (tmp_path / 'f').write_text('x')\n")
     assert result.returncode == 0, result.stdout + result.stderr
     assert list(system.iterdir()) == []
 
 
 def test_a_run_that_leaves_a_file_in_the_temp_dir_fails_and_names_it(tmp_path):
-    result, system = _run(tmp_path, "import pathlib, tempfile\n\n"
+    result, system = run_pytest(tmp_path, "import pathlib, tempfile\n\n"
                                     "def test_leaks():\n"
                                     "    pathlib.Path(tempfile.gettempdir(), 'left-behind.txt').write_text('x')\n")
     assert result.returncode == 1
@@ -40,7 +40,7 @@ def test_a_run_that_leaves_a_file_in_the_temp_dir_fails_and_names_it(tmp_path):
 
 
 def test_child_processes_write_into_the_runs_temp_dir(tmp_path):
-    result, system = _run(tmp_path, "import os, subprocess, sys, tempfile\n\n"
+    result, system = run_pytest(tmp_path, "import os, subprocess, sys, tempfile\n\n"
                                     "def test_child():\n"
                                     "    out = subprocess.run([sys.executable, '-c', 'import tempfile; "
                                     "print(tempfile.gettempdir())'], capture_output=True, text=True).stdout\n"

@@ -59,14 +59,20 @@ def test_serve_sh_leaves_a_chosen_voices_dir_alone(args, env, voices):
     assert serve_plan(*args, **env)["voices"] == voices
 
 
-def _stub_venv(tmp_path: Path, pip_exit: int = 0) -> Path:
-    """A virtual environment whose python only makes noise (and fails pip with ``pip_exit``):
-    the install script's own output is what is tested, not pip."""
-    venv = tmp_path / "venv"
+CONFLICTS = ("ERROR: pip's dependency resolver does not currently take into account all the packages that are "
+             "installed. This behaviour is the source of the following dependency conflicts.")
+
+
+def _stub_venv(tmp_path: Path, pip_exit: int = 0, name: str = "venv") -> Path:
+    """A virtual environment whose python only makes noise (and fails pip with ``pip_exit``;
+    installing the oracle's requirements, it reports pip's dependency conflicts as pip does): the
+    install scripts' own output is what is tested, not pip."""
+    venv = tmp_path / name
     (venv / "bin").mkdir(parents=True)
     python = venv / "bin" / "python"
     python.write_text("#!/usr/bin/env bash\n"
                       'echo "pip noise: $*"; echo "more pip noise" >&2\n'
+                      f'[[ "$*" == *"oracle-requirements"* ]] && echo "{CONFLICTS}" >&2\n'
                       f'[[ "$*" == *"install -e ."* ]] && exit {pip_exit}\n'
                       "exit 0\n")
     python.chmod(0o755)
@@ -86,6 +92,19 @@ def test_install_says_each_step_and_keeps_pip_output_in_a_log(tmp_path):
     assert "noise" not in out
     assert all(f"[{n}/3]" in out for n in (1, 2, 3)) and f"{venv}/install.log" in out
     assert "pip noise: -m pip install -e ." in (venv / "install.log").read_text()
+
+
+def test_the_test_install_says_each_step_and_explains_the_expected_conflicts(tmp_path):
+    venv = _stub_venv(tmp_path, name="venv-test")
+    result = subprocess.run(["bash", "scripts/install-test-env.sh", str(venv)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout + result.stderr
+    assert "noise" not in out and "ERROR" not in out  # pip's output is in the log
+    assert all(f"[{n}/6]" in out for n in range(1, 7)) and f"{venv}/install.log" in out
+    assert "dependency conflicts" in out and "expected" in out and "on purpose" in out
+    assert out.strip().endswith(f"test environment ready in {venv}")
+    assert CONFLICTS in (venv / "install.log").read_text()
 
 
 def test_a_failed_install_step_shows_the_end_of_its_log(tmp_path):
