@@ -20,10 +20,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 torch.set_num_threads(int(os.environ.get("CHORUS_TEST_THREADS", "2")))
 
-from tests import run_temp_dir  # noqa: E402 - after the environment above
-
-RUN_TMP = run_temp_dir.start()  # the run's own temp dir, removed when it passes (tests/run_temp_dir.py)
-
 DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
 
 
@@ -97,9 +93,13 @@ def oracle():
 
 
 def pytest_configure(config):
+    from tests import run_temp_dir
     from tests.skip_summary import SkipSummary
 
-    config.pluginmanager.register(run_temp_dir.Check(RUN_TMP, _EXIT_STATUS), "chorus-run-temp-dir")
+    # the run's own temp dir, removed when it passes (here, not at import: other processes import
+    # this module for DATA_DIR)
+    folder = run_temp_dir.start()
+    config.pluginmanager.register(run_temp_dir.Check(folder, _EXIT_STATUS), "chorus-run-temp-dir")
     config.pluginmanager.register(SkipSummary(), "chorus-skip-summary")  # the run's closing line
 
 
