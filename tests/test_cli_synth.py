@@ -168,7 +168,8 @@ def test_format_comes_from_the_extension():
 
 
 def test_wav_and_flac_hold_the_same_rounded_16_bit_samples(tmp_path):
-    from chorus.audio.encode import to_pcm16, write_audio
+    from chorus.audio.encode import write_audio
+    from chorus.audio.pcm import to_pcm16
 
     wav = np.concatenate([_tone(), np.array([1.5, -1.5, 0.25], np.float32)])  # out-of-range samples clip
     for fmt in ("wav", "flac"):

@@ -21,7 +21,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from chorus.audio.encode import to_mulaw, to_pcm16
+from chorus.audio.pcm import to_mulaw, to_pcm16
 from chorus.audio.resample import StreamResampler
 from chorus.audio.tempo import MAX_SPEED, MIN_SPEED, TempoStream, check_speed
 

@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from chorus.audio.encode import to_pcm16
+from chorus.audio.pcm import to_pcm16
 from chorus.audio.streaming import FORMATS, MEDIA_TYPES, StreamEncoder, encode_with_pyav
 from chorus.audio.tempo import atempo_factors
 
