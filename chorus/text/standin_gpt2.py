@@ -15,7 +15,7 @@ from tokenizers.pre_tokenizers import ByteLevel
 
 from chorus.text.gpt2 import GPT2_ENDOFTEXT
 from chorus.text.sample_text import ENGLISH_PROSE
-from chorus.text.standin import count_words, learn_bpe_merges
+from chorus.text.bpe import count_words, learn_bpe_merges
 
 GPT2_BASE_VOCAB_SIZE = 50257  # ids 0..50256, the last being <|endoftext|>
 GPT2_MAX_MERGES = 2000

@@ -18,7 +18,7 @@ from chorus.text.grapheme import SPACE_TOKEN, START_TOKEN, STOP_TOKEN, UNK_TOKEN
 from chorus.text.language_steps import CANGJIE_FILE
 from chorus.text.languages import SUPPORTED_LANGUAGES
 from chorus.text.sample_text import SAMPLE_SENTENCES
-from chorus.text.standin import count_words, learn_bpe_merges
+from chorus.text.bpe import count_words, learn_bpe_merges
 
 MTL_TOKENIZER_FILE = "grapheme_mtl_merged_expanded_v1.json"
 MTL_VOCAB_SIZE = 2454
