@@ -299,7 +299,8 @@ def _cmd_bench_stream(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_online(args: argparse.Namespace) -> int:
-    from chorus.bench.online_bench import DEFAULT_TEXT, OnlineBenchConfig, OnlineBenchError, run_online
+    from chorus.bench.online_bench import DEFAULT_TEXT, OnlineBenchConfig, OnlineBenchError, OverloadConfig
+    from chorus.bench.online_run import run_online
     from chorus.bench.report import write_report
     from chorus.cli_checks import check_output_file
 
@@ -316,8 +317,6 @@ def _cmd_bench_online(args: argparse.Namespace) -> int:
         raise CliError(f"{', '.join(given)}: only with --agent")
     overload = None
     if args.arrival_rate is not None or args.overload_multiple is not None:
-        from chorus.bench.overload_bench import OverloadConfig
-
         try:
             overload = OverloadConfig(arrival_rate=args.arrival_rate, overload_multiple=args.overload_multiple,
                                       requests=args.overload_requests, duration_s=args.overload_duration_s,

@@ -1,4 +1,4 @@
-"""``chorus bench online``: a load test of a running ``chorus serve``, over HTTP.
+"""``chorus bench online``'s closed-loop levels: a load test of a running ``chorus serve``, over HTTP.
 
 Per concurrency level N, N clients (asyncio tasks sharing one httpx connection pool of N
 connections; with ``client_processes`` P, split between P processes, each with its own pool and
@@ -14,31 +14,26 @@ The server is admission-controlled: 429 (queue full), 503 (memory pressure) and 
 answers are data about the server under load, counted in the report, never raised.
 
 Only the client lives here (httpx and numpy; no model, no torch), so it runs from any machine
-that reaches the server. docs/benchmarks.md ("Online load test") explains every field.
+that reaches the server. The configs of the levels and of the overload run are here; the run that
+strings them together is online_run.py. docs/benchmarks.md ("Online load test") explains every field.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import json
 import math
 import multiprocessing
 import os
 import re
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import httpx
 import numpy as np
 
 from chorus.loop_lag import watch_loop_lag
-
-if TYPE_CHECKING:
-    from chorus.bench.overload_bench import OverloadConfig
 
 SAMPLE_RATE = 24_000  # the server's output rate; pcm is 16-bit little-endian mono
 WAV_HEADER_BYTES = 44  # the streamed wav header (open-ended sizes), then pcm
@@ -103,6 +98,29 @@ def check_load(url: str, concurrency, text: str, max_new_tokens: int | None) -> 
     return url, levels
 
 
+@dataclass(frozen=True)
+class OverloadConfig:
+    """The open-loop run: ``arrival_rate`` (requests/s) or ``overload_multiple`` (of the measured
+    capacity, in requests/s), bounded by ``requests`` and ``duration_s``; ``seed`` fixes the
+    arrival times."""
+
+    arrival_rate: float | None = None
+    overload_multiple: float | None = None
+    requests: int = 200
+    duration_s: float = 60.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if (self.arrival_rate is None) == (self.overload_multiple is None):
+            raise ValueError("give --arrival-rate or --overload-multiple (one of them)")
+        for name in ("arrival_rate", "overload_multiple", "duration_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+        if self.requests < 1:
+            raise ValueError(f"--overload-requests must be >= 1, got {self.requests}")
+
+
 @dataclass
 class OnlineBenchConfig:
     url: str
@@ -122,7 +140,7 @@ class OnlineBenchConfig:
     metrics_interval_s: float = 0.5  # /metrics polling during a level (gauge peaks)
     settle_s: float = 0.5  # wait before the closing scrape: engine metrics refresh every 0.25 s
     extra_body: dict = field(default_factory=dict)  # more request fields (e.g. seed, priority)
-    overload: "OverloadConfig | None" = None  # an open-loop overload run (overload_bench.py)
+    overload: OverloadConfig | None = None  # an open-loop overload run (overload_bench.py)
     client_processes: int = 1
     """Processes that send the requests (a level's clients, the overload mode's arrivals), each
     with its own event loop and connections, so that one busy client loop's lag does not add to
@@ -746,97 +764,3 @@ def request_body(cfg: OnlineBenchConfig, model: str) -> dict:
     if cfg.max_new_tokens is not None:
         body["max_new_tokens"] = cfg.max_new_tokens
     return body
-
-
-async def _warm_up(cfg: OnlineBenchConfig, body: dict) -> dict:
-    """``cfg.warmup`` requests one at a time. A refusal that is not about load (a bad model,
-    voice or field: 4xx other than 429) would fail every request, so it stops the run."""
-    headers = auth_headers(cfg.api_key)
-    outcomes = []
-    async with httpx.AsyncClient(base_url=cfg.url, headers=headers, timeout=cfg.timeout_s) as client:
-        for _ in range(cfg.warmup):
-            outcome = await speak_once(client, cfg, body)
-            outcomes.append(outcome)
-            if outcome.status == "client_error":
-                raise OnlineBenchError(f"cannot reach the server at {cfg.url}: {outcome.message}")
-            if outcome.status == "other" and outcome.http_status is not None and 400 <= outcome.http_status < 500:
-                raise OnlineBenchError(f"the server refused the benchmark request ({outcome.http_status} "
-                                       f"{outcome.code}): {outcome.message}")
-    return {"requests": len(outcomes), "ok": sum(1 for o in outcomes if o.status == "ok")}
-
-
-async def run_async(cfg: OnlineBenchConfig, progress=None) -> dict:
-    headers = auth_headers(cfg.api_key)
-    model = cfg.model
-    if model is None:
-        async with httpx.AsyncClient(base_url=cfg.url, headers=headers, timeout=30.0) as client:
-            model = await first_model(cfg.url, client)
-    body = request_body(cfg, model)
-    report = {
-        "benchmark": "online", "url": cfg.url, "model": model, "voice": cfg.voice,
-        "response_format": cfg.response_format,
-        "audio_measured": cfg.response_format in MEASURED_FORMATS, "sample_rate": SAMPLE_RATE,
-        "text_chars": len(cfg.text), "text_words": len(cfg.text.split()), "max_new_tokens": cfg.max_new_tokens,
-        "requests_per_level": cfg.requests_per_level, "duration_s": cfg.duration_s,
-        "honor_retry_after": cfg.honor_retry_after, "ramp_s": cfg.ramp_s,
-        "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-    report["warmup"] = await _warm_up(cfg, body)
-    report["levels"] = []
-    overload = cfg.overload
-    if overload is None or overload.arrival_rate is None:  # closed loop (also measures capacity for a multiple)
-        for n in cfg.concurrency:
-            level = await run_level(cfg, body, n)
-            report["levels"].append(level)
-            if progress is not None:
-                progress(level)
-    if overload is not None:
-        from chorus.bench.overload_bench import capacity_of, realtime_capacity_of, run_overload
-
-        rate = overload.arrival_rate
-        if rate is None:
-            capacity = capacity_of(report["levels"])
-            if capacity <= 0:
-                raise OnlineBenchError("the closed-loop levels completed no request, so there is no capacity "
-                                       "to multiply; pass --arrival-rate instead")
-            rate = overload.overload_multiple * capacity
-            report["capacity_requests_per_s"] = round(capacity, 4)
-            realtime = realtime_capacity_of(report["levels"])
-            report["capacity_realtime_requests_per_s"] = None if realtime is None else round(realtime, 4)
-        report["overload"] = await run_overload(cfg, overload, body, rate)
-        if overload.arrival_rate is None:
-            goodput = report["overload"]["goodput_requests_per_s"]
-            report["overload"]["goodput_fraction_of_capacity"] = round(goodput / capacity, 4)
-            report["overload"]["goodput_fraction_of_realtime_capacity"] = \
-                None if realtime is None else round(goodput / realtime, 4)
-        if progress is not None:
-            _overload_line(report["overload"])
-    return report
-
-
-def _overload_line(result: dict) -> None:
-    rejections = result["rejections"]
-    p99 = rejections["latency_s"]["p99"]
-    misses = result["deadline_misses_after_admission"]
-    print(f"overload at {result['arrival_rate']:g} req/s: {result['completed']}/{result['sent']} completed, "
-          f"goodput {result['goodput_audio_s_per_s']} audio s/s, {rejections['count']} refused (p99 "
-          f"{'-' if p99 is None else f'{1000 * p99:.0f} ms'}), {misses['504']} 504 and {misses['cut']} cut "
-          f"after admission; /ready not 200 at {result['ready_not_200']} samples; KV blocks after the drain "
-          f"{result['kv_blocks_used_after_drain']}; {result['wall_s']:.1f} s", file=sys.stderr)
-    late = result["send_lag_s"]["p99"]
-    if late is not None and late > CLIENT_LATE_WARNING_S:
-        print(f"warning: the client sent its requests late (p99 {1000 * late:.0f} ms after their arrival "
-              f"times), so it measured itself as well as the server; send from more processes "
-              f"(--overload-client-processes)", file=sys.stderr)
-
-
-def _progress_line(level: dict) -> None:
-    ttfa = level["ttfa_s"]["p50"]
-    shown = "-" if ttfa is None else f"{1000 * ttfa:.0f} ms"
-    print(f"concurrency {level['concurrency']}: {level['ok']}/{level['requests']} ok, {level['rejected']} rejected, "
-          f"{level['failed']} failed; TTFA p50 {shown}; {level['wall_s']:.1f} s", file=sys.stderr)
-
-
-def run_online(cfg: OnlineBenchConfig, *, progress: bool = False) -> dict:
-    """Run every level and return the report (a JSON-ready dict)."""
-    return asyncio.run(run_async(cfg, _progress_line if progress else None))

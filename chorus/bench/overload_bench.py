@@ -20,40 +20,16 @@ import os
 import random
 import re
 import time
-from dataclasses import dataclass
 
 import httpx
 
-from chorus.bench.online_bench import (MEASURED_FORMATS, ClientProcesses, OnlineBenchConfig, Outcome, _pct,
-                                       auth_headers, lag_summary, parse_metrics, pause_report, sender_summary,
+from chorus.bench.online_bench import (MEASURED_FORMATS, ClientProcesses, OnlineBenchConfig, Outcome, OverloadConfig,
+                                       _pct, auth_headers, lag_summary, parse_metrics, pause_report, sender_summary,
                                        server_pauses, speak_once)
 from chorus.loop_lag import watch_loop_lag
 
 REFUSALS = ("429", "503")  # answered before any work: admission, memory pressure, not ready
 _KV_USED = re.compile(r'^chorus_kv_blocks\{([^}]*)\}\s+(\S+)', re.M)
-
-
-@dataclass(frozen=True)
-class OverloadConfig:
-    """The open-loop run: ``arrival_rate`` (requests/s) or ``overload_multiple`` (of the measured
-    capacity, in requests/s), bounded by ``requests`` and ``duration_s``; ``seed`` fixes the
-    arrival times."""
-
-    arrival_rate: float | None = None
-    overload_multiple: float | None = None
-    requests: int = 200
-    duration_s: float = 60.0
-    seed: int = 0
-
-    def __post_init__(self):
-        if (self.arrival_rate is None) == (self.overload_multiple is None):
-            raise ValueError("give --arrival-rate or --overload-multiple (one of them)")
-        for name in ("arrival_rate", "overload_multiple", "duration_s"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
-        if self.requests < 1:
-            raise ValueError(f"--overload-requests must be >= 1, got {self.requests}")
 
 
 REALTIME_SHARE = 0.95  # a level serves in real time when this share of its streams never stalled

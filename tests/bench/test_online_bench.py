@@ -8,10 +8,11 @@ import os
 
 import pytest
 
-from chorus.bench.online_bench import (STATUSES, OnlineBenchConfig, Outcome, Playback, _overload_line,
-                                       bucket_quantiles, parse_buckets, labelled_totals, parse_metrics, pause_report,
-                                       request_body, run_online, server_pauses, shares, stage_means)
-from chorus.bench.overload_bench import OverloadConfig, arrival_times, summarize as summarize_overload
+from chorus.bench.online_bench import (STATUSES, OnlineBenchConfig, Outcome, OverloadConfig, Playback, bucket_quantiles,
+                                       parse_buckets, labelled_totals, parse_metrics, pause_report, request_body,
+                                       server_pauses, shares, stage_means)
+from chorus.bench.online_run import _overload_line, run_online
+from chorus.bench.overload_bench import arrival_times, summarize as summarize_overload
 from chorus.bench.report import local_card
 from chorus.cli import main
 from chorus.server.model_entries import ModelEntry
