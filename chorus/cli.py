@@ -196,6 +196,38 @@ def _cmd_bench_vc(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_sampler(args: argparse.Namespace) -> int:
+    from chorus.bench.sampler_bench import main_json
+    from chorus.cli_checks import check_output_file
+
+    if args.out is not None:
+        check_output_file(args.out, "--out")
+    variants = tuple(v for v in args.variants.split(",") if v)
+    main_json(variants, _positive_ints(args.rows, "--rows"), args.sweep, args.out)
+    return 0
+
+
+def _cmd_bench_shared_prefix(args: argparse.Namespace) -> int:
+    from chorus.bench.shared_prefix_bench import main_json
+    from chorus.cli_checks import check_output_file
+
+    if args.out is not None:
+        check_output_file(args.out, "--out")
+    main_json(args.quick, args.out)
+    return 0
+
+
+def _cmd_bench_plot(args: argparse.Namespace) -> int:
+    from chorus.bench.plot import plot_ttfa
+    from chorus.cli_checks import check_input_file, check_output_file
+
+    check_output_file(args.png, "PNG")
+    for path in args.reports:
+        check_input_file(path, "REPORT")
+    print(f"wrote {plot_ttfa(args.png, args.reports)}", file=sys.stderr)
+    return 0
+
+
 def _positive_ints(value: str, option: str) -> tuple[int, ...]:
     try:
         numbers = tuple(int(v) for v in value.split(","))
@@ -1079,6 +1111,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_cmd_bench_stream)
     _add_online_bench_parser(bench_sub)
     _add_swap_bench_parser(bench_sub)
+    p = _add_command(
+        bench_sub, "sampler", help="the sampler's Triton kernel against the PyTorch path (CUDA): the draw alone and "
+                       "the engine's whole graphed sampling step per variant and row count (docs/sampling.md)")
+    p.add_argument("--variants", default="original,turbo", help="variants (comma-separated)")
+    p.add_argument("--rows", default="1,64,256", help="sampled rows (comma-separated)")
+    p.add_argument("--sweep", action="store_true", help="also time the kernel at other vocabulary tiles and warps")
+    _add_bench_out(p)
+    p.set_defaults(handler=_cmd_bench_sampler)
+    p = _add_command(
+        bench_sub, "shared-prefix", help="one layer's decode attention (CUDA, Turbo shapes) with and without the "
+                             "shared-prefix plan at 1-256 rows and 0/34/400-token prefixes (docs/engine.md)")
+    p.add_argument("--quick", action="store_true", help="fewer timed replays, no launch-knob sweep")
+    _add_bench_out(p)
+    p.set_defaults(handler=_cmd_bench_shared_prefix)
+    p = _add_command(
+        bench_sub, "plot", help="figures from bench reports; ttfa: time to first audio (p50, p99) against "
+                    "concurrency from `chorus bench stream` reports (needs matplotlib)")
+    p.add_argument("figure", choices=("ttfa",), help="the figure to draw")
+    p.add_argument("png", metavar="PNG", help="the PNG file to write")
+    p.add_argument("reports", nargs="+", metavar="REPORT", help="JSON reports, one line (pair) each")
+    p.set_defaults(handler=_cmd_bench_plot)
     bench.set_defaults(handler=lambda a: (bench.print_help(), 2)[1])
 
     _add_serve_parser(sub)

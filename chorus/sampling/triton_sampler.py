@@ -39,7 +39,7 @@ _SALT2 = tl.constexpr(_LANE_SALTS[2])
 _SALT3 = tl.constexpr(_LANE_SALTS[3])
 
 # Vocabulary tile per loop iteration and warps per row: the fastest of tiles 512..4096 x 4/8/16
-# warps on an H200 at 1, 64 and 256 rows (scripts/gpu/bench_sampler.py --sweep); 16 warps hide
+# warps on an H200 at 1, 64 and 256 rows (chorus bench sampler --sweep); 16 warps hide
 # the float64 logs' latency best, tiles of 512 or 1024 were within 1 us of each other.
 _BLOCK = 1024
 _NUM_WARPS = 16

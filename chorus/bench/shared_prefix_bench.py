@@ -1,6 +1,4 @@
-"""Micro-benchmark of shared-prefix ("cascade") decode attention on a CUDA GPU; writes JSON.
-
-    PYTHONPATH=. python scripts/gpu/bench_shared_prefix.py results/shared_prefix.json [--quick]
+"""``chorus bench shared-prefix``: shared-prefix ("cascade") decode attention on a CUDA GPU.
 
 Turbo shapes: 16 heads x 64, bf16, block size 16, one layer's decode attention. Rows
 1/8/64/256 share a voice prompt of 0/34/400 tokens (prefix caching shares its *full* blocks:
@@ -10,28 +8,23 @@ replays (falling back to eager launches if capture fails), the graph calling the
 per input set, the sets rotating over enough KV to defeat the L2 (a real step's layers each
 read their own KV). Also: the max abs difference between the two outputs, the relative error
 of both against the fp32 PyTorch reference, the planner's host time, and, at 256 rows with a
-400-token prefix, a sweep of the prefix kernel's launch knobs. Each case is guarded: one that
-fails is recorded with its error and the run goes on; the JSON is rewritten after each case.
+400-token prefix (unless ``quick``), a sweep of the prefix kernel's launch knobs. Each case is
+guarded: one that fails is recorded with its error and the run goes on (docs/engine.md,
+"Shared-prefix attention").
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import time
 import traceback
-from pathlib import Path
 
-import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from chorus.engine.attention import (  # noqa: E402
-    SharedPrefixTensors, paged_attention_reference, plan_shared_prefixes,
-)
-from chorus.engine.attention.triton_paged import paged_attention_triton  # noqa: E402
+from chorus.bench.report import write_report
+from chorus.engine.attention import SharedPrefixTensors, paged_attention_reference, plan_shared_prefixes
+from chorus.engine.attention.triton_paged import paged_attention_triton
 
 HEADS, HEAD_DIM, BLOCK = 16, 64, 16
 DTYPE = torch.bfloat16
@@ -161,40 +154,34 @@ def _attend_tuned(s: dict, out: torch.Tensor, shared: SharedPrefixTensors, kw: d
         max_seq_len=s["max_seq_len"], out=out, **kw)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("out", help="JSON file to write")
-    parser.add_argument("--quick", action="store_true", help="fewer iterations, no sweep")
-    args = parser.parse_args()
+def run(quick: bool = False) -> dict:
+    """Every case (rows x prefix tokens), each printed as a JSON line to stderr as it ends."""
     if not torch.cuda.is_available():
-        sys.exit("needs a CUDA device")
-    out_path = Path(args.out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    report = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                  heads=HEADS, head_dim=HEAD_DIM, block_size=BLOCK, dtype=str(DTYPE), cases=[])
-    try:
-        import triton
-        report["triton"] = triton.__version__
-    except ImportError:
-        sys.exit("needs Triton")
-    iters = 20 if args.quick else 100
+        raise ValueError("chorus bench shared-prefix needs a CUDA device")
+    import triton  # an ImportError names the missing package
+
+    report = dict(benchmark="shared_prefix", device_name=torch.cuda.get_device_name(), torch=torch.__version__,
+                  triton=triton.__version__, heads=HEADS, head_dim=HEAD_DIM, block_size=BLOCK, dtype=str(DTYPE),
+                  cases=[])
+    iters = 20 if quick else 100
     for rows in (1, 8, 64, 256):
         for prefix in (0, 34, 400):
             t0 = time.perf_counter()
             try:
-                case = bench_case(rows, prefix, iters, sweep=not args.quick and rows == 256
-                                  and prefix == 400)
+                case = bench_case(rows, prefix, iters, sweep=not quick and rows == 256 and prefix == 400)
             except Exception as exc:  # noqa: BLE001 - record and go on
                 case = dict(rows=rows, prefix_tokens=prefix, error=repr(exc)[:500],
                             traceback=traceback.format_exc()[-2000:])
             case["wall_s"] = round(time.perf_counter() - t0, 1)
             report["cases"].append(case)
-            print(json.dumps({k: v for k, v in case.items() if k not in ("sweep", "traceback")}),
+            print(json.dumps({k: v for k, v in case.items() if k not in ("sweep", "traceback")}), file=sys.stderr,
                   flush=True)
-            out_path.write_text(json.dumps(report, indent=1))
             torch.cuda.empty_cache()
+    return report
 
 
-if __name__ == "__main__":
-    np.set_printoptions(linewidth=120)
-    main()
+def main_json(quick: bool, out: str | None) -> dict:
+    """Run, print the JSON report to stdout (and write it to ``out``, atomically)."""
+    report = run(quick)
+    write_report(report, out)
+    return report

@@ -1,6 +1,4 @@
-"""Micro-benchmark of the sampler's Triton kernel on a CUDA GPU; prints JSON (and writes --out).
-
-    python scripts/gpu/bench_sampler.py [--out results/sampler.json] [--rows 1,64,256] [--sweep]
+"""``chorus bench sampler``: the sampler's Triton kernel against the PyTorch path, on a CUDA GPU.
 
 For each variant (original: vocabulary 8194, turbo: 6563) and row count, with the variant's
 default parameters (every row sampled):
@@ -11,26 +9,21 @@ default parameters (every row sampled):
   (``SamplerGraphs.sample``: logits copy, CFG gather, processors, draw, penalty record, step
   counters), with the draw on either path.
 
-Before timing, the kernel's tokens are checked against the PyTorch path's. ``--sweep`` also times
-the kernel at other vocabulary tiles and warp counts.
+Before timing, the kernel's tokens are checked against the PyTorch path's. ``sweep`` also times
+the kernel at other vocabulary tiles and warp counts (docs/sampling.md).
 """
 from __future__ import annotations
 
-import argparse
 import functools
-import json
 import statistics
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-import chorus.engine.sampler_graphs as sampler_graphs  # noqa: E402
-import chorus.sampling.triton_sampler as triton_sampler  # noqa: E402
-from chorus.models.variants import get_variant  # noqa: E402
-from chorus.sampling import (  # noqa: E402
+import chorus.engine.sampler_graphs as sampler_graphs
+import chorus.sampling.triton_sampler as triton_sampler
+from chorus.bench.report import write_report
+from chorus.models.variants import get_variant
+from chorus.sampling import (
     SamplingBatch, SamplingParams, initial_penalty_mask, process_logits, sample_next_tokens,
 )
 
@@ -122,21 +115,16 @@ def measure(variant_name: str, rows: int, sweep: bool) -> dict:
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--rows", default="1,64,256")
-    parser.add_argument("--variants", default="original,turbo")
-    parser.add_argument("--sweep", action="store_true")
-    args = parser.parse_args()
-    assert torch.cuda.is_available(), "needs a CUDA device"
-    results = [measure(v, int(r), args.sweep) for v in args.variants.split(",") for r in args.rows.split(",")]
-    text = json.dumps({"device": torch.cuda.get_device_name(), "results": results}, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+def run(variants: tuple[str, ...], rows: tuple[int, ...], sweep: bool) -> dict:
+    """Every variant at every row count; a CUDA device is needed."""
+    if not torch.cuda.is_available():
+        raise ValueError("chorus bench sampler needs a CUDA device")
+    return {"benchmark": "sampler", "device_name": torch.cuda.get_device_name(),
+            "results": [measure(v, r, sweep) for v in variants for r in rows]}
 
 
-if __name__ == "__main__":
-    main()
+def main_json(variants: tuple[str, ...], rows: tuple[int, ...], sweep: bool, out: str | None) -> dict:
+    """Run, print the JSON report to stdout (and write it to ``out``, atomically)."""
+    report = run(variants, rows, sweep)
+    write_report(report, out)
+    return report
