@@ -1,5 +1,5 @@
 """Counting the tensor calls Python code makes (each gives the GIL away and takes it back), for
-the vocoder tests and ``scripts/measure_pass_calls.py``."""
+the vocoder tests."""
 from __future__ import annotations
 
 import sys

@@ -1,7 +1,7 @@
 """Streaming jobs: windowed audio against the same job vocoded in one pass (same seed, same
 noise layout), exact lengths, no clicks at piece boundaries, push granularity not mattering.
 
-Bounds come from scripts/measure_vocoder_streaming.py on these tiny random models (docs/vocoder.md):
+Bounds come from a measurement on these tiny random models (docs/vocoder.md, "Measured"):
 SNR 15.3-15.5 dB and boundary/interior jump ratios 0.83-0.89 with the default config.
 """
 from __future__ import annotations
