@@ -143,7 +143,8 @@ case $what in
     agents_per_setting switch --switch-interval-ms 16,64 ${SWITCHES:-5 1 0.5} ;;
   agent-turbo-profile)  # voice agents at LEVELS connections (64) while py-spy (PYSPY, a py-spy wheel among
     # WHEELS) samples every thread of the server, idle ones included, for PROFILE_S seconds (45) from its
-    # readiness: agent_profile/pyspy.txt, collapsed stacks per thread, say where each stage thread waits
+    # readiness: agent_profile/pyspy.txt, collapsed stacks per thread, say where each stage thread waits, and
+    # agent_profile/pyspy_summary.json sorts them by what each thread was doing (scripts/gpu/summarize_pyspy.py)
     pyspy=${PYSPY:-/tmp/chorus-site/bin/py-spy}
     [[ -x $pyspy ]] || { echo "no py-spy at $pyspy: put its wheel among WHEELS or set PYSPY"; exit 1; }
     mkdir -p "$out/agent_profile"
@@ -151,7 +152,9 @@ case $what in
       "$pyspy" record --pid "$(pgrep -f 'chorus.cli serve' | head -1)" --threads --idle --nonblocking --rate 200 \
         --duration "${PROFILE_S:-45}" --format raw --output "$out/agent_profile/pyspy.txt" >"$out/agent_profile/pyspy.log" 2>&1 ) &
     SERVE_ARGS="${AGENT_SERVE_ARGS:-}" agent_bench "$out/agent_profile" "${LEVELS:-64}"
-    wait ;;
+    wait
+    python3 scripts/gpu/summarize_pyspy.py "$out/agent_profile/pyspy.txt" \
+      --out "$out/agent_profile/pyspy_summary.json" >/dev/null ;;
   agent-turbo-headroom)  # voice agents at 64 and 256 connections under admission's real-time headroom
     # HEADROOMS ("1.25 1.6 2"), one server each, back to back: at 256 agents most admitted turns stalled with the
     # default 1.25 (docs/benchmarks.md, "Results: one H100 (2026-12-05, late)")
