@@ -28,7 +28,6 @@ given): the time of a pass does not depend on them.
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 import tempfile
 import time
@@ -37,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from chorus.bench.kernel_work import Classes, encoder_work, hift_work, solver_work
 from chorus.bench.report import write_report
 from chorus.models.loading import Checkpoint, dtype_name, parse_device, resolve_dtype
 from chorus.models.s3gen.flow import FlowConfig
@@ -70,112 +70,11 @@ class VocoderBenchConfig:
 
 
 # ------------------------------------------------------------------------------------- FLOPs
-def _linear(rows: int, fan_in: int, fan_out: int) -> int:
-    return 2 * rows * fan_in * fan_out
-
-
-def _conv(batch: int, out_len: int, c_in: int, c_out: int, kernel: int) -> int:
-    """A Conv1d (groups 1): 2 x outputs x (c_in x kernel); dilation and stride change nothing."""
-    return 2 * batch * out_len * c_out * c_in * kernel
-
-
-def _conv_out(length: int, kernel: int, stride: int = 1, padding: int = 0, dilation: int = 1) -> int:
-    return (length + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
-
-
-def encoder_flops(flow: FlowConfig, batch: int, tokens: int) -> int:
-    """The flow encoder over ``tokens`` (prompt + new) per item: the conformer's linears, its
-    attention (Q K^T, P V and the relative-position term: ``linear_pos`` over the 2T-1 distance
-    table, batch-independent, and Q_pos P^T), the pre-lookahead and upsampling convs, and
-    ``encoder_proj``."""
-    e = flow.encoder
-    d = e.width
-
-    def conformer(n: int) -> int:
-        linears = 4 * _linear(batch * n, d, d) + 2 * _linear(batch * n, d, e.ffn_width)
-        positions = _linear(2 * n - 1, d, d) + 2 * batch * n * (2 * n - 1) * d
-        attention = 2 * (2 * batch * n * n * d)
-        return linears + positions + attention
-
-    frames = e.upsample * tokens
-    total = _linear(batch * tokens, d, d)  # embed
-    total += _conv(batch, tokens, d, d, e.lookahead + 1) + _conv(batch, tokens, d, d, 3)  # pre-lookahead
-    total += e.num_layers * conformer(tokens)
-    total += _conv(batch, frames, d, d, 2 * e.upsample + 1)  # up_layer
-    total += _linear(batch * frames, d, d)  # up_embed
-    total += e.num_up_layers * conformer(frames)
-    total += _linear(batch * frames, d, flow.mel_bins)  # encoder_proj
-    return total
-
-
-def estimator_flops(flow: FlowConfig, rows: int, frames: int) -> int:
-    """One estimator call over ``rows`` x ``frames``: time embedding, causal ResNet blocks
-    (convs, time projection, 1x1 residual conv), transformer blocks (q/k/v/out, Q K^T and P V,
-    the GELU feed-forward), the levels' causal convs, the final block and projection."""
-    s = flow.estimator
-    c, inner, embed = s.channels, s.heads * s.head_dim, s.time_embed_dim
-    time_mlp = _linear(rows, s.in_channels, embed) + _linear(rows, embed, embed)
-    total = 2 * time_mlp + _linear(rows, 2 * embed, embed) if flow.meanflow else time_mlp
-
-    def resnet(dim_in: int) -> int:
-        return (_conv(rows, frames, dim_in, c, 3) + _linear(rows, embed, c) + _conv(rows, frames, c, c, 3)
-                + _conv(rows, frames, dim_in, c, 1))
-
-    block = (3 * _linear(rows * frames, c, inner) + _linear(rows * frames, inner, c)
-             + 2 * (2 * rows * frames * frames * inner)
-             + 2 * _linear(rows * frames, c, s.ffn_mult * c))
-    blocks = s.blocks_per_level * block
-    total += resnet(s.in_channels) + blocks + _conv(rows, frames, c, c, 3)  # down
-    total += s.mid_levels * (resnet(c) + blocks)
-    total += resnet(2 * c) + blocks + _conv(rows, frames, c, c, 3)  # up
-    total += _conv(rows, frames, c, c, 3) + _conv(rows, frames, c, s.out_channels, 1)  # final block, proj
-    return total
-
-
-def hift_flops(hift: HiFTConfig, batch: int, frames: int) -> int:
-    """HiFT over ``frames`` mel frames per item: the F0 predictor's convs and read-out, the
-    harmonic source's merge (a 9 -> 1 linear per sample), ``conv_pre``, the transposed convs
-    (counted as 2 x input length x c_in x c_out x kernel), the source branch's strided convs,
-    every ResBlock conv and ``conv_post``. STFT and inverse STFT (FFTs) are not counted."""
-    f0 = hift.f0
-    total = 0
-    for i in range(f0.num_layers):
-        total += _conv(batch, frames, hift.in_channels if i == 0 else f0.hidden_channels, f0.hidden_channels,
-                       f0.kernel_size)
-    total += _linear(batch * frames, f0.hidden_channels, 1)
-    samples = frames * hift.samples_per_frame
-    total += _linear(batch * samples, hift.num_harmonics, 1)
-    total += _conv(batch, frames, hift.in_channels, hift.base_channels, 7)  # conv_pre
-    stft_channels, spectrum = hift.istft_n_fft + 2, samples // hift.istft_hop + 1
-    length, c_in = frames, hift.base_channels
-    stages = len(hift.upsample_rates)
-    for i, (rate, kernel) in enumerate(zip(hift.upsample_rates, hift.upsample_kernel_sizes)):
-        c_out = hift.base_channels // 2 ** (i + 1)
-        total += 2 * batch * length * c_in * c_out * kernel  # transposed conv, over its input
-        length = (length - 1) * rate - 2 * ((kernel - rate) // 2) + kernel
-        if i == stages - 1:
-            length += 1  # the reflect pad before the last stage's blocks
-        factor = math.prod(hift.upsample_rates[i + 1:])
-        if factor > 1:
-            down = _conv_out(spectrum, 2 * factor, factor, factor // 2)
-            total += _conv(batch, down, stft_channels, c_out, 2 * factor)
-        else:
-            total += _conv(batch, spectrum, stft_channels, c_out, 1)
-        for kernel_r, dilations in zip(hift.source_resblock_kernel_sizes[i:i + 1], hift.source_resblock_dilations[i:i + 1]):
-            total += 2 * len(dilations) * _conv(batch, length, c_out, c_out, kernel_r)
-        for kernel_r, dilations in zip(hift.resblock_kernel_sizes, hift.resblock_dilations):
-            total += 2 * len(dilations) * _conv(batch, length, c_out, c_out, kernel_r)
-        c_in = c_out
-    total += _conv(batch, length, c_in, stft_channels, 7)  # conv_post
-    return total
-
-
-def vocoder_flops(flow_config: FlowConfig, hift_config: HiFTConfig, batch: int, prompt_tokens: int,
-                  new_tokens: int, n_steps: int, guided: bool, prompt_mel_frames: int | None = None) -> dict:
-    """FLOPs (2 per multiply-accumulate) of one vocoder pass over ``batch`` items of
-    ``prompt_tokens + new_tokens`` tokens, counted from the shapes: matmuls and linears,
-    attention products, convolutions. Elementwise work (norms, activations, masks, the Euler
-    update, the CFG combine, Snake, the harmonic sines) and the FFTs are not counted.
+def pass_work(flow_config: FlowConfig, hift_config: HiFTConfig, batch: int, prompt_tokens: int, new_tokens: int,
+              n_steps: int, guided: bool, prompt_mel_frames: int | None = None, elem: int = 2) -> dict[str, Classes]:
+    """The kernel classes (:mod:`chorus.bench.kernel_work`) of one vocoder pass over ``batch``
+    items of ``prompt_tokens + new_tokens`` tokens, per module: ``flow_encoder``, ``solver`` and
+    ``hift``; ``elem``: the model dtype's bytes per element.
 
     The solver runs ``n_steps`` estimator calls over ``batch`` rows (``2 batch`` when ``guided``:
     CFG's unconditional rows) of ``2 (prompt + new)`` frames; HiFT runs over the new frames
@@ -184,11 +83,21 @@ def vocoder_flops(flow_config: FlowConfig, hift_config: HiFTConfig, batch: int, 
     ratio = flow_config.token_mel_ratio
     frames = ratio * (prompt_tokens + new_tokens)
     mel_frames = ratio * prompt_tokens if prompt_mel_frames is None else prompt_mel_frames
-    flops = {
-        "flow_encoder": encoder_flops(flow_config, batch, prompt_tokens + new_tokens),
-        "solver": n_steps * estimator_flops(flow_config, (2 if guided else 1) * batch, frames),
-        "hift": hift_flops(hift_config, batch, frames - mel_frames),
+    return {
+        "flow_encoder": encoder_work(flow_config, batch, prompt_tokens + new_tokens, elem),
+        "solver": solver_work(flow_config, (2 if guided else 1) * batch, frames, n_steps, elem),
+        "hift": hift_work(hift_config, batch, frames - mel_frames, elem),
     }
+
+
+def vocoder_flops(flow_config: FlowConfig, hift_config: HiFTConfig, batch: int, prompt_tokens: int,
+                  new_tokens: int, n_steps: int, guided: bool, prompt_mel_frames: int | None = None) -> dict:
+    """FLOPs (2 per multiply-accumulate) of one vocoder pass (:func:`pass_work`), per module and
+    in total: matmuls and linears, attention products, convolutions. Elementwise work (norms,
+    activations, masks, the Euler update, the CFG combine, Snake, the harmonic sines) and the
+    FFTs are not counted here (the roofline's classes count them apart)."""
+    work = pass_work(flow_config, hift_config, batch, prompt_tokens, new_tokens, n_steps, guided, prompt_mel_frames)
+    flops = {module: sum(w.flops for w in classes.values()) for module, classes in work.items()}
     flops["total"] = sum(flops.values())
     return flops
 
