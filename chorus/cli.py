@@ -153,6 +153,7 @@ def _cmd_bench_t3(args: argparse.Namespace) -> int:
         async_scheduling=not args.no_async_scheduling, chunk_chars=_chunk_bounds(args.chunk_chars),
         max_num_seqs=args.max_num_seqs, kv_cache_dtype=args.kv_cache_dtype,
         shared_prefix_attention=not args.no_shared_prefix, warm_up_kernels=not args.no_warm_up,
+        **_roofline_options(args),
     )
     main_json(cfg, args.out)
     return 0
@@ -175,9 +176,38 @@ def _cmd_bench_vocoder(args: argparse.Namespace) -> int:
         new_tokens=_positive_ints(args.new_tokens, "--new-tokens"), repeats=args.repeats,
         flow_steps=args.flow_steps, yardstick=not args.no_yardstick, cuda_graphs=not args.no_cuda_graphs,
         compile_hift=args.compile_hift, **kernels,  # unset: VocoderConfig's defaults
+        **_roofline_options(args),
     )
     main_json(cfg, args.out)
     return 0
+
+
+def _add_roofline(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--roofline", action="store_true",
+                        help=f"also profile {what} per kernel class against the card's peak FLOP/s and HBM "
+                             "bandwidth (docs/benchmarks.md, \"Roofline\"); with --out, a PNG plot per shape is "
+                             "written next to the JSON (needs matplotlib: the [bench] extra)")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="with --roofline: the card's peak TFLOP/s (default: the card table's, by precision)")
+    parser.add_argument("--peak-gbps", type=float, default=None,
+                        help="with --roofline: the card's memory bandwidth in GB/s (default: the card table's)")
+
+
+def _roofline_options(args: argparse.Namespace) -> dict:
+    """The bench config's roofline fields, checked (a plot that cannot be drawn fails before the run)."""
+    for option, value in (("--peak-tflops", args.peak_tflops), ("--peak-gbps", args.peak_gbps)):
+        if value is not None and not value > 0:
+            raise CliError(f"{option} must be positive, got {value}")
+        if value is not None and not args.roofline:
+            raise CliError(f"{option} needs --roofline")
+    if args.roofline and args.out is not None:
+        from chorus.bench.roofline import require_matplotlib
+
+        try:
+            require_matplotlib()
+        except RuntimeError as exc:
+            raise CliError(str(exc)) from None
+    return {"roofline": args.roofline, "peak_tflops": args.peak_tflops, "peak_gbps": args.peak_gbps}
 
 
 def _cmd_bench_vc(args: argparse.Namespace) -> int:
@@ -1055,6 +1085,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPE_CHOICES,
                    help="KV cache storage: auto (the model's dtype, default) or fp8_e4m3; with fp8 the report's "
                         "kv_cache section adds the logits cosine against the model-dtype cache")
+    _add_roofline(p, "one decode step per batch size (the layers' GEMMs and attention; use a large batch)")
     _add_bench_out(p)
     p.set_defaults(handler=_cmd_bench_t3)
     p = _add_command(
@@ -1082,6 +1113,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-yardstick", action="store_true",
                    help="skip the yardstick (the pass's modules in plain PyTorch as one CUDA graph; reported as "
                         "yardstick_seconds and yardstick_fraction)")
+    _add_roofline(p, "each pass's modules (HiFT, flow encoder, estimator)")
     _add_bench_out(p)
     p.set_defaults(handler=_cmd_bench_vocoder)
     p = _add_command(

@@ -82,6 +82,10 @@ class T3BenchConfig:
     shared_prefix_attention: bool = True  # CacheConfig.shared_prefix_attention
     warm_up_kernels: bool = True  # EngineConfig.warm_up_kernels
     kv_accuracy_steps: int = 16  # decode steps of the FP8 accuracy check
+    # the roofline report (chorus.bench.roofline): one decode step per batch size profiled against the card
+    roofline: bool = False
+    peak_tflops: float | None = None  # override the card table's peak (every precision)
+    peak_gbps: float | None = None  # override its HBM bandwidth
     extra: dict = field(default_factory=dict)
 
 
@@ -129,7 +133,7 @@ def fixed_length_params(variant, cfg: T3BenchConfig, n_tokens: int, seed: int) -
         cfg_weight=cfg.cfg_weight if variant.t3.supports_cfg else None)
 
 
-def bench_decode(model, variant, conditioning, text_ids, cfg: T3BenchConfig, batch: int) -> dict:
+def bench_decode(model, variant, conditioning, text_ids, cfg: T3BenchConfig, batch: int, roof=None) -> dict:
     rows_per_request = 2 if variant.t3.supports_cfg and cfg.cfg_weight > 0 else 1
     engine = bench_engine(model, variant, cfg, batch * rows_per_request)
     warmup_s = _warmup_seconds(engine)
@@ -155,6 +159,11 @@ def bench_decode(model, variant, conditioning, text_ids, cfg: T3BenchConfig, bat
     elapsed = time.perf_counter() - start
     engine.finish_in_flight()  # the breakdown drives the scheduler and the runner itself
     breakdown = _step_breakdown(engine, device, steps=min(10, cfg.decode_steps))
+    roofline = None
+    if cfg.roofline:
+        from chorus.bench.roofline_passes import profile_t3_step
+
+        roofline = profile_t3_step(engine, ids, batch * rows_per_request, roof, elapsed / cfg.decode_steps)
     for rid in ids:
         engine.abort(rid)
     graphs = engine.runner.graphs is not None
@@ -164,7 +173,8 @@ def bench_decode(model, variant, conditioning, text_ids, cfg: T3BenchConfig, bat
             "speech_tokens_per_s": round(batch / (step_ms / 1000), 1),
             "cuda_graphs": graphs, "engine_warmup_seconds": warmup_s, "breakdown_ms": breakdown,
             "prompt_tokens": prompt_tokens,
-            "context_tokens": int(first_context + (cfg.decode_steps - 1) / 2 + 0.5)}
+            "context_tokens": int(first_context + (cfg.decode_steps - 1) / 2 + 0.5)} | (
+                {"roofline": roofline} if roofline is not None else {})
 
 
 def bench_yardstick(plain: PlainDecodeModel, decode: dict, cfg: T3BenchConfig) -> tuple[dict, str]:
@@ -362,7 +372,13 @@ def run(cfg: T3BenchConfig) -> dict:
     text_ids = encoder.encode(chunks[0])
     conditioning = ConditioningCache(model, variant).get(voice, variant.sampling.exaggeration)
     report["kv_cache"] = bench_kv_cache(model, variant, conditioning, text_ids, cfg)
-    report["decode"] = [bench_decode(model, variant, conditioning, text_ids, cfg, b) for b in cfg.batch_sizes]
+    roof = None
+    if cfg.roofline:
+        from chorus.bench.roofline import device_roof, roof_section
+
+        roof = device_roof(device, cfg.peak_tflops, cfg.peak_gbps)
+        report["roof"] = roof_section(roof, report["device_name"])
+    report["decode"] = [bench_decode(model, variant, conditioning, text_ids, cfg, b, roof) for b in cfg.batch_sizes]
     if cfg.yardstick:
         plain = PlainDecodeModel.build(variant.t3, dtype=dtype, device=device)
         modes = set()
@@ -414,6 +430,13 @@ def format_tables(report: dict) -> str:
                 else f"{'-':>8} {'-':>9}")
         lines.append(f"{d['batch']:>6} {d['rows']:>5} {d['context_tokens']:>7} {d['step_ms']:>8.3f} {yard} "
                      f"{d['speech_tokens_per_s']:>9.1f}")
+    for d in report["decode"]:
+        if "roofline" in d:
+            from chorus.bench.roofline import format_classes
+
+            lines.append(f"roofline, batch {d['batch']} ({d['roofline']['rows']} rows, context "
+                         f"{d['roofline']['context_tokens']}):")
+            lines += format_classes(d["roofline"])
     if report.get("chunk_sweep"):
         lines.append("")
         lines.append(f"{'max_chars':>9} {'chunks':>6} {'rows':>5} {'longest':>7} {'steps':>6} {'T3 s':>8} "
@@ -427,5 +450,13 @@ def format_tables(report: dict) -> str:
 def main_json(cfg: T3BenchConfig, out: str | None) -> dict:
     """Run, print the tables to stderr and the JSON report to stdout (and to ``out``)."""
     report = run(cfg)
+    if cfg.roofline and out:
+        from chorus.bench.roofline import plot_path, write_plot
+
+        for d in report["decode"]:
+            path = plot_path(out, f"b{d['batch']}")
+            write_plot(path, d["roofline"], report["roof"], f"{report['variant']} T3 decode step, {d['rows']} rows, "
+                       f"{report['dtype']} on {report['device_name']}")
+            d["roofline_plot"] = path.name
     write_report(report, out, format_tables(report))
     return report

@@ -67,6 +67,10 @@ class VocoderBenchConfig:
     hift_ops: str = VocoderConfig.hift_ops
     flow_ops: str = VocoderConfig.flow_ops
     seed: int = 0
+    # the roofline report (chorus.bench.roofline): each pass's kernel classes profiled against the card
+    roofline: bool = False
+    peak_tflops: float | None = None  # override the card table's peak (every precision)
+    peak_gbps: float | None = None  # override its HBM bandwidth
 
 
 # ------------------------------------------------------------------------------------- FLOPs
@@ -363,7 +367,7 @@ def _tflops(flops: int, seconds: float) -> float:
 
 
 def bench_shape(s3gen: S3Gen, voice: Voice, stage: VocoderStage, cfg: VocoderBenchConfig, batch: int,
-                new_tokens: int, job_counter: list[int]) -> dict:
+                new_tokens: int, job_counter: list[int], roof=None) -> dict:
     settings = s3gen.variant.s3gen
     n_steps = settings.flow_steps if cfg.flow_steps is None else cfg.flow_steps
     cfg_rate = settings.cfg_rate
@@ -392,6 +396,13 @@ def bench_shape(s3gen: S3Gen, voice: Voice, stage: VocoderStage, cfg: VocoderBen
         "split_tflops": {k: _tflops(flops[k], split[k]) for k in split},
         "stage_tflops": _tflops(flops["total"], pass_s),
     }
+    if cfg.roofline:
+        from chorus.bench.roofline_passes import profile_vocoder_pass
+
+        work = pass_work(s3gen.flow.config, s3gen.mel2wav.config, batch, prompt_tokens, pass_tokens, n_steps,
+                         guided, prompt_mel_frames, elem=s3gen.dtype.itemsize)
+        classes = {name: w for module in work.values() for name, w in module.items()}
+        entry["roofline"] = profile_vocoder_pass(s3gen, inp, classes, roof, pass_s)
     if cfg.yardstick:
         seconds, mode, error = time_yardstick(s3gen, inp, replays=cfg.repeats)
         entry.update({"yardstick_seconds": round(seconds, 6), "yardstick_mode": mode,
@@ -430,8 +441,14 @@ def run(cfg: VocoderBenchConfig, s3gen: S3Gen | None = None, voice: Voice | None
         "stage_flow_ops": cfg.flow_ops,
         "hift_compile_seconds": round(stage.graphs.hift_runner.compile(), 1),  # as VocoderStage.warmup
     }
+    roof = None
+    if cfg.roofline:
+        from chorus.bench.roofline import device_roof, roof_section
+
+        roof = device_roof(device, cfg.peak_tflops, cfg.peak_gbps)
+        report["roof"] = roof_section(roof, report["device_name"])
     job_counter = [0]
-    report["passes"] = [bench_shape(s3gen, voice, stage, cfg, b, n, job_counter)
+    report["passes"] = [bench_shape(s3gen, voice, stage, cfg, b, n, job_counter, roof)
                         for b in cfg.batch_sizes for n in cfg.new_tokens]
     if cfg.yardstick:
         report["yardstick"] = {
@@ -461,11 +478,25 @@ def format_table(report: dict) -> str:
         lines.append(f"{p['batch']:>4} {p['new_tokens']:>5} {1000 * p['stage_pass_seconds']:>9.2f} "
                      f"{p['realtime_factor']:>7.1f} {1000 * s['flow_encoder']:>8.2f} {1000 * s['solver']:>9.2f} "
                      f"{1000 * s['hift']:>8.2f} {p['flops']['total'] / 1e9:>9.1f} {p['stage_tflops']:>8.3f} {yard}")
+    for p in report["passes"]:
+        if "roofline" in p:
+            from chorus.bench.roofline import format_classes
+
+            lines.append(f"roofline, B={p['batch']} N={p['new_tokens']}:")
+            lines += format_classes(p["roofline"])
     return "\n".join(lines)
 
 
 def main_json(cfg: VocoderBenchConfig, out: str | None) -> dict:
     """Run, print the table to stderr and the JSON report to stdout (and to ``out``, atomically)."""
     report = run(cfg)
+    if cfg.roofline and out:
+        from chorus.bench.roofline import plot_path, write_plot
+
+        for p in report["passes"]:
+            path = plot_path(out, f"b{p['batch']}-n{p['new_tokens']}")
+            write_plot(path, p["roofline"], report["roof"], f"{report['variant']} vocoder pass, B={p['batch']} "
+                       f"N={p['new_tokens']}, {report['dtype']} on {report['device_name']}")
+            p["roofline_plot"] = path.name
     write_report(report, out, format_table(report))
     return report
