@@ -271,7 +271,7 @@ def class_figures(work: Work | None, seconds: float, roof: Roof | None, dtype: t
     roof_seconds = max(flops / (peak * 1e12), moved / (bandwidth * 1e9))
     entry.update(roof_tflops=round(min(peak, memory_rate), 3), bound="compute" if peak <= memory_rate else "memory",
                  roof_seconds=round(roof_seconds, 9),
-                 roof_fraction=round(roof_seconds / seconds, 4) if seconds > 0 else None)
+                 roof_fraction=_figure(roof_seconds / seconds) if seconds > 0 else None)
     return entry
 
 
@@ -286,10 +286,9 @@ def roofline_report(work: dict[str, Work], times: ClassTimes, roof: Roof | None,
     if roof is None:
         return report | {"roof_seconds": None, "roofline_fraction": None, "kernel_roofline_fraction": None}
     roof_seconds = sum(c["roof_seconds"] or 0.0 for c in classes.values())
-    report["roof_seconds"] = round(roof_seconds, 6)
-    report["roofline_fraction"] = round(roof_seconds / pass_seconds, 4) if pass_seconds else None
-    report["kernel_roofline_fraction"] = (round(roof_seconds / times.kernel_seconds, 4)
-                                          if times.kernel_seconds > 0 else None)
+    report["roof_seconds"] = round(roof_seconds, 9)
+    report["roofline_fraction"] = _figure(roof_seconds / pass_seconds) if pass_seconds else None
+    report["kernel_roofline_fraction"] = _figure(roof_seconds / times.kernel_seconds) if times.kernel_seconds > 0 else None
     return report
 
 

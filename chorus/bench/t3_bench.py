@@ -21,6 +21,8 @@ model: EOS is banned until the length is reached, then generation stops. Measure
   the FP8 cache and the report's ``kv_cache`` section adds the accuracy cost, the cosine of the
   logits (prefill and ``kv_accuracy_steps`` greedy decode steps of the first workload chunk)
   against a cache in the model's dtype (:mod:`chorus.engine.kv_accuracy`);
+- roofline (optional): per batch size, one engine forward profiled eagerly, its GEMMs and
+  attention against the card's peak and bandwidth (:mod:`chorus.bench.roofline`);
 - reference (optional): the reference package's own T3 loop (one chunk at a time, as it runs)
   on the same device, warm (one untimed call first), on chunks evenly spaced over the workload
   (at least ``reference_chunks``, more until a minute of audio), each checked to have generated

@@ -20,7 +20,9 @@ prompt, different seeds; the variant's flow steps and CFG unless overridden):
   ``hift_ops`` and ``flow_ops`` the stage runs), encoder + solver + HiFT captured as ONE CUDA
   graph and timed over replays; ``yardstick_fraction = yardstick_seconds / stage_pass_seconds``
   (1.0: the stage adds nothing on top of its modules). A yardstick, not a bound: a faster engine
-  (fused kernels, other algorithms) can beat it. On the CPU it runs eagerly.
+  (fused kernels, other algorithms) can beat it. On the CPU it runs eagerly;
+- **roofline** (``roofline``): the split's modules profiled once, per kernel class against the
+  card's peak and bandwidth (:mod:`chorus.bench.roofline`).
 
 Weights are random (a random-weight checkpoint written for the run unless ``checkpoint`` is
 given): the time of a pass does not depend on them.
