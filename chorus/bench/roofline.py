@@ -229,11 +229,13 @@ def profile_classes(call: Callable[[], object], ranges: ClassRanges, stages: Ite
     markers = ranges.names | stages
     profiled = 0.0
     for event in prof.events():
+        # a range's span on the device (kineto's gpu_user_annotation) is no kernel of its own
         if event.device_type != torch.autograd.DeviceType.CPU:
-            profiled += event.device_time_total / 1e6 if cuda else 0.0
+            if cuda and not event.is_user_annotation and event.name not in markers:
+                profiled += event.device_time_total / 1e6
             continue
         if cuda:
-            spent = sum(k.duration for k in event.kernels) / 1e6
+            spent = sum(k.duration for k in event.kernels if k.name not in markers) / 1e6
         elif event.name not in markers:
             spent = event.self_cpu_time_total / 1e6
             profiled += spent
