@@ -10,8 +10,10 @@
   (``estimator.norm``, less their convs, attention and feed-forwards); HiFT's pitch path and
   source STFT (``hift.source``: ``predict_f0``, ``harmonic_source``, ``_source_spectrum``), its
   ``conv_pre``/``source_downs``/``conv_post`` (``hift.conv``), transposed convs
-  (``hift.upsample``), every conv inside a ResBlock (``hift.resblock_conv``), Snake
-  (``hift.snake``) and ``_inverse_stft`` (``hift.istft``).
+  (``hift.upsample``), every ResBlock and conv inside one (``hift.resblock_conv``), Snake
+  (``hift.snake``) and ``_inverse_stft`` (``hift.istft``). Where a ResBlock runs its Snakes fused
+  with the convs (one kernel each), their time is ``hift.resblock_conv``'s; ``hift.snake`` keeps
+  its roof seconds and gets no time.
 - **T3 step**: one engine forward (``forward_logits``, eager: the step's CUDA graph set aside)
   of the rows the decode entry runs; the KV cache's ``attend``/``attend_rotary``
   (``t3.attention``), every GEMM op outside it (``t3.linear``: the layers' projections and MLPs,
@@ -27,7 +29,7 @@ from chorus.bench.roofline import ClassRanges, Roof, profile_classes, roofline_r
 from chorus.bench.vocoder_bench import PassInputs, run_encoder, run_hift, run_solver
 from chorus.models.s3gen import encoder as enc
 from chorus.models.s3gen import estimator as est
-from chorus.models.s3gen.hift import Snake
+from chorus.models.s3gen.hift import ResBlock, Snake
 from chorus.models.s3gen.s3gen import S3Gen
 
 VOCODER_STAGES = ("encoder", "estimator", "hift")
@@ -62,8 +64,8 @@ def _estimator_class(module: nn.Module) -> str | None:
 def _hift_class(path: str, module: nn.Module) -> str | None:
     if isinstance(module, Snake):
         return "hift.snake"
-    if "resblocks" in path and isinstance(module, nn.Conv1d):
-        return "hift.resblock_conv"
+    if isinstance(module, ResBlock) or ("resblocks" in path and isinstance(module, nn.Conv1d)):
+        return "hift.resblock_conv"  # a ResBlock's own range: its residual adds, or fused Snake + conv kernels
     if path.startswith("ups."):
         return "hift.upsample"
     if path == "conv_pre" or path == "conv_post" or path.startswith("source_downs."):

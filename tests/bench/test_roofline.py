@@ -153,9 +153,10 @@ def test_a_tiny_hifts_time_lands_in_its_classes(tiny_turbo):
     with ClassRanges() as ranges:
         s3gen_ranges(ranges, tiny_turbo)
         times = profile_classes(call, ranges, ("encoder", "estimator", "hift"), torch.device("cpu"))
-    assert set(times.seconds) == {"hift.source", "hift.conv", "hift.upsample", "hift.resblock_conv", "hift.snake",
-                                  "hift.istft", "hift.other"}
-    assert times.seconds["hift.resblock_conv"] > 0 and times.seconds["hift.snake"] > 0
+    # Snake's own class has time only where the ResBlocks call the Snake modules (not fused with the convs)
+    assert {"hift.source", "hift.conv", "hift.upsample", "hift.resblock_conv", "hift.istft"} <= set(times.seconds)
+    assert set(times.seconds) <= {"hift.source", "hift.conv", "hift.upsample", "hift.resblock_conv", "hift.istft",
+                                  "hift.snake", "hift.other"}
     assert times.kernel_seconds <= times.wall_seconds
     assert "_inverse_stft" not in vars(hift) and not hift.conv_pre._forward_hooks  # the model is as it was
 
