@@ -109,6 +109,7 @@ def test_the_bench_refuses_before_it_runs(checkout, capsys):
 def test_every_bench_takes_out_and_allow_dirty():
     bench = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["bench"]
     stages = next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction)).choices
-    missing = [name for name, parser in stages.items()
-               if not {"out", "allow_dirty"} <= {a.dest for a in parser._actions}]
+    # `bench plot` draws a picture from reports already written: it runs nothing and writes no report
+    missing = [name for name, parser in stages.items() if name != "plot"
+               and not {"out", "allow_dirty"} <= {a.dest for a in parser._actions}]
     assert stages and missing == []
