@@ -183,7 +183,8 @@ class EngineReplica:
             try:
                 ready, reason = self.service.readiness()
                 status = {"ready": ready, "reason": reason, "state": self.service.state,
-                          "degradation_level": self.service.degradation_level, "pid": os.getpid(), **self.identity}
+                          "degradation_level": self.service.degradation_level, "degraded": self.service.degraded(),
+                          "pid": os.getpid(), **self.identity}
                 await self._board.publish.remote(self.replica_id, status, await self.service.metrics_text())
             except Exception:  # noqa: BLE001 - publishing must not die
                 logger.exception("publishing to the replica board failed")
@@ -412,6 +413,10 @@ class RemoteBackend:
             if why is not None:
                 return False, why
         return True, None
+
+    def degraded(self) -> list[str]:
+        return sorted(f"replica {replica}: {why}" for replica, (status, _) in self.replicas.items()
+                      for why in status.get("degraded", ()))
 
     @property
     def degradation_level(self) -> int:

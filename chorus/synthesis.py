@@ -89,7 +89,8 @@ class Synthesizer:
                                              chunk.params)
                 wav = models.s3gen.tokens_to_wav([out.tokens], voice, seeds=[chunk.seed], n_steps=plan.flow_steps)[0]
                 pieces.append(wav.numpy())
-                results.append(ChunkResult(chunk.text, chunk.seed, len(out.tokens), out.finish_reason, wav.shape[0]))
+                results.append(ChunkResult(chunk.text, chunk.seed, len(out.tokens), out.finish_reason, wav.shape[0],
+                                           tuple(out.tokens)))
                 if bar is not None:
                     bar.update(1)
         finally:

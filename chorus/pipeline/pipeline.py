@@ -610,7 +610,8 @@ class Pipeline:
             state.stream._finish(conversion_result(plan, audio, timings))
             _release(state)
             return
-        chunks = tuple(ChunkResult(c.text, c.seed, len(j.tokens), j.t3_reason or "eos", w.size)
+        chunks = tuple(ChunkResult(c.text, c.seed, len(j.tokens), j.t3_reason or "eos", w.size,
+                                   tuple(j.tokens))
                        for c, j, w in zip(plan.chunks, state.jobs, waves))
         state.stream._finish(SpeechResult(audio, SAMPLE_RATE, plan.seed, chunks, plan.ignored,
                                           plan.request_id, timings))

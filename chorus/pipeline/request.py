@@ -81,6 +81,7 @@ class ChunkResult:
     speech_tokens: int  # tokens T3 generated (before S3Gen's clean-up)
     finish_reason: str  # "eos", "length" or "exhausted" (no token could be sampled)
     num_samples: int
+    tokens: tuple[int, ...] = ()  # those tokens (the quality checks look for loops in them)
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,8 @@ def create_app(service: Backend) -> FastAPI:
     async def ready():
         """The model is loaded, the engine is not stalled and a canary synthesis passed recently."""
         ok, reason = service.readiness()
-        body = Readiness(ready=ok, state=service.state, reason=reason, degradation_level=service.degradation_level)
+        body = Readiness(ready=ok, state=service.state, reason=reason, degradation_level=service.degradation_level,
+                         degraded=service.degraded())
         return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
 
     @app.get("/metrics", tags=["operations"], response_class=Response)

@@ -23,6 +23,10 @@ class Backend(Protocol):
     def readiness(self) -> tuple[bool, str | None]:
         """(ready, why not)."""
 
+    def degraded(self) -> list[str]:
+        """Why models are degraded (a canary that does not match its fingerprint), each naming
+        its model; empty when none is."""
+
     @property
     def degradation_level(self) -> int: ...
 

@@ -142,6 +142,8 @@ class ServerConfig:
     warmup: bool = True
     canary_interval_s: float = 60.0  # canaries re-run this often (a failed one fails /ready; a late one not)
     canary_timeout_s: float = 60.0
+    canary_action: str = "unready"  # a canary that does not match its fingerprint: "unready" or "warn"
+    quality_sample_rate: float = 0.02  # share of requests DNSMOS scores (needs chorus-tts[quality]); 0: none
     switch_interval_ms: float = 1.0  # the GIL's switch interval (sys.setswitchinterval) set at start-up; Python's is 5
     gc_freeze: bool = True  # after start-up, hide the heap from the cyclic GC (gc.freeze): short full collections
     stall_timeout_s: float = 15.0  # a step this long, or work and no progress this long: not ready
@@ -182,6 +184,10 @@ class ServerConfig:
 
         _require(self.kv_cache_dtype in KV_CACHE_DTYPES,
                  f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        _require(self.canary_action in ("unready", "warn"),
+                 f"canary_action must be unready or warn, got {self.canary_action!r}")
+        _require(isinstance(self.quality_sample_rate, (int, float)) and 0 <= self.quality_sample_rate <= 1,
+                 f"quality_sample_rate must be a number in [0, 1], got {self.quality_sample_rate!r}")
         _require(0 < self.port < 65536, f"port must be in 1..65535, got {self.port!r}")
         for name in ("max_deadline_s", "canary_interval_s", "canary_timeout_s", "stall_timeout_s", "write_stall_s",
                      "shutdown_grace_s", "tokens_per_char", "body_timeout_s", "ws_idle_timeout_s",
@@ -407,6 +413,12 @@ FIELD_HELP = {
     "canary_interval_s": "seconds between canary syntheses; one that fails in a model step makes /ready fail "
                          "until one passes (one that is late under load does not)",
     "canary_timeout_s": "deadline of a canary synthesis",
+    "canary_action": "what a canary whose speech tokens or audio do not match the fingerprint its first run "
+                     "recorded does: unready (/ready fails, the model is degraded) or warn (/ready stays 200 and "
+                     "names it); both count it in chorus_canary_mismatches_total and log both fingerprints "
+                     "(docs/quality.md)",
+    "quality_sample_rate": "share of requests (0-1) whose audio DNSMOS scores in a background worker, when "
+                           "chorus-tts[quality] is installed; 0 turns it off (docs/quality.md)",
     "stall_timeout_s": "a T3 step or S3Gen pass running longer than this, or requests in the pipeline and no "
                        "T3 token nor S3Gen pass for this long, makes /ready fail",
     "switch_interval_ms": "the interpreter's GIL switch interval in milliseconds, set at start-up (Python's "

@@ -30,6 +30,13 @@ REFUSAL_REASONS = {"queue_full": "queue_full", "overloaded": "overloaded", "memo
 OVERLOAD_RULES = ("start", "realtime")
 DEADLINE_KINDS = ("start", "total")
 WS_TURN_OUTCOMES = ("done", "cancelled", "error")
+# the per-request audio checks (docs/quality.md)
+CLIPPED_BUCKETS = (0.0, 1e-5, 1e-4, 1e-3, 0.01, 0.1, 1.0)
+SILENT_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 0.95, 1.0)
+RMS_BUCKETS = (-80.0, -60.0, -50.0, -40.0, -35.0, -30.0, -25.0, -20.0, -15.0, -10.0, -5.0, 0.0)
+PER_CHAR_BUCKETS = (0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
+LOOP_BUCKETS = (0, 3, 6, 10, 15, 25, 50, 100, 200, 500)
+CANARY_MISMATCHES = ("tokens", "audio", "nonfinite", "silent")
 # metrics exported only where they can be measured (NVML on a CUDA device)
 OPTIONAL_METRICS = frozenset({"chorus_gpu_utilization_ratio", "chorus_gpu_memory_bytes"})
 
@@ -222,6 +229,7 @@ class ServerMetrics:
                                  "threshold's wait included)", buckets=LATENCY_BUCKETS, registry=registry)
         for outcome in WS_TURN_OUTCOMES:
             self.ws_turns.labels(outcome)
+        self._add_quality_metrics(registry)
         for stage in STAGES:  # every series exists from the start (a rate over nothing is 0, not absent)
             self.stage_seconds.labels(stage)
         for kind in DEADLINE_KINDS:
@@ -229,6 +237,49 @@ class ServerMetrics:
         registry.register(_EngineCollector(snapshot))
         self._gpu = _GpuCollector()
         registry.register(self._gpu)
+
+    def _add_quality_metrics(self, registry: CollectorRegistry) -> None:
+        """The per-request audio checks and the canary's fingerprint (docs/quality.md)."""
+        from chorus.quality.checks import REASONS
+
+        self.audio_clipped = Histogram("chorus_audio_clipped_ratio", "Per request: share of samples at full scale",
+                                       buckets=CLIPPED_BUCKETS, registry=registry)
+        self.audio_silent = Histogram("chorus_audio_silent_ratio", "Per request: share of 20 ms frames below "
+                                      "-50 dBFS", buckets=SILENT_BUCKETS, registry=registry)
+        self.audio_rms = Histogram("chorus_audio_rms_dbfs", "Per request: RMS level in dB full scale",
+                                   buckets=RMS_BUCKETS, registry=registry)
+        self.audio_per_char = Histogram("chorus_audio_seconds_per_char", "Per speech request: audio seconds per "
+                                        "input character", buckets=PER_CHAR_BUCKETS, registry=registry)
+        self.audio_loop = Histogram("chorus_audio_token_loop_tokens", "Per speech request: the longest stretch of "
+                                    "speech tokens repeating one n-gram back to back", buckets=LOOP_BUCKETS,
+                                    registry=registry)
+        self.audio_flagged = Counter("chorus_audio_flagged_requests", "Requests whose audio checks flagged them, "
+                                     "by reason (one request may count under several)", ["reason"], registry=registry)
+        self.audio_checked = Counter("chorus_audio_checked_requests", "Requests whose audio was checked",
+                                     registry=registry)
+        self.canary_degraded = Gauge("chorus_canary_degraded", "1 while the last canary's audio did not match the "
+                                     "fingerprint recorded at its first run", registry=registry)
+        self.canary_mismatches = Counter("chorus_canary_mismatches", "Canaries whose audio did not match the "
+                                         "fingerprint, by reason", ["reason"], registry=registry)
+        self.canary_snr = Gauge("chorus_canary_snr_db", "The last canary's audio against its fingerprint, in dB "
+                                "(capped at 200: identical)", registry=registry)
+        for reason in REASONS:
+            self.audio_flagged.labels(reason)
+        for reason in CANARY_MISMATCHES:
+            self.canary_mismatches.labels(reason)
+
+    def observe_quality(self, report) -> None:
+        """One request's audio checks (a ``chorus.quality.checks.QualityReport``)."""
+        self.audio_checked.inc()
+        self.audio_clipped.observe(report.clipped_ratio)
+        self.audio_silent.observe(report.silent_ratio)
+        self.audio_rms.observe(max(report.rms_dbfs, -200.0))
+        if report.seconds_per_char is not None:
+            self.audio_per_char.observe(report.seconds_per_char)
+        if report.loop_tokens is not None:
+            self.audio_loop.observe(report.loop_tokens)
+        for reason in report.flags:
+            self.audio_flagged.labels(reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

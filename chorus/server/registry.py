@@ -185,6 +185,9 @@ class ModelRegistry:
             return False, self.failure or f"the server is {state}"
         return True, None
 
+    def degraded(self) -> list[str]:
+        return [f"model {v.entry.id} version {v.label}: {why}" for v in self.versions() for why in v.service.degraded()]
+
     @property
     def degradation_level(self) -> int:
         return max((v.service.degradation_level for v in self.versions()), default=0)

@@ -136,3 +136,4 @@ class Readiness(BaseModel):
     state: str
     reason: str | None = None
     degradation_level: int = 0
+    degraded: list[str] = []  # why a model is degraded (its canary does not match its fingerprint)

@@ -91,6 +91,8 @@ class SpeechService:
         self.last_canary_ok: float | None = None
         self.last_canary_error: str | None = None
         self.canary_broken = False  # the last canary failed in a model step (not merely late under load)
+        self.fingerprint = None  # what the first canary made (chorus.quality.fingerprint.Fingerprint)
+        self.canary_mismatch: str | None = None  # why the last canary did not match it
         self._progress: tuple[float, int, int] | None = None  # (last progress, T3 tokens, vocoder passes)
         self._canary_running = False
         self._monitor: asyncio.Task | None = None
@@ -134,6 +136,8 @@ class SpeechService:
             await self.run_canary()
             if self.last_canary_ok is None:
                 raise RuntimeError(f"the start-up canary failed: {self.last_canary_error}")
+            if self.fingerprint is None:  # silent or NaN from the first run: nothing to compare with
+                raise RuntimeError(f"the start-up canary failed its integrity check: {self.canary_mismatch}")
             self.state = "ready"
             logger.info("ready", extra=self._who())
         except Exception as exc:  # noqa: BLE001 - reported by /ready and the log
@@ -196,7 +200,8 @@ class SpeechService:
         """(ready, why not): "send me traffic". False while loading or warming, after a failed
         start, while draining, when the pipeline is stalled (a dead thread, a step running longer
         than ``stall_timeout_s``, or work in the pipeline and no T3 token nor vocoder pass for
-        that long), or when the last canary failed in a model step. Load is not a reason: a
+        that long), when the last canary failed in a model step, or (``canary_action`` unready) when
+it did not match its fingerprint. Load is not a reason: a
         canary that is merely slow or late under load does not count."""
         if self.state != "ready":
             return False, self.failure or f"the server is {self.state}"
@@ -205,6 +210,8 @@ class SpeechService:
             return False, stall
         if self.canary_broken:
             return False, f"the last canary failed: {self.last_canary_error}"
+        if self.config.canary_action == "unready" and self.canary_mismatch is not None:
+            return False, f"degraded: {self.degraded()[0]}"
         return True, None
 
     def _no_progress(self) -> str | None:
@@ -238,18 +245,17 @@ class SpeechService:
                            headers={"Retry-After": str(max(self.config.retry_after_s, 5))})
 
     async def run_canary(self) -> None:
-        """One short synthesis through the whole pipeline, at high priority."""
+        """One short synthesis through the whole pipeline, at high priority, checked against the
+        fingerprint the first one recorded (``chorus.quality.fingerprint``). A mismatch of tokens
+        or audio is confirmed by a second canary at once before it counts (a one-off is logged)."""
         if self._canary_running:
             return
         self._canary_running = True
         try:
-            request = SpeechRequest(CANARY_TEXT, seed=0, max_new_tokens=CANARY_TOKENS, priority=Priority.HIGH,
-                                    deadline_s=self.config.canary_timeout_s, request_id=f"canary-{time.time_ns()}")
             alone = self.admission.in_flight == 0
-            stream = await asyncio.to_thread(self.pipeline.submit, request)
-            result = await stream.aresult()
-            if result.wav.size == 0 and result.chunks[0].speech_tokens > 0:
-                raise RuntimeError("the canary produced tokens but no audio")
+            result = await self._canary_synthesis()
+            if not self._fingerprint_matches(result, confirmed=False):
+                self._fingerprint_matches(await self._canary_synthesis(), confirmed=True)
             self.last_canary_ok, self.last_canary_error, self.canary_broken = self._clock(), None, False
             if alone:  # a first measure of the server, before any request
                 tokens = sum(c.speech_tokens for c in result.chunks)
@@ -267,6 +273,54 @@ class SpeechService:
             logger.error("canary failed: %s", self.last_canary_error)
         finally:
             self._canary_running = False
+
+    async def _canary_synthesis(self):
+        request = SpeechRequest(CANARY_TEXT, seed=0, max_new_tokens=CANARY_TOKENS, priority=Priority.HIGH,
+                                deadline_s=self.config.canary_timeout_s, request_id=f"canary-{time.time_ns()}")
+        stream = await asyncio.to_thread(self.pipeline.submit, request)
+        result = await stream.aresult()
+        if result.wav.size == 0 and result.chunks[0].speech_tokens > 0:
+            raise RuntimeError("the canary produced tokens but no audio")
+        return result
+
+    def _fingerprint_matches(self, result, *, confirmed: bool) -> bool:
+        """Compare a canary's result with the fingerprint (the first canary that is neither silent
+        nor NaN records it) and update ``canary_mismatch``, the metrics and the log. False only
+        for a first token or audio mismatch (``confirmed`` False), which the caller confirms."""
+        from chorus.quality.fingerprint import Fingerprint, compare
+
+        current = Fingerprint.of([c.tokens for c in result.chunks], result.wav)
+        verdict = compare(self.fingerprint or current, current)
+        m = self.metrics
+        if verdict.snr_db is not None:
+            m.canary_snr.set(verdict.snr_db)
+        if verdict.reason is None:
+            if self.fingerprint is None:
+                self.fingerprint = current
+                logger.info("canary fingerprint recorded", extra={**self._who(), "fingerprint": current.summary()})
+            elif self.canary_mismatch is not None:
+                logger.info("the canary matches its fingerprint again", extra=self._who())
+            self.canary_mismatch = None
+            m.canary_degraded.set(0)
+            return True
+        extra = {**self._who(), "reason": verdict.reason, "canary": current.summary(),
+                 "fingerprint": self.fingerprint.summary() if self.fingerprint is not None else None}
+        if verdict.reason in ("tokens", "audio") and not confirmed:
+            logger.warning("canary mismatch (%s), confirming with a second canary", verdict.detail, extra=extra)
+            return False
+        m.canary_mismatches.labels(verdict.reason).inc()
+        m.canary_degraded.set(1)
+        self.canary_mismatch = f"{verdict.reason}: {verdict.detail}"
+        logger.error("canary mismatch: %s (canary_action %s)", self.canary_mismatch, self.config.canary_action,
+                     extra=extra)
+        return True
+
+    def degraded(self) -> list[str]:
+        """Why this model is degraded (its canary does not match its fingerprint), whatever
+        ``canary_action`` does about it; empty when it is not."""
+        if self.canary_mismatch is None:
+            return []
+        return [f"the canary does not match its fingerprint: {self.canary_mismatch}"]
 
     # -------------------------------------------------------------------------------- monitor
     async def _monitor_loop(self) -> None:
@@ -389,6 +443,24 @@ class SpeechService:
 
     def record_error(self, code: str, rule: str | None = None) -> None:
         self.metrics.record_error(code, rule)
+
+    # ------------------------------------------------------------------------------- quality
+    def check_quality(self, check, stream, chars: int):
+        """The audio checks of an ended request (``check``: its ``AudioCheck``; ``chars``: its
+        input's length, 0 for a voice conversion), counted in the metrics; a flagged request is
+        logged with its id."""
+        from chorus.pipeline.planner import SpeechPlan
+
+        result = stream._result
+        speech = isinstance(stream.plan, SpeechPlan) and result is not None
+        report = check.report(text_chars=chars if speech else None,
+                              tokens=[c.tokens for c in result.chunks] if speech else None,
+                              expected_seconds_per_char=self.config.tokens_per_char / TOKENS_PER_SECOND)
+        self.metrics.observe_quality(report)
+        if report.flags:
+            logger.warning("audio flagged: %s", ", ".join(report.flags),
+                           extra={"request_id": stream.request_id, **report.as_dict()})
+        return report
 
     # ------------------------------------------------------------------------------- requests
     def model_ids(self) -> list[str]:

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("chorus.server")
 
+QUALITY_HEADER = "X-Chorus-Quality-Flags"  # a response sent whole: its audio checks' flags, or "none"
+
 
 @dataclass
 class ConversionForm:
@@ -88,11 +90,15 @@ async def _respond(call: "SpeechCall", response_format: str, *, streaming: bool,
         raise
     try:
         first = await call.first()
+        if not streaming:  # sent whole: read it all first, so that its headers carry its checks
+            await call.read_all(first)
     except BaseException:
         encoder.abort()
         raise
     headers = {"X-Chorus-Degradation": str(call.applied.level), "X-Chorus-Degraded": call.applied.header(),
                "X-Chorus-Seed": str(call.stream.plan.seed), "Cache-Control": "no-store"}
+    if not streaming:
+        headers[QUALITY_HEADER] = ",".join(call.quality().flags) or "none"
     cheap = response_format in ("wav", "pcm") and speed == 1.0  # no codec: encode inline
     session = _Session(call, encoder, first, cheap)
     if sse:
@@ -204,16 +210,51 @@ class SpeechCall:
     it teaches admission's capacity model, the audio delivered, the metrics at its end."""
 
     def __init__(self, service: "SpeechService", stream, ticket, applied, arrived: float):
+        from chorus.quality.checks import AudioCheck
+
         self.service, self.stream, self.ticket, self.applied, self.arrived = service, stream, ticket, applied, arrived
         self.samples = 0  # audio delivered, at SAMPLE_RATE
         self.ended = False
+        self.check = AudioCheck()  # the per-request audio checks, fed every piece as it is read
+        self._report = None
+        self._ahead: list = []  # pieces read ahead (``read_all``), in order
+
+    async def next(self):
+        """The stream's next audio piece, checked (None: the end). Audio that is not finite
+        (NaN, inf) is never sent: it fails the request (``PipelineError``, as a failed model step)."""
+        if self._ahead:
+            return self._ahead.pop(0)
+        piece = await self.stream._anext()
+        if piece is not None and not self.check.add(piece.samples):
+            self.service.metrics.audio_flagged.labels("nonfinite").inc()
+            logger.error("audio flagged: nonfinite (NaN or inf in the audio; the request fails)",
+                         extra={"request_id": self.stream.request_id})
+            raise PipelineError(self.stream.request_id, "error",
+                                "the model produced audio that is not finite (NaN or inf); none of it was sent")
+        return piece
 
     async def first(self):
         """The first audio piece (None: the request ended without audio). A failure before it
         raises its ``APIError`` and ends the call; so does being cancelled (re-raised)."""
+        first = await self._before_audio(self.next())
+        if first is not None:
+            self.service.admission.started(self.ticket, time.perf_counter() - self.arrived)
+        return first
+
+    async def read_all(self, first) -> None:
+        """Read the rest of the stream ahead, after ``first`` (a response sent whole: its headers
+        then carry the audio checks, and a failure is still a JSON error)."""
+        pieces = [first]
+        while pieces[-1] is not None:
+            pieces.append(await self._before_audio(self.next()))
+        self._ahead = pieces[1:]
+
+    async def _before_audio(self, reading):
+        """Await ``reading`` (the stream's next piece) while no audio has gone out: a failure
+        raises its ``APIError`` and ends the call; so does being cancelled (re-raised)."""
         service = self.service
         try:
-            first = await self.stream._anext()
+            return await reading
         except PipelineError as exc:
             if exc.reason == "deadline":  # a miss: the prediction was at least this wrong
                 service.admission.started(self.ticket, time.perf_counter() - self.arrived, audio=False)
@@ -224,9 +265,13 @@ class SpeechCall:
         except BaseException:  # the caller went away while waiting
             self.end(None)
             raise
-        if first is not None:
-            service.admission.started(self.ticket, time.perf_counter() - self.arrived)
-        return first
+
+    def quality(self):
+        """The request's audio checks (a ``QualityReport``) once its stream has ended; the first
+        call counts them in the metrics and logs a flagged request with its id."""
+        if self._report is None:
+            self._report = self.service.check_quality(self.check, self.stream, self.ticket.chars)
+        return self._report
 
     def delivered(self, samples: int) -> None:
         """``samples`` of its audio went out."""
@@ -234,9 +279,10 @@ class SpeechCall:
         self.service.admission.delivered(self.ticket, samples, SAMPLE_RATE)
 
     def completed(self) -> None:
-        """Its stream ended normally: learn its queue time and cost."""
+        """Its stream ended normally: learn its queue time and cost, count its audio checks."""
         service, result = self.service, self.stream._result
         if result is not None:
+            self.quality()
             if "first_token_s" in result.timings:
                 service.metrics.queue_time.observe(result.timings["first_token_s"])
             service.capacity.observe_cost(self.ticket.chars, sum(c.speech_tokens for c in result.chunks),
@@ -311,7 +357,7 @@ class _Session:
                         sent_any = True
                         metrics.ttfa.observe(time.perf_counter() - self.arrived)
                     yield data
-                piece = await self.stream._anext()
+                piece = await self.call.next()
             tail = await self._encode(self.encoder.close)
             self.closed = True
             if tail:
@@ -350,7 +396,7 @@ class _Session:
             async for data in chunks:
                 event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")}
                 yield f"data: {json.dumps(event)}\n\n".encode()
-        done = {"type": "speech.audio.done", "usage": usage([self.stream])}
+        done = {"type": "speech.audio.done", "usage": usage([self.stream]), "quality": self.call.quality().as_dict()}
         yield f"data: {json.dumps(done)}\n\n".encode()
 
 
@@ -359,6 +405,13 @@ def usage(streams) -> dict[str, int]:
     text_tokens = sum(len(c.text_ids) for s in streams for c in s.plan.chunks)
     speech_tokens = sum(c.speech_tokens for s in streams if s._result is not None for c in s._result.chunks)
     return {"input_tokens": text_tokens, "output_tokens": speech_tokens, "total_tokens": text_tokens + speech_tokens}
+
+
+def turn_quality(reports) -> dict:
+    """The audio checks of a voice-agent turn's pieces: every flag any piece raised, and each
+    piece's checks (docs/quality.md)."""
+    return {"flags": sorted({flag for report in reports for flag in report.flags}),
+            "pieces": [report.as_dict() for report in reports]}
 
 
 _VOICE_STATUS = {"too_large": 413, "reserved_voice": 409, "damaged_voice": 500, "id_collision": 500,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from chorus.models.s3gen.s3gen import SAMPLE_RATE
 from chorus.pipeline.errors import PipelineError
 from chorus.server.errors import APIError, pipeline_error
-from chorus.server.speech import SpeechCall, start_call, usage
+from chorus.server.speech import SpeechCall, start_call, turn_quality, usage
 from chorus.server.text_pieces import Piece, TextPieces
 
 if TYPE_CHECKING:
@@ -180,7 +180,7 @@ class Turn:
                     call.delivered(piece.samples.size)
                     self.samples += piece.samples.size
                     await self._send(await self._encode("write", piece.samples))
-                    piece = await call.stream._anext()
+                    piece = await call.next()
             except PipelineError as exc:  # after its first audio: the turn ends with the error
                 error = pipeline_error(exc)
                 self.service.metrics.stream_cut(exc.reason, exc.deadline)
@@ -195,6 +195,7 @@ class Turn:
         await self.connection.send_event({
             "type": "done", "turn_id": self.id, "audio_seconds": round(self.samples / SAMPLE_RATE, 6),
             "usage": usage([c.stream for c in self.calls]),
+            "quality": turn_quality([c.quality() for c in self.calls]),
             "timings": {"first_text_to_first_audio_s": _span(self.first_text_at, self.first_audio_at),
                         "flush_to_last_audio_s": _span(self.flushed_at, self.last_audio_at),
                         "threshold_wait_s": _round(self.threshold_wait_s),

@@ -1,0 +1,3 @@
+"""What the server's audio sounded like: per-request checks (``checks``), the canary's integrity
+fingerprint (``fingerprint``) and the sampled perceptual score (``dnsmos``, needs
+``chorus-tts[quality]``). docs/quality.md explains every signal and its threshold."""
