@@ -38,7 +38,10 @@ PER_CHAR_BUCKETS = (0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2, 0.
 LOOP_BUCKETS = (0, 3, 6, 10, 15, 25, 50, 100, 200, 500)
 CANARY_MISMATCHES = ("tokens", "audio", "nonfinite", "silent")
 # metrics exported only where they can be measured (NVML on a CUDA device)
-OPTIONAL_METRICS = frozenset({"chorus_gpu_utilization_ratio", "chorus_gpu_memory_bytes"})
+# (and DNSMOS's, only with chorus-tts[quality] and a quality_sample_rate above 0)
+OPTIONAL_METRICS = frozenset({"chorus_gpu_utilization_ratio", "chorus_gpu_memory_bytes", "chorus_dnsmos_score",
+                              "chorus_dnsmos_skipped_requests", "chorus_dnsmos_scoring_seconds"})
+DNSMOS_BUCKETS = (1.0, 1.5, 2.0, 2.25, 2.5, 2.75, 3.0, 3.25, 3.5, 3.75, 4.0, 4.25, 4.5, 5.0)
 
 
 def kv_fragmentation(free_blocks: int, used_blocks: int, running_requests: int) -> float:
@@ -267,6 +270,26 @@ class ServerMetrics:
             self.audio_flagged.labels(reason)
         for reason in CANARY_MISMATCHES:
             self.canary_mismatches.labels(reason)
+
+    def add_dnsmos(self) -> None:
+        """Export DNSMOS's scores (``chorus.quality.dnsmos``; only while its sampler runs)."""
+        registry = self.registry
+        self.dnsmos = Histogram("chorus_dnsmos_score", "DNSMOS P.835 scores (1-5) of sampled requests, by score "
+                                "(sig, bak, ovrl) and the request's CFG weight and exaggeration buckets",
+                                ["score", "cfg_weight", "exaggeration"], buckets=DNSMOS_BUCKETS, registry=registry)
+        self.dnsmos_skipped = Counter("chorus_dnsmos_skipped_requests", "Sampled requests not scored: the "
+                                      "scoring queue was full", registry=registry)
+        self.dnsmos_seconds = Histogram("chorus_dnsmos_scoring_seconds", "CPU time of one DNSMOS scoring (the "
+                                        "worker thread's wall time)", buckets=STAGE_BUCKETS, registry=registry)
+
+    def observe_dnsmos(self, job, scores, seconds: float) -> None:
+        """One sampled request's scores (called on the scoring thread)."""
+        from chorus.quality.dnsmos import CFG_EDGES, EXAGGERATION_EDGES, bucket
+
+        cfg, exaggeration = bucket(job.cfg_weight, CFG_EDGES), bucket(job.exaggeration, EXAGGERATION_EDGES)
+        for name in ("sig", "bak", "ovrl"):
+            self.dnsmos.labels(name, cfg, exaggeration).observe(getattr(scores, name))
+        self.dnsmos_seconds.observe(seconds)
 
     def observe_quality(self, report) -> None:
         """One request's audio checks (a ``chorus.quality.checks.QualityReport``)."""

@@ -91,6 +91,7 @@ class SpeechService:
         self.last_canary_ok: float | None = None
         self.last_canary_error: str | None = None
         self.canary_broken = False  # the last canary failed in a model step (not merely late under load)
+        self.sampler = None  # DNSMOS's (chorus.quality.dnsmos.QualitySampler), with [quality] and a sample rate
         self.fingerprint = None  # what the first canary made (chorus.quality.fingerprint.Fingerprint)
         self.canary_mismatch: str | None = None  # why the last canary did not match it
         self._progress: tuple[float, int, int] | None = None  # (last progress, T3 tokens, vocoder passes)
@@ -126,6 +127,7 @@ class SpeechService:
             self.capacity.first_window_tokens = self.pipeline.vocoder.config.first_window_tokens
             self.capacity.max_rows = self.pipeline.engine.config.scheduler.max_num_seqs
             self._watch_pipeline()
+            await self._start_sampler()
             if self.config.warmup:
                 self.state = "warming"
                 warmup = getattr(self.pipeline, "warmup", None)
@@ -145,6 +147,33 @@ class SpeechService:
             logger.exception("start-up failed", extra=self._who())
         self._monitor = asyncio.create_task(self._monitor_loop())
 
+    async def _start_sampler(self) -> None:
+        """DNSMOS on ``quality_sample_rate`` of the requests, when ``chorus-tts[quality]`` is
+        installed (without it the metrics are absent; docs/quality.md)."""
+        from chorus.quality import dnsmos
+
+        if self.config.quality_sample_rate <= 0:
+            return
+        if not dnsmos.available():
+            logger.info("chorus-tts[quality] is not installed: DNSMOS scores are not exported", extra=self._who())
+            return
+        scorer = await asyncio.to_thread(dnsmos.DNSMOS)
+        self.metrics.add_dnsmos()
+        self.sampler = dnsmos.QualitySampler(self.config.quality_sample_rate, self.metrics.observe_dnsmos,
+                                             self.metrics.dnsmos_skipped.inc, scorer=scorer)
+
+    def sample_quality(self, stream) -> None:
+        """Offer an ended speech request's audio to DNSMOS if it is sampled (never blocks)."""
+        from chorus.pipeline.planner import SpeechPlan
+
+        result, plan = stream._result, stream.plan
+        if self.sampler is None or result is None or not isinstance(plan, SpeechPlan) or not self.sampler.sampled():
+            return
+        from chorus.quality.dnsmos import Job
+
+        self.sampler.offer(Job(result.wav, result.sample_rate, float(plan.chunks[0].params.cfg_weight),
+                               float(plan.exaggeration), stream.request_id))
+
     def _who(self) -> dict:
         """The model version this service runs, for its log lines."""
         entry = self.config.entries()[0]
@@ -159,6 +188,8 @@ class SpeechService:
             self.metrics.watch_device(models.device)
 
     async def stop(self) -> None:
+        if self.sampler is not None:
+            await asyncio.to_thread(self.sampler.close)
         if self._monitor is not None:
             self._monitor.cancel()
             try:

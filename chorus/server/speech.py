@@ -283,6 +283,7 @@ class SpeechCall:
         service, result = self.service, self.stream._result
         if result is not None:
             self.quality()
+            service.sample_quality(self.stream)
             if "first_token_s" in result.timings:
                 service.metrics.queue_time.observe(result.timings["first_token_s"])
             service.capacity.observe_cost(self.ticket.chars, sum(c.speech_tokens for c in result.chunks),

@@ -30,7 +30,7 @@ TOKENS = 12  # speech tokens per chunk in server tests: about half a second of a
 def server_config(voices_dir: Path, **overrides) -> ServerConfig:
     base = dict(variant="turbo", voices_dir=str(voices_dir), max_new_tokens=TOKENS, canary_interval_s=30.0,
                 stall_timeout_s=5.0, shutdown_grace_s=5.0, warmup=False, log_format="text",
-                degradation=DegradationConfig(enabled=False))
+                degradation=DegradationConfig(enabled=False), quality_sample_rate=0.0)
     base.update(overrides)
     return ServerConfig(**base)
 

@@ -12,7 +12,8 @@ import logging
 import pytest
 
 from chorus.quality.checks import REASONS
-from tests.server.live import metric
+from chorus.quality.dnsmos import available as dnsmos_available
+from tests.server.live import LiveServer, metric, server_config, tiny_loader, until
 from tests.server.ws_client import collect, configure, connect, send
 
 pytestmark = pytest.mark.timeout(120)
@@ -72,3 +73,25 @@ def test_the_websocket_done_message_carries_each_pieces_checks(server):
     pieces = turn.of("piece")
     assert len(done["quality"]["pieces"]) == len(pieces) >= 1
     assert set(done["quality"]["flags"]) == {f for p in done["quality"]["pieces"] for f in p["flags"]}
+
+
+@pytest.mark.skipif(not dnsmos_available(), reason="chorus-tts[quality] is not installed")
+def test_sampled_requests_get_dnsmos_scores_by_cfg_and_exaggeration_bucket(tmp_path):
+    config = server_config(tmp_path, quality_sample_rate=1.0)
+    with LiveServer(config, tiny_loader(config)) as live:
+        assert live.speech(input="Hello there.", response_format="pcm").status_code == 200
+
+        def scored() -> float:
+            return metric(live.client.get("/metrics").text, "chorus_dnsmos_score_count", 'score="ovrl"')
+
+        until(lambda: scored() == 1, what="the DNSMOS score of the request")
+        text = live.client.get("/metrics").text
+        for score in ("sig", "bak", "ovrl"):
+            assert metric(text, "chorus_dnsmos_score_count", f'score="{score}"') == 1
+        line = next(x for x in text.splitlines() if x.startswith("chorus_dnsmos_score_count"))
+        assert 'cfg_weight="' in line and 'exaggeration="' in line
+        assert metric(text, "chorus_dnsmos_scoring_seconds_count") == 1
+
+
+def test_without_sampling_the_dnsmos_metrics_are_absent(server):
+    assert "chorus_dnsmos" not in server.client.get("/metrics").text
