@@ -44,3 +44,10 @@ def test_every_metric_an_alert_reads_exists(server, rules):
     names |= _optional_names()
     used = {name for rule in rules for name in _NAME.findall(rule["expr"])}
     assert sorted(used - names) == [], f"not exported by the server: {sorted(used - names)}"
+
+
+def test_the_rules_cover_canary_nan_flags_and_dnsmos(rules):
+    exprs = " ".join(rule["expr"] for rule in rules)
+    for name in ("chorus_canary_degraded", 'reason="nonfinite"', "chorus_audio_flagged_requests_total",
+                 "chorus_audio_checked_requests_total", "chorus_dnsmos_score_bucket"):
+        assert name in exprs, name
