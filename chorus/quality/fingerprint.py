@@ -73,7 +73,8 @@ def compare(reference: Fingerprint, current: Fingerprint, floor_db: float = SNR_
                                          f"{reference.wav.size}")
     snr = snr_db(reference.wav, current.wav)
     if snr < floor_db:
-        return Comparison("audio", snr, f"the canary's audio is {snr:.1f} dB from its fingerprint (floor {floor_db:g} dB)")
+        return Comparison("audio", snr,
+                          f"the canary's audio is {snr:.1f} dB from its fingerprint (floor {floor_db:g} dB)")
     return Comparison(None, snr)
 
 
@@ -92,4 +93,5 @@ def _token_difference(reference, current) -> str:
     ref = [t for chunk in reference for t in chunk]
     cur = [t for chunk in current for t in chunk]
     first = next((i for i, (a, b) in enumerate(zip(ref, cur)) if a != b), min(len(ref), len(cur)))
-    return f"the canary's speech tokens differ from its fingerprint's from token {first} ({len(cur)} against {len(ref)})"
+    return (f"the canary's speech tokens differ from its fingerprint's from token {first} "
+            f"({len(cur)} against {len(ref)})")
