@@ -92,6 +92,11 @@ def _save(state: dict[str, torch.Tensor], path: Path) -> None:
         from safetensors.torch import save_file
 
         save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+        # safetensors 0.8 writes through a private temporary file (mode 0600): give the file the
+        # mode every other file gets, so that another user (a container's) can read the checkpoint
+        umask = os.umask(0)
+        os.umask(umask)
+        path.chmod(0o666 & ~umask)
     else:
         torch.save(state, path)
 

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 from safetensors import safe_open
@@ -125,3 +127,14 @@ def test_an_earlier_random_checkpoint_is_replaced_but_other_content_is_refused(t
     with pytest.raises(FileExistsError, match="not empty"):
         write_random_checkpoint(variant, tmp_path / "real", components=("conds",))
     assert [p.name for p in (tmp_path / "real").iterdir()] == ["t3_cfg.safetensors"]
+
+
+def test_the_files_take_the_umasks_mode_so_other_users_can_read_them(tmp_path):
+    # a checkpoint written by one user is served by another (the container image's)
+    previous = os.umask(0o022)
+    try:
+        out = write_random_checkpoint(tiny_variant("turbo"), tmp_path / "ckpt", components=("t3", "conds"))
+    finally:
+        os.umask(previous)
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {
+        name: "0o644" for name in ("CHORUS_RANDOM_WEIGHTS.txt", "t3_turbo_v1.safetensors", "conds.pt")}
