@@ -56,7 +56,8 @@ wheelhouse() {
   fi
   echo "$pyver" >"$WHEELHOUSE/PYTHON"
   echo "chorus-tts${extras:+[$extras]}" >"$WHEELHOUSE/requirements.txt"
-  say "wheelhouse: $(find "$WHEELHOUSE" -name '*.whl' | wc -l) wheels, $(du -sh "$WHEELHOUSE" | cut -f1), $((SECONDS - start)) s"
+  say "wheelhouse: $(find "$WHEELHOUSE" -name '*.whl' | wc -l) wheels," \
+    "$(du -sh "$WHEELHOUSE" | cut -f1), $((SECONDS - start)) s"
 }
 
 base_image() {
@@ -65,6 +66,8 @@ base_image() {
   fi
   [[ "$BASE" == localhost/debian-min:* ]] || return 0  # a registry's image: podman build pulls it
   need debootstrap "apt-get install debootstrap"
+  [[ $(id -u) == 0 ]] || fail "making the base image $BASE with debootstrap needs root: run this build" \
+    "as root once, or name a base image podman can pull (CHORUS_CONTAINER_BASE)"
   local suite=${BASE#localhost/debian-min:} rootfs start=$SECONDS
   rootfs=$(mktemp -d)
   say "base image $BASE: debootstrap --variant=minbase $suite"
@@ -83,8 +86,17 @@ build() {
   wheelhouse
   base_image
   say "building $IMAGE from $BASE"
+  local old
+  old=$("${PODMAN[@]}" image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)
   "${PODMAN[@]}" build --format docker --network=host "${LIMITS[@]}" -f Containerfile \
     --build-arg "BASE=$BASE" --build-arg "APT_PACKAGES=${CHORUS_CONTAINER_APT:-}" -t "$IMAGE" .
+  # what the build left behind: the build stage's image and the image this one replaced (if
+  # nothing else names or uses it)
+  "${PODMAN[@]}" image prune -f --filter label=chorus.stage=build >/dev/null
+  if [[ -n "$old" && "$old" != $("${PODMAN[@]}" image inspect --format '{{.Id}}' "$IMAGE") ]] &&
+     [[ $("${PODMAN[@]}" image inspect --format '{{len .RepoTags}}' "$old" 2>/dev/null) == 0 ]]; then
+    "${PODMAN[@]}" rmi "$old" >/dev/null 2>&1 || true
+  fi
   say "built $IMAGE in $((SECONDS - start)) s; size $("${PODMAN[@]}" image inspect --format '{{.Size}}' "$IMAGE" \
     | awk '{printf "%.0f MB", $1 / 1e6}')"
 }
@@ -96,7 +108,7 @@ MADE_CKPT=""
 OUT=""
 
 cleanup() {
-  "${PODMAN[@]}" rm -f -t 0 "$NAME" >/dev/null 2>&1 || true
+  "${PODMAN[@]}" rm -f -v -t 0 "$NAME" >/dev/null 2>&1 || true  # -v: and its /cache volume
   "${PODMAN[@]}" volume rm -f "$VOLUME" >/dev/null 2>&1 || true
   [[ -z "$MADE_CKPT" ]] || rm -rf "$MADE_CKPT"
   [[ -z "$OUT" ]] || rm -rf "$OUT"
@@ -192,7 +204,7 @@ test_image() {
     -d '{"model": "chatterbox-turbo", "input": "Hello from a container.", "response_format": "wav"}' ||
     logs_and_fail "the speech request failed"
   local audio
-  audio=$(check_wav "$OUT/hello.wav" 1.0) || logs_and_fail "the speech is not the audio expected"
+  audio=$(check_wav "$OUT/hello.wav" 5.0) || logs_and_fail "the speech is not the audio expected"
   say "speech: $audio"
 
   local voice
@@ -205,12 +217,14 @@ test_image() {
   # audio take tens of seconds on a CPU): the stream must end whole (curl sees the chunked body's
   # end; all the audio), the server must say it is draining, end nothing early and exit 0
   curl -sfN "$url/v1/audio/speech" -H 'Content-Type: application/json' -o "$OUT/stream.wav" \
-    -d '{"model": "chatterbox-turbo", "voice": "'"$voice"'", "input": "Goodbye from a container.", "response_format": "wav"}' &
+    -d '{"model": "chatterbox-turbo", "voice": "'"$voice"'", "input": "Goodbye from a container.",'\
+'       "response_format": "wav"}' &
   local stream=$! status=0
   wait_for 300 "the stream in flight" in_flight "$url"
   kill -0 "$stream" 2>/dev/null || logs_and_fail "the stream ended before SIGTERM could be sent"
   "${PODMAN[@]}" kill --signal TERM "$NAME" >/dev/null
-  say "SIGTERM sent while the stream is in flight ($(stat -c %s "$OUT/stream.wav" 2>/dev/null || echo 0) bytes received)"
+  say "SIGTERM sent while the stream is in flight" \
+    "($(stat -c %s "$OUT/stream.wav" 2>/dev/null || echo 0) bytes received)"
   wait "$stream" || logs_and_fail "the stream under way at SIGTERM was cut (curl exit $?)"
   status=$("${PODMAN[@]}" wait "$NAME")
   local log
