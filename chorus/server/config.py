@@ -142,7 +142,7 @@ class ServerConfig:
     warmup: bool = True
     canary_interval_s: float = 60.0  # canaries re-run this often (a failed one fails /ready; a late one not)
     canary_timeout_s: float = 60.0
-    canary_action: str = "unready"  # a canary that does not match its fingerprint: "unready" or "warn"
+    canary_action: str = "warn"  # a canary that does not match its fingerprint: "warn" or "unready"
     quality_sample_rate: float = 0.02  # share of requests DNSMOS scores (needs chorus-tts[quality]); 0: none
     switch_interval_ms: float = 1.0  # the GIL's switch interval (sys.setswitchinterval) set at start-up; Python's is 5
     gc_freeze: bool = True  # after start-up, hide the heap from the cyclic GC (gc.freeze): short full collections
@@ -414,8 +414,8 @@ FIELD_HELP = {
                          "until one passes (one that is late under load does not)",
     "canary_timeout_s": "deadline of a canary synthesis",
     "canary_action": "what a canary whose speech tokens or audio do not match the fingerprint its first run "
-                     "recorded does: unready (/ready fails, the model is degraded) or warn (/ready stays 200 and "
-                     "names it); both count it in chorus_canary_mismatches_total and log both fingerprints "
+                     "recorded does: warn (default: /ready stays 200 and names it) or unready (/ready fails, the "
+                     "model is degraded); both count it in chorus_canary_mismatches_total and log both fingerprints "
                      "(docs/quality.md)",
     "quality_sample_rate": "share of requests (0-1) whose audio DNSMOS scores in a background worker, when "
                            "chorus-tts[quality] is installed; 0 turns it off (docs/quality.md)",

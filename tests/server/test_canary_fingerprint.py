@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(180)
 
 @pytest.fixture()
 def live(tmp_path):
-    config = server_config(tmp_path, canary_interval_s=3600.0)
+    config = server_config(tmp_path, canary_interval_s=3600.0, canary_action="unready")
     with LiveServer(config, tiny_loader(config)) as server:
         yield server
 
