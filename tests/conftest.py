@@ -2,7 +2,8 @@
 
 Parity tests import the reference package ``chatterbox`` (chatterbox-tts 0.1.7, a test-only
 oracle, see docs/testing.md). Where it is not installed those tests are skipped, except when
-``CHORUS_REQUIRE_ORACLE=1`` (set by CI), where a missing oracle is an error.
+``CHORUS_REQUIRE_ORACLE=1`` (set by CI), where a missing oracle is an error; the browser and the
+agent frameworks have their own switches (``missing``).
 """
 from __future__ import annotations
 
@@ -23,13 +24,21 @@ torch.set_num_threads(int(os.environ.get("CHORUS_TEST_THREADS", "2")))
 DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
 
 
+def missing(switch: str, what: str) -> None:
+    """Something a test needs and the environment may lack (``what``: it, and how to get it) is
+    missing: skip the test (or the module), or fail where the environment variable ``switch`` is
+    1. CI sets CHORUS_REQUIRE_ORACLE, CHORUS_REQUIRE_BROWSER and CHORUS_REQUIRE_FRAMEWORKS, so
+    nothing it must test is skipped there."""
+    if os.environ.get(switch) == "1":
+        raise RuntimeError(f"{switch}=1 requires it: {what}")
+    pytest.skip(what, allow_module_level=True)
+
+
 def _import_oracle():
     try:
         import chatterbox  # noqa: F401
     except Exception as exc:  # pragma: no cover - depends on the environment
-        if os.environ.get("CHORUS_REQUIRE_ORACLE") == "1":
-            raise RuntimeError(f"the reference oracle is required but does not import: {exc}") from exc
-        pytest.skip(f"reference oracle (chatterbox-tts) not importable: {exc}")
+        missing("CHORUS_REQUIRE_ORACLE", f"the reference oracle (chatterbox-tts) does not import: {exc}")
     return chatterbox
 
 

@@ -1,10 +1,13 @@
 """One real server for this package's tests (uvicorn on loopback, the tiny random turbo models, an
-API key), and the turns they speak."""
+API key), the turns they speak, and the agent frameworks they run."""
 from __future__ import annotations
+
+import importlib
 
 import pytest
 
 from chorus.integrations.ws_client import StreamConfig
+from tests.conftest import missing
 from tests.server.live import TOKENS, LiveServer, metric, server_config, tiny_loader
 
 # A random model speaks each text chunk until its token cap. A short turn's chunks stop at TOKENS
@@ -17,6 +20,18 @@ LONG = StreamConfig(model="chatterbox-turbo", seed=7, max_new_tokens=LONG_TOKENS
 REPLY = ["Hello ", "there, ", "how are ", "you ", "today? ", "I am ", "fine."]
 KEY = "integrations-test-key"
 INTERRUPTED_REPLY = ["This reply ", "is long, ", "and the user ", "will interrupt ", "it. ", "It goes ", "on"]
+
+
+def import_framework(*modules: str) -> None:
+    """Import an agent framework's modules that a test module uses (``scripts/install-test-env.sh``
+    installs both frameworks); where one does not import, the test module is skipped, or fails
+    under ``CHORUS_REQUIRE_FRAMEWORKS=1`` (CI)."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            missing("CHORUS_REQUIRE_FRAMEWORKS", f"{module} does not import ({exc}); "
+                    "scripts/install-test-env.sh installs the agent frameworks")
 
 
 @pytest.fixture(scope="package")

@@ -1,63 +1,119 @@
-"""The LiveKit plugin driven the way LiveKit Agents' ``tts_node`` drives a TTS (``async with
-tts.stream()``, text pushed by a forwarding task, ``end_input()``, frames consumed until the
-stream ends; an interruption cancels the consuming task, which closes the stream), against a real
-server on loopback."""
+"""The LiveKit plugin in LiveKit Agents' own ``AgentSession``, against a real server on loopback:
+the session speaks streamed text (``session.say`` with an async iterable, as an LLM's tokens
+come) through its default ``tts_node`` into an audio output the test provides, and a
+``session.interrupt()`` (what a user starting to speak causes) cancels the turn. No room, STT,
+VAD or LLM: the session's TTS path is what runs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
 
 import pytest
 
-pytest.importorskip("livekit.agents")
+from tests.integrations.conftest import (
+    INTERRUPTED_REPLY, KEY, LONG, REPLY, SHORT, import_framework, ws_turns,
+)
+
+import_framework("livekit.agents.voice")
 
 from livekit import rtc  # noqa: E402
-from livekit.agents import APIStatusError  # noqa: E402
+from livekit.agents import Agent, AgentSession, APIStatusError  # noqa: E402
+from livekit.agents.voice import io as lk_io  # noqa: E402
 
 from chorus.integrations import livekit as chorus_livekit  # noqa: E402
 from chorus.integrations.ws_client import Cancelled, ConnectionLost, Done  # noqa: E402
-from tests.integrations.conftest import INTERRUPTED_REPLY, KEY, LONG, REPLY, SHORT, ws_turns  # noqa: E402
 
 WAIT_S = 20.0
 
 
-def make_tts(server, config=SHORT, sample_rate: int = 24_000) -> chorus_livekit.TTS:
-    return chorus_livekit.TTS(base_url=server.url, api_key=KEY, config=config, sample_rate=sample_rate)
+class ObservedTTS(chorus_livekit.TTS):
+    """The plugin, keeping the streams the session opens (each one is a Chorus turn)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.streams: list[chorus_livekit.SynthesizeStream] = []
+
+    def stream(self, **kwargs) -> chorus_livekit.SynthesizeStream:
+        stream = super().stream(**kwargs)
+        self.streams.append(stream)
+        return stream
 
 
-async def tts_node(stream, tokens: list[str], *, end: bool = True, first_frame: asyncio.Event | None = None):
-    """Agent.default.tts_node's loop: forward the text, yield the frames."""
-    async def forward():
-        for token in tokens:
-            stream.push_text(token)
-        if end:
-            stream.end_input()
+class Speaker(lk_io.AudioOutput):
+    """The session's audio output: a loudspeaker that plays each frame the moment it comes and
+    keeps it. Each segment (one speech's audio, ended by ``flush()``) is a list of frames."""
 
-    forward_task = asyncio.create_task(forward())
-    frames: list[rtc.AudioFrame] = []
-    try:
-        async for event in stream:
-            frames.append(event.frame)
-            if first_frame is not None:
-                first_frame.set()
-    finally:
-        await forward_task
-    return frames
+    def __init__(self):
+        super().__init__(label="test-speaker", capabilities=lk_io.AudioOutputCapabilities(pause=False))
+        self.segments: list[list[rtc.AudioFrame]] = []
+        self.heard = asyncio.Event()  # set at the first frame
+        self._playing: list[rtc.AudioFrame] | None = None
+
+    async def capture_frame(self, frame: rtc.AudioFrame) -> None:
+        await super().capture_frame(frame)
+        if self._playing is None:
+            self._playing = []
+            self.segments.append(self._playing)
+            self.on_playback_started(created_at=time.time())
+        self._playing.append(frame)
+        self.heard.set()
+
+    def flush(self) -> None:
+        super().flush()
+        if self._playing is not None:
+            played, self._playing = sum(f.duration for f in self._playing), None
+            self.on_playback_finished(playback_position=played, interrupted=False)
+
+    def clear_buffer(self) -> None:
+        pass  # every frame was played as it came: nothing is buffered
+
+
+def make_tts(server, config=SHORT, sample_rate: int = 24_000) -> ObservedTTS:
+    return ObservedTTS(base_url=server.url, api_key=KEY, config=config, sample_rate=sample_rate)
+
+
+@contextlib.asynccontextmanager
+async def agent_session(tts: ObservedTTS) -> AsyncIterator[tuple[AgentSession, Speaker]]:
+    """A started ``AgentSession`` whose only model is the plugin, speaking into a ``Speaker``."""
+    speaker = Speaker()
+    async with tts:
+        session = AgentSession(tts=tts)
+        session.output.audio = speaker
+        await session.start(Agent(instructions="Say what you are given."), record=False)
+        try:
+            yield session, speaker
+        finally:
+            await session.aclose()
+
+
+async def llm_tokens(tokens: list[str], *, still_talking: asyncio.Event | None = None) -> AsyncIterator[str]:
+    """An LLM's reply as it streams; with ``still_talking``, the reply goes on until it is set."""
+    for token in tokens:
+        yield token
+    if still_talking is not None:
+        await still_talking.wait()
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sample_rate", [24_000, 8_000])
-def test_streamed_text_becomes_audio_frames(server, sample_rate):
+def test_the_session_speaks_streamed_text_into_its_audio_output(server, sample_rate):
     async def main():
-        async with make_tts(server, sample_rate=sample_rate) as tts:
-            async with tts.stream() as stream:
-                frames = await asyncio.wait_for(tts_node(stream, REPLY), WAIT_S)
-            return frames, stream.turn.outcome
+        tts = make_tts(server, sample_rate=sample_rate)
+        async with agent_session(tts) as (session, speaker):
+            speech = session.say(llm_tokens(REPLY))
+            await asyncio.wait_for(speech.wait_for_playout(), WAIT_S)
+        return speech, speaker, tts.streams
 
-    frames, outcome = asyncio.run(main())
+    speech, speaker, streams = asyncio.run(main())
+    assert speech.exception() is None and not speech.interrupted
+    [frames] = speaker.segments
     assert frames and all(f.sample_rate == sample_rate and f.num_channels == 1 for f in frames)
-    assert isinstance(outcome, Done)
+    [stream] = streams  # the whole reply is one Chorus turn
+    assert isinstance(stream.turn.outcome, Done)
     heard = sum(f.duration for f in frames)
-    assert heard == pytest.approx(outcome.audio_seconds, abs=0.02)  # every second the server sent
+    assert heard == pytest.approx(stream.turn.outcome.audio_seconds, abs=0.02)  # every second the server sent
 
 
 @pytest.mark.timeout(60)
@@ -87,46 +143,42 @@ def test_an_interruption_cancels_the_turn_and_stops_its_audio(server):
     cancelled_before = ws_turns(server, "cancelled")
 
     async def main():
-        async with make_tts(server, LONG) as tts:
-            first_frame = asyncio.Event()
-            stream = tts.stream()
-
-            async def speak():  # the agent's speech task
-                async with stream:
-                    return await tts_node(stream, INTERRUPTED_REPLY, end=False, first_frame=first_frame)
-
-            speech = asyncio.create_task(speak())
-            await asyncio.wait_for(first_frame.wait(), WAIT_S)
+        tts = make_tts(server, LONG)
+        async with agent_session(tts) as (session, speaker):
+            interrupted = session.say(llm_tokens(INTERRUPTED_REPLY, still_talking=asyncio.Event()))
+            await asyncio.wait_for(speaker.heard.wait(), WAIT_S)
             assert server.pipeline.active_requests > 0, "the turn had no audio left to stop; make it longer"
-            speech.cancel()  # the user barges in: the session cancels the speech, the stream closes
-            await asyncio.gather(speech, return_exceptions=True)
+            await asyncio.wait_for(session.interrupt(), WAIT_S)  # the user barges in
+            [stream] = tts.streams
             await asyncio.wait_for(stream.turn.ended.wait(), WAIT_S)
             router = tts._router
             # the connection outlives the barge-in: the next reply goes over it
-            async with tts.stream() as following:
-                frames = await asyncio.wait_for(tts_node(following, REPLY), WAIT_S)
-            return stream, router, following, frames
+            following = session.say(llm_tokens(REPLY))
+            await asyncio.wait_for(following.wait_for_playout(), WAIT_S)
+        return interrupted, following, tts.streams, router, speaker
 
-    stream, router, following, frames = asyncio.run(main())
+    interrupted, following, (stream, next_stream), router, speaker = asyncio.run(main())
+    assert interrupted.interrupted and not following.interrupted
     assert isinstance(stream.turn.outcome, Cancelled) and stream.turn.cancel_sent
     # no audio of the cancelled turn after `cancelled` (the socket checks every frame), so the
     # connection was not dropped for a protocol error, and the next turn used it
-    assert following.turn._router is router and isinstance(following.turn.outcome, Done) and frames
+    assert next_stream.turn._router is router and isinstance(next_stream.turn.outcome, Done)
+    assert len(speaker.segments) == 2 and speaker.segments[1]
     assert ws_turns(server, "cancelled") == cancelled_before + 1
     server.wait_idle()
 
 
 @pytest.mark.timeout(60)
-def test_the_next_stream_reconnects_after_the_server_closed_an_idle_connection(idle_server):
+def test_the_next_reply_reconnects_after_the_server_closed_an_idle_connection(idle_server):
     async def main():
-        async with make_tts(idle_server) as tts:
-            async with tts.stream() as stream:
-                first = await asyncio.wait_for(tts_node(stream, REPLY), WAIT_S)
+        tts = make_tts(idle_server)
+        async with agent_session(tts) as (session, speaker):
+            await asyncio.wait_for(session.say(llm_tokens(REPLY)).wait_for_playout(), WAIT_S)
             closed = await asyncio.wait_for(tts._router.wait_closed(), WAIT_S)
-            async with tts.stream() as stream:
-                second = await asyncio.wait_for(tts_node(stream, REPLY), WAIT_S)
-            return first, closed, second
+            await asyncio.wait_for(session.say(llm_tokens(REPLY)).wait_for_playout(), WAIT_S)
+        return closed, speaker, tts.streams
 
-    first, closed, second = asyncio.run(main())
+    closed, speaker, streams = asyncio.run(main())
     assert isinstance(closed, ConnectionLost) and closed.close_code == 1000 and closed.error.code == "idle_timeout"
-    assert first and second
+    assert len(speaker.segments) == 2 and all(speaker.segments)
+    assert [type(s.turn.outcome) for s in streams] == [Done, Done]

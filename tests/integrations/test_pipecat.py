@@ -8,7 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
-pytest.importorskip("pipecat")
+from tests.integrations.conftest import INTERRUPTED_REPLY, KEY, LONG, REPLY, SHORT, import_framework, ws_turns
+
+import_framework("pipecat.pipeline.worker", "pipecat.workers.runner")
 
 from pipecat.frames.frames import (  # noqa: E402
     EndFrame, Frame, InterruptionFrame, LLMFullResponseEndFrame, LLMFullResponseStartFrame, LLMTextFrame,
@@ -20,7 +22,6 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor  #
 from pipecat.workers.runner import WorkerRunner  # noqa: E402
 
 from chorus.integrations.pipecat import ChorusTTSService  # noqa: E402
-from tests.integrations.conftest import INTERRUPTED_REPLY, KEY, LONG, REPLY, SHORT, ws_turns  # noqa: E402
 
 WAIT_S = 20.0
 

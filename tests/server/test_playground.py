@@ -5,14 +5,13 @@ chromium binary is found, except under ``CHORUS_REQUIRE_BROWSER=1`` (CI), where 
 Also ``chorus serve --no-playground`` through the command line."""
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import DATA_DIR
+from tests.conftest import DATA_DIR, missing
 from tests.server.browser import KEY, chromium_path, headless_chromium, playground_server
 from tests.server.live import EnginePause, metric
 from tests.server.test_serve_cli import serving
@@ -26,9 +25,7 @@ WAIT_MS = 20_000  # the longest any single wait on the page may take
 def browser():
     executable = chromium_path()
     if executable is None:
-        if os.environ.get("CHORUS_REQUIRE_BROWSER") == "1":
-            raise RuntimeError("CHORUS_REQUIRE_BROWSER=1 but no chromium binary is on PATH (apt-get install chromium)")
-        pytest.skip("no chromium binary (apt-get install chromium)")
+        missing("CHORUS_REQUIRE_BROWSER", "no chromium binary on PATH (apt-get install chromium)")
     with headless_chromium(executable) as launched:
         yield launched
 
