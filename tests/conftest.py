@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -122,29 +125,79 @@ def pytest_collection_modifyitems(config, items):
 
 
 # -- the end of the run ---------------------------------------------------------------------------
+# Once every fixture is torn down, nothing the tests started may still run: a Python thread that is
+# not a daemon, or a daemon thread of Chorus's own (an engine's, a vocoder's, a test server's;
+# their names start with "chorus-"), fails the run. Other daemon threads, and native threads that
+# their libraries named, are listed.
+#
 # Twice (2026-12-02, 2026-12-06) a clean-clone run passed every test and then died of a
-# segmentation fault while the interpreter finalized, so CI failed on a green run. Daemon threads
-# (an engine's or a server's, torch's own pools) can still be in native code while modules and
-# objects are torn down. The run therefore ends with os._exit once pytest has written every report
-# (terminal summary, JUnit XML), and names the threads still alive at that point, so a test that
-# leaks one can be found.
-_EXIT_STATUS: list[int] = []
+# segmentation fault while the process exited, with no Python stack: faulthandler was on, so the
+# fault came after the interpreter had turned it off, in its last teardown or in the C++ static
+# destructors that exit() runs, which is where native threads still running can touch freed
+# state. The native runtime found still running at the end of a run is Ray's: ray.shutdown() leaves
+# the threads of the gRPC, Boost.Asio and OpenCensus copies inside ray/_raylet.so running
+# (gcs_client_io_service, grpc_global_timer, event_engine, default-executor, resolver-executor,
+# timer_manager, an OpenCensus harvester) after the Ray Serve tests (tests/server/ray_cluster.py),
+# and Ray has no call that stops them. A run that leaves named native threads running (or a thread
+# that fails it, which would hang the exit) therefore ends with os._exit once pytest has written
+# every report (terminal summary, JUnit XML), so no static destructor runs under them; any other
+# run exits normally. CHORUS_TEST_NO_HARD_EXIT=1 lets every run exit normally.
+LEFTOVER_GRACE_S = 10.0  # for threads that were told to stop and are on their way out
+_HARD_EXIT: list[int] = []  # the exit status, where the run must end with os._exit
 
 
+def _native_threads() -> list[str]:
+    """The names of this process's threads that a native library named (Python's threads, and
+    unnamed native ones, keep the process's name)."""
+    with open("/proc/self/comm") as comm:
+        process = comm.read().strip()
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                names.append(comm.read().strip())
+        except OSError:  # the thread has ended
+            pass
+    return sorted(name for name in names if name != process)
+
+
+def _leftover_threads() -> tuple[list[str], list[str]]:
+    """(threads that fail the run, other daemon threads) still alive after the grace period."""
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    failing, other = [], []
+    for thread in threading.enumerate():
+        if thread is threading.main_thread():
+            continue
+        ours = not thread.daemon or thread.name.startswith("chorus-")
+        if ours:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            (failing if ours else other).append(f"{thread.name} ({'daemon' if thread.daemon else 'not a daemon'})")
+    return failing, other
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own sessionfinish has torn down every fixture
 def pytest_sessionfinish(session, exitstatus):
-    _EXIT_STATUS.append(int(exitstatus))
+    failing, other = _leftover_threads()
+    native = _native_threads()
+    terminal = session.config.pluginmanager.get_plugin("terminalreporter")
+    if terminal is not None and (other or native or failing):
+        terminal.write("\n")  # after the progress line
+    if terminal is not None and (other or native):
+        terminal.write_line(f"still running at the end of the run: Python daemon threads {other or 'none'}; "
+                            f"named native threads {native or 'none'}")
+    if failing:
+        if terminal is not None:
+            terminal.write_line(f"FAILED: threads the tests started are still running: {', '.join(failing)} "
+                                "(stop or join them)", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if (native or failing) and os.environ.get("CHORUS_TEST_NO_HARD_EXIT") != "1":
+        _HARD_EXIT.append(int(session.exitstatus))
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
-    import sys
-    import threading
-
-    if not _EXIT_STATUS or os.environ.get("CHORUS_TEST_NO_HARD_EXIT") == "1":
-        return
-    alive = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread())
-    if alive:
-        print(f"threads still alive at the end of the run: {', '.join(alive)}", file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(_EXIT_STATUS[-1])
+    if _HARD_EXIT:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_HARD_EXIT[-1])

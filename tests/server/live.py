@@ -89,7 +89,8 @@ class LiveServer:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.Client(base_url=self.url, timeout=60.0, headers=headers)
         self._server = uvicorn_server(self.backend, lifespan="on")  # the limits and drain of `chorus serve`
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
+                                        name="chorus-live-server", daemon=True)
 
     def __enter__(self) -> "LiveServer":
         self._thread.start()
