@@ -131,9 +131,9 @@ def pytest_collection_modifyitems(config, items):
 # their libraries named, are listed.
 #
 # Twice (2026-12-02, 2026-12-06) a clean-clone run passed every test and then died of a
-# segmentation fault while the process exited, with no Python stack: faulthandler was on, so the
-# fault came after the interpreter had turned it off, in its last teardown or in the C++ static
-# destructors that exit() runs, which is where native threads still running can touch freed
+# segmentation fault while the process exited, with no Python stack. The second time faulthandler
+# was on, so the fault came after the interpreter had turned it off: in its last teardown or in
+# the C++ static destructors that exit() runs, where native threads still running can touch freed
 # state. The native runtime found still running at the end of a run is Ray's: ray.shutdown() leaves
 # the threads of the gRPC, Boost.Asio and OpenCensus copies inside ray/_raylet.so running
 # (gcs_client_io_service, grpc_global_timer, event_engine, default-executor, resolver-executor,
