@@ -143,7 +143,8 @@ def pytest_collection_modifyitems(config, items):
 # every report (terminal summary, JUnit XML), so no static destructor runs under them; any other
 # run exits normally. CHORUS_TEST_NO_HARD_EXIT=1 lets every run exit normally.
 LEFTOVER_GRACE_S = 10.0  # for threads that were told to stop and are on their way out
-_HARD_EXIT: list[int] = []  # the exit status, where the run must end with os._exit
+_EXIT_STATUS: list[int] = []  # the run's exit status: its last entry (a hook that changes it appends)
+_HARD_EXIT: list[bool] = []  # not empty where the run must end with os._exit
 
 
 def _native_threads() -> list[str]:
@@ -191,8 +192,9 @@ def pytest_sessionfinish(session, exitstatus):
             terminal.write_line(f"FAILED: threads the tests started are still running: {', '.join(failing)} "
                                 "(stop or join them)", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    _EXIT_STATUS.append(int(session.exitstatus))
     if (native or failing) and os.environ.get("CHORUS_TEST_NO_HARD_EXIT") != "1":
-        _HARD_EXIT.append(int(session.exitstatus))
+        _HARD_EXIT.append(True)
 
 
 @pytest.hookimpl(trylast=True)
@@ -200,4 +202,4 @@ def pytest_unconfigure(config):
     if _HARD_EXIT:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(_HARD_EXIT[-1])
+        os._exit(_EXIT_STATUS[-1])
