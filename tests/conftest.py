@@ -134,14 +134,15 @@ def pytest_collection_modifyitems(config, items):
 # segmentation fault while the process exited, with no Python stack. The second time faulthandler
 # was on, so the fault came after the interpreter had turned it off: in its last teardown or in
 # the C++ static destructors that exit() runs, where native threads still running can touch freed
-# state. The native runtime found still running at the end of a run is Ray's: ray.shutdown() leaves
-# the threads of the gRPC, Boost.Asio and OpenCensus copies inside ray/_raylet.so running
-# (gcs_client_io_service, grpc_global_timer, event_engine, default-executor, resolver-executor,
-# timer_manager, an OpenCensus harvester) after the Ray Serve tests (tests/server/ray_cluster.py),
-# and Ray has no call that stops them. A run that leaves named native threads running (or a thread
-# that fails it, which would hang the exit) therefore ends with os._exit once pytest has written
-# every report (terminal summary, JUnit XML), so no static destructor runs under them; any other
-# run exits normally. CHORUS_TEST_NO_HARD_EXIT=1 lets every run exit normally.
+# state. Not reproduced; the one native runtime found still running at the end of a run is Ray's:
+# ray.shutdown() leaves the threads of the gRPC, Boost.Asio and OpenCensus copies inside
+# ray/_raylet.so running (gcs_client_io_service, worker.io, grpc_global_timer, event_engine,
+# default-executor, resolver-executor, timer_manager) after the Ray Serve tests
+# (tests/server/ray_cluster.py), and Ray has no call that stops them. A run that leaves named
+# native threads running (or a thread that fails it, which would hang the exit) therefore ends
+# with os._exit once pytest has written every report (terminal summary, JUnit XML), so no static
+# destructor runs under them; any other run exits normally. CHORUS_TEST_NO_HARD_EXIT=1 lets every
+# run exit normally.
 LEFTOVER_GRACE_S = 10.0  # for threads that were told to stop and are on their way out
 _EXIT_STATUS: list[int] = []  # the run's exit status: its last entry (a hook that changes it appends)
 _HARD_EXIT: list[bool] = []  # not empty where the run must end with os._exit
