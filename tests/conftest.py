@@ -30,8 +30,8 @@ DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
 def missing(switch: str, what: str) -> None:
     """Something a test needs and the environment may lack (``what``: it, and how to get it) is
     missing: skip the test (or the module), or fail where the environment variable ``switch`` is
-    1. CI sets CHORUS_REQUIRE_ORACLE, CHORUS_REQUIRE_BROWSER and CHORUS_REQUIRE_FRAMEWORKS, so
-    nothing it must test is skipped there."""
+    1. CI sets CHORUS_REQUIRE_ORACLE, CHORUS_REQUIRE_BROWSER and CHORUS_REQUIRE_FRAMEWORKS
+    (``.ci/run --container`` CHORUS_REQUIRE_CONTAINER), so nothing it must test is skipped there."""
     if os.environ.get(switch) == "1":
         raise RuntimeError(f"{switch}=1 requires it: {what}")
     pytest.skip(what, allow_module_level=True)

@@ -5,12 +5,13 @@ podman is missing, except under ``CHORUS_REQUIRE_CONTAINER=1`` (``.ci/run --cont
 build takes 4-9 minutes and the run 2-3 on 2 CPU cores; the default CI run leaves it out."""
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import missing
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(1800)]
 
@@ -25,9 +26,7 @@ def _container_sh(command: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def image():
     if shutil.which("podman") is None:
-        if os.environ.get("CHORUS_REQUIRE_CONTAINER") == "1":
-            pytest.fail("podman is required (CHORUS_REQUIRE_CONTAINER=1): apt-get install podman runc debootstrap")
-        pytest.skip("podman is not installed")
+        missing("CHORUS_REQUIRE_CONTAINER", "podman is not installed: apt-get install podman runc debootstrap")
     built = _container_sh("build")
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
 
