@@ -9,12 +9,20 @@ from __future__ import annotations
 
 from collections import Counter
 
-# marker -> (what they are, why they are skipped and how to include them); unmarked: "others"
+# marker -> (what they are, why they are skipped and how to include them, a word of that skip's
+# reason); a skip of a marked test for another reason (a parity test of a variant without CFG)
+# counts under "others"
 KINDS = {
-    "browser": ("browser tests", "no Chromium: apt-get install chromium, or CHORUS_CHROMIUM=PATH, includes them"),
-    "gpu": ("GPU tests", "no CUDA device: scripts/gpu/README.md runs them on one"),
-    "oracle": ("parity tests", "no reference oracle: bash scripts/install-test-env.sh installs it"),
+    "browser": ("browser tests", "no Chromium: apt-get install chromium, or CHORUS_CHROMIUM=PATH, includes them",
+                "chromium"),
+    "gpu": ("GPU tests", "no CUDA device: scripts/gpu/README.md runs them on one", "cuda"),
+    "oracle": ("parity tests", "no reference oracle: bash scripts/install-test-env.sh installs it", "oracle"),
 }
+
+
+def _reason(report) -> str:
+    longrepr = report.longrepr  # a skip's is (file, line, "Skipped: reason")
+    return (longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)).lower()
 
 
 class SkipSummary:
@@ -23,7 +31,9 @@ class SkipSummary:
 
     def pytest_runtest_logreport(self, report) -> None:
         if report.skipped and not hasattr(report, "wasxfail"):
-            self.skipped[next((kind for kind in KINDS if kind in report.keywords), None)] += 1
+            reason = _reason(report)
+            self.skipped[next((kind for kind, (_, _, word) in KINDS.items()
+                               if kind in report.keywords and word in reason), None)] += 1
 
     def pytest_collectreport(self, report) -> None:
         if report.skipped:  # a whole module (e.g. an optional package missing)
@@ -32,7 +42,8 @@ class SkipSummary:
     def line(self) -> str:
         if not self.skipped:
             return "skipped: nothing"
-        parts = [f"{self.skipped[kind]} {what} ({how})" for kind, (what, how) in KINDS.items() if self.skipped[kind]]
+        parts = [f"{self.skipped[kind]} {what} ({how})" for kind, (what, how, _) in KINDS.items()
+                 if self.skipped[kind]]
         if self.skipped[None]:
             parts.append(f"{self.skipped[None]} others (the reasons are listed above, 'SKIPPED')")
         return "skipped: " + "; ".join(parts)

@@ -26,7 +26,7 @@ from torch import nn
 
 from chorus.bench.kernel_work import Work, t3_step_work
 from chorus.bench.roofline import ClassRanges, Roof, profile_classes, roofline_report, stage
-from chorus.bench.vocoder_bench import PassInputs, run_encoder, run_hift, run_solver
+from chorus.bench.vocoder_pass import PassInputs, run_encoder, run_hift, run_solver
 from chorus.models.s3gen import encoder as enc
 from chorus.models.s3gen import estimator as est
 from chorus.models.s3gen.hift import ResBlock, Snake

@@ -10,10 +10,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from chorus.bench.vocoder_bench import (
-    VocoderBenchConfig, YardstickPass, format_table, pass_inputs, run, run_encoder, run_hift, run_solver,
-    vocoder_flops,
-)
+from chorus.bench.vocoder_bench import VocoderBenchConfig, YardstickPass, format_table, run, vocoder_flops
+from chorus.bench.vocoder_pass import pass_inputs, run_encoder, run_hift, run_solver
 from chorus.models.s3gen.s3gen import SAMPLE_RATE, output_num_samples
 from tests.models.s3gen.oracle_s3gen import torch_threads
 from tests.vocoder.models import random_s3gen, random_voice
