@@ -122,5 +122,5 @@ def test_readme_says_what_test_sh_prints():
 
     quick = _flat(_section("Quick start"))
     assert ".venv-test/install.log" in quick and "chatterbox-tts 0.1.7 requires torch==2.6.0" in quick
-    what, how = KINDS["browser"]
+    what, how, _ = KINDS["browser"]
     assert f"skipped: 8 {what} ({how.split(',')[0]}," in quick
