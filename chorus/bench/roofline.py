@@ -331,6 +331,15 @@ def plot_path(out: str, suffix: str) -> Path:
     return path.with_name(f"{path.stem}-roofline-{suffix}.png")
 
 
+def write_plots(out: str, entries: list[dict], roof: dict, suffix, title) -> None:
+    """One plot per report entry (a pass, a decode step) next to the JSON report ``out``:
+    ``suffix(entry)`` names its file, ``title(entry)`` titles it; the entry records the file's name."""
+    for entry in entries:
+        path = plot_path(out, suffix(entry))
+        write_plot(path, entry["roofline"], roof, title(entry))
+        entry["roofline_plot"] = path.name
+
+
 def write_plot(path: str | Path, roofline: dict, roof: dict, title: str) -> None:
     """A log-log roofline: intensity (FLOP/B) against achieved TFLOP/s, one labelled point per
     class with work, and the roof of each precision the classes use (``roof``: the report's

@@ -453,12 +453,10 @@ def main_json(cfg: T3BenchConfig, out: str | None) -> dict:
     """Run, print the tables to stderr and the JSON report to stdout (and to ``out``)."""
     report = run(cfg)
     if cfg.roofline and out:
-        from chorus.bench.roofline import plot_path, write_plot
+        from chorus.bench.roofline import write_plots
 
-        for d in report["decode"]:
-            path = plot_path(out, f"b{d['batch']}")
-            write_plot(path, d["roofline"], report["roof"], f"{report['variant']} T3 decode step, {d['rows']} rows, "
-                       f"{report['dtype']} on {report['device_name']}")
-            d["roofline_plot"] = path.name
+        write_plots(out, report["decode"], report["roof"], lambda d: f"b{d['batch']}",
+                    lambda d: f"{report['variant']} T3 decode step, {d['rows']} rows, {report['dtype']} on "
+                              f"{report['device_name']}")
     write_report(report, out, format_tables(report))
     return report

@@ -429,12 +429,10 @@ def main_json(cfg: VocoderBenchConfig, out: str | None) -> dict:
     """Run, print the table to stderr and the JSON report to stdout (and to ``out``, atomically)."""
     report = run(cfg)
     if cfg.roofline and out:
-        from chorus.bench.roofline import plot_path, write_plot
+        from chorus.bench.roofline import write_plots
 
-        for p in report["passes"]:
-            path = plot_path(out, f"b{p['batch']}-n{p['new_tokens']}")
-            write_plot(path, p["roofline"], report["roof"], f"{report['variant']} vocoder pass, B={p['batch']} "
-                       f"N={p['new_tokens']}, {report['dtype']} on {report['device_name']}")
-            p["roofline_plot"] = path.name
+        write_plots(out, report["passes"], report["roof"], lambda p: f"b{p['batch']}-n{p['new_tokens']}",
+                    lambda p: f"{report['variant']} vocoder pass, B={p['batch']} N={p['new_tokens']}, "
+                              f"{report['dtype']} on {report['device_name']}")
     write_report(report, out, format_table(report))
     return report
