@@ -20,8 +20,9 @@ import pytest
 PREFIX = "chorus-tests-"
 PID_FILE = "run.pid"  # the pid of the run that owns the folder
 # what may stay in the folder until it is removed: pytest's per-user base folder (its numbered
-# dirs are its own business) and torch's compile cache (torch.compile in a replica or a test)
-KEPT_PREFIXES = ("pytest-of-", "torchinductor_")
+# dirs are its own business), torch's compile cache (torch.compile in a replica or a test) and
+# PulseAudio's runtime folder, which the browser tests' Chromium makes as it starts
+KEPT_PREFIXES = ("pytest-of-", "torchinductor_", "pulse-")
 
 
 def _alive(pid: int) -> bool:

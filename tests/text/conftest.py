@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,9 @@ def pkuseg_home(session_tmp_path_factory):
     os.environ["PKUSEG_HOME"] = str(home)
     spacy_pkuseg.config.pkuseg_home = str(home)  # read by spacy-pkuseg at import
     yield home
+    # spacy-pkuseg makes a temp dir of its own at import (config.homepath: its trainer writes
+    # there) and never removes it
+    shutil.rmtree(spacy_pkuseg.config.homepath, ignore_errors=True)
     spacy_pkuseg.config.pkuseg_home = saved_home
     if saved_env is None:
         os.environ.pop("PKUSEG_HOME", None)
