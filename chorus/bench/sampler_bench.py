@@ -15,12 +15,12 @@ the kernel at other vocabulary tiles and warp counts (docs/sampling.md).
 from __future__ import annotations
 
 import functools
-import statistics
 
 import torch
 
 import chorus.engine.sampler_graphs as sampler_graphs
 import chorus.sampling.triton_sampler as triton_sampler
+from chorus.bench.cuda_timing import median_cuda_ms
 from chorus.bench.report import write_report
 from chorus.models.variants import get_variant
 from chorus.sampling import (
@@ -40,15 +40,7 @@ def graph_us(fn, reps: int = 200) -> float:
         fn()
     for _ in range(10):
         graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0)
-    return statistics.median(times)
+    return median_cuda_ms(graph.replay, reps) * 1000.0
 
 
 def step_us(variant, params, rows: int, backend: str, reps: int = 200) -> float:
@@ -68,15 +60,7 @@ def step_us(variant, params, rows: int, backend: str, reps: int = 200) -> float:
         for _ in range(5):
             graphs.sample(logits)
         torch.cuda.synchronize()
-        times = []
-        for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graphs.sample(logits)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1000.0)
-        return statistics.median(times)
+        return median_cuda_ms(lambda: graphs.sample(logits), reps) * 1000.0
     finally:
         sampler_graphs.sample_next_tokens = original
 

@@ -15,13 +15,13 @@ guarded: one that fails is recorded with its error and the run goes on (docs/eng
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import time
 import traceback
 
 import torch
 
+from chorus.bench.cuda_timing import median_cuda_ms
 from chorus.bench.report import write_report
 from chorus.engine.attention import SharedPrefixTensors, paged_attention_reference, plan_shared_prefixes
 from chorus.engine.attention.triton_paged import paged_attention_triton
@@ -82,15 +82,7 @@ def time_calls(calls, iters: int) -> tuple[float, str]:
     for _ in range(3):
         run()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / len(calls))
-    return statistics.median(times), mode
+    return median_cuda_ms(run, iters) / len(calls), mode
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
