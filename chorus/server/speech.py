@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 from chorus.models.s3gen.s3gen import SAMPLE_RATE
 from chorus.pipeline.errors import PipelineError
+from chorus.quality.checks import AudioCheck
 from chorus.server.degradation import Applied
 from chorus.server.errors import APIError, StreamCut, pipeline_error
 from chorus.server.schemas import ConversionFields, SpeechBody
@@ -210,8 +211,6 @@ class SpeechCall:
     it teaches admission's capacity model, the audio delivered, the metrics at its end."""
 
     def __init__(self, service: "SpeechService", stream, ticket, applied, arrived: float):
-        from chorus.quality.checks import AudioCheck
-
         self.service, self.stream, self.ticket, self.applied, self.arrived = service, stream, ticket, applied, arrived
         self.samples = 0  # audio delivered, at SAMPLE_RATE
         self.ended = False
