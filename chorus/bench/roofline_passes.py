@@ -120,6 +120,7 @@ def profile_t3_step(engine, request_ids: list[str], rows: int, roof: Roof | None
     scheduler, runner = engine.scheduler, engine.runner
     model = runner.model
     requests = [scheduler.get_request(rid) for rid in request_ids]
+    assert None not in requests, "every request must still be decoding when its step is profiled"
     context = round(sum(r.num_tokens for r in requests) / len(requests))
     prompt_tokens = requests[0].prompt.num_tokens
     out = scheduler.schedule()

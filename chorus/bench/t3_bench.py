@@ -140,10 +140,16 @@ def bench_decode(model, variant, conditioning, text_ids, cfg: T3BenchConfig, bat
     engine = bench_engine(model, variant, cfg, batch * rows_per_request)
     warmup_s = _warmup_seconds(engine)
     device = model.device
-    total = cfg.warmup_steps + cfg.decode_steps + min(10, cfg.decode_steps) + 4
+    # every request must still be decoding at the roofline's profiled step: the ones admitted first
+    # decode while the rest prefill, up to one token per prefill step, so the margin covers those
+    prefill_steps_max = 64
+    total = cfg.warmup_steps + cfg.decode_steps + min(10, cfg.decode_steps) + 4 + prefill_steps_max
     ids = [engine.add_request(T3Request(text_ids, conditioning, fixed_length_params(variant, cfg, total, i))) for i in range(batch)]
     produced = {rid: 0 for rid in ids}
+    prefill_steps = 0
     while min(produced.values()) < 1:  # prefill everything first
+        prefill_steps += 1
+        assert prefill_steps <= prefill_steps_max, f"prefilling {batch} requests took over {prefill_steps_max} steps"
         for e in engine.step():
             if e.new_token is not None:
                 produced[e.request_id] += 1
