@@ -1,4 +1,4 @@
-"""Autoscaling on Ray Serve, live (chorus/deploy.py ``build``, docs/scaling.md "Autoscaling"):
+"""Autoscaling on Ray Serve, live (chorus/deploy/application.py ``build``, docs/scaling.md "Autoscaling"):
 one tiny engine replica, a burst of concurrent requests adds a second replica, every request is
 answered, and the application goes back to one replica once the burst is over."""
 from __future__ import annotations

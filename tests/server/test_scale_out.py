@@ -1,4 +1,4 @@
-"""Scale-out on Ray Serve (chorus/deploy.py, docs/scaling.md): a local Ray cluster, two engine
+"""Scale-out on Ray Serve (chorus/deploy/, docs/scaling.md): a local Ray cluster, two engine
 replicas of the tiny random models behind the HTTP front. Requests spread over both, a voice
 uploaded through one is spoken by the other, /metrics shows both and their totals, and a replica
 killed with SIGKILL under load loses no request that had not started streaming while the
