@@ -1,4 +1,4 @@
-"""``chorus bench online``'s run: a warm-up, the closed-loop levels (online_bench.py), then, when
+"""``chorus bench online``'s run: a warm-up, the closed-loop levels (online_levels.py), then, when
 asked, the open-loop overload run (overload_bench.py) at a rate of its own or at a multiple of the
 capacity the levels measured; one report of it all. docs/benchmarks.md ("Online load test",
 "Overload mode") explains every field.
@@ -12,8 +12,8 @@ import sys
 import httpx
 
 from chorus.bench.online_bench import (CLIENT_LATE_WARNING_S, MEASURED_FORMATS, SAMPLE_RATE, OnlineBenchConfig,
-                                       OnlineBenchError, auth_headers, first_model, request_body, run_level,
-                                       speak_once)
+                                       OnlineBenchError, auth_headers, first_model, request_body, speak_once)
+from chorus.bench.online_levels import run_level
 from chorus.bench.overload_bench import capacity_of, realtime_capacity_of, run_overload
 
 

@@ -1,6 +1,6 @@
 """``chorus bench online --arrival-rate R`` (or ``--overload-multiple X``): an open-loop overload run.
 
-Closed-loop clients (online_bench.py) slow down when the server does, so they never overload
+Closed-loop clients (online_levels.py) slow down when the server does, so they never overload
 it. Here requests arrive on their own clock, as independent users do: a Poisson process at
 ``arrival_rate`` requests per second (or ``overload_multiple`` times the capacity the closed-loop
 levels measured), until ``requests`` were sent or ``duration_s`` passed, whichever comes first;
@@ -23,9 +23,10 @@ import time
 
 import httpx
 
-from chorus.bench.online_bench import (MEASURED_FORMATS, ClientProcesses, OnlineBenchConfig, Outcome, OverloadConfig,
-                                       _pct, auth_headers, lag_summary, parse_metrics, pause_report, sender_summary,
-                                       server_pauses, speak_once)
+from chorus.bench.client_processes import ClientProcesses, lag_summary, sender_summary
+from chorus.bench.online_bench import (MEASURED_FORMATS, OnlineBenchConfig, Outcome, OverloadConfig, _pct, auth_headers,
+                                       speak_once)
+from chorus.bench.server_metrics import parse_metrics, pause_report, server_pauses
 from chorus.loop_lag import watch_loop_lag
 
 REFUSALS = ("429", "503")  # answered before any work: admission, memory pressure, not ready

@@ -17,7 +17,9 @@ Per turn: time from its first text delta to its first audio frame, the part the 
 (that minus the ``threshold_wait_s`` its ``done`` reports), ``flush`` to the last audio frame,
 playback stalls once its audio started (online_bench's :class:`Playback`), and for a barge-in
 ``cancel`` -> ``cancelled`` and any frame after it. docs/benchmarks.md ("Voice-agent latency")
-explains every field. Only the client lives here (websockets, httpx, numpy; no model).
+explains every field. Only the client lives here (websockets, httpx, numpy; no model): the
+agents' config, their text and how they talk here, a connection's turns as the client sees them in
+ws_turn.py, a level's report in ws_report.py.
 """
 from __future__ import annotations
 
@@ -26,7 +28,6 @@ import datetime
 import json
 import random
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -34,13 +35,13 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
-from chorus.bench.online_bench import (COUNTERS, GAUGES, MetricsWatch, OnlineBenchError, Playback, _pct,
-                                       auth_headers, check_load, first_model)
-from chorus.integrations.ws_client import ProtocolError, parse_audio_frame
+from chorus.bench.online_bench import OnlineBenchError, auth_headers, check_load, first_model
+from chorus.bench.server_metrics import COUNTERS, GAUGES, MetricsWatch
+from chorus.bench.ws_report import progress_line, summarize
+from chorus.bench.ws_turn import SAMPLE_BYTES, ConnectionLog, Turn
 
 WS_PATH = "/v1/audio/speech/stream"
 FORMATS = ("pcm", "pcm_24000", "pcm_16000", "pcm_8000", "mulaw_8000", "mp3", "opus")
-SAMPLE_BYTES = {"pcm": 2, "pcm_24000": 2, "pcm_16000": 2, "pcm_8000": 2, "mulaw_8000": 1}  # measured formats
 SPACINGS = ("fixed", "poisson")
 CHUNKING_KEYS = ("min_chars", "max_chars", "max_wait_ms")
 DEFAULT_TURNS = 4
@@ -48,9 +49,6 @@ DEFAULT_TURNS = 4
 # one with a clause, a question; 152 characters, 35 tokens, about 10 s of speech.
 AGENT_TEXT = ("Sure, I can help with that. Your order left our warehouse this morning, and it should arrive "
               "on Thursday. Is there anything else I can do for you today?")
-# Turn outcomes. done / cancelled / error: the server's event ended it; lost: the connection
-# closed or --timeout-s passed first; not_run: its connection ended before it could start.
-OUTCOMES = ("done", "cancelled", "error", "lost", "not_run")
 SUBWORD_CHARS = 8  # a longer word is sent as pieces of SUBWORD_PIECE characters
 SUBWORD_PIECE = 5
 COUNTERS_WS = {**COUNTERS, "ws_turns": "chorus_ws_turns_total"}
@@ -153,145 +151,6 @@ def token_times(count: int, rate: float, spacing: str, rng: random.Random) -> li
             now += 1.0 / rate if spacing == "fixed" else rng.expovariate(rate)
         times.append(now)
     return times
-
-
-# ---------------------------------------------------------------------------------- the wire
-
-def _audio_seconds(nbytes: int, sample_bytes: int, rate: int) -> float:
-    return nbytes // sample_bytes / rate
-
-
-@dataclass
-class Turn:
-    """One turn as the client saw it (``time.perf_counter`` stamps)."""
-
-    turn_id: str
-    index: int = 0  # the turn's place on its connection (0: the connection's first)
-    cancel_planned: bool = False
-    sample_bytes: int | None = None  # None: a compressed format, measured in bytes only
-    rate: int = 24_000
-    first_delta: float | None = None  # stamped just before sending it
-    flushed: float | None = None
-    cancel_sent: float | None = None
-    first_audio: float | None = None
-    last_audio: float | None = None
-    ended_at: float | None = None
-    outcome: str | None = None
-    code: str | None = None
-    message: str | None = None
-    done: dict | None = None  # the server's done event
-    frames: int = 0
-    bytes: int = 0
-    next_seq: int = 0
-    seq_errors: int = 0
-    frames_after_cancel_sent: int = 0
-    frames_after_end: int = 0
-    pieces: int = 0
-    send_lag_s: float = 0.0  # latest a delta went out after it was due (a saturated client shows here)
-    stalls: int = 0
-    playback: Playback = field(default_factory=Playback)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)  # set at the first audio and at the end
-    ended: asyncio.Event = field(default_factory=asyncio.Event)
-
-    @property
-    def audio_s(self) -> float | None:
-        return None if self.sample_bytes is None else _audio_seconds(self.bytes, self.sample_bytes, self.rate)
-
-    def on_audio(self, now: float, seq: int, nbytes: int) -> None:
-        if self.outcome is not None:  # after done or cancelled: the protocol says none follows
-            self.frames_after_end += 1
-            return
-        if seq != self.next_seq:
-            self.seq_errors += 1
-        self.next_seq = seq + 1
-        self.frames += 1
-        if self.cancel_sent is not None:
-            self.frames_after_cancel_sent += 1
-        if self.first_audio is None:
-            self.first_audio = now
-            self.wake.set()
-        self.last_audio = now
-        if self.sample_bytes is not None:
-            before, stalled = self.audio_s, self.playback.stall_s
-            self.bytes += nbytes
-            self.playback.receive(now, self.audio_s - before)
-            self.stalls += int(self.playback.stall_s > stalled)
-        else:
-            self.bytes += nbytes
-
-    def end(self, now: float, outcome: str, code: str | None = None, message: str | None = None) -> None:
-        assert outcome in OUTCOMES and self.outcome is None
-        self.outcome, self.code, self.message, self.ended_at = outcome, code, message, now
-        self.wake.set()
-        self.ended.set()
-
-
-@dataclass
-class ConnectionLog:
-    """One connection: its turns, and what happened outside them."""
-
-    turns: list[Turn] = field(default_factory=list)
-    ready: dict | None = None
-    errors: dict[str, int] = field(default_factory=dict)  # handshake, config, connection-level, client side
-    samples: list[str] = field(default_factory=list)
-    close_code: int | None = None
-    unknown_turn_frames: int = 0
-    bad_frames: int = 0
-    late_events: int = 0  # an event for no open turn (e.g. cancelled after a cancel lost its race to done)
-    last_error: str | None = None
-
-    def error(self, code: str, message: str) -> None:
-        self.errors[code] = self.errors.get(code, 0) + 1
-        self.last_error = code
-        if len(self.samples) < 5:
-            self.samples.append(f"{code}: {message}")
-
-    def open_turn(self, turn_id: str) -> Turn | None:
-        for turn in reversed(self.turns):
-            if turn.turn_id == turn_id:
-                return turn
-        return None
-
-    def on_frame(self, now: float, data: bytes) -> None:
-        try:
-            frame = parse_audio_frame(data)  # the protocol's one client-side parser
-        except ProtocolError:
-            self.bad_frames += 1
-            return
-        turn = self.open_turn(frame.turn_id)
-        if turn is None:
-            self.unknown_turn_frames += 1
-        else:
-            turn.on_audio(now, frame.seq, len(frame.data))
-
-    def on_event(self, now: float, text: str) -> None:
-        try:
-            event = json.loads(text)
-            kind, turn_id = event["type"], event.get("turn_id")
-        except (ValueError, KeyError, TypeError, AttributeError):
-            self.error("bad_event", text[:200])
-            return
-        turn = self.open_turn(turn_id) if turn_id is not None else None
-        if kind == "error" and turn_id is None:
-            self.error(str(event.get("code")), str(event.get("message")))
-        elif turn is None or (turn.outcome is not None and kind in ("done", "cancelled", "error")):
-            self.late_events += 1
-        elif kind == "piece":
-            turn.pieces += 1
-        elif kind == "done":
-            turn.done = event
-            turn.end(now, "done")
-        elif kind == "cancelled":
-            turn.end(now, "cancelled")
-        elif kind == "error":
-            turn.end(now, "error", str(event.get("code")), str(event.get("message")))
-
-    def closed(self, now: float, code: int | None) -> None:
-        self.close_code = code
-        for turn in self.turns:
-            if turn.outcome is None:
-                turn.end(now, "lost", "connection_closed",
-                         f"connection closed ({code})" + (f" after error {self.last_error}" if self.last_error else ""))
 
 
 # ---------------------------------------------------------------------------------- one agent
@@ -447,107 +306,6 @@ async def run_connection(cfg: AgentBenchConfig, model: str, log: ConnectionLog, 
 
 # ---------------------------------------------------------------------------------- a level
 
-def _pcts(values: list[float]) -> dict:
-    return {"p50": _pct(values, 50), "p90": _pct(values, 90), "p99": _pct(values, 99), "max": _pct(values, 100)}
-
-
-def _number(value) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _turn_timings(turn: Turn) -> dict:
-    """The ``timings`` of the turn's ``done`` event ({} without one)."""
-    return (turn.done or {}).get("timings") or {}
-
-
-def _timing(turn: Turn, key: str) -> float | None:
-    return _number(_turn_timings(turn).get(key))
-
-
-def _timings(turns: list[Turn], key: str) -> list[float]:
-    return [v for t in turns if (v := _timing(t, key)) is not None]
-
-
-# the server's split of a turn's first piece (``done``'s ``timings.first_piece``), seconds from its cut
-FIRST_PIECE_TIMINGS = ("submitted_s", "first_token_s", "first_window_s", "first_pass_s", "first_audio_s")
-
-
-def _first_piece(turns: list[Turn], key: str) -> list[float]:
-    split = [_turn_timings(t).get("first_piece") or {} for t in turns]
-    return [v for s in split if (v := _number(s.get(key))) is not None]
-
-
-def summarize(concurrency: int, turns_each: int, logs: list[ConnectionLog], wall_s: float, fmt: str) -> dict:
-    """The per-level figures of the report (docs/benchmarks.md, "Voice-agent latency")."""
-    turns = [t for log in logs for t in log.turns]
-    counts = {o: sum(1 for t in turns if t.outcome == o) for o in OUTCOMES}
-    counts["not_run"] = concurrency * turns_each - len(turns)
-    done = [t for t in turns if t.outcome == "done"]
-    heard = [(t, t.first_audio - t.first_delta) for t in turns if t.first_audio is not None and t.first_delta]
-    first_audio = [s for _, s in heard]
-    by_turn = {"first": [s for t, s in heard if t.index == 0], "later": [s for t, s in heard if t.index > 0]}
-    waits = [(t, _timing(t, "threshold_wait_s")) for t in done if t.first_audio is not None and t.first_delta]
-    added = [t.first_audio - t.first_delta - w for t, w in waits if w is not None]
-    flush_to_last = [t.last_audio - t.flushed for t in done if t.last_audio is not None and t.flushed is not None]
-    codes: dict[str, int] = {}
-    for key in [t.code for t in turns if t.outcome in ("error", "lost")] + \
-            [c for log in logs for c, n in log.errors.items() for _ in range(n)]:
-        codes[key] = codes.get(key, 0) + 1
-    closes: dict[str, int] = {}
-    for log in logs:
-        closes[str(log.close_code)] = closes.get(str(log.close_code), 0) + 1
-    measured = fmt in SAMPLE_BYTES
-    played = [t for t in done if t.frames]
-    cancels = [t for t in turns if t.cancel_sent is not None]
-    cancelled = [t for t in cancels if t.outcome == "cancelled"]
-    samples = [f"{t.turn_id} {t.outcome} {t.code}: {t.message}" for t in turns if t.outcome in ("error", "lost")]
-    return {
-        "connections": concurrency, "turns_per_connection": turns_each,
-        "ready": sum(1 for log in logs if log.ready is not None), "turns": counts,
-        "error_codes": codes, "error_samples": (samples + [s for log in logs for s in log.samples])[:5],
-        "close_codes": closes, "wall_s": round(wall_s, 3),
-        "first_audio_s": _pcts(first_audio),
-        # each connection's first turn apart from its later ones: without a ramp the N first turns
-        # start within one token interval of each other, the level's burst
-        "first_audio_s_by_turn": {part: _pcts(values) for part, values in by_turn.items()},
-        "threshold_wait_s": _pcts([w for _, w in waits if w is not None]),
-        "server_added_s": _pcts(added),
-        "server_first_audio_s": _pcts(_timings(done, "first_text_to_first_audio_s")),
-        "server_first_piece_s": {key: _pcts(_first_piece(done, key)) for key in FIRST_PIECE_TIMINGS},
-        "flush_to_last_audio_s": _pcts(flush_to_last),
-        "server_flush_to_last_audio_s": _pcts(_timings(done, "flush_to_last_audio_s")),
-        "pieces_per_turn": _pcts([t.pieces for t in done]),
-        "frames": sum(t.frames for t in turns), "bytes": sum(t.bytes for t in turns),
-        "audio_s": round(sum(t.audio_s for t in turns), 3) if measured else None,
-        "done_turns_audio_s": {  # the audio of done turns as received, and as their done events say
-            "client": round(sum(t.audio_s for t in done), 3) if measured else None,
-            "server": round(sum(float(t.done.get("audio_seconds") or 0.0) for t in done), 3)},
-        "throughput_audio_s_per_s":
-            round(sum(t.audio_s for t in turns) / wall_s, 3) if measured and wall_s > 0 else None,
-        "stalls": None if not measured else {
-            "turns_measured": len(played), "turns_with_stall": sum(1 for t in played if t.stalls),
-            "count": sum(t.stalls for t in played), "stall_s": _pcts([t.playback.stall_s for t in played]),
-        },
-        "cancel": {
-            "sent": len(cancels), "cancelled": len(cancelled),
-            "done_first": sum(1 for t in cancels if t.outcome == "done"),
-            "to_cancelled_s": _pcts([t.ended_at - t.cancel_sent for t in cancelled]),
-            "to_last_audio_s": _pcts([max(0.0, t.last_audio - t.cancel_sent) for t in cancelled]),
-            "frames_after_cancel_sent": sum(t.frames_after_cancel_sent for t in cancels),
-            "frames_after_cancelled": sum(t.frames_after_end for t in cancelled),
-        },
-        "protocol_errors": {
-            "seq": sum(t.seq_errors for t in turns),
-            "frames_after_done": sum(t.frames_after_end for t in done),
-            "frames_after_cancelled": sum(t.frames_after_end for t in cancelled),
-            "frames_of_unknown_turns": sum(log.unknown_turn_frames for log in logs),
-            "bad_frames": sum(log.bad_frames for log in logs),
-            "late_events": sum(log.late_events for log in logs),
-        },
-        "send_lag_s": _pcts([t.send_lag_s for t in turns if t.first_delta is not None]),
-    }
-
-
 def first_turn_phase(cfg: AgentBenchConfig, i: int, concurrency: int, rng: random.Random) -> float:
     """When connection ``i`` of ``concurrency`` starts its first turn, in seconds from the level's
     start: its place in the ramp (``i / concurrency`` of ``ramp_s``) plus a random phase within one
@@ -620,24 +378,6 @@ async def run_agent_async(cfg: AgentBenchConfig, progress=None) -> dict:
     return report
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{1000 * value:.0f} ms"
-
-
-def _progress_line(level: dict) -> None:
-    turns, stalls, cancel = level["turns"], level["stalls"], level["cancel"]
-    planned = sum(turns.values())
-    stall = "-" if stalls is None else f"{stalls['turns_with_stall']}/{stalls['turns_measured']} turns stalled"
-    cancels = f"; cancel->cancelled p99 {_ms(cancel['to_cancelled_s']['p99'])}" if cancel["sent"] else ""
-    # by code: a refusal (overloaded) is not an error of the run, and the first audio counts neither
-    codes = ", ".join(f"{code} {n}" for code, n in sorted(level["error_codes"].items()))
-    print(f"connections {level['connections']}: {turns['done']}/{planned} turns done, {turns['cancelled']} cancelled, "
-          f"{turns['error'] + turns['lost'] + turns['not_run']} failed{f' ({codes})' if codes else ''}; first audio p50 "
-          f"{_ms(level['first_audio_s']['p50'])} p99 {_ms(level['first_audio_s']['p99'])} (server-added p99 "
-          f"{_ms(level['server_added_s']['p99'])}); flush->last audio p99 "
-          f"{_ms(level['flush_to_last_audio_s']['p99'])}; {stall}{cancels}; {level['wall_s']:.1f} s", file=sys.stderr)
-
-
 def run_agent(cfg: AgentBenchConfig, *, progress: bool = False) -> dict:
     """Run every level and return the report (a JSON-ready dict)."""
-    return asyncio.run(run_agent_async(cfg, _progress_line if progress else None))
+    return asyncio.run(run_agent_async(cfg, progress_line if progress else None))

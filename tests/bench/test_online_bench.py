@@ -8,12 +8,13 @@ import os
 
 import pytest
 
-from chorus.bench.online_bench import (STATUSES, OnlineBenchConfig, Outcome, OverloadConfig, Playback, bucket_quantiles,
-                                       parse_buckets, labelled_totals, parse_metrics, pause_report, request_body,
-                                       server_pauses, shares, stage_means)
+from chorus.bench.online_bench import STATUSES, OnlineBenchConfig, Outcome, OverloadConfig, Playback, request_body
+from chorus.bench.online_levels import shares
 from chorus.bench.online_run import _overload_line, run_online
 from chorus.bench.overload_bench import arrival_times, summarize as summarize_overload
 from chorus.bench.report import local_card
+from chorus.bench.server_metrics import (bucket_quantiles, labelled_totals, parse_buckets, parse_metrics, pause_report,
+                                         server_pauses, stage_means)
 from chorus.cli import main
 from chorus.server.model_entries import ModelEntry
 from chorus.server.service import CANARY_TOKENS

@@ -11,8 +11,10 @@ import struct
 import pytest
 
 from chorus.bench.online_bench import DEFAULT_TEXT
-from chorus.bench.ws_bench import (OUTCOMES, AgentBenchConfig, ConnectionLog, Turn, first_turn_phase, llm_tokens,
-                                   _progress_line, run_agent, run_connection, summarize, token_times, turn_gap)
+from chorus.bench.ws_bench import (AgentBenchConfig, first_turn_phase, llm_tokens, run_agent, run_connection, token_times,
+                                   turn_gap)
+from chorus.bench.ws_report import progress_line, summarize
+from chorus.bench.ws_turn import OUTCOMES, ConnectionLog, Turn
 from chorus.cli import main
 from tests.server.live import LiveServer, server_config, tiny_loader
 
@@ -138,7 +140,7 @@ def test_a_level_summary_counts_every_turn_once_and_subtracts_the_threshold_wait
 
 def test_the_progress_line_names_the_failed_turns_codes(capsys):
     level = summarize(2, 3, _level_of_events(), wall_s=4.0, fmt="pcm")
-    _progress_line(level)
+    progress_line(level)
     assert "1/6 turns done, 1 cancelled, 4 failed (connection_closed 1, server_draining 1, synthesis_failed 1)" \
         in capsys.readouterr().err
 
