@@ -1,6 +1,7 @@
 """A voice-agent connection as the bench's client sees it: each :class:`Turn` (its stamps, frames,
 playback and outcome) and the :class:`ConnectionLog` that routes the server's audio frames and
-events to them (the WebSocket protocol of docs/server.md, parsed by chorus/integrations/ws_client.py)."""
+events to them (the WebSocket protocol of docs/voice-agents.md; frames parsed by
+chorus/integrations/ws_client.py)."""
 from __future__ import annotations
 
 import asyncio
