@@ -75,7 +75,8 @@ def _by_version(ok: list[Outcome]) -> dict[str, dict]:
         mine = [o for o in ok if o.version == version]
         ttfa = [o.ttfa_s for o in mine if o.ttfa_s is not None]
         e2e = [o.e2e_s for o in mine]
-        out[version] = {"ok": len(mine), "ttfa_s": {"p50": _pct(ttfa, 50), "p95": _pct(ttfa, 95), "p99": _pct(ttfa, 99)},
+        out[version] = {"ok": len(mine),
+                        "ttfa_s": {"p50": _pct(ttfa, 50), "p95": _pct(ttfa, 95), "p99": _pct(ttfa, 99)},
                         "e2e_s": {"p50": _pct(e2e, 50), "p99": _pct(e2e, 99)}}
     return out
 

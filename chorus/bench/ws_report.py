@@ -122,7 +122,8 @@ def progress_line(level: dict) -> None:
     # by code: a refusal (overloaded) is not an error of the run, and the first audio counts neither
     codes = ", ".join(f"{code} {n}" for code, n in sorted(level["error_codes"].items()))
     print(f"connections {level['connections']}: {turns['done']}/{planned} turns done, {turns['cancelled']} cancelled, "
-          f"{turns['error'] + turns['lost'] + turns['not_run']} failed{f' ({codes})' if codes else ''}; first audio p50 "
+          f"{turns['error'] + turns['lost'] + turns['not_run']} failed{f' ({codes})' if codes else ''}; "
+          f"first audio p50 "
           f"{_ms(level['first_audio_s']['p50'])} p99 {_ms(level['first_audio_s']['p99'])} (server-added p99 "
           f"{_ms(level['server_added_s']['p99'])}); flush->last audio p99 "
           f"{_ms(level['flush_to_last_audio_s']['p99'])}; {stall}{cancels}; {level['wall_s']:.1f} s", file=sys.stderr)

@@ -98,7 +98,8 @@ class RemoteBackend:
                    for model_id, given in weights.items()}
         for model_id, given in weights.items():
             if model_id not in served:
-                raise ValueError(f"weights: model {model_id!r} is not served here (served: {', '.join(sorted(served))})")
+                raise ValueError(f"weights: model {model_id!r} is not served here "
+                                 f"(served: {', '.join(sorted(served))})")
             if not isinstance(given, Mapping):
                 raise ValueError(f"weights of {model_id!r} must be a table of version: weight, got {given!r}")
             labels = {e.version for e in entries if e.id == model_id}

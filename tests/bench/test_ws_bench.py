@@ -11,8 +11,8 @@ import struct
 import pytest
 
 from chorus.bench.online_bench import DEFAULT_TEXT
-from chorus.bench.ws_bench import (AgentBenchConfig, first_turn_phase, llm_tokens, run_agent, run_connection, token_times,
-                                   turn_gap)
+from chorus.bench.ws_bench import (AgentBenchConfig, first_turn_phase, llm_tokens, run_agent, run_connection,
+                                   token_times, turn_gap)
 from chorus.bench.ws_report import progress_line, summarize
 from chorus.bench.ws_turn import OUTCOMES, ConnectionLog, Turn
 from chorus.cli import main
