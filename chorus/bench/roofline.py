@@ -228,9 +228,12 @@ def profile_classes(call: Callable[[], object], ranges: ClassRanges, stages: Ite
     seconds: dict[str, float] = {}
     markers = ranges.names | stages
     profiled = 0.0
-    for event in prof.events():
+    events = prof.events()
+    cpu = torch.autograd.DeviceType.CPU
+    unlinked = _unlinked_kernels(events) if cuda else []
+    for event in events:
         # a range's span on the device (kineto's gpu_user_annotation) is no kernel of its own
-        if event.device_type != torch.autograd.DeviceType.CPU:
+        if event.device_type != cpu:
             if cuda and not event.is_user_annotation and event.name not in markers:
                 profiled += event.device_time_total / 1e6
             continue
@@ -246,7 +249,37 @@ def profile_classes(call: Callable[[], object], ranges: ClassRanges, stages: Ite
         name = _class_of(event, ranges.names, stages, ops)
         if name is not None:
             seconds[name] = seconds.get(name, 0.0) + spent
+    marker_ranges = [e for e in events if e.device_type == cpu and e.name in markers] if unlinked else []
+    for kernel, launch in unlinked:
+        name = _class_of(_innermost_range(marker_ranges, launch), ranges.names, stages, ops)
+        if name is not None and kernel.name not in markers:
+            seconds[name] = seconds.get(name, 0.0) + kernel.device_time_total / 1e6
     return ClassTimes(seconds, wall, profiled)
+
+
+def _unlinked_kernels(events) -> list[tuple[object, object]]:
+    """The device kernels the profiler tied to no PyTorch op, each with the host call that
+    launched it (same correlation id): Triton's kernels, launched through the driver from Python,
+    arrive so. Those tied to an op are counted through the op's ``kernels``."""
+    cpu = torch.autograd.DeviceType.CPU
+    if not events or not hasattr(events[0], "linked_correlation_id"):
+        return []  # a profiler that does not say which op a kernel belongs to
+    ops = {e.id for e in events if e.device_type == cpu and e.kernels}
+    launches = {e.id: e for e in events if e.device_type == cpu and "aunch" in e.name}
+    found = []
+    for e in events:
+        if e.device_type == cpu or e.is_user_annotation or e.linked_correlation_id in ops:
+            continue
+        if e.id in launches:
+            found.append((e, launches[e.id]))
+    return found
+
+
+def _innermost_range(marker_ranges: list, launch):
+    """The innermost of ``marker_ranges`` (class and stage ranges) open on the host when ``launch`` ran."""
+    start = launch.time_range.start
+    around = [e for e in marker_ranges if e.time_range.start <= start <= e.time_range.end]
+    return max(around, key=lambda e: e.time_range.start, default=None)
 
 
 # ------------------------------------------------------------------------------ the report

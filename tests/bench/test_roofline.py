@@ -141,6 +141,31 @@ def test_each_kernel_goes_to_its_innermost_class_range():
     assert not inner._forward_pre_hooks and not inner._forward_hooks  # the ranges are gone
 
 
+@pytest.mark.gpu
+def test_a_triton_kernel_goes_to_the_class_range_it_was_launched_in():
+    """Triton launches its kernels through the driver, tied to no PyTorch op: they still count,
+    once, in the class whose range was open when they were launched."""
+    from chorus.models.s3gen.fused_ops import snake
+
+    class Snake(nn.Module):
+        def forward(self, x, alpha):
+            return snake(x, alpha, backend="triton")
+
+    fused, linear = Snake(), nn.Linear(256, 256).cuda()
+    x, alpha = torch.randn(8, 256, 4096, device="cuda"), torch.rand(256, device="cuda")
+
+    def call():
+        with torch.inference_mode(), stage("s"):
+            linear(fused(x, alpha).transpose(1, 2))
+
+    call()  # Triton compiles outside the profile
+    with ClassRanges() as ranges:
+        ranges.modules([(fused, "snake"), (linear, "linear")])
+        times = profile_classes(call, ranges, ("s",), torch.device("cuda"))
+    assert times.seconds["snake"] > 0 and times.seconds["linear"] > 0
+    assert times.kernel_seconds == pytest.approx(times.profiled_seconds, rel=0.02)  # all of it, none twice
+
+
 def test_a_tiny_hifts_time_lands_in_its_classes(tiny_turbo):
     hift = tiny_turbo.mel2wav
     mel = torch.randn(2, 80, 6)
