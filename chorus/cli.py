@@ -169,8 +169,7 @@ def _cmd_bench_vocoder(args: argparse.Namespace) -> int:
         raise CliError(f"--repeats must be at least 1, got {args.repeats}")
     if args.flow_steps is not None and args.flow_steps < 1:
         raise CliError(f"--flow-steps must be at least 1, got {args.flow_steps}")
-    kernels = {name: getattr(args, name) for name in ("hift_ops", "hift_conv_ops", "flow_ops")
-               if getattr(args, name) is not None}
+    kernels = {name: getattr(args, name) for name in ("hift_ops", "flow_ops") if getattr(args, name) is not None}
     cfg = VocoderBenchConfig(
         variant=args.variant, checkpoint=args.checkpoint, dtype=args.dtype, device=args.device,
         batch_sizes=_positive_ints(args.batch_sizes, "--batch-sizes"),
@@ -1191,10 +1190,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hift-ops", choices=("auto", "triton", "torch"), default=None,
                    help="kernels of HiFT's Snake activations (VocoderConfig.hift_ops): auto (default) fuses each "
                         "into one Triton kernel on CUDA, torch runs the plain tensor ops")
-    p.add_argument("--hift-conv-ops", choices=("auto", "triton", "torch"), default=None,
-                   help="kernels of HiFT's residual units (VocoderConfig.hift_conv_ops): torch (default) runs "
-                        "Snake, cuDNN's convolution and the residual add; auto fuses each Snake with the "
-                        "convolution, bias, mask and residual after it into one Triton kernel on CUDA")
     p.add_argument("--flow-ops", choices=("auto", "triton", "torch"), default=None,
                    help="kernels of the flow estimator's norms (VocoderConfig.flow_ops): auto (default) fuses each "
                         "causal block's LayerNorm + Mish + mask and each transformer block's residual add + "

@@ -68,7 +68,6 @@ class VocoderBenchConfig:
     cuda_graphs: bool = VocoderConfig.cuda_graphs
     compile_hift: bool = VocoderConfig.compile_hift
     hift_ops: str = VocoderConfig.hift_ops
-    hift_conv_ops: str = VocoderConfig.hift_conv_ops
     flow_ops: str = VocoderConfig.flow_ops
     seed: int = 0
     # the roofline report (chorus.bench.roofline): each pass's kernel classes profiled against the card
@@ -361,7 +360,7 @@ def run(cfg: VocoderBenchConfig, s3gen: S3Gen | None = None, voice: Voice | None
     device, dtype = s3gen.device, s3gen.dtype
     stage = VocoderStage(s3gen, VocoderConfig(
         max_batch_items=max(cfg.batch_sizes), cuda_graphs=cfg.cuda_graphs, compile_hift=cfg.compile_hift,
-        hift_ops=cfg.hift_ops, hift_conv_ops=cfg.hift_conv_ops, flow_ops=cfg.flow_ops,
+        hift_ops=cfg.hift_ops, flow_ops=cfg.flow_ops,
         max_batch_tokens=max(VocoderConfig().max_batch_tokens,
                              max(cfg.batch_sizes) * (voice.s3gen_prompt_tokens.shape[1] + max(cfg.new_tokens) + 16))))
     settings = s3gen.variant.s3gen
@@ -375,7 +374,6 @@ def run(cfg: VocoderBenchConfig, s3gen: S3Gen | None = None, voice: Voice | None
         "repeats": cfg.repeats, "warmup_passes": cfg.warmup_passes, "stage_cuda_graphs": cfg.cuda_graphs,
         "stage_compile_hift": stage.graphs.hift_runner.compiled,
         "stage_hift_ops": cfg.hift_ops,
-        "stage_hift_conv_ops": cfg.hift_conv_ops,
         "stage_flow_ops": cfg.flow_ops,
         "hift_compile_seconds": round(stage.graphs.hift_runner.compile(), 1),  # as VocoderStage.warmup
     }

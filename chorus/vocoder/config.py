@@ -139,13 +139,6 @@ class VocoderConfig:
     elsewhere; ``"torch"`` the plain ops everywhere; ``"triton"`` requires the kernel. The kernel
     rounds where the plain ops round, so the audio is the same to within fp32's last bit of a
     sine (docs/vocoder.md, "Fused Snake")."""
-    hift_conv_ops: str = "torch"
-    """The kernels of HiFT's residual units (``HiFTGenerator.conv_ops_backend``): ``"torch"``
-    (default) runs each Snake (as ``hift_ops`` says), cuDNN's convolution and the masked residual
-    add; ``"auto"`` runs each Snake with the convolution, bias, mask and residual after it as one
-    Triton kernel on CUDA (an implicit GEMM with fp32 sums, rounding once), ``"triton"`` requires
-    it. Opt-in until its speed and error have been measured on a GPU (docs/vocoder.md, "Fused
-    residual units")."""
     flow_ops: str = "auto"
     """The kernels of the flow estimator's norms (``ConditionalDecoder.ops_backend``): each causal
     block's LayerNorm + Mish + mask (with the add after it) and each transformer block's residual
@@ -195,8 +188,6 @@ class VocoderConfig:
             raise ValueError(f"compile_hift must be True or False, got {self.compile_hift!r}")
         if self.hift_ops not in BACKENDS:
             raise ValueError(f"hift_ops must be one of {BACKENDS}, got {self.hift_ops!r}")
-        if self.hift_conv_ops not in BACKENDS:
-            raise ValueError(f"hift_conv_ops must be one of {BACKENDS}, got {self.hift_conv_ops!r}")
         if self.flow_ops not in BACKENDS:
             raise ValueError(f"flow_ops must be one of {BACKENDS}, got {self.flow_ops!r}")
         if self.batching not in ("fifo", "length"):

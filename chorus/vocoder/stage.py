@@ -53,7 +53,6 @@ class VocoderStage:
         0.0 between passes and before any was measured): a pass far past it is stuck, not busy
         (``Pipeline.stall``)."""
         s3gen.mel2wav.ops_backend = self.config.hift_ops
-        s3gen.mel2wav.conv_ops_backend = self.config.hift_conv_ops
         s3gen.flow.decoder.estimator.ops_backend = self.config.flow_ops
         self._graphs = PassGraphs(s3gen.flow, s3gen.mel2wav, enabled=self.config.cuda_graphs,
                                   max_graphs=self.config.max_pass_graphs, max_rows=self.config.max_graph_rows,

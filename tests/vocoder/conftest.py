@@ -104,8 +104,7 @@ def assert_kernels_keep_bf16_as_close_to_fp32(option: str, margin_db: float) -> 
         for dtype, runs in ((torch.float32, ("torch",)), (torch.bfloat16, ("torch", "auto"))):
             s3gen = random_s3gen("turbo", tiny=False, seed=3, dtype=dtype, device="cuda")
             for ops in runs:
-                config = VocoderConfig(max_graph_rows=4, **{"hift_ops": "torch", "hift_conv_ops": "torch", "flow_ops": "torch",
-                                                                 option: ops})
+                config = VocoderConfig(max_graph_rows=4, **{"hift_ops": "torch", "flow_ops": "torch", option: ops})
                 stage = VocoderStage(s3gen, config)
                 stage.warmup(prompt_tokens=30, chunk_tokens=60, max_items=4)
                 audio[dtype, ops] = graphed_and_eager_stream_audio(stage)

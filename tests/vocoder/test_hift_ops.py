@@ -1,6 +1,5 @@
-"""``VocoderConfig.hift_ops`` and ``hift_conv_ops``: which kernels HiFT's Snake activations and
-residual units run in a stage; on a GPU, a stage with each fused kernel against one with the plain
-ops, in graphed and eager passes."""
+"""``VocoderConfig.hift_ops``: which kernels HiFT's Snake activations run in a stage; on a GPU,
+a stage with the fused kernel against one with the plain ops, in graphed and eager passes."""
 from __future__ import annotations
 
 import pytest
@@ -21,19 +20,6 @@ def test_hift_ops_must_name_a_backend():
         VocoderConfig(hift_ops="cuda")
 
 
-def test_hift_conv_ops_must_name_a_backend():
-    with pytest.raises(ValueError, match=r"hift_conv_ops must be one of \('auto', 'triton', 'torch'\), got 'cuda'"):
-        VocoderConfig(hift_conv_ops="cuda")
-
-
-def test_a_stage_sets_the_residual_units_backend_of_its_hift():
-    s3gen = random_s3gen("turbo", seed=4)
-    VocoderStage(s3gen, VocoderConfig(hift_conv_ops="auto"))
-    assert s3gen.mel2wav.conv_ops_backend == "auto"
-    VocoderStage(s3gen)
-    assert s3gen.mel2wav.conv_ops_backend == "torch"  # opt-in until measured on a GPU
-
-
 def test_a_stage_sets_the_backend_of_its_hift():
     s3gen = random_s3gen("turbo", seed=4)
     VocoderStage(s3gen, VocoderConfig(hift_ops="torch"))
@@ -45,8 +31,3 @@ def test_a_stage_sets_the_backend_of_its_hift():
 @pytest.mark.gpu
 def test_a_bf16_stage_with_the_fused_snake_is_as_close_to_fp32_graphed_and_eager():
     assert_kernels_keep_bf16_as_close_to_fp32("hift_ops", STAGE_MARGIN_DB)
-
-
-@pytest.mark.gpu
-def test_a_bf16_stage_with_the_fused_residual_units_is_as_close_to_fp32_graphed_and_eager():
-    assert_kernels_keep_bf16_as_close_to_fp32("hift_conv_ops", STAGE_MARGIN_DB)

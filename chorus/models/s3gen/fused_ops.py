@@ -100,21 +100,14 @@ def _weight_taps(weight: torch.Tensor) -> torch.Tensor:
     return cached[1]
 
 
-def runs_snake_conv_kernel(backend: str, x: torch.Tensor) -> bool:
-    """Whether :func:`snake_conv` with ``backend`` runs its Triton kernel for ``x`` (never while
-    ``torch.compile`` traces). HiFT's residual units ask once per unit: without the kernel they
-    call their Snake and convolution modules as before."""
-    return _runs_kernel(backend, x, "HiFT convolution ops")
-
-
 def snake_conv(x: torch.Tensor, alpha: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                dilation: int, padding: int, mask: torch.Tensor | None = None,
                residual: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
     """:func:`snake_conv_reference` as one Triton kernel on CUDA: Snake on the input tile as it
     is loaded, the convolution as an implicit GEMM with fp32 sums, bias, mask and residual added
-    before the one store. Elsewhere (and under ``torch.compile``) the reference's ops, each
-    rounding to the activations' dtype."""
-    if runs_snake_conv_kernel(backend, x):
+    before the one store. The reference runs elsewhere: Snake (itself one kernel on CUDA), the
+    convolution, then the masked residual, each rounding to the activations' dtype."""
+    if _runs_kernel(backend, x, "HiFT ops"):
         from chorus.models.s3gen.triton_ops import snake_conv_triton
 
         return snake_conv_triton(x, alpha, _weight_taps(weight), bias, dilation, padding, mask, residual)

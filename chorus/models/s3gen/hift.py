@@ -20,7 +20,7 @@ from torch.nn.utils import parametrize
 
 from chorus.models.checkpoint import check_state_dict
 from chorus.models.s3gen.f0_predictor import WEIGHT_NORM_MARK, F0Predictor, F0PredictorConfig, checkpoint_conv
-from chorus.models.s3gen.fused_ops import masked_residual, runs_snake_conv_kernel, snake, snake_conv
+from chorus.models.s3gen.fused_ops import snake, snake_conv
 from chorus.models.s3gen.mel import lengths_mask, reflect_pad
 from chorus.triton_backend import BACKENDS
 
@@ -118,9 +118,8 @@ class Snake(nn.Module):
 
 
 class ResBlock(nn.Module):
-    """Three Snake -> dilated conv -> Snake -> conv residual units; with ``conv_ops_backend``
-    running the kernel, each Snake and the conv after it are one Triton kernel
-    (:func:`chorus.models.s3gen.fused_ops.snake_conv`)."""
+    """Three Snake -> dilated conv -> Snake -> conv residual units; each Snake and the conv after
+    it are one kernel on CUDA (:func:`chorus.models.s3gen.fused_ops.snake_conv`)."""
 
     def __init__(self, channels: int, kernel: int, dilations: Sequence[int], weight_norm_layout: bool = True):
         super().__init__()
@@ -134,19 +133,14 @@ class ResBlock(nn.Module):
         self.convs2 = nn.ModuleList(conv(1) for _ in dilations)
         self.activations1 = nn.ModuleList(Snake(channels) for _ in dilations)
         self.activations2 = nn.ModuleList(Snake(channels) for _ in dilations)
-        self.conv_ops_backend = "torch"  # set through HiFTGenerator.conv_ops_backend
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        fused = runs_snake_conv_kernel(self.conv_ops_backend, x)
         for conv1, conv2, act1, act2 in zip(self.convs1, self.convs2, self.activations1, self.activations2):
-            if not fused:
-                x = masked_residual(x, conv2(act2(conv1(act1(x)), mask)), mask)
-                continue
             # x is zero past each item already: the first Snake needs no mask
             h = snake_conv(x, act1.alpha, conv1.weight, conv1.bias, conv1.dilation[0], conv1.padding[0],
-                           backend=self.conv_ops_backend)
+                           backend=act1.ops_backend)
             x = snake_conv(h, act2.alpha, conv2.weight, conv2.bias, conv2.dilation[0], conv2.padding[0], mask,
-                           residual=x, backend=self.conv_ops_backend)
+                           residual=x, backend=act2.ops_backend)
         return x
 
 
@@ -247,22 +241,6 @@ class HiFTGenerator(nn.Module):
         for module in self.modules():
             if isinstance(module, Snake):
                 module.ops_backend = backend
-
-    @property
-    def conv_ops_backend(self) -> str:
-        """The residual units' kernels: ``"torch"`` (default: Snake as ``ops_backend`` says, then
-        cuDNN's convolution and the masked residual add), ``"auto"`` (each Snake with the
-        convolution, bias, mask and residual after it as one Triton kernel on CUDA) or
-        ``"triton"`` (:func:`chorus.models.s3gen.fused_ops.snake_conv`)."""
-        return self.resblocks[0].conv_ops_backend
-
-    @conv_ops_backend.setter
-    def conv_ops_backend(self, backend: str) -> None:
-        if backend not in BACKENDS:
-            raise ValueError(f"HiFT convolution ops backend must be one of {BACKENDS}, got {backend!r}")
-        for module in self.modules():
-            if isinstance(module, ResBlock):
-                module.conv_ops_backend = backend
 
     # ----------------------------------------------------------------------------------- loading
     @classmethod
