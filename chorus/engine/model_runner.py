@@ -54,7 +54,7 @@ class _SamplingState:
 # When decode rows read their shared prefix once per group (chorus.engine.attention.shared_prefix):
 # from this many decode rows, with at most this many groups (the CUDA graphs' fixed bound), and
 # when grouping saves at least this many prefix K/V token reads per layer and head. Measured on
-# an H200 (benchmarks/results/h200-shared-prefix-attention.json): 8 rows x 400 shared tokens
+# an H200 (benchmarks/results/shared-prefix-h200-2026-12-01.json): 8 rows x 400 shared tokens
 # (3,200 reads saved) lose 6%, 256 rows x 32 (8,192) gain 7%, 64 rows x 400 (25,600) gain 2.1x;
 # the prefix kernel and the merge cost about what ~9,000 token reads do (~15 us a layer).
 SHARED_PREFIX_MIN_ROWS = 32

@@ -99,7 +99,7 @@ case $what in
     python3 -m chorus.cli bench vc --variant "${what#vc-}" --source-s 10 --out "$out/bench_vc_${what#vc-}.json" 2>&1 \
       | tail -5 ;;
   agent-turbo-prompt-cap)  # voice agents at 1, 16 and 64 connections with the first-window prompt cap
-    # unset, 100 and 50, one server each, back to back (docs/benchmarks.md, 2026-12-05, later)
+    # unset, 100 and 50, one server each, back to back (docs/decisions.md, "No first-window prompt cap by default")
     agents_per_setting prompt --vocoder-first-window-prompt-tokens 1,16,64 none 100 50 ;;
   agent-turbo-first-window)  # voice agents at 16 and 64 connections with a stream's first vocoder window of
     # WINDOWS tokens ("20 14 10"), one server each, back to back: a smaller window means a first audio some T3
@@ -157,7 +157,7 @@ case $what in
       --out "$out/agent_profile/pyspy_summary.json" >/dev/null ;;
   agent-turbo-headroom)  # voice agents at 64 and 256 connections under admission's real-time headroom
     # HEADROOMS ("1.25 1.6 2"), one server each, back to back: at 256 agents most admitted turns stalled with the
-    # default 1.25 (docs/benchmarks.md, "Results: one H100 (2026-12-05, late)")
+    # default 1.25 (one H100, 2026-12-05: 480 of 664 turns at 256 agents)
     agents_per_setting headroom --realtime-headroom 64,256 ${HEADROOMS:-1.25 1.6 2} ;;
   online-turbo-short-voice)  # the server over a 5.7 s voice clip (its first windows fall below every flow
     # bucket warm-up captures for 10 s prompts) with covering graphs on (4) and off, back to back
