@@ -34,6 +34,13 @@ def test_every_figure_is_what_its_result_file_holds():
     assert [problem for f in found if (problem := figure_problem(f, RESULTS))] == []
 
 
+def test_the_readme_figures_are_benchmarks_page_figures():
+    """The README's Speed table repeats current figures: the same report, key and printed number."""
+    page = {(f.file, f.key): f.printed for f in figures(ROOT) if f.doc == "docs/benchmarks.md"}
+    readme = [f for f in figures(ROOT) if f.doc == "README.md"]
+    assert readme and [f for f in readme if page.get((f.file, f.key)) != f.printed] == []
+
+
 def _repo(tmp_path: Path, row: str, report: dict, index: bool = True) -> Path:
     """A repository of one figure table, one report and (unless told) its generated index."""
     (tmp_path / "docs").mkdir(parents=True)
