@@ -5,7 +5,8 @@
 
 - a result file named in ``README.md`` or ``docs/*.md`` that does not exist;
 - a file in ``benchmarks/results/`` that nothing there names;
-- a figure in a figure table (below) that its result file does not hold;
+- a figure in a figure table (below) that its result file does not hold, or a table of
+  docs/benchmarks.md's "Current figures" or README.md's "Speed" that is not a figure table;
 - an ``INDEX.md`` that regenerating would change.
 
 A result file is named by its file name, in any path, where a card (``cpu``, ``h100``, ``h200``,
@@ -35,7 +36,7 @@ from pathlib import Path
 RESULTS_DIR = Path("benchmarks") / "results"
 INDEX_NAME = "INDEX.md"
 CARDS = ("cpu", "h100", "h200", "h200x2", "h100x2", "a100", "l40s")
-FIGURE_DOCS = ("docs/benchmarks.md", "README.md")
+FIGURE_DOCS = {"docs/benchmarks.md": "Current figures", "README.md": "Speed"}   # every table of that section
 _CITATION = re.compile(r"[\w.{},*/-]+\.json")
 _CARD_WORD = re.compile(rf"(?:^|-)(?:{'|'.join(CARDS)})(?:-|\.json$)")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -96,28 +97,44 @@ def _cells(line: str) -> list[str]:
     return [cell.strip() for cell in line.strip().strip("|").split("|")]
 
 
+def _tables(root: Path):
+    """(doc, line, section, header, rows) of every Markdown table of the figure documents; rows are
+    (line, cells), the separator left out."""
+    for doc in FIGURE_DOCS:
+        section, table = "", None
+        for number, line in enumerate([*(root / doc).read_text(encoding="utf-8").splitlines(), ""], 1):
+            if line.startswith("## "):
+                section = line[3:].strip()
+            if line.startswith("|"):
+                if table is None:
+                    table = (doc, number, section, _cells(line), [])
+                elif not set(line) <= set("|-: "):
+                    table[4].append((number, _cells(line)))
+            elif table is not None:
+                yield table
+                table = None
+
+
+def unsourced_tables(root: Path) -> list[str]:
+    """Tables of a figure section (docs/benchmarks.md's "Current figures", README.md's "Speed")
+    without a ``source`` column: their figures could not be checked."""
+    return [f"{doc}:{line}: a table of \"{section}\" without a source column"
+            for doc, line, section, header, _ in _tables(root)
+            if section == FIGURE_DOCS[doc] and header[-1].lower() != "source"]
+
+
 def figures(root: Path) -> list[Figure]:
     """Every figure of the figure tables of docs/benchmarks.md and README.md."""
     found = []
-    for doc in FIGURE_DOCS:
-        lines = (root / doc).read_text(encoding="utf-8").splitlines()
-        header = None
-        for number, line in enumerate(lines, 1):
-            if not line.startswith("|"):
-                header = None
-                continue
-            cells = _cells(line)
-            if header is None:
-                header = cells if cells[-1].lower() == "source" else []
-                continue
-            if not header or set(line) <= set("|-: "):
-                continue
+    for doc, _, _, header, rows in _tables(root):
+        if header[-1].lower() != "source":
+            continue
+        for number, cells in rows:
             names = re.findall(r"`([^`]+)`", cells[-1])
-            file, key = (names + ["", ""])[:2] if len(names) >= 2 else ("", "")
+            file, key = names[:2] if len(names) >= 2 else ("", "")
             for column, cell in zip(header[1:-1], cells[1:-1]):
                 if _NUMBER.search(cell):
-                    found.append(Figure(doc, number, cells[0], column, cell, file,
-                                        key.replace("{}", column)))
+                    found.append(Figure(doc, number, cells[0], column, cell, file, key.replace("{}", column)))
     return found
 
 
@@ -220,6 +237,7 @@ def problems(root: Path) -> list[str]:
     for path in sorted(results.glob("*.json")):
         if path.name not in cited:
             found.append(f"{RESULTS_DIR.as_posix()}/{path.name}: cited by no document (cite it or git rm it)")
+    found += unsourced_tables(root)
     found += [problem for figure in figures(root) if (problem := figure_problem(figure, results))]
     index = results / INDEX_NAME
     if not index.is_file() or index.read_text(encoding="utf-8") != render(root):

@@ -112,6 +112,15 @@ def test_the_command_writes_the_index_that_check_accepts(tmp_path, capsys):
         (repo / RESULTS_DIR / "INDEX.md").read_text(encoding="utf-8")
 
 
+def test_a_table_of_current_figures_without_a_source_column_is_a_problem(tmp_path):
+    repo = _repo(tmp_path, f"| TTFA p99 (ms) | 53 | 292 | {SOURCE} |", REPORT)
+    page = repo / "docs" / "benchmarks.md"
+    page.write_text("# Benchmarks\n\n## Current figures\n\n| streams | 64 |\n|---|---|\n| TTFA p99 (ms) | 292 |\n\n"
+                    + page.read_text(encoding="utf-8").split("\n", 1)[1], encoding="utf-8")
+    (repo / RESULTS_DIR / "INDEX.md").write_text(render(repo), encoding="utf-8")
+    assert problems(repo) == ['docs/benchmarks.md:5: a table of "Current figures" without a source column']
+
+
 def test_braces_in_a_citation_expand_as_in_a_shell():
     assert expand("h200-{offline,stream}-turbo-{off,on}.json") == [
         "h200-offline-turbo-off.json", "h200-offline-turbo-on.json",
