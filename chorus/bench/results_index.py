@@ -139,7 +139,8 @@ def figures(root: Path) -> list[Figure]:
 
 
 def resolve(report, key: str):
-    """The value at ``key`` (``a.b[2].c[k=v]``) in a loaded report; KeyError naming the part missing."""
+    """The value at ``key`` (``a.b[2].c[k=v]["d.e"]``: a list index, the one list item with those
+    fields, a dict key holding dots) in a loaded report; KeyError naming the part missing."""
     path, _, factor = key.partition("*")
     value, position = report, 0
     for match in _KEY_PART.finditer(path):
@@ -151,6 +152,10 @@ def resolve(report, key: str):
             if not isinstance(value, dict) or name not in value:
                 raise KeyError(f"no key {name!r}")
             value = value[name]
+        elif selector[:1] == selector[-1:] == '"' and len(selector) > 1:  # a dict key holding dots
+            if not isinstance(value, dict) or selector[1:-1] not in value:
+                raise KeyError(f"no key {selector}")
+            value = value[selector[1:-1]]
         elif "=" in selector:
             wanted = dict(condition.partition("=")[::2] for condition in selector.split(","))
             items = [item for item in value if isinstance(item, dict)

@@ -125,3 +125,14 @@ def test_braces_in_a_citation_expand_as_in_a_shell():
     assert expand("h200-{offline,stream}-turbo-{off,on}.json") == [
         "h200-offline-turbo-off.json", "h200-offline-turbo-on.json",
         "h200-stream-turbo-off.json", "h200-stream-turbo-on.json"]
+
+
+def test_a_quoted_key_reads_a_dict_key_that_holds_dots():
+    report = {"roofline": {"classes": {"hift.conv": {"roof_fraction": 0.14}}}}
+    assert results_index.resolve(report, 'roofline.classes["hift.conv"].roof_fraction') == 0.14
+    try:
+        results_index.resolve(report, 'roofline.classes["hift.istft"].roof_fraction')
+    except KeyError as error:
+        assert "hift.istft" in str(error)
+    else:
+        raise AssertionError("a missing quoted key must be a KeyError")
