@@ -369,7 +369,7 @@ def test_every_command_has_a_description_and_every_argument_help():
 
 
 def test_vocoder_options_are_read_as_their_fields_types_optional_ones_included():
-    from chorus.cli import parse_config_options
+    from chorus.cli.bench_models import parse_config_options
     from chorus.vocoder import VocoderConfig
 
     items = ["cuda_graphs=false", "compile_hift=false", "prompt_tokens=50", "max_graph_rows=8",

@@ -179,10 +179,11 @@ def test_configured_pkuseg_directory_without_model_files_is_named(no_cached_mode
 
 
 def test_synth_and_tokenize_options_build_the_language_step_config(tmp_path):
-    from chorus.cli import _language_steps, build_parser
+    from chorus.cli import build_parser
+    from chorus.cli.options import language_step_config
 
     for command in (["tokenize", "hi"], ["synth", "hi", "--out", "x.wav"]):
         args = build_parser().parse_args([*command, "--language-steps", "strict", "--dicta-model", "d.onnx",
                                           "--pkuseg-model", str(tmp_path)])
-        steps = _language_steps(args)
+        steps = language_step_config(args)
         assert (steps.strict, steps.dicta_model, steps.pkuseg_model) == (True, language_models.Path("d.onnx"), tmp_path)
