@@ -360,6 +360,50 @@ def test_text_is_not_taken_for_text_file(capsys):
     assert info.value.code == 2 and "unrecognized arguments: --text" in capsys.readouterr().err
 
 
+def _has_subcommands(parser: argparse.ArgumentParser) -> bool:
+    return any(isinstance(action, argparse._SubParsersAction) for action in parser._actions)
+
+
+PARSER_PATHS = [path for path, _ in _parsers(build_parser())]
+
+
+@pytest.mark.parametrize("path", PARSER_PATHS, ids=" ".join)
+def test_every_command_prints_its_help(path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([*path[1:], "--help"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: {' '.join(path)} ")
+
+
+def test_every_command_runs_a_module_level_handler_of_the_cli_package():
+    """A command's handler is a named function of the module that registers it (not a lambda,
+    not a leftover of another module), so the code behind ``chorus X Y`` is found by name."""
+    for path, parser in _parsers(build_parser()):
+        if _has_subcommands(parser):
+            continue
+        handler = parser.get_default("handler")
+        assert handler is not None, " ".join(path)
+        module = sys.modules[handler.__module__]
+        assert module.__name__.startswith("chorus.cli."), f"{' '.join(path)}: {module.__name__}"
+        assert getattr(module, handler.__name__, None) is handler, f"{' '.join(path)}: {handler.__qualname__}"
+
+
+@pytest.mark.parametrize("path", [path for path, parser in _parsers(build_parser()) if _has_subcommands(parser)],
+                         ids=" ".join)
+def test_a_command_group_without_its_subcommand_prints_its_help_and_fails(path, capsys):
+    assert main(list(path[1:])) == 2
+    assert capsys.readouterr().out.startswith(f"usage: {' '.join(path)} ")
+
+
+def test_the_console_script_runs_main():
+    import importlib
+    import tomllib
+
+    target = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["chorus"]
+    module, _, name = target.partition(":")
+    assert getattr(importlib.import_module(module), name) is main
+
+
 def test_every_command_has_a_description_and_every_argument_help():
     for path, parser in _parsers(build_parser()):
         assert parser.description, " ".join(path)
