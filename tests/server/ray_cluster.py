@@ -1,5 +1,7 @@
 """Helpers of the Ray Serve tests (test_scale_out.py, test_autoscaling.py): the replicas' loader,
-a local cluster with the application deployed, and reading the replica board."""
+a local cluster with the application deployed, and reading the replica board. Everything but the
+loader runs in the Ray driver's child process (ray_child.py); Ray is imported there only, inside
+the functions, so that pytest's process, which imports this module, never loads it."""
 from __future__ import annotations
 
 import contextlib
@@ -10,10 +12,6 @@ import tempfile
 import time
 
 import httpx
-import ray
-from ray import serve
-
-from chorus.deploy import board, build
 
 APP = "chorus"
 LOADER = "tests.server.ray_cluster:load_tiny"
@@ -38,6 +36,10 @@ def free_port() -> int:
 
 def replicas() -> dict[str, dict]:
     """Replica id -> its last published status (ready, state, pid, deployment, model, version, ...)."""
+    import ray
+
+    from chorus.deploy import board
+
     return {r: status for r, (status, _) in ray.get(board(APP).read.remote()).items()}
 
 
@@ -58,6 +60,10 @@ def wait_for(predicate, timeout: float, what: str):
 def deploy(config, **scale) -> None:
     """Run (or replace) the application built from ``config`` and ``scale`` (``build``'s keyword
     arguments) on the tiny models; returns without waiting for its replicas."""
+    from ray import serve
+
+    from chorus.deploy import build
+
     serve.run(build(config, gpus_per_replica=0, loader=LOADER, **scale), name=APP, route_prefix="/", blocking=False)
 
 
@@ -65,10 +71,13 @@ def deploy(config, **scale) -> None:
 def serve_cluster(config, *, ready: int, **scale):
     """A local Ray cluster running the application built from ``config`` and ``scale``
     (``build``'s keyword arguments); yields an httpx client once ``ready`` replicas are."""
+    import ray
+    from ray import serve
+
     # Serve's proxy must answer its ready check within 5 s and its health check within 10 s, or
     # Serve kills it: a loaded 2-core machine misses that, and every request through the proxy
     # fails. The tests kill replicas, never the proxy: give it a minute (the cluster's processes
-    # inherit the environment at ray.init)
+    # inherit the environment at ray.init; this process is the cluster's driver and nothing else)
     os.environ.update(PROXY_TIMEOUTS)
     ray.init(num_cpus=3, object_store_memory=128 << 20, include_dashboard=False, configure_logging=False,
              log_to_driver=False)
@@ -84,8 +93,6 @@ def serve_cluster(config, *, ready: int, **scale):
     finally:
         serve.shutdown()
         ray.shutdown()
-        for name in PROXY_TIMEOUTS:
-            os.environ.pop(name, None)
         # the cluster's session folder (logs, sockets) stays after shutdown; it is the run's temp
         # dir's "ray" (TMPDIR, tests/run_temp_dir.py), which Ray makes
         shutil.rmtree(os.path.join(tempfile.gettempdir(), "ray"), ignore_errors=True)

@@ -3,11 +3,13 @@ replicas of the tiny random models behind the HTTP front. Requests spread over b
 uploaded through one is spoken by the other, /metrics shows both and their totals, and a replica
 killed with SIGKILL under load loses no request that had not started streaming while the
 survivor keeps serving and Ray replaces the dead one. Then the same cluster serves two models,
-one deployment each. Without a cluster: the deployment graph of one and of several models, the
-front's routing, cards and A/B weights, and the metrics merge."""
+one deployment each. The cluster's driver and the requests run in a child process (ray_child.py).
+Without a cluster: the deployment graph of one and of several models, the front's routing, cards
+and A/B weights, and the metrics merge."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import signal
 import threading
@@ -22,21 +24,26 @@ import pytest
 from chorus.server.errors import APIError
 from chorus.server.model_entries import ModelEntry
 
-ray = pytest.importorskip("ray")
+from tests.conftest import DATA_DIR
+from tests.server.live import TOKENS, server_config
+from tests.server.ray_child import Child
+from tests.server.ray_cluster import deploy, replicas, serve_cluster, wait_for
 
-from tests.conftest import DATA_DIR  # noqa: E402
-from tests.server.live import TOKENS, server_config  # noqa: E402
-from tests.server.ray_cluster import deploy, replicas, serve_cluster, wait_for  # noqa: E402
+if importlib.util.find_spec("ray") is None:
+    pytest.skip("Ray is not installed (pip install 'chorus[ray]')", allow_module_level=True)
 
 CLIP = Path(DATA_DIR) / "sample-01.mp3"
-pytestmark = [pytest.mark.timeout(240), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+# the child's own limits (starting the cluster, the longest scenario, leaving it) fail first; this one is a backstop
+pytestmark = [pytest.mark.timeout(240 + 480 + 120 + 60), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 LONG_TOKENS = 48  # speech tokens per chunk of the replica-kill test's requests
 ONE = 'model="chatterbox-turbo",version="1"'  # the labels of the one model's replicas' samples
 
 
 @pytest.fixture(scope="module")
-def cluster(module_tmp_path_factory):
+def driver(module_tmp_path_factory):
+    """The Ray driver's child process, holding the cluster open; its scenarios get the cluster's
+    HTTP client."""
     # a cap high enough for the long streams the replica-kill test needs; other requests ask for TOKENS.
     # Admission by the bounded queue only, and a start deadline past the tests' own timeout: on a
     # loaded 2-core machine the survivor of the replica-kill test predicts a first audio beyond the
@@ -44,8 +51,8 @@ def cluster(module_tmp_path_factory):
     # under load has its own tests, in tests/server/test_overload.py and test_admission.py)
     config = server_config(module_tmp_path_factory.mktemp("voices"), max_upload_bytes=2 << 20, stall_timeout_s=30.0,
                            max_new_tokens=LONG_TOKENS, admission="queue", start_deadline_s=600.0)
-    with serve_cluster(config, ready=2, replicas=2) as client:
-        yield client
+    with Child(serve_cluster, config, ready=2, replicas=2, timeout_s=240) as child:
+        yield child
 
 
 def speech(client: httpx.Client, **body) -> httpx.Response:
@@ -54,7 +61,11 @@ def speech(client: httpx.Client, **body) -> httpx.Response:
     return client.post("/v1/audio/speech", json=body)
 
 
-def test_requests_spread_over_both_replicas(cluster):
+def test_requests_spread_over_both_replicas(driver):
+    driver.run(requests_spread_over_both_replicas, timeout_s=180)
+
+
+def requests_spread_over_both_replicas(cluster: httpx.Client) -> None:
     with ThreadPoolExecutor(8) as pool:
         responses = list(pool.map(lambda i: speech(cluster, seed=i), range(8)))
     assert all(r.status_code == 200 for r in responses), [r.text for r in responses if r.status_code != 200]
@@ -64,7 +75,11 @@ def test_requests_spread_over_both_replicas(cluster):
     assert errors.status_code == 400 and errors.json()["error"]["code"] == "model_not_found"
 
 
-def test_a_voice_uploaded_through_one_replica_speaks_on_the_other(cluster):
+def test_a_voice_uploaded_through_one_replica_speaks_on_the_other(driver):
+    driver.run(a_voice_uploaded_through_one_replica_speaks_on_the_other, timeout_s=240)
+
+
+def a_voice_uploaded_through_one_replica_speaks_on_the_other(cluster: httpx.Client) -> None:
     files = {"file": ("clip.mp3", CLIP.read_bytes(), "application/octet-stream")}
     created = cluster.post("/v1/voices", files=files, data={"name": "shared"})
     assert created.status_code == 201, created.text
@@ -83,7 +98,11 @@ def test_a_voice_uploaded_through_one_replica_speaks_on_the_other(cluster):
     assert voice in [v["id"] for v in cluster.get("/v1/voices").json()["data"]]
 
 
-def test_metrics_show_every_replica_and_the_total(cluster):
+def test_metrics_show_every_replica_and_the_total(driver):
+    driver.run(metrics_show_every_replica_and_the_total, timeout_s=120)
+
+
+def metrics_show_every_replica_and_the_total(cluster: httpx.Client) -> None:
     speech(cluster)
     ids = set(replicas())
     text = ""
@@ -105,7 +124,11 @@ def test_metrics_show_every_replica_and_the_total(cluster):
     assert 'chorus_front_replicas{ready="true"} 2.0' in text
 
 
-def test_a_replica_killed_under_load_loses_no_request_that_had_not_started(cluster):
+def test_a_replica_killed_under_load_loses_no_request_that_had_not_started(driver):
+    driver.run(a_replica_killed_under_load_loses_no_request_that_had_not_started, timeout_s=480)
+
+
+def a_replica_killed_under_load_loses_no_request_that_had_not_started(cluster: httpx.Client) -> None:
     victim, survivor = sorted(replicas().items())
     outcomes: list[tuple[str, object]] = []
     lock = threading.Lock()
@@ -167,7 +190,11 @@ def test_a_replica_killed_under_load_loses_no_request_that_had_not_started(clust
     assert 'chorus_front_stream_cuts_total{reason="replica_lost"}' in metrics  # the cut is counted
 
 
-def test_with_every_replica_down_a_request_is_answered_within_its_deadline(cluster):
+def test_with_every_replica_down_a_request_is_answered_within_its_deadline(driver):
+    driver.run(with_every_replica_down_a_request_is_answered_within_its_deadline, timeout_s=120)
+
+
+def with_every_replica_down_a_request_is_answered_within_its_deadline(cluster: httpx.Client) -> None:
     for status in replicas().values():
         with contextlib.suppress(ProcessLookupError):  # (one the last test killed may still be listed)
             os.kill(status["pid"], signal.SIGKILL)
@@ -189,9 +216,13 @@ TWO_MODELS = (ModelEntry(id="chatterbox-turbo", variant="turbo", version="t1"),
               ModelEntry(id="chatterbox", variant="original", version="o2"))
 
 
-def test_two_models_serve_from_their_own_deployments(cluster, module_tmp_path_factory):
+def test_two_models_serve_from_their_own_deployments(driver, module_tmp_path_factory):
     # the last test on the cluster: it replaces the one-model application with a two-model one
     config = server_config(module_tmp_path_factory.mktemp("two"), models=TWO_MODELS, max_new_tokens=TOKENS)
+    driver.run(two_models_serve_from_their_own_deployments, config, timeout_s=360)
+
+
+def two_models_serve_from_their_own_deployments(cluster: httpx.Client, config) -> None:
     deploy(config, replicas=1)
     names = {"chatterbox-turbo@t1", "chatterbox@o2"}
     wait_for(lambda: {s.get("deployment") for s in replicas().values() if s["ready"]} >= names, 150,
