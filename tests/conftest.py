@@ -128,24 +128,12 @@ def pytest_collection_modifyitems(config, items):
 # Once every fixture is torn down, nothing the tests started may still run: a Python thread that is
 # not a daemon, or a daemon thread of Chorus's own (an engine's, a vocoder's, a test server's;
 # their names start with "chorus-"), fails the run. Other daemon threads, and native threads that
-# their libraries named, are listed.
-#
-# Twice (2026-12-02, 2026-12-06) a clean-clone run passed every test and then died of a
-# segmentation fault while the process exited, with no Python stack. The second time faulthandler
-# was on, so the fault came after the interpreter had turned it off: in its last teardown or in
-# the C++ static destructors that exit() runs, where native threads still running can touch freed
-# state. Not reproduced; the one native runtime found still running at the end of a run is Ray's:
-# ray.shutdown() leaves the threads of the gRPC, Boost.Asio and OpenCensus copies inside
-# ray/_raylet.so running (gcs_client_io_service, worker.io, grpc_global_timer, event_engine,
-# default-executor, resolver-executor, timer_manager) after the Ray Serve tests
-# (tests/server/ray_cluster.py), and Ray has no call that stops them. A run that leaves named
-# native threads running (or a thread that fails it, which would hang the exit) therefore ends
-# with os._exit once pytest has written every report (terminal summary, JUnit XML), so no static
-# destructor runs under them; any other run exits normally. CHORUS_TEST_NO_HARD_EXIT=1 lets every
-# run exit normally.
+# their libraries named, are listed: none are expected. Ray, whose native threads outlive
+# ray.shutdown(), runs its driver in a child process (tests/server/ray_child.py). A run that leaves
+# a thread that is not a daemon ends with os._exit once pytest has written its reports: a normal
+# exit would wait for that thread forever.
 LEFTOVER_GRACE_S = 10.0  # for threads that were told to stop and are on their way out
 _EXIT_STATUS: list[int] = []  # the run's exit status: its last entry (a hook that changes it appends)
-_HARD_EXIT: list[bool] = []  # not empty where the run must end with os._exit
 
 
 def _native_threads() -> list[str]:
@@ -194,13 +182,12 @@ def pytest_sessionfinish(session, exitstatus):
                                 "(stop or join them)", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     _EXIT_STATUS.append(int(session.exitstatus))
-    if (native or failing) and os.environ.get("CHORUS_TEST_NO_HARD_EXIT") != "1":
-        _HARD_EXIT.append(True)
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
-    if _HARD_EXIT:
+    if any(thread.is_alive() and not thread.daemon for thread in threading.enumerate()
+           if thread is not threading.main_thread()):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(_EXIT_STATUS[-1])
