@@ -34,42 +34,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from chorus.engine.admission import AdmissionError, check_admissible
 from chorus.engine.block_pool import PoolMetrics
 from chorus.engine.config import SchedulerConfig
 from chorus.engine.intmath import cdiv
 from chorus.engine.kv_cache_manager import KVCacheManager
 from chorus.engine.request import FinishReason, Request, RequestQueue, RequestStatus
-from chorus.engine.scheduler_output import RequestOutput, ScheduledSequence, SchedulerOutput
+from chorus.engine.scheduler_output import (RequestOutput, ScheduledSequence, SchedulerOutput, build_output,
+                                            decode_output)
+from chorus.engine.step_budget import PrefillShape, prefill_time_budget, within_prefill_shape
 from chorus.engine.step_cost import StepCostModel
-
-# Prefill a step may always take, even when its decode rows alone reach the step-time target:
-# this share of the target's time (by the learned rate), and at least this many positions, so
-# waiting requests keep advancing instead of waiting for running ones to end. An overloaded
-# device's step then takes its decode rows' time plus at most half the target.
-MIN_PREFILL_TARGET_SHARE = 0.5
-MIN_PREFILL_TOKENS = 16
 
 __all__ = ["AdmissionError", "PrefillShape", "RequestOutput", "ScheduledSequence", "Scheduler", "SchedulerOutput",
            "SchedulerStats"]
-
-
-class AdmissionError(ValueError):
-    """The request can never run under this configuration; it was not queued."""
-
-
-@dataclass(frozen=True)
-class PrefillShape:
-    """The most rows with prompt positions (``rows``, a CFG pair counting two) and prompt
-    positions in all (``tokens``) that a step which also decodes may take. The engine sets the
-    largest step its mixed CUDA graphs hold, so that a step admitting beside running rows
-    replays a graph instead of running eagerly while every running row waits for it; what does
-    not fit waits for the next steps. A step without decode rows is not bounded by it."""
-
-    rows: int
-    tokens: int
-
-    def __post_init__(self):
-        assert self.rows >= 1 and self.tokens >= 1, self
 
 
 @dataclass(frozen=True)
@@ -127,7 +104,7 @@ class Scheduler:
             raise ValueError(f"request id {request.request_id!r} is already in the engine")
         if request.status is not RequestStatus.WAITING or request.output_tokens:
             raise ValueError(f"request {request.request_id!r} was already scheduled once")
-        self._check_admissible(request)
+        check_admissible(request, self.config, self.kv)
         self._requests[request.request_id] = request
         self.waiting.push(request)
         if request.deadline is not None:
@@ -198,7 +175,7 @@ class Scheduler:
         if prefilling or self.waiting or decode_starts is None:
             prefill_time = self.prefill_time_budget(self.num_running_rows - sum(r.num_rows for r in prefilling))
             if decode_starts is not None and decoding:
-                prefill_time, prefill_rows = self._within_prefill_shape(prefill_time)
+                prefill_time, prefill_rows = within_prefill_shape(prefill_time, self.prefill_shape)
         if decode_starts is not None:
             scheduled = dict.fromkeys([r.request_id for r in decoding], 1)
             budget -= self.num_running_rows - sum(r.num_rows for r in prefilling)
@@ -230,29 +207,16 @@ class Scheduler:
                                 waits=lambda r: r.request_id in preempted, make_room=make_room)
 
         if decode_starts is not None and not preempted and len(scheduled) == len(decoding):
-            out = self._decode_output(decoding, decode_starts, finished)  # the steady state
+            out = decode_output(decoding, decode_starts, finished, self.kv.block_tables)  # the steady state
         else:
-            out = self._build_output(scheduled, preempted, finished)
+            out = build_output(self._requests, scheduled, preempted, finished, self.kv.block_tables)
         self._in_flight.append(out)
         return out
 
     def prefill_time_budget(self, decode_rows: int) -> int:
         """Prefill positions a step with ``decode_rows`` decode rows may take under the
-        step-time target: what ``step_cost`` predicts fits, at least what fits in
-        ``MIN_PREFILL_TARGET_SHARE`` of the target alone and ``MIN_PREFILL_TOKENS``;
-        ``config.initial_prefill_tokens`` until a step with prefill has been timed; unbounded
-        (the token budget decides) without a target."""
-        target = self.step_time_target_s
-        if math.isinf(target):
-            return self.config.max_num_batched_tokens
-        cost = self.step_cost
-        fits = cost.prefill_budget(target, decode_rows)
-        if fits is None:
-            return self.config.initial_prefill_tokens
-        rate = cost.prefill_token_s
-        share = MIN_PREFILL_TARGET_SHARE * target / rate if rate > 0 else math.inf
-        floor = max(MIN_PREFILL_TOKENS, int(min(share, self.config.max_num_batched_tokens)))
-        return min(max(fits, floor), self.config.max_num_batched_tokens)
+        step-time target (``chorus.engine.step_budget.prefill_time_budget``)."""
+        return prefill_time_budget(self.config, self.step_cost, self.step_time_target_s, decode_rows)
 
     def schedule_ahead(self) -> SchedulerOutput | None:
         """The next step, scheduled while the one in flight has not been committed: its
@@ -294,10 +258,10 @@ class Scheduler:
             return None
         admitted = self._admit_ahead(rows) if admissible else {}
         if admitted:
-            out = self._build_output({**dict.fromkeys([r.request_id for r in going], 1), **admitted}, [], [],
-                                     in_flight=n_prev)
+            out = build_output(self._requests, {**dict.fromkeys([r.request_id for r in going], 1), **admitted}, [], [],
+                               self.kv.block_tables, in_flight=n_prev)
         else:
-            out = self._decode_output(going, starts, [])
+            out = decode_output(going, starts, [], self.kv.block_tables)
         self._in_flight.append(out)
         return out
 
@@ -312,18 +276,10 @@ class Scheduler:
             self._needs_regular_schedule = True
 
         admitted: dict[str, int] = {}
-        prefill_time, prefill_rows = self._within_prefill_shape(self.prefill_time_budget(decode_rows))
+        prefill_time, prefill_rows = within_prefill_shape(self.prefill_time_budget(decode_rows), self.prefill_shape)
         self._admit_waiting(admitted, self.config.max_num_batched_tokens - decode_rows, prefill_time, prefill_rows,
                             waits=lambda r: bool(r.output_tokens), make_room=defer)
         return admitted
-
-    def _within_prefill_shape(self, prefill_time: int) -> tuple[int, float]:
-        """The prefill positions and prompt rows a step beside decode rows may take: ``prefill_time``
-        and no row bound, each cut to ``prefill_shape`` where one is set."""
-        shape = self.prefill_shape
-        if shape is None:
-            return prefill_time, math.inf
-        return min(prefill_time, shape.tokens), shape.rows
 
     def _admit_waiting(self, scheduled: dict[str, int], budget: int, prefill_time: int, prefill_rows: float, *,
                        waits: Callable[[Request], bool], make_room: Callable[[Request], int | None]) -> None:
@@ -394,29 +350,6 @@ class Scheduler:
         return results
 
     # -- internals -----------------------------------------------------------------------------
-    def _check_admissible(self, request: Request) -> None:
-        p, cfg = request.prompt, self.config
-        total = request.max_total_tokens()
-        if total > cfg.max_model_len:
-            raise AdmissionError(
-                f"request {request.request_id!r}: the prompt has {p.num_tokens} positions "
-                f"({p.cond_len} conditioning + {len(p.text_ids)} text + {p.bos_copies} BOS) and "
-                f"max_tokens is {request.max_tokens}: {total} positions exceed max_model_len="
-                f"{cfg.max_model_len}; shorten the text or lower max_tokens")
-        blocks = request.num_rows * self.kv.num_blocks_for(total)
-        if blocks > self.kv.pool.num_blocks:
-            raise AdmissionError(
-                f"request {request.request_id!r} may need {blocks} KV blocks ({request.num_rows} "
-                f"row(s) of {total} positions) but the cache has {self.kv.pool.num_blocks}; "
-                f"lower max_tokens or shorten the text")
-        if not cfg.enable_chunked_prefill and request.num_rows * total > cfg.max_num_batched_tokens:
-            raise AdmissionError(
-                f"request {request.request_id!r}: {request.num_rows} row(s) of up to {total} "
-                f"positions do not fit max_num_batched_tokens={cfg.max_num_batched_tokens} "
-                f"without chunked prefill")
-        if request.num_rows > cfg.max_num_seqs:
-            raise AdmissionError(f"a CFG request needs 2 rows but max_num_seqs={cfg.max_num_seqs}")
-
     def _remaining(self, request: Request) -> int:
         return request.num_tokens - request.num_computed_tokens
 
@@ -500,45 +433,6 @@ class Scheduler:
         if produced + 1 >= request.max_tokens:
             return FinishReason.LENGTH
         return None
-
-    def _build_output(
-        self, scheduled: dict[str, int], preempted: list[str], finished: list[RequestOutput],
-        in_flight: Mapping[str, int] | None = None,
-    ) -> SchedulerOutput:
-        """``in_flight``: positions per request of the step in flight, for a step scheduled
-        ahead of its commit (a request in it computes from there on, and the token it samples
-        there is one more of its sequence)."""
-        # decode first, each group in the order scheduled
-        order = [rid for rid, n in scheduled.items() if n == 1] + [rid for rid, n in scheduled.items() if n > 1]
-        requests = [self._requests[rid] for rid in order]
-        counts = np.fromiter((scheduled[rid] for rid in order), np.int64, len(order))
-        firsts = [r.sequences[0] for r in requests]
-        ahead = np.fromiter(((in_flight or {}).get(rid, 0) for rid in order), np.int64, len(order))
-        starts = np.fromiter((s.num_computed_tokens for s in firsts), np.int64, len(order)) + ahead
-        ends = np.fromiter((s.num_tokens for s in firsts), np.int64, len(order)) + (ahead > 0)
-        rows = np.fromiter((len(r.sequences) for r in requests), np.int64, len(order))
-        seqs = [seq for r in requests for seq in r.sequences]
-        tables, lengths = self.kv.block_tables(seqs)
-        return SchedulerOutput(
-            requests=dict(zip(order, requests)), num_scheduled_tokens=dict(zip(order, counts.tolist())),
-            seqs=seqs, row_starts=np.repeat(starts, rows), row_num_tokens=np.repeat(counts, rows),
-            row_needs_logits=np.repeat(starts + counts == ends, rows), block_tables=tables,
-            table_lengths=lengths, preempted=preempted, finished=finished,
-        )
-
-    def _decode_output(self, decoding: list[Request], starts: np.ndarray,
-                       finished: list[RequestOutput]) -> SchedulerOutput:
-        """``_build_output`` for a step of exactly the decoding requests, one position each."""
-        ids = [r.request_id for r in decoding]
-        rows = np.fromiter((len(r.sequences) for r in decoding), np.int64, len(decoding))
-        seqs = [seq for r in decoding for seq in r.sequences]
-        tables, lengths = self.kv.block_tables(seqs)
-        return SchedulerOutput(
-            requests=dict(zip(ids, decoding)), num_scheduled_tokens=dict.fromkeys(ids, 1), seqs=seqs,
-            row_starts=np.repeat(starts, rows), row_num_tokens=np.ones(len(seqs), np.int64),
-            row_needs_logits=np.ones(len(seqs), bool), block_tables=tables, table_lengths=lengths,
-            finished=finished,
-        )
 
     def check_invariants(self) -> None:
         """Assert the scheduler's and the cache's consistency (for tests)."""

@@ -1,4 +1,5 @@
-"""What the scheduler hands the model runner for one step, and what a request gets back.
+"""What the scheduler hands the model runner for one step (and how it is laid out from the
+scheduled spans: ``build_output``, ``decode_output``), and what a request gets back.
 
 A step's rows are kept as numpy arrays (one entry per row), so the model runner assembles its
 inputs without a Python loop over rows; ``SchedulerOutput.rows`` gives the same rows as objects
@@ -6,6 +7,7 @@ for callers that want them.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import repeat
@@ -107,3 +109,49 @@ class SchedulerOutput:
     def logits_rows(self) -> list[int]:
         """Indices of the rows whose last position's logits are needed."""
         return np.flatnonzero(self.row_needs_logits).tolist()
+
+
+BlockTablesOf = Callable[[list[Sequence]], tuple[np.ndarray, np.ndarray]]
+"""``KVCacheManager.block_tables``: the zero-padded block tables of some sequences and their lengths."""
+
+
+def build_output(requests: Mapping[str, Request], scheduled: dict[str, int], preempted: list[str],
+                 finished: list[RequestOutput], block_tables: BlockTablesOf,
+                 in_flight: Mapping[str, int] | None = None) -> SchedulerOutput:
+    """The step of ``scheduled`` (request id -> positions, each id in ``requests``).
+    ``in_flight``: positions per request of the step in flight, for a step scheduled ahead of
+    its commit (a request in it computes from there on, and the token it samples there is one
+    more of its sequence)."""
+    # decode first, each group in the order scheduled
+    order = [rid for rid, n in scheduled.items() if n == 1] + [rid for rid, n in scheduled.items() if n > 1]
+    chosen = [requests[rid] for rid in order]
+    counts = np.fromiter((scheduled[rid] for rid in order), np.int64, len(order))
+    firsts = [r.sequences[0] for r in chosen]
+    ahead = np.fromiter(((in_flight or {}).get(rid, 0) for rid in order), np.int64, len(order))
+    starts = np.fromiter((s.num_computed_tokens for s in firsts), np.int64, len(order)) + ahead
+    ends = np.fromiter((s.num_tokens for s in firsts), np.int64, len(order)) + (ahead > 0)
+    rows = np.fromiter((len(r.sequences) for r in chosen), np.int64, len(order))
+    seqs = [seq for r in chosen for seq in r.sequences]
+    tables, lengths = block_tables(seqs)
+    return SchedulerOutput(
+        requests=dict(zip(order, chosen)), num_scheduled_tokens=dict(zip(order, counts.tolist())),
+        seqs=seqs, row_starts=np.repeat(starts, rows), row_num_tokens=np.repeat(counts, rows),
+        row_needs_logits=np.repeat(starts + counts == ends, rows), block_tables=tables,
+        table_lengths=lengths, preempted=preempted, finished=finished,
+    )
+
+
+def decode_output(decoding: list[Request], starts: np.ndarray, finished: list[RequestOutput],
+                  block_tables: BlockTablesOf) -> SchedulerOutput:
+    """``build_output`` for a step of exactly the decoding requests, one position each from
+    ``starts`` (per request)."""
+    ids = [r.request_id for r in decoding]
+    rows = np.fromiter((len(r.sequences) for r in decoding), np.int64, len(decoding))
+    seqs = [seq for r in decoding for seq in r.sequences]
+    tables, lengths = block_tables(seqs)
+    return SchedulerOutput(
+        requests=dict(zip(ids, decoding)), num_scheduled_tokens=dict.fromkeys(ids, 1), seqs=seqs,
+        row_starts=np.repeat(starts, rows), row_num_tokens=np.ones(len(seqs), np.int64),
+        row_needs_logits=np.ones(len(seqs), bool), block_tables=tables, table_lengths=lengths,
+        finished=finished,
+    )

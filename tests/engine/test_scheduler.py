@@ -1,4 +1,5 @@
-"""Scheduler: budget, chunked prefill, priorities, CFG pairs, admission, preemption, stops."""
+"""Scheduler: budget, chunked prefill, priorities, CFG pairs, admission, preemption, stops
+(which requests can never run: test_admission.py)."""
 import random
 
 import pytest
@@ -6,7 +7,7 @@ import pytest
 from chorus.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chorus.engine.kv_cache_manager import KVCacheManager
 from chorus.engine.request import FinishReason, Priority, Request, RequestStatus, T3Prompt, conditioning_key
-from chorus.engine.scheduler import AdmissionError, Scheduler
+from chorus.engine.scheduler import Scheduler
 
 BS = 4
 BOS, EOS = 6561, 6562
@@ -135,20 +136,6 @@ def test_cfg_pair_rows_are_adjacent_with_the_same_span():
     assert [r.seq_id for r in out.rows] == ["x/cond", "y/cond", "y/uncond"]
     assert out.cfg_pairs() == [(1, 2)]
     assert (out.rows[1].start, out.rows[1].num_tokens) == (out.rows[2].start, out.rows[2].num_tokens)
-
-
-def test_request_over_max_model_len_is_rejected_with_a_clear_message():
-    s = make_scheduler(max_model_len=32)
-    with pytest.raises(AdmissionError, match=r"4 positions \(2 conditioning \+ 1 text \+ 1 BOS\).*"
-                                             r"max_tokens is 30: 34 positions exceed max_model_len=32"):
-        s.add_request(make_request("a", max_tokens=30))
-    assert not s.has_unfinished_requests() and s.kv.num_free_blocks == 64
-
-
-def test_request_larger_than_the_pool_is_rejected():
-    s = make_scheduler(num_blocks=4)
-    with pytest.raises(AdmissionError, match="KV blocks"):
-        s.add_request(make_request("a", cfg=True, max_tokens=5))  # 2 rows x 3 blocks
 
 
 def test_prefix_hit_skips_cached_positions():

@@ -8,7 +8,8 @@ import pytest
 
 from chorus.engine.config import EngineConfig, SchedulerConfig
 from chorus.engine.kv_cache_manager import KVCacheManager
-from chorus.engine.scheduler import MIN_PREFILL_TOKENS, Scheduler
+from chorus.engine.scheduler import Scheduler
+from chorus.engine.step_budget import MIN_PREFILL_TOKENS
 from chorus.engine.step_cost import StepCostModel
 from tests.engine.test_scheduler import BS, Clock, make_request, step
 
