@@ -8,7 +8,6 @@ See docs/vocoder.md for the windowing scheme and its measured error.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from typing import Callable, Sequence
 
@@ -16,15 +15,16 @@ import numpy as np
 import torch
 
 from chorus import faults
-from chorus.models.s3gen.hift import SourceNoise, draw_source_noise
 from chorus.models.s3gen.postprocess import apply_trim_fade_at
 from chorus.models.s3gen.s3gen import SAMPLE_RATE, SAMPLES_PER_TOKEN, S3Gen, TokenRules, item_generators
 from chorus.vocoder.batching import Candidate, PassCostModel, select_batch
 from chorus.vocoder.config import AudioOut, VocoderConfig, VocoderStats
 from chorus.vocoder.job import SAMPLES_PER_FRAME, FlowWindow, Job, NoiseTape, new_stream, raised_cosine, read_tapes
 from chorus.vocoder.listeners import Listeners
-from chorus.vocoder.pass_graphs import FlowCall, HiFTCall, PassGraphs, frame_bucket, row_bucket
+from chorus.vocoder.pass_graphs import FlowCall, HiFTCall, PassGraphs
+from chorus.vocoder.pass_inputs import drawn_flow_noise, flow_columns, gather_frames, rows_by_prompt, source_noise
 from chorus.vocoder.voice_cache import VoiceCache, VoicePrompt, s3gen_part
+from chorus.vocoder.warmup import warmup_shapes
 from chorus.voices import S3GenPrompt, Voice
 
 logger = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ class VocoderStage:
         and are not counted in ``time_budget_s`` (they must happen before serving whatever they
         cost).
 
-        Shapes (:func:`warmup_shapes`): streaming passes over a voice prompt of ``prompt_tokens``
+        Shapes (:func:`chorus.vocoder.warmup.warmup_shapes`): streaming passes over a voice prompt of ``prompt_tokens``
         (default: the variant's S3Gen prompt length, 10 s = 250 tokens, or
         ``VocoderConfig.prompt_tokens`` if smaller) plus at most ``chunk_tokens`` new tokens (under
         the default left-context cap a stream's passes read at most prompt + 215 tokens, inside
@@ -341,14 +341,13 @@ class VocoderStage:
             host_tokens[i, :p.num_tokens] = p.host_tokens
             host_tokens[i, p.num_tokens:lengths[i]] = w.tokens
         cond = torch.zeros(batch, 80, ratio * width, device=device, dtype=flow.dtype)
-        for p, rows in _rows_by_prompt(prompts):
+        for p, rows in rows_by_prompt(prompts):
             cond[rows, :, :p.mel_frames] = p.cond
         streams = [i for i, job in enumerate(jobs) if job.stream is not None]
         stream_noise = None
         if streams:  # every stream's noise from its tape in one read
             stream_noise = read_tapes([jobs[i].stream.flow_noise for i in streams],
-                                      [self._flow_columns(prompts[i], windows[i]) for i in streams],
-                                      ratio * width)
+                                      [flow_columns(ratio, prompts[i], windows[i]) for i in streams], ratio * width)
         if len(streams) == batch:
             noise = stream_noise
         else:
@@ -357,7 +356,8 @@ class VocoderStage:
                 noise[streams] = stream_noise
             for i, (job, p) in enumerate(zip(jobs, prompts)):
                 if job.stream is None:
-                    noise[i, :, :ratio * lengths[i]] = self._drawn_flow_noise(job, p, windows[i])
+                    noise[i, :, :ratio * lengths[i]] = drawn_flow_noise(s3gen, self._generators[job.job_id][0], p,
+                                                                          len(windows[i].tokens))
         speaker = torch.stack([p.speaker for p in prompts])
         call = FlowCall(torch.from_numpy(host_tokens).to(device), torch.from_numpy(lengths).to(device), cond, noise,
                         speaker, n_steps, cfg_rate)
@@ -375,9 +375,9 @@ class VocoderStage:
         if vocode:
             counts = np.array([spans[i][1] - spans[i][0] for i in vocode])
             starts = np.array([prompts[i].mel_frames + spans[i][0] - windows[i].frame_offset for i in vocode])
-            hift_mel = _gather_frames(mel, np.array(vocode), starts, counts)
-            source = self._source_noise([jobs[i] for i in vocode], [spans[i] for i in vocode],
-                                        SAMPLES_PER_FRAME * int(counts.max()))
+            hift_mel = gather_frames(mel, np.array(vocode), starts, counts)
+            source = source_noise(s3gen, self._generators, [jobs[i] for i in vocode], [spans[i] for i in vocode],
+                                  SAMPLES_PER_FRAME * int(counts.max()))
             wav, f0 = self._graphs.run_hift(HiFTCall(hift_mel, torch.from_numpy(counts).to(device), source))
             timer.mark()
             wav, f0 = wav.cpu().numpy(), f0.cpu().numpy()  # waits for the pass
@@ -416,31 +416,6 @@ class VocoderStage:
         return job.flow_window(self.config.holdback_tokens, self.config.stream_context_tokens,
                                prompt.mel_frames - ratio * prompt.num_tokens)
 
-    def _flow_columns(self, prompt: VoicePrompt, window: FlowWindow) -> tuple[tuple[int, int], tuple[int, int]]:
-        """A stream's flow-noise column ranges for its pass (``2 (Tp + N)`` columns: prompt frames,
-        then new frames), by absolute column of its noise tape, in the layout of the voice's whole
-        prompt (``d`` tokens cut by ``prompt_tokens``): the prompt's ``[2 d, 2 (d + Tp))``, then the
-        window's tokens' ``[2 (d + Tp + first_token), 2 (d + Tp + end))``."""
-        ratio = self.s3gen.flow.config.token_mel_ratio
-        start = ratio * prompt.dropped_tokens
-        prompt_end = start + ratio * prompt.num_tokens
-        return (start, prompt_end), (prompt_end + ratio * window.first_token, prompt_end + ratio * window.end)
-
-    def _drawn_flow_noise(self, job: Job, prompt: VoicePrompt, window: FlowWindow) -> torch.Tensor:
-        """A non-streaming job's solver noise [80, 2 (Tp + N)], drawn as ``FlowDecoder.inference``
-        draws it from the job's generator."""
-        ratio = self.s3gen.flow.config.token_mel_ratio
-        num_tokens = len(window.tokens)
-        total = ratio * (prompt.num_tokens + num_tokens)
-        generator = self._generators[job.job_id][0]
-        like = dict(generator=generator, device=self.s3gen.device, dtype=self.s3gen.dtype)
-        if self.s3gen.flow.config.meanflow:
-            new = torch.randn(1, 80, ratio * num_tokens, **like)[0]
-            noise = torch.randn(1, 80, total, **like)[0]
-            noise[:, ratio * prompt.num_tokens:] = new
-            return noise
-        return torch.randn(1, 80, total, **like)[0]
-
     def _hift_span(self, job: Job, frames: int, final: bool) -> tuple[int, int]:
         """Mel frames ``[start, end)`` this pass vocodes for the job."""
         stream = job.stream
@@ -448,42 +423,6 @@ class VocoderStage:
             return 0, frames
         end = frames if final else frames - 2 * self.config.holdback_tokens
         return stream.hift_start, end if end > stream.mel_end else stream.hift_start
-
-    def _source_noise(self, jobs: list[Job], spans: list[tuple[int, int]], width: int) -> SourceNoise:
-        """HiFT's source draws for the pass's vocoded items (mel frames ``spans[i]`` of
-        ``jobs[i]``), noise zero-padded to ``width`` samples. A stream's phases continue where the
-        one-pass sine would be at its span's start, and its noise comes from its tape by absolute
-        sample (all streams in one read); a non-streaming job draws both from its generators."""
-        device, config = self.s3gen.device, self.s3gen.mel2wav.config
-        phases = np.zeros((len(jobs), config.num_harmonics), np.float32)
-        harmonics = np.arange(1, config.num_harmonics + 1, dtype=np.float64)
-        drawn = {}
-        for i, (job, (start, end)) in enumerate(zip(jobs, spans)):
-            if job.stream is None:
-                p, n = self._generators[job.job_id][1], self._generators[job.job_id][0]
-                drawn[i] = draw_source_noise([end - start], config, device, noise_generators=[n],
-                                             phase_generators=[p])
-                phases[i] = drawn[i].phases[0].cpu().numpy()
-                continue
-            stream = job.stream
-            assert start == stream.hift_start
-            cycles = stream.cycles * harmonics  # the fraction of a cycle each harmonic is into
-            phases[i] = stream.phases + 2 * math.pi * (cycles - np.floor(cycles))
-        streams = [i for i, job in enumerate(jobs) if job.stream is not None]
-        tapes = None
-        if streams:
-            tapes = read_tapes(
-                [jobs[i].stream.source_noise for i in streams],
-                [((spans[i][0] * SAMPLES_PER_FRAME, spans[i][1] * SAMPLES_PER_FRAME),) for i in streams], width)
-        if len(streams) == len(jobs):
-            noise = tapes
-        else:
-            noise = torch.zeros(len(jobs), config.num_harmonics, width, device=device)
-            if streams:
-                noise[streams] = tapes
-            for i, source in drawn.items():
-                noise[i, :, :source.noise.shape[-1]] = source.noise[0]
-        return SourceNoise(torch.from_numpy(phases).to(device), noise)
 
     def _emit(self, job: Job, piece: np.ndarray, start: int, end: int, f0: np.ndarray,
               num_tokens: int, final: bool) -> AudioOut | None:
@@ -523,7 +462,6 @@ class VocoderStage:
         stream.next_threshold += stream.next_window
 
 
-
 class _PassTimer:
     """Device time of a pass's parts: CUDA events on the current stream (read once the pass's
     output has been copied back, so no extra synchronisation), host time on the CPU."""
@@ -551,84 +489,3 @@ class _PassTimer:
             spans = [b - a for a, b in zip(self.marks, self.marks[1:])]
         spans += [0.0] * (2 - len(spans))
         return spans[0], spans[1]
-
-
-def warmup_shapes(cfg: VocoderConfig, ratio: int, prompt_tokens: int, chunk_tokens: int,
-                  whole_chunk_tokens: int | None, most_rows: int,
-                  silence_tokens: int = 0) -> list[tuple[str, tuple[int, int]]]:
-    """The ``("hift" | "flow", (rows, frames))`` shapes :meth:`VocoderStage.warmup` captures, in
-    order, each graph bucket once (``ratio``: mel frames per token).
-
-    Streaming passes first: HiFT over the frame buckets of window spans (a window's new frames
-    plus the HiFT context), the flow over the frame bucket of the first window (over the prompt
-    ``first_window_prompt_tokens`` leaves), then those of the later window ends, then every other
-    bucket up to the last window end (final passes land anywhere in between); each at row buckets
-    1, 2, 4, ... up to ``most_rows`` (with ``follower_first_window_tokens``, HiFT over a
-    follower's first window too). With ``first_window_prompt_tokens`` capping the prompt, the
-    flow also over every bucket of a first pass over the capped prompt: one that is also its
-    stream's last (a stream of at most its first window's tokens, such as a voice agent's short
-    piece: its tokens plus the variant's ``silence_tokens``) and a follower's first window, which
-    no later bucket covers. Then, with
-    ``whole_chunk_tokens``, non-streaming passes of whole chunks (HiFT over all of a chunk's
-    frames, the flow over prompt + chunk) of 1 to ``whole_chunk_tokens`` tokens, at the two
-    largest of those row buckets.
-    """
-    ends, window, windows = [cfg.first_window_tokens], cfg.first_window_tokens, [cfg.first_window_tokens]
-    while True:  # window ends as streams advance them (see _advance_window)
-        window = cfg.next_window(window)
-        if ends[-1] + window > chunk_tokens:
-            break
-        ends.append(ends[-1] + window)
-        windows.append(window)
-    first_prompt = prompt_tokens if cfg.first_window_prompt_tokens is None \
-        else min(prompt_tokens, cfg.first_window_prompt_tokens)
-    later = [ratio * (prompt_tokens + end + cfg.holdback_tokens) for end in ends]
-    flow_frames = [ratio * (first_prompt + ends[0] + cfg.holdback_tokens)] + later
-    flow_frames += list(range(later[0], later[-1], 64))
-    if first_prompt < prompt_tokens:  # a first pass over the capped prompt that is also the last, or a follower's
-        longest = max(ends[0], cfg.follower_first_window_tokens or 0) + cfg.holdback_tokens + silence_tokens
-        flow_frames += _buckets(ratio * (first_prompt + 1 + silence_tokens), ratio * (first_prompt + longest))
-    if cfg.follower_first_window_tokens is not None:  # a follower's first window (uncapped, its flow lies among ``later``'s)
-        windows.append(cfg.follower_first_window_tokens)
-    hift_frames = [ratio * (w + cfg.holdback_tokens) + cfg.hift_context_frames for w in windows]
-    rows = [1]
-    while rows[-1] < row_bucket(most_rows):
-        rows.append(2 * rows[-1])
-    shapes = [("hift", (r, frame_bucket(f))) for f in hift_frames for r in rows]
-    shapes += [("flow", (r, frame_bucket(f))) for f in flow_frames for r in rows]
-    if whole_chunk_tokens:
-        batch_rows = rows[-2:]
-        shapes += [("hift", (r, f)) for f in _buckets(ratio, ratio * whole_chunk_tokens) for r in batch_rows]
-        shapes += [("flow", (r, f)) for f in _buckets(ratio * (prompt_tokens + 1),
-                                                      ratio * (prompt_tokens + whole_chunk_tokens))
-                   for r in batch_rows]
-    return list(dict.fromkeys(shapes))
-
-
-def _buckets(low: int, high: int) -> list[int]:
-    """Every frame bucket that a count of ``low`` to ``high`` frames falls in, in order."""
-    return list(dict.fromkeys(frame_bucket(f) for f in range(low, high + 1)))
-
-
-def _rows_by_prompt(prompts: list[VoicePrompt]) -> list[tuple[VoicePrompt, slice | list[int]]]:
-    """The pass's rows of each distinct prompt (by identity; the voice cache hands out one
-    object per voice and cap): all rows as a slice when every row shares one prompt."""
-    groups: dict[int, tuple[VoicePrompt, list[int]]] = {}
-    for i, p in enumerate(prompts):
-        groups.setdefault(id(p), (p, []))[1].append(i)
-    if len(groups) == 1:
-        return [(prompts[0], slice(None))]
-    return list(groups.values())
-
-
-def _gather_frames(mel: torch.Tensor, items: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> torch.Tensor:
-    """Row ``r``: ``mel[items[r], :, starts[r]:starts[r] + counts[r]]``, zero-padded to the largest
-    count (``[len(items), 80, max(counts)]``), in one gather."""
-    width = int(counts.max())
-    offsets = np.arange(width)
-    valid = offsets < counts[:, None]
-    index = np.where(valid, starts[:, None] + offsets, 0)
-    device = mel.device
-    index_d = torch.from_numpy(index).to(device)[:, None, :].expand(-1, mel.shape[1], -1)
-    rows = mel[torch.from_numpy(items).to(device)]
-    return torch.where(torch.from_numpy(valid).to(device)[:, None, :], torch.gather(rows, 2, index_d), 0.0)

@@ -30,7 +30,7 @@ CLASSES = {
     ),
     "chorus-vocoder": (
         ("idle", ("Queue.get",)),
-        ("a pass: waiting for the flow's frames (host copy)", ("_gather_frames",)),
+        ("a pass: waiting for the flow's frames (host copy)", ("gather_frames",)),
         ("a pass: graph replays", ("CUDAGraph.replay",)),
         ("a pass: the rest", ("VocoderStage.step", "VocoderStage._run_pass")),
         ("new streams (noise tapes)", ("new_stream", "NoiseTape")),

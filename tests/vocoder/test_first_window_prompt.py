@@ -8,7 +8,7 @@ import torch
 
 from chorus.vocoder import VocoderConfig, VocoderStage
 from chorus.vocoder.pass_graphs import frame_bucket
-from chorus.vocoder.stage import warmup_shapes
+from chorus.vocoder.warmup import warmup_shapes
 from chorus.vocoder.voice_cache import VoiceCache
 from tests.vocoder.conftest import drain, one_job_audio, record_flow_frames
 from tests.vocoder.models import local_flow, random_tokens, random_voice
