@@ -11,7 +11,7 @@
 Modules load lazily so that ``chorus.pipeline.conditioning`` stays importable on its own.
 """
 _EXPORTS = {
-    "Pipeline": "pipeline", "PipelineConfig": "pipeline", "Progress": "pipeline",
+    "Pipeline": "pipeline", "PipelineConfig": "config", "Progress": "request_state",
     "SpeechRequest": "request", "SpeechResult": "request", "ChunkResult": "request",
     "SpeechStream": "stream", "AudioPiece": "stream", "PipelineError": "errors",
     "RequestPlanner": "planner", "SpeechPlan": "planner", "SpeechModels": "models",

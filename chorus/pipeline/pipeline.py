@@ -14,6 +14,9 @@ non-streaming request gets the exact path's audio for the same tokens and noise.
 Voice conversions (:meth:`Pipeline.convert`) skip T3: the caller's thread tokenizes the source
 clip and the vocoder thread hands the tokens to the same stage as one job, batched with the
 text-to-speech jobs (``chorus.conversion``, docs/voice-conversion.md).
+
+What the vocoder thread keeps per request (its chunks' jobs, deadlines, timings, in-order
+delivery) is ``chorus.pipeline.request_state``; the settings are ``chorus.pipeline.config``.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -34,7 +37,6 @@ from chorus.engine.config import EngineConfig
 from chorus.engine.engine import T3Engine, T3Request
 from chorus.engine.request import FinishReason
 from chorus.engine.scheduler import RequestOutput
-from chorus.conversion.config import ConversionConfig
 from chorus.conversion.planner import ConversionPlan, ConversionPlanner
 from chorus.conversion.request import ConversionRequest
 from chorus.conversion.runner import add_to_stage, conversion_result
@@ -42,14 +44,16 @@ from chorus.models.loading import Checkpoint
 from chorus.models.s3gen.s3gen import SAMPLE_RATE
 from chorus.models.variants import Variant
 from chorus.pipeline.conditioning import ConditioningCache
+from chorus.pipeline.config import PipelineConfig
 from chorus.pipeline.models import SpeechModels
 from chorus.pipeline.planner import SpeechPlan
 from chorus.pipeline.request import ChunkResult, SpeechRequest, SpeechResult
+from chorus.pipeline.request_state import ChunkJob, Deadlines, Progress, RequestState
 from chorus.pipeline.stitch import stitch_chunks
 from chorus.pipeline.errors import PipelineError
 from chorus.pipeline.stream import AudioPiece, SpeechStream
-from chorus.text import DEFAULT_MAX_CHARS
-from chorus.vocoder import AudioOut, VocoderConfig, VocoderStage, VocoderStats
+from chorus.pipeline.threads import on_stream, thread_shares
+from chorus.vocoder import AudioOut, VocoderStage, VocoderStats
 
 # A vocoder pass is stuck, not just busy, only past this many times its predicted time (its
 # stage's cost model follows the device and the load on it) or the caller's timeout if longer:
@@ -63,47 +67,6 @@ SPEECH_TOKENS_PER_CHAR = 1.6
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class PipelineConfig:
-    """engine: the T3 engine (its ``default_deadline_s`` is overridden: the pipeline owns a
-    request's deadlines, which cover T3 and S3Gen). vocoder: the S3Gen stage.
-    max_chars: chunk length bound.
-    default_deadline_s: the total deadline of requests that bring none (submission to the
-    end); None = none (batch jobs). default_start_deadline_s: the start deadline of requests
-    that bring none (submission to the first audio piece); None = none.
-    split_cpu_threads: on a CPU, give the T3 thread and the vocoder thread each a share of
-    torch's intra-op threads (T3 the larger half, at least one each) instead of both using all
-    of them: two stages running parallel ops at once on the same cores oversubscribe them, and
-    OpenMP's spinning workers then slow both (docs/engine.md, "Step time"). No effect on a GPU.
-    conversion: the limits of voice conversion (``Pipeline.convert``).
-    warmup: warm the vocoder up (:meth:`Pipeline.warmup`) while constructing, before the T3
-    engine is built: on CUDA the engine sizes its KV pool to ``gpu_memory_utilization`` of the
-    device less what is held, so graphs captured first keep their memory, while graphs captured
-    after must fit in what the pool leaves (on an 80 GB card, too little for the largest vocoder
-    shapes at the server's default). ``chorus serve`` sets it unless ``--no-warmup``.
-    """
-
-    engine: EngineConfig | None = None
-    vocoder: VocoderConfig | None = None
-    max_chars: int = DEFAULT_MAX_CHARS
-    default_deadline_s: float | None = None
-    default_start_deadline_s: float | None = None
-    conditioning_cache_size: int = 256
-    cuda_graphs: bool = True
-    split_cpu_threads: bool = True
-    conversion: ConversionConfig = field(default_factory=ConversionConfig)
-    warmup: bool = False
-
-
-@dataclass(frozen=True)
-class Progress:
-    """One chunk finished (passed to ``generate``'s ``progress`` callback)."""
-
-    request_id: str
-    chunk_index: int
-    audio_seconds: float  # of that chunk
-
-
 @dataclass
 class PipelineStats:
     t3_busy_s: float
@@ -112,70 +75,6 @@ class PipelineStats:
     vocoder: VocoderStats  # a copy of the stage's own counters
     requests_done: int
     audio_seconds: float
-
-
-@dataclass
-class _Job:
-    """One chunk of one request, as the vocoder thread tracks it."""
-
-    request: "_RequestState"
-    index: int
-    tokens: list[int] = field(default_factory=list)
-    pushed: int = 0  # tokens already handed to the stage (streaming jobs)
-    t3_reason: str | None = None  # set when T3 finished the chunk
-    # a streamed request's first chunk, until its first vocoder pass is ready: when T3 made each
-    # token not yet pushed (``_RequestState.first_window`` is read from these)
-    stamps: list[float] = field(default_factory=list)
-    pieces: list[np.ndarray] = field(default_factory=list)  # audio not yet streamed out
-    delivered: list[np.ndarray] = field(default_factory=list)  # audio already streamed out
-    done: bool = False
-
-    def waveform(self) -> np.ndarray:
-        parts = self.delivered + self.pieces
-        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
-
-
-@dataclass(frozen=True)
-class _Deadlines:
-    """A request's two deadlines, in seconds from ``submitted`` (``time.monotonic()``): the
-    start deadline until its first audio piece is delivered (it stops applying then), the
-    total deadline until its end. None: no such deadline."""
-
-    submitted: float
-    start_s: float | None
-    total_s: float | None
-
-    def expired(self, now: float, audio_started: bool) -> tuple[str, str] | None:
-        """(which deadline passed: ``"start"`` or ``"total"``, why) when the request must be
-        failed now, else None."""
-        if self.start_s is not None and not audio_started and now > self.submitted + self.start_s:
-            return "start", f"no audio within its start deadline ({self.start_s:g} s)"
-        if self.total_s is not None and now > self.submitted + self.total_s:
-            return "total", f"not finished within its total deadline ({self.total_s:g} s)"
-        return None
-
-
-@dataclass
-class _RequestState:
-    plan: SpeechPlan | ConversionPlan
-    stream: SpeechStream
-    jobs: list[_Job]
-    deadlines: _Deadlines
-    progress: Callable[[Progress], None] | None = None
-    next_chunk: int = 0  # first chunk not yet fully delivered
-    first_token: float | None = None  # T3's first token of the first chunk
-    first_window: float | None = None  # T3's step that gave a stream's first vocoder pass its tokens
-    first_pass: float | None = None  # start of the vocoder pass that made its first audio
-    first_audio: float | None = None
-    audio_started: bool = False  # a piece with samples was delivered to the stream
-
-    @property
-    def submitted(self) -> float:
-        """``time.monotonic()`` when the pipeline took it (its stream says, for the caller too)."""
-        return self.stream.submitted_at
-
-    def job_id(self, index: int) -> str:
-        return f"{self.plan.request_id}#{index}"
 
 
 class Pipeline:
@@ -203,13 +102,13 @@ class Pipeline:
             self.warmup()
         self.engine = T3Engine(models.t3, variant, engine_config, cuda_graphs=config.cuda_graphs)
         self._threads_at_start = torch.get_num_threads()
-        self._t3_threads, self._vocoder_threads = _thread_shares(models.device, config.split_cpu_threads)
+        self._t3_threads, self._vocoder_threads = thread_shares(models.device, config.split_cpu_threads)
         self._t3 = AsyncT3Engine(self.engine, on_step=self._on_t3_step, intra_op_threads=self._t3_threads,
                                  on_step_time=self._on_t3_step_time)
         self._timing_listener: Callable[[str, float], None] | None = None
         self._inbox: queue.Queue = queue.Queue()
-        self._requests: dict[str, _RequestState] = {}  # owned by the vocoder thread
-        self._jobs: dict[str, _Job] = {}  # owned by the vocoder thread
+        self._requests: dict[str, RequestState] = {}  # owned by the vocoder thread
+        self._jobs: dict[str, ChunkJob] = {}  # owned by the vocoder thread
         self._active_ids: set[str] = set()  # ids submitted and not yet ended (any thread)
         self._active_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -264,7 +163,7 @@ class Pipeline:
         captured again); 0 on the CPU. ``PipelineConfig.warmup`` runs it during construction,
         before the T3 engine sizes its KV pool."""
         whole = math.ceil(self.config.max_chars * SPEECH_TOKENS_PER_CHAR)
-        with _on_stream(self._cuda_stream):
+        with on_stream(self._cuda_stream):
             return self.vocoder.warmup(whole_chunk_tokens=whole, time_budget_s=time_budget_s)
 
     def stall(self, timeout_s: float) -> str | None:
@@ -321,7 +220,7 @@ class Pipeline:
         plan = request if isinstance(request, SpeechPlan) else self.planner.plan(request)
         conditioning = self.conditioning.get(plan.voice, plan.exaggeration)
         state = self._register(plan, progress)
-        state.jobs = [_Job(state, c.index) for c in plan.chunks]
+        state.jobs = [ChunkJob(state, c.index) for c in plan.chunks]
         self._inbox.put(("add", state))  # before T3 can report on its chunks
         self._t3.submit([T3Request(c.text_ids, conditioning, c.params, priority=plan.priority,
                                    deadline_s=state.deadlines.total_s, request_id=state.job_id(c.index))
@@ -346,13 +245,13 @@ class Pipeline:
             raise RuntimeError("the pipeline is not running; call start() (or use it as a context manager)")
         plan = request if isinstance(request, ConversionPlan) else self.conversion_planner.plan(request)
         state = self._register(plan, progress)
-        job = _Job(state, 0, tokens=list(plan.tokens), pushed=len(plan.tokens), t3_reason="source")
+        job = ChunkJob(state, 0, tokens=list(plan.tokens), pushed=len(plan.tokens), t3_reason="source")
         state.jobs = [job]
         self._inbox.put(("convert", state))
         return state.stream
 
     def _register(self, plan: SpeechPlan | ConversionPlan,
-                  progress: Callable[[Progress], None] | None) -> _RequestState:
+                  progress: Callable[[Progress], None] | None) -> RequestState:
         """A new request's state and stream (its id marked active; a duplicate raises)."""
         with self._active_lock:
             if plan.request_id in self._active_ids:
@@ -362,7 +261,7 @@ class Pipeline:
         stream = SpeechStream(plan, self.abort, now)
         deadline_s = plan.deadline_s if plan.deadline_s is not None else self.config.default_deadline_s
         start_s = plan.start_deadline_s if plan.start_deadline_s is not None else self.config.default_start_deadline_s
-        return _RequestState(plan, stream, [], _Deadlines(now, start_s, deadline_s), progress)
+        return RequestState(plan, stream, [], Deadlines(now, start_s, deadline_s), progress)
 
     def synthesize(self, request: SpeechRequest | str, **options: Any) -> SpeechResult:
         """Speak one text and wait for the whole result."""
@@ -425,7 +324,7 @@ class Pipeline:
                 if self.vocoder.has_work():
                     start = time.perf_counter()
                     self._vocoder_step_started_at = pass_started = time.monotonic()
-                    with _on_stream(self._cuda_stream):
+                    with on_stream(self._cuda_stream):
                         outs = self.vocoder.step()
                     self._vocoder_step_started_at = None
                     elapsed = time.perf_counter() - start
@@ -434,7 +333,7 @@ class Pipeline:
                     for out in outs:
                         self._on_audio(out, pass_started)
                 elif self._inbox.empty():
-                    with _on_stream(self._cuda_stream):
+                    with on_stream(self._cuda_stream):
                         self.vocoder.capture_while_idle()
         except BaseException as exc:  # noqa: BLE001 - fail every request instead of hanging them
             logger.exception("the vocoder thread stopped")
@@ -453,7 +352,7 @@ class Pipeline:
                 message = self._inbox.get_nowait()
         except queue.Empty:
             pass
-        with _on_stream(self._cuda_stream):
+        with on_stream(self._cuda_stream):
             for job_id in touched:
                 job = self._jobs.get(job_id)
                 if job is not None:
@@ -461,12 +360,12 @@ class Pipeline:
 
     def _apply(self, kind: str, payload, touched: set[str]) -> None:
         if kind == "add":
-            state: _RequestState = payload
+            state: RequestState = payload
             plan = state.plan
             self._requests[plan.request_id] = state
             # a stream's chunks, and streams sharing a listener, are heard one after another
             listener = plan.listener or (plan.request_id if plan.stream and len(plan.chunks) > 1 else None)
-            with _on_stream(self._cuda_stream):
+            with on_stream(self._cuda_stream):
                 for job in state.jobs:
                     chunk = plan.chunks[job.index]
                     self.vocoder.add(state.job_id(job.index), plan.voice, seed=chunk.seed, streaming=plan.stream,
@@ -476,7 +375,7 @@ class Pipeline:
             state = payload
             self._requests[state.plan.request_id] = state
             job_id = state.job_id(0)
-            with _on_stream(self._cuda_stream):
+            with on_stream(self._cuda_stream):
                 add_to_stage(self.vocoder, state.plan, job_id)
             self._jobs[job_id] = state.jobs[0]
         elif kind == "t3":
@@ -513,31 +412,15 @@ class Pipeline:
         elif reason is not FinishReason.ABORTED:  # ERROR
             self._fail(job.request, "error", event.error or f"T3 {reason.value} in chunk {job.index}")
 
-    def _push(self, job_id: str, job: _Job) -> None:
+    def _push(self, job_id: str, job: ChunkJob) -> None:
         final = job.t3_reason is not None
         if job.request.plan.stream or final:
             if job.stamps:
-                self._push_to_first_window(job_id, job, final)
+                job.push_to_first_window(self.vocoder, job_id, final)
             new = job.tokens[job.pushed:]
             if new or final:
                 self.vocoder.push(job_id, new, final=final)
                 job.pushed = len(job.tokens)
-
-    def _push_to_first_window(self, job_id: str, job: _Job, final: bool) -> None:
-        """Push a stream's first chunk's new tokens one at a time until its first pass is ready,
-        and stamp that with the T3 step that made the token completing it (``first_window``). A
-        final chunk's last token is left to go with ``final``, which readies its last pass."""
-        assert len(job.stamps) == len(job.tokens) - job.pushed, (len(job.stamps), len(job.tokens), job.pushed)
-        for stamp in job.stamps[:-1] if final else job.stamps:
-            self.vocoder.push(job_id, job.tokens[job.pushed:job.pushed + 1])
-            job.pushed += 1
-            if self.vocoder.is_ready(job_id):
-                job.request.first_window = stamp
-                break
-        else:
-            if final:
-                job.request.first_window = job.stamps[-1]
-        job.stamps = []
 
     def _on_audio(self, out: AudioOut, pass_started: float) -> None:
         """``pass_started``: the ``time.monotonic()`` at which the pass that made ``out`` began."""
@@ -558,33 +441,16 @@ class Pipeline:
             if state.progress is not None:
                 state.progress(Progress(state.plan.request_id, job.index, job.waveform().size / SAMPLE_RATE))
         if state.plan.stream:
-            self._deliver_in_order(state)
+            state.deliver_in_order()
         if all(j.done for j in state.jobs):
             self._complete(state)
-
-    def _deliver_in_order(self, state: _RequestState) -> None:
-        """Stream what can go out now: the pieces of the first undelivered chunk, then, once it
-        is done, the next chunk's buffered pieces, and so on."""
-        last = len(state.jobs) - 1
-        while state.next_chunk <= last:
-            job = state.jobs[state.next_chunk]
-            for i, samples in enumerate(job.pieces):
-                final = job.done and i == len(job.pieces) - 1 and state.next_chunk == last
-                if samples.size or final:
-                    state.audio_started = state.audio_started or samples.size > 0
-                    state.stream._put_audio(AudioPiece(samples, job.index, final))
-            job.delivered += job.pieces
-            job.pieces = []
-            if not job.done:
-                return
-            state.next_chunk += 1
 
     def _end(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
         with self._active_lock:
             self._active_ids.discard(request_id)
 
-    def _complete(self, state: _RequestState) -> None:
+    def _complete(self, state: RequestState) -> None:
         plan = state.plan
         self._end(plan.request_id)
         waves = [j.waveform() for j in state.jobs]
@@ -595,29 +461,21 @@ class Pipeline:
             audio = get_watermarker(plan.watermark).apply(audio, SAMPLE_RATE)
         if not plan.stream:
             state.stream._put_audio(AudioPiece(audio, len(state.jobs) - 1, True))
-        now = time.monotonic()
-        timings = {"total_s": now - state.submitted}
-        if state.first_token is not None:
-            timings["first_token_s"] = state.first_token - state.submitted
-        if state.first_window is not None:
-            timings["first_window_s"] = state.first_window - state.submitted
-        if state.first_audio is not None:
-            timings["first_pass_s"] = state.first_pass - state.submitted
-            timings["first_audio_s"] = state.first_audio - state.submitted
+        timings = state.timings(time.monotonic())
         self.requests_done += 1
         self.audio_seconds += audio.size / SAMPLE_RATE
         if isinstance(plan, ConversionPlan):
             state.stream._finish(conversion_result(plan, audio, timings))
-            _release(state)
+            state.release()
             return
         chunks = tuple(ChunkResult(c.text, c.seed, len(j.tokens), j.t3_reason or "eos", w.size,
                                    tuple(j.tokens))
                        for c, j, w in zip(plan.chunks, state.jobs, waves))
         state.stream._finish(SpeechResult(audio, SAMPLE_RATE, plan.seed, chunks, plan.ignored,
                                           plan.request_id, timings))
-        _release(state)
+        state.release()
 
-    def _fail(self, state: _RequestState, reason: str, message: str, deadline: str | None = None) -> None:
+    def _fail(self, state: RequestState, reason: str, message: str, deadline: str | None = None) -> None:
         request_id = state.plan.request_id
         if request_id not in self._requests:
             return
@@ -629,7 +487,7 @@ class Pipeline:
             if job.t3_reason is None:
                 self._t3.abort(job_id)
         state.stream._fail(PipelineError(request_id, reason, message, deadline))
-        _release(state)
+        state.release()
 
     def _expire_deadlines(self) -> None:
         now = time.monotonic()
@@ -638,35 +496,3 @@ class Pipeline:
             if expired is not None:
                 kind, why = expired
                 self._fail(state, "deadline", why, deadline=kind)
-
-
-def _release(state: _RequestState) -> None:
-    """Drop an ended request's jobs. Each job points back at its request, so while the request
-    lists them the two make a reference cycle, which only the cyclic collector frees (with the
-    request's audio and stream); its full collections stop every thread of the process. Once
-    the request has ended nothing reaches its jobs (they have left the vocoder thread's table),
-    so this lets reference counting free them at once."""
-    state.jobs = []
-
-
-def _thread_shares(device: torch.device, split: bool) -> tuple[int | None, int | None]:
-    """Intra-op threads of the T3 thread and of the vocoder thread (None: torch's setting)."""
-    if device.type != "cpu" or not split:
-        return None, None
-    total = torch.get_num_threads()
-    return max(1, total - total // 2), max(1, total // 2)
-
-
-class _on_stream:
-    """``torch.cuda.stream(s)`` when ``s`` is a CUDA stream, else nothing."""
-
-    def __init__(self, stream):
-        self._ctx = torch.cuda.stream(stream) if stream is not None else None
-
-    def __enter__(self):
-        if self._ctx is not None:
-            self._ctx.__enter__()
-
-    def __exit__(self, *exc):
-        if self._ctx is not None:
-            self._ctx.__exit__(*exc)

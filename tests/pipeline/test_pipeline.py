@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from chorus.engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from chorus.pipeline.pipeline import Pipeline, PipelineConfig
+from chorus.pipeline.config import PipelineConfig
+from chorus.pipeline.pipeline import Pipeline
 from chorus.pipeline.request import SpeechRequest
 from chorus.pipeline.errors import PipelineError
 from chorus.synthesis import Synthesizer

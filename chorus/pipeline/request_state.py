@@ -1,0 +1,146 @@
+"""One request as the pipeline's vocoder thread tracks it: its chunks' jobs (tokens from T3,
+audio from the vocoder stage), its two deadlines, the moments its timings are read from, the
+in-order delivery of its audio to its stream, and the release of its jobs once it has ended.
+
+Only the vocoder thread reads or writes these (``Pipeline`` makes them on the caller's thread and
+hands them over through its inbox); nothing here touches T3 or another request.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from chorus.pipeline.planner import SpeechPlan
+from chorus.pipeline.stream import AudioPiece, SpeechStream
+
+if TYPE_CHECKING:
+    from chorus.conversion.planner import ConversionPlan
+    from chorus.vocoder import VocoderStage
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One chunk finished (passed to ``generate``'s ``progress`` callback)."""
+
+    request_id: str
+    chunk_index: int
+    audio_seconds: float  # of that chunk
+
+
+@dataclass
+class ChunkJob:
+    """One chunk of one request, as the vocoder thread tracks it."""
+
+    request: "RequestState"
+    index: int
+    tokens: list[int] = field(default_factory=list)
+    pushed: int = 0  # tokens already handed to the stage (streaming jobs)
+    t3_reason: str | None = None  # set when T3 finished the chunk
+    # a streamed request's first chunk, until its first vocoder pass is ready: when T3 made each
+    # token not yet pushed (``RequestState.first_window`` is read from these)
+    stamps: list[float] = field(default_factory=list)
+    pieces: list[np.ndarray] = field(default_factory=list)  # audio not yet streamed out
+    delivered: list[np.ndarray] = field(default_factory=list)  # audio already streamed out
+    done: bool = False
+
+    def waveform(self) -> np.ndarray:
+        parts = self.delivered + self.pieces
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+    def push_to_first_window(self, vocoder: "VocoderStage", job_id: str, final: bool) -> None:
+        """Push a stream's first chunk's new tokens one at a time until its first pass is ready,
+        and stamp that with the T3 step that made the token completing it (``first_window``). A
+        final chunk's last token is left to go with ``final``, which readies its last pass."""
+        assert len(self.stamps) == len(self.tokens) - self.pushed, (len(self.stamps), len(self.tokens), self.pushed)
+        for stamp in self.stamps[:-1] if final else self.stamps:
+            vocoder.push(job_id, self.tokens[self.pushed:self.pushed + 1])
+            self.pushed += 1
+            if vocoder.is_ready(job_id):
+                self.request.first_window = stamp
+                break
+        else:
+            if final:
+                self.request.first_window = self.stamps[-1]
+        self.stamps = []
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """A request's two deadlines, in seconds from ``submitted`` (``time.monotonic()``): the
+    start deadline until its first audio piece is delivered (it stops applying then), the
+    total deadline until its end. None: no such deadline."""
+
+    submitted: float
+    start_s: float | None
+    total_s: float | None
+
+    def expired(self, now: float, audio_started: bool) -> tuple[str, str] | None:
+        """(which deadline passed: ``"start"`` or ``"total"``, why) when the request must be
+        failed now, else None."""
+        if self.start_s is not None and not audio_started and now > self.submitted + self.start_s:
+            return "start", f"no audio within its start deadline ({self.start_s:g} s)"
+        if self.total_s is not None and now > self.submitted + self.total_s:
+            return "total", f"not finished within its total deadline ({self.total_s:g} s)"
+        return None
+
+
+@dataclass
+class RequestState:
+    plan: SpeechPlan | ConversionPlan
+    stream: SpeechStream
+    jobs: list[ChunkJob]
+    deadlines: Deadlines
+    progress: Callable[[Progress], None] | None = None
+    next_chunk: int = 0  # first chunk not yet fully delivered
+    first_token: float | None = None  # T3's first token of the first chunk
+    first_window: float | None = None  # T3's step that gave a stream's first vocoder pass its tokens
+    first_pass: float | None = None  # start of the vocoder pass that made its first audio
+    first_audio: float | None = None
+    audio_started: bool = False  # a piece with samples was delivered to the stream
+
+    @property
+    def submitted(self) -> float:
+        """``time.monotonic()`` when the pipeline took it (its stream says, for the caller too)."""
+        return self.stream.submitted_at
+
+    def job_id(self, index: int) -> str:
+        return f"{self.plan.request_id}#{index}"
+
+    def deliver_in_order(self) -> None:
+        """Stream what can go out now: the pieces of the first undelivered chunk, then, once it
+        is done, the next chunk's buffered pieces, and so on."""
+        last = len(self.jobs) - 1
+        while self.next_chunk <= last:
+            job = self.jobs[self.next_chunk]
+            for i, samples in enumerate(job.pieces):
+                final = job.done and i == len(job.pieces) - 1 and self.next_chunk == last
+                if samples.size or final:
+                    self.audio_started = self.audio_started or samples.size > 0
+                    self.stream._put_audio(AudioPiece(samples, job.index, final))
+            job.delivered += job.pieces
+            job.pieces = []
+            if not job.done:
+                return
+            self.next_chunk += 1
+
+    def timings(self, now: float) -> dict[str, float]:
+        """The result's ``timings`` for a request ending at ``now`` (``SpeechResult.timings``)."""
+        timings = {"total_s": now - self.submitted}
+        if self.first_token is not None:
+            timings["first_token_s"] = self.first_token - self.submitted
+        if self.first_window is not None:
+            timings["first_window_s"] = self.first_window - self.submitted
+        if self.first_audio is not None:
+            timings["first_pass_s"] = self.first_pass - self.submitted
+            timings["first_audio_s"] = self.first_audio - self.submitted
+        return timings
+
+    def release(self) -> None:
+        """Drop an ended request's jobs. Each job points back at its request, so while the
+        request lists them the two make a reference cycle, which only the cyclic collector frees
+        (with the request's audio and stream); its full collections stop every thread of the
+        process. Once the request has ended nothing reaches its jobs (they have left the vocoder
+        thread's table), so this lets reference counting free them at once."""
+        self.jobs = []
