@@ -37,6 +37,7 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
 from chorus.bench.kernel_work import Work
+from chorus.bench.plot import new_figure
 
 
 # ------------------------------------------------------------------------------ the cards
@@ -350,40 +351,40 @@ def format_classes(roofline: dict) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ the plot
-def require_matplotlib() -> None:
-    """Raise a clear error when the plot cannot be drawn."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise RuntimeError("the roofline plot needs matplotlib: pip install 'chorus-tts[bench]'") from None
-
-
 def plot_path(out: str, suffix: str) -> Path:
     """The plot's file next to the JSON report ``out``: ``<stem>-roofline-<suffix>.png``."""
     path = Path(out)
     return path.with_name(f"{path.stem}-roofline-{suffix}.png")
 
 
-def write_plots(out: str, entries: list[dict], roof: dict, suffix, title) -> None:
-    """One plot per report entry (a pass, a decode step) next to the JSON report ``out``:
-    ``suffix(entry)`` names its file, ``title(entry)`` titles it; the entry records the file's name."""
-    for entry in entries:
-        path = plot_path(out, suffix(entry))
-        write_plot(path, entry["roofline"], roof, title(entry))
+def roofline_entries(report: dict) -> list[tuple[dict, str, str]]:
+    """The passes of a ``bench vocoder --roofline`` report, or the decode steps of a ``bench t3
+    --roofline`` one, that hold a roofline, each with its plot's file suffix and title: for the
+    run's own plots and for ``chorus bench plot roofline``."""
+    on = f"{report['dtype']} on {report['device_name']}"
+    if "passes" in report:
+        return [(p, f"b{p['batch']}-n{p['new_tokens']}",
+                 f"{report['variant']} vocoder pass, B={p['batch']} N={p['new_tokens']}, {on}")
+                for p in report["passes"] if "roofline" in p]
+    return [(d, f"b{d['batch']}", f"{report['variant']} T3 decode step, {d['rows']} rows, {on}")
+            for d in report["decode"] if "roofline" in d]
+
+
+def write_plots(out: str, report: dict) -> None:
+    """One plot per pass or decode step of ``report`` (:func:`roofline_entries`) next to the JSON
+    report ``out``; each entry records its file's name (``roofline_plot``)."""
+    for entry, suffix, title in roofline_entries(report):
+        path = plot_path(out, suffix)
+        write_plot(path, entry["roofline"], report["roof"], title)
         entry["roofline_plot"] = path.name
 
 
-def write_plot(path: str | Path, roofline: dict, roof: dict, title: str) -> None:
+def write_plot(path: str | Path, roofline: dict, roof: dict, title: str):
     """A log-log roofline: intensity (FLOP/B) against achieved TFLOP/s, one labelled point per
     class with work, and the roof of each precision the classes use (``roof``: the report's
-    :func:`roof_section`)."""
-    require_matplotlib()
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
+    :func:`roof_section`). Returns the figure written to ``path`` (PNG)."""
+    figure = new_figure(10, 7)
     points = [(n, c) for n, c in roofline["classes"].items() if c["intensity"] and c["achieved_tflops"]]
-    figure = Figure(figsize=(10, 7))
-    FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     axes.set_xscale("log")
     axes.set_yscale("log")
@@ -411,6 +412,7 @@ def write_plot(path: str | Path, roofline: dict, roof: dict, title: str) -> None
     axes.grid(True, which="both", alpha=0.3)
     figure.tight_layout()
     figure.savefig(str(path), format="png", dpi=120)
+    return figure
 
 
 @contextlib.contextmanager

@@ -461,8 +461,6 @@ def main_json(cfg: T3BenchConfig, out: str | None) -> dict:
     if cfg.roofline and out:
         from chorus.bench.roofline import write_plots
 
-        write_plots(out, report["decode"], report["roof"], lambda d: f"b{d['batch']}",
-                    lambda d: f"{report['variant']} T3 decode step, {d['rows']} rows, {report['dtype']} on "
-                              f"{report['device_name']}")
+        write_plots(out, report)
     write_report(report, out, format_tables(report))
     return report

@@ -429,8 +429,6 @@ def main_json(cfg: VocoderBenchConfig, out: str | None) -> dict:
     if cfg.roofline and out:
         from chorus.bench.roofline import write_plots
 
-        write_plots(out, report["passes"], report["roof"], lambda p: f"b{p['batch']}-n{p['new_tokens']}",
-                    lambda p: f"{report['variant']} vocoder pass, B={p['batch']} N={p['new_tokens']}, "
-                              f"{report['dtype']} on {report['device_name']}")
+        write_plots(out, report)
     write_report(report, out, format_table(report))
     return report

@@ -1,13 +1,14 @@
 """``chorus bench``: benchmarks that print JSON reports. The stages live in three modules: the
 models and kernels timed in this process (bench_models, bench_kernels), a running server under
-load (bench_server), and the quality of what a server or a pipeline speaks (bench_quality)."""
+load (bench_server), and the quality of what a server or a pipeline speaks (bench_quality). Here:
+``plot``, figures drawn from reports."""
 from __future__ import annotations
 
 import argparse
 import sys
 
 from chorus.cli import bench_kernels, bench_models, bench_quality, bench_server
-from chorus.cli.options import add_command, add_group
+from chorus.cli.options import CliError, add_command, add_group
 
 
 def add_parser(sub) -> None:
@@ -20,21 +21,41 @@ def add_parser(sub) -> None:
 
 
 def _add_plot_parser(bench_sub) -> None:
-    p = add_command(
-        bench_sub, "plot", help="figures from bench reports; ttfa: time to first audio (p50, p99) against "
-                    "concurrency from `chorus bench stream` reports (needs matplotlib)")
-    p.add_argument("figure", choices=("ttfa",), help="the figure to draw")
-    p.add_argument("png", metavar="PNG", help="the PNG file to write")
-    p.add_argument("reports", nargs="+", metavar="REPORT", help="JSON reports, one line (pair) each")
-    p.set_defaults(handler=_cmd_bench_plot)
+    plot_sub = add_group(bench_sub, "plot", help="figures (PNG) drawn from bench reports (needs matplotlib: the "
+                         "[bench] extra)", dest="figure", metavar="FIGURE")
+    ttfa = add_command(plot_sub, "ttfa", help="time to first audio (p50, p99) against concurrency from `chorus "
+                       "bench stream` reports, one pair of lines per report")
+    throughput = add_command(plot_sub, "throughput", help="delivered audio seconds per second against clients "
+                             "from `chorus bench online` reports, one line per report")
+    for p in (ttfa, throughput):
+        p.add_argument("png", metavar="PNG", help="the PNG file to write")
+        p.add_argument("reports", nargs="+", metavar="REPORT", help="JSON reports, one line (pair) each")
+        p.set_defaults(handler=_cmd_bench_plot)
+    roofline = add_command(plot_sub, "roofline", help="the roofline of one pass or decode step of a `chorus bench "
+                           "vocoder --roofline` or `chorus bench t3 --roofline` report, as the run draws it")
+    roofline.add_argument("png", metavar="PNG", help="the PNG file to write")
+    roofline.add_argument("report", metavar="REPORT", help="the JSON report")
+    roofline.add_argument("--pass", dest="index", type=int, default=0, metavar="INDEX",
+                          help="which pass (vocoder) or decode step (t3) of the report, from 0 in the report's "
+                               "order (default: 0)")
+    roofline.set_defaults(handler=_cmd_bench_plot)
 
 
 def _cmd_bench_plot(args: argparse.Namespace) -> int:
-    from chorus.bench.plot import plot_ttfa
+    from chorus.bench import plot
     from chorus.cli.checks import check_input_file, check_output_file
 
     check_output_file(args.png, "PNG")
-    for path in args.reports:
+    for path in getattr(args, "reports", None) or [args.report]:
         check_input_file(path, "REPORT")
-    print(f"wrote {plot_ttfa(args.png, args.reports)}", file=sys.stderr)
+    try:
+        plot.require_matplotlib()
+    except RuntimeError as exc:
+        raise CliError(str(exc)) from None
+    if args.figure == "roofline":
+        plot.plot_roofline(args.png, args.report, args.index)
+    else:
+        {"ttfa": plot.plot_ttfa, "throughput": plot.plot_throughput}[args.figure](args.png, args.reports)
+    print(f"wrote {args.png}", file=sys.stderr)
     return 0
+
