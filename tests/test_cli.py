@@ -421,3 +421,16 @@ def test_vocoder_options_are_read_as_their_fields_types_optional_ones_included()
     assert parse_config_options(VocoderConfig, items, "--vocoder-option") == {
         "cuda_graphs": False, "compile_hift": False, "prompt_tokens": 50, "max_graph_rows": 8,
         "stream_context_tokens": None}
+
+
+# ---- chorus bench index ------------------------------------------------------------------------
+
+def test_bench_index_check_accepts_the_repository(capsys):
+    assert main(["bench", "index", "--check", "--root", str(ROOT)]) == 0
+    assert capsys.readouterr().out.startswith("benchmarks/results: index current")
+
+
+def test_bench_index_outside_a_repository_is_one_line_naming_the_missing_directory(tmp_path, capsys):
+    line = _error(capsys, ["bench", "index", "--check", "--root", str(tmp_path)])
+    assert line == f"chorus: error: {tmp_path.resolve()} has no benchmarks/results/: run it from the repository " \
+                   f"root or pass --root"

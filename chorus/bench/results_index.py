@@ -1,7 +1,8 @@
 """Which result file backs which figure: the index of ``benchmarks/results/`` and its checks.
 
-``python -m chorus.bench.results_index`` rewrites ``benchmarks/results/INDEX.md``;
-``--check`` changes nothing and prints one line per problem (exit status 1 when there is one):
+``chorus bench index`` (or ``python -m chorus.bench.results_index``) rewrites
+``benchmarks/results/INDEX.md``; ``--check`` changes nothing and prints one line per problem
+(exit status 1 when there is one):
 
 - a result file named in ``README.md`` or ``docs/*.md`` that does not exist;
 - a file in ``benchmarks/results/`` that nothing there names;
@@ -250,17 +251,23 @@ def problems(root: Path) -> list[str]:
     return found
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m chorus.bench.results_index",
-                                     description="Rewrite benchmarks/results/INDEX.md, or check it and every "
-                                                 "figure against its result file (--check).")
+DESCRIPTION = ("Rewrite benchmarks/results/INDEX.md, or check it and every figure against its result file "
+               "(--check).")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``python -m chorus.bench.results_index`` and ``chorus bench index``."""
     parser.add_argument("--check", action="store_true", help="change nothing; print each problem, exit 1 if any")
     parser.add_argument("--root", type=Path, default=Path("."),
                         help="the repository root (default: the current directory)")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Rewrite the index, or with ``args.check`` print each problem (exit status 1 when there is
+    one); ``ValueError`` when ``args.root`` holds no results directory."""
     root = args.root.resolve()
     if not (root / RESULTS_DIR).is_dir():
-        parser.error(f"{root} has no {RESULTS_DIR.as_posix()}/: run it from the repository root or pass --root")
+        raise ValueError(f"{root} has no {RESULTS_DIR.as_posix()}/: run it from the repository root or pass --root")
     if args.check:
         found = problems(root)
         print("\n".join(found) if found else "benchmarks/results: index current, every file cited, every figure found")
@@ -271,6 +278,16 @@ def main(argv: list[str] | None = None) -> int:
     partial.replace(index)
     print(f"wrote {index}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m chorus.bench.results_index", description=DESCRIPTION)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except ValueError as exc:
+        parser.error(str(exc))
 
 
 if __name__ == "__main__":

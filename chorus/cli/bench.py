@@ -1,7 +1,7 @@
 """``chorus bench``: benchmarks that print JSON reports. The stages live in three modules: the
 models and kernels timed in this process (bench_models, bench_kernels), a running server under
 load (bench_server), and the quality of what a server or a pipeline speaks (bench_quality). Here:
-``plot``, figures drawn from reports."""
+``plot`` (figures from reports) and ``index`` (the index of ``benchmarks/results/``)."""
 from __future__ import annotations
 
 import argparse
@@ -17,6 +17,7 @@ def add_parser(sub) -> None:
     bench_server.add_parsers(bench_sub)  # online, swap
     bench_kernels.add_parsers(bench_sub)  # sampler, shared-prefix
     _add_plot_parser(bench_sub)
+    _add_index_parser(bench_sub)
     bench_quality.add_parser(bench_sub)
 
 
@@ -41,6 +42,15 @@ def _add_plot_parser(bench_sub) -> None:
     roofline.set_defaults(handler=_cmd_bench_plot)
 
 
+def _add_index_parser(bench_sub) -> None:
+    from chorus.bench.results_index import DESCRIPTION, add_arguments
+
+    p = add_command(bench_sub, "index", help="the index of benchmarks/results/ (INDEX.md) and the figures the docs "
+                    "cite from it", description=DESCRIPTION)
+    add_arguments(p)
+    p.set_defaults(handler=_cmd_bench_index)
+
+
 def _cmd_bench_plot(args: argparse.Namespace) -> int:
     from chorus.bench import plot
     from chorus.cli.checks import check_input_file, check_output_file
@@ -59,3 +69,8 @@ def _cmd_bench_plot(args: argparse.Namespace) -> int:
     print(f"wrote {args.png}", file=sys.stderr)
     return 0
 
+
+def _cmd_bench_index(args: argparse.Namespace) -> int:
+    from chorus.bench.results_index import run
+
+    return run(args)
