@@ -29,9 +29,9 @@ import unicodedata
 from chorus.text.sentences import sentence_language, split_sentences
 
 # About 14 s of English speech (~360 speech tokens). A request's chunks run side by side, so its
-# longest chunk sets its T3 time: on the benchmark text 225 took 9-11% less T3 time than 250 on an
-# H200 and 250 ~20% less than 400 (docs/benchmarks.md, "Chunk length"), at the cost of cutting
-# more long sentences at clauses (58 of the text's 215 at 225, 50 at 250, 8 at 400).
+# longest chunk sets its time: turbo's benchmark text took 1.67 / 1.63 / 1.79 s at 200 / 225 / 250
+# characters (docs/decisions.md, "Text chunks default to at most 225 characters"), at the cost of
+# cutting 58 of the text's 215 sentences at clauses.
 DEFAULT_MAX_CHARS = 225
 MIN_MAX_CHARS = 20
 

@@ -99,7 +99,7 @@ case $what in
     python3 -m chorus.cli bench vc --variant "${what#vc-}" --source-s 10 --out "$out/bench_vc_${what#vc-}.json" 2>&1 \
       | tail -5 ;;
   agent-turbo-prompt-cap)  # voice agents at 1, 16 and 64 connections with the first-window prompt cap
-    # unset, 100 and 50, one server each, back to back (docs/decisions.md, "No first-window prompt cap by default")
+    # unset, 100 and 50, one server each, back to back (docs/decisions.md, "Vocoder: the first-window prompt cap stays off")
     agents_per_setting prompt --vocoder-first-window-prompt-tokens 1,16,64 none 100 50 ;;
   agent-turbo-first-window)  # voice agents at 16 and 64 connections with a stream's first vocoder window of
     # WINDOWS tokens ("20 14 10"), one server each, back to back: a smaller window means a first audio some T3
@@ -161,7 +161,7 @@ case $what in
     agents_per_setting headroom --realtime-headroom 64,256 ${HEADROOMS:-1.25 1.6 2} ;;
   online-turbo-short-voice)  # the server over a 5.7 s voice clip (its first windows fall below every flow
     # bucket warm-up captures for 10 s prompts) with covering graphs on (4) and off, back to back
-    # (docs/vocoder.md, "Covering graphs"); COVERS: the settings to run ("4 none")
+    # (docs/decisions.md, "Vocoder: shapes without a graph replay a larger one"); COVERS: the settings to run ("4 none")
     for c in ${COVERS:-4 none}; do
       mkdir -p "$out/short_voice_cover_$c"
       SERVE_ARGS="--vocoder-graph-cover-work $c" VOICE_CLIP=tests/data/sample-01.mp3 \

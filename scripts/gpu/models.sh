@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Several models in one server on one GPU (docs/benchmarks.md, "Two models, one GPU" and "Swap
+# Several models in one server on one GPU (docs/models.md, "Measured on one H200", and docs/benchmarks.md, "Swap
 # under load"): random-weight checkpoints, `chorus serve --models ...` in the background, the
 # benches against it, the server's log kept.
 #   bash scripts/gpu/models.sh two-models OUT_DIR   # turbo, original, each alone, then both in one server

@@ -314,8 +314,8 @@ def test_without_a_cover_bound_a_shape_without_a_graph_runs_eagerly():
 def test_streams_over_a_voice_prompt_shorter_than_warmups_replay_planned_graphs(tiny_turbo, prompt_tokens):
     # warm-up plans for the variant's 10 s prompt (250 tokens); a stream over the shipped 3.8 s or
     # 5.7 s clip (95 or 143 tokens) reads flow frames below its smallest bucket, and every such
-    # call has a planned graph that covers it within the default bound (docs/vocoder.md, "Covering
-    # graphs")
+    # call has a planned graph that covers it within the default bound (docs/decisions.md, "Vocoder:
+    # shapes without a graph replay a larger one")
     config = VocoderConfig()
     stage = VocoderStage(tiny_turbo, config)
     frames = record_flow_frames(stage)
