@@ -1,7 +1,8 @@
-"""What the HTTP layer needs from the process behind it: the seam between ``app.py`` and the
-models. :class:`chorus.server.registry.ModelRegistry` implements it over the models of this
-process (one ``SpeechService`` per model version); a deployment that forwards to engine replicas
-implements it too, so every deployment serves the same API from the same routes."""
+"""What the front doors need from the process behind them: the seam between ``app.py`` (the HTTP
+routes of ``http/`` and the WebSocket) and the models. :class:`chorus.server.registry.ModelRegistry`
+implements it over the models of this process (one ``SpeechService`` per model version); a
+deployment that forwards to engine replicas implements it too, so every deployment serves the
+same API from the same routes."""
 from __future__ import annotations
 
 from typing import Protocol

@@ -1,19 +1,15 @@
 """Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 
-Every failure a client can see is an :class:`APIError` raised by a route (or turned into one by
-the handlers below), so status codes, types and codes are decided in one place per cause.
+Every failure a client can see is an :class:`APIError`, raised by the service or a front door,
+so status codes, types and codes are decided in one place per cause. Its ``status`` is an HTTP
+status; each door maps it onto its own (``http/errors.py`` answers it as JSON, the WebSocket as
+an ``error`` event and a close code).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
 from chorus.pipeline.errors import PipelineError
-from starlette.routing import Match
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error",
@@ -37,11 +33,16 @@ class APIError(Exception):
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    @property
+    def retry_after_s(self) -> float | None:
+        """When to retry (the ``Retry-After`` of a 429 or 503), or None."""
+        retry = self.headers.get("Retry-After")
+        return float(retry) if retry is not None else None
 
 
-def validation_error(exc: RequestValidationError) -> APIError:
+def validation_error(exc) -> APIError:
+    """The 400 of a body that fails its schema (``exc``: pydantic's ``ValidationError`` or
+    FastAPI's ``RequestValidationError``), naming the first field at fault."""
     first = exc.errors()[0] if exc.errors() else {}
     if first.get("type") == "json_invalid":
         return APIError(400, f"the request body is not valid JSON: {first.get('ctx', {}).get('error', 'parse error')}",
@@ -68,18 +69,6 @@ def _kind(value: Any) -> str:
             float: "a JSON number"}.get(type(value), "something else")
 
 
-def _allowed_methods(request: Request) -> str:
-    """Every method the path answers to. Starlette's 405 names only the methods of the first
-    route whose path matched, but FastAPI makes one route per method (GET and DELETE of
-    /v1/voices/{id} are two routes)."""
-    methods: set[str] = set()
-    for route in request.app.router.routes:
-        match, _ = route.matches(request.scope)
-        if match != Match.NONE:
-            methods |= set(getattr(route, "methods", None) or ())
-    return ", ".join(sorted(methods))
-
-
 class StreamCut(Exception):
     """A response that already sent audio ends early (a deadline, a failed step, shutdown, a
     client that stopped reading): the HTTP layer ends the body without its terminator, so the
@@ -97,34 +86,3 @@ def pipeline_error(error: PipelineError) -> APIError:
     if error.reason == "stopped":
         return APIError(503, "the server is shutting down", code="shutting_down", headers={"Retry-After": "5"})
     return APIError(500, f"synthesis failed: {error.message}", code="synthesis_failed")
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    """Route every error FastAPI or Starlette raises through the OpenAI shape."""
-
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, exc: APIError):
-        request.state.error_code, request.state.error_rule = exc.code, exc.rule
-        return exc.response()
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError):
-        error = validation_error(exc)
-        request.state.error_code = error.code
-        return error.response()
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException):
-        code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large", 408: "body_timeout",
-                400: "invalid_body"}.get(exc.status_code, "http_error")
-        request.state.error_code = code
-        headers = dict(getattr(exc, "headers", None) or {})
-        if exc.status_code == 405:
-            headers["Allow"] = _allowed_methods(request)
-        return APIError(exc.status_code, str(exc.detail), code=code, headers=headers).response()
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception):
-        request.state.error_code = "internal_error"
-        return APIError(500, "internal server error; the request id in the X-Request-Id header finds it in the log",
-                        code="internal_error").response()

@@ -1,6 +1,9 @@
-"""The server's state between HTTP and the pipeline: loading, readiness, admission,
-degradation, the monitor and the canary. The HTTP layer (``app.py``) holds no model logic; it
-asks this object for everything.
+"""One model version's service: its life (loading, warm-up, readiness, the monitor, the canary,
+draining) and the one call per action that every front door makes (``speech``, ``convert``,
+``configure_stream`` and ``open_call`` for a stream's pieces, the voices, ``readiness``,
+``metrics_text``). A request's checks, admission and submission live in ``speak.py``; the doors
+(``http/``, the WebSocket, gRPC) only translate their protocol and map the ``APIError`` that
+these calls raise onto their own status. Nothing here imports a door.
 
 Life: ``start()`` loads the models on a worker thread (``/health`` answers meanwhile, ``/ready``
 says "loading"), warms up, runs a canary synthesis, and only then reports ready. A monitor task
@@ -11,53 +14,31 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from chorus.engine.request import Priority
 from chorus.pipeline.errors import PipelineError
 from chorus.pipeline.request import SpeechRequest
-from chorus.server.admission import Admission, Ticket
-from chorus.server.capacity import TOKENS_PER_SECOND, CapacityModel, stage_load_s
+from chorus.server import speak
+from chorus.server.admission import Admission
+from chorus.server.capacity import TOKENS_PER_SECOND, CapacityModel
 from chorus.server.config import ServerConfig
-from chorus.server.degradation import Applied, DegradationPolicy
+from chorus.server.degradation import DegradationPolicy
+from chorus.server.engine_watch import EngineWatch
 from chorus.server.errors import APIError
-from chorus.server.metrics import EngineSnapshot, ServerMetrics, kv_fragmentation
+from chorus.server.metrics import EngineSnapshot, ServerMetrics
 from chorus.server.model_entries import aliases
 from chorus.server.schemas import SpeechBody
-from chorus.sampling.params import InvalidSamplingParams
-from chorus.text.errors import MissingLanguagePackageError, TextError, UnsupportedLanguageError
-
-if TYPE_CHECKING:  # the pipeline module imports torch; the service is built before any model loads
-    from chorus.pipeline.pipeline import PipelineStats
+from chorus.server.voice_calls import voice_call
 
 logger = logging.getLogger("chorus.server")
 
 MONITOR_INTERVAL_S = 0.25
 CANARY_TEXT = "Chorus is ready."
 CANARY_TOKENS = 25  # one second of audio: enough to run every stage once
-
-# Unicode's control characters (category Cc: U+0000-U+001F, U+007F-U+009F) but tab and newlines,
-# searched in C (every speech request's input is checked, refused ones too)
-_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
-
-
-def _delivery_advice(variant) -> str:
-    """What steers a variant's delivery, for the error of ``instructions``: the fields it uses
-    (``exaggeration`` needs its emotion input, ``cfg_weight`` its CFG); the variants with neither
-    (turbo, nano) take paralinguistic tags in their text instead (docs/text.md)."""
-    fields = [name for name, used in (("exaggeration", variant.t3.emotion_adv), ("cfg_weight", variant.t3.supports_cfg))
-              if used]
-    if fields:
-        return f"steer delivery with {' and '.join(fields)}"
-    return (f"{variant.name} ignores exaggeration and cfg_weight; steer delivery with paralinguistic tags in "
-            "the input, such as [laugh] or [sigh]")
-
-
-PRIORITIES = {"high": Priority.HIGH, "normal": Priority.NORMAL, "low": Priority.LOW}
 
 
 @dataclass(frozen=True)
@@ -94,17 +75,10 @@ class SpeechService:
         self.sampler = None  # DNSMOS's (chorus.quality.dnsmos.QualitySampler), with [quality] and a sample rate
         self.fingerprint = None  # what the first canary made (chorus.quality.fingerprint.Fingerprint)
         self.canary_mismatch: str | None = None  # why the last canary did not match it
-        self._progress: tuple[float, int, int] | None = None  # (last progress, T3 tokens, vocoder passes)
         self._canary_running = False
         self._monitor: asyncio.Task | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self._last_tokens: tuple[float, int] | None = None
-        self._last_passes: tuple[int, int] = (0, 0)
-        # the vocoder's graph captures and their seconds when warm-up ended (later ones: while serving)
-        self._warmup_captures: tuple[int, float] = (0, 0.0)
-        # (time, tokens delivered, busy, the pipeline's counters) at the last delivery observation
-        self._last_delivery: tuple[float, float, bool, PipelineStats] | None = None
-        self._last_vocoder_busy: tuple[float, float] | None = None  # (when, vocoder busy seconds)
+        self.watch = EngineWatch()  # the pipeline's counters at the last refresh
         self._drain_holds: list[Callable[[], int]] = []  # work drain() waits for besides admission's
         # other names of this model (a registry sets them; alone: the bare variant name)
         self.aliases: list[str] = [name for name, target in aliases(config.entries()).items()
@@ -133,8 +107,7 @@ class SpeechService:
                 warmup = getattr(self.pipeline, "warmup", None)
                 if warmup is not None:
                     await asyncio.to_thread(warmup)
-            vocoder_stats = self.pipeline.vocoder.stats
-            self._warmup_captures = (vocoder_stats.graph_captures, vocoder_stats.graph_capture_seconds)
+            self.watch.warmed_up(self.pipeline)
             await self.run_canary()
             if self.last_canary_ok is None:
                 raise RuntimeError(f"the start-up canary failed: {self.last_canary_error}")
@@ -246,23 +219,7 @@ it did not match its fingerprint. Load is not a reason: a
         return True, None
 
     def _no_progress(self) -> str | None:
-        now = self._clock()
-        self._track_progress(now)
-        since = now - self._progress[0]
-        if since > self.config.stall_timeout_s:
-            return (f"no T3 token and no vocoder pass for {since:.1f} s with {self.pipeline.active_requests} "
-                    f"request(s) in the pipeline")
-        return None
-
-    def _track_progress(self, now: float) -> None:
-        """Note when the pipeline last made progress. An idle pipeline counts as progressing, and
-        so does one inside a T3 step or a vocoder pass: whether that has run too long is
-        ``Pipeline.stall``'s judgement (a pass of many streams on a loaded CPU takes seconds)."""
-        pipe = self.pipeline
-        tokens, passes = pipe.t3_tokens, pipe.vocoder.stats.passes
-        if (self._progress is None or pipe.active_requests == 0 or pipe.working
-                or (tokens, passes) != self._progress[1:]):
-            self._progress = (now, tokens, passes)
+        return self.watch.no_progress(self.pipeline, self._clock(), self.config.stall_timeout_s)
 
     def require_serving(self) -> None:
         """Raise 503 unless the model is loaded, the start-up canary passed and the server is
@@ -367,15 +324,15 @@ it did not match its fingerprint. Load is not a reason: a
         if self.pipeline is None:
             return
         now = self._clock()
-        self._track_progress(now)
+        self.watch.track_progress(self.pipeline, now)
         if self.pipeline.stall(self.config.stall_timeout_s) is None:
             try:
                 stats = await asyncio.to_thread(self.pipeline.engine_stats, 2.0)
             except TimeoutError:
                 stats = None
             if stats is not None:
-                self.snapshot = self._snapshot(stats, now)
-        self._observe_delivery(now)
+                self.snapshot = self.watch.snapshot(self.pipeline, stats, now)
+        self.watch.observe_delivery(self.pipeline, self.admission, self.capacity, now)
         pressure = max(self.admission.in_flight / self.config.max_queue, self.snapshot.kv_usage)
         level = self.degradation.update(pressure, now)
         m = self.metrics
@@ -392,81 +349,21 @@ it did not match its fingerprint. Load is not a reason: a
         if self.state == "ready" and due and not self._canary_running:
             asyncio.create_task(self.run_canary())
 
-    def _observe_delivery(self, now: float) -> None:
-        """Feed the capacity model the audio delivered since the last refresh (busy time only) and
-        how busy the busiest stage was meanwhile."""
-        delivered, busy = self.admission.delivered_tokens, self.admission.in_flight > 0
-        stats = self.pipeline.stats()
-        if self._last_delivery is not None:
-            then, before, was_busy, last = self._last_delivery
-            load = stage_load_s(now - then, t3_busy_s=stats.t3_busy_s - last.t3_busy_s,
-                                t3_steps=stats.t3_steps - last.t3_steps,
-                                vocoder_busy_s=stats.vocoder_busy_s - last.vocoder_busy_s)
-            self.capacity.observe_delivery(now - then, delivered - before, busy and was_busy, load)
-        self._last_delivery = (now, delivered, busy, stats)
-
-    def _snapshot(self, stats, now: float) -> EngineSnapshot:
-        pipe = self.pipeline
-        tokens = pipe.t3_tokens
-        rate = 0.0
-        if self._last_tokens is not None and now > self._last_tokens[0]:
-            rate = (tokens - self._last_tokens[1]) / (now - self._last_tokens[0])
-        self._last_tokens = (now, tokens)
-        vocoder = pipe.vocoder.stats
-        passes, items = vocoder.passes - self._last_passes[0], vocoder.items - self._last_passes[1]
-        self._last_passes = (vocoder.passes, vocoder.items)
-        busy_s, busy = pipe.vocoder_busy_s, 0.0
-        if self._last_vocoder_busy is not None and now > self._last_vocoder_busy[0]:
-            busy = min(1.0, (busy_s - self._last_vocoder_busy[1]) / (now - self._last_vocoder_busy[0]))
-        self._last_vocoder_busy = (now, busy_s)
-        kv = stats.kv
-        return EngineSnapshot(
-            kv_blocks_used=kv.num_used_blocks, kv_blocks_free=kv.num_free_blocks,
-            prefix_hit_rate=kv.prefix_hit_rate, preemptions=stats.num_preemptions,
-            t3_waiting=stats.num_waiting, t3_running=stats.num_running, t3_rows=stats.num_running_rows,
-            t3_tokens=tokens, t3_tokens_per_s=rate, vocoder_passes=vocoder.passes, vocoder_items=vocoder.items,
-            vocoder_items_per_pass=items / passes if passes else 0.0, pipeline_active=pipe.active_requests,
-            vocoder_busy_ratio=busy, vocoder_eager_calls=vocoder.eager_runs,
-            vocoder_graph_calls=vocoder.graph_replays - vocoder.covered_replays,
-            vocoder_covered_calls=vocoder.covered_replays,
-            vocoder_serving_captures=vocoder.graph_captures - self._warmup_captures[0],
-            vocoder_serving_capture_seconds=vocoder.graph_capture_seconds - self._warmup_captures[1],
-            kv_blocks_evictable=kv.num_cached_free_blocks,
-            kv_fragmentation=kv_fragmentation(kv.num_free_blocks, kv.num_used_blocks, stats.num_running))
-
     # ------------------------------------------------------- the Backend seam (chorus/server/backend.py)
     @property
     def degradation_level(self) -> int:
         return self.degradation.level
 
-    async def speech(self, body: SpeechBody, priority_header: str | None, request_id: str, *, arrived: float):
-        from chorus.server.speech import open_speech
-
-        return await open_speech(self, body, priority_header, request_id, arrived)
-
-    async def convert(self, form, priority_header: str | None, request_id: str, *, arrived: float):
-        from chorus.server.speech import open_conversion
-
-        return await open_conversion(self, form, priority_header, request_id, arrived)
-
     async def add_voice(self, data: bytes, name: str | None):
-        from chorus.server.speech import voice_call
-
         return await asyncio.to_thread(voice_call, self.voices.add, data, name=name, param="upload")
 
     async def list_voices(self) -> list:
-        from chorus.server.speech import voice_call
-
         return await asyncio.to_thread(voice_call, self.voices.list)
 
     async def voice_info(self, voice_id: str):
-        from chorus.server.speech import voice_call
-
         return await asyncio.to_thread(voice_call, self.voices.info, voice_id)
 
     async def delete_voice(self, voice_id: str) -> bool:
-        from chorus.server.speech import voice_call
-
         return await asyncio.to_thread(voice_call, self.voices.delete, voice_id)
 
     async def metrics_text(self) -> bytes:
@@ -497,130 +394,25 @@ it did not match its fingerprint. Load is not a reason: a
     def model_ids(self) -> list[str]:
         return [self.config.model_id, *self.aliases]
 
-    def check_model(self, model: str) -> None:
-        if model not in self.model_ids():
-            raise APIError(400, f"model {model!r} is not served here; use one of: {', '.join(self.model_ids())} "
-                                f"(GET /v1/models)", code="model_not_found", param="model")
-
-    def priority(self, field: str | None, header: str | None) -> Priority:
-        name = field or (header.strip().lower() if header else "normal")
-        if name not in PRIORITIES:
-            raise APIError(400, f"priority must be high, normal or low, got {name!r}", code="invalid_parameter",
-                           param="priority")
-        return PRIORITIES[name]
-
-    def admit(self, priority: Priority, body: SpeechBody, continues: Ticket | None = None) -> Ticket:
-        """Admit ``body`` or raise a 429/503 ``APIError``: arithmetic on the latest estimates, no
-        thread-pool or model work (the text is not even tokenized: its length predicts its cost).
-        ``continues``: the ticket of the earlier piece of the same stream (``Admission.admit``)."""
-        config = self.config
-        chars = len(body.input)
-        cap = body.max_new_tokens if body.max_new_tokens is not None else config.max_new_tokens
-        chunks = -(-chars // config.max_chars)
-        tokens = self.capacity.predict_tokens(chars, chunks=chunks, max_new_tokens=cap)
-        variant = self.pipeline.models.variant
-        cfg_weight = body.cfg_weight if body.cfg_weight is not None else variant.sampling.cfg_weight
-        rows = chunks * (2 if variant.t3.supports_cfg and cfg_weight > 0 else 1)
-        return self.admission.admit(priority, tokens=tokens, chars=chars, rows=rows, continues=continues,
-                                    **self._load())
-
-    def admit_conversion(self, priority: Priority, source_s: float) -> Ticket:
-        """Admit a voice conversion of a ``source_s``-second source (25 speech tokens per second
-        of it, no T3 rows) or raise a 429/503 ``APIError``."""
-        return self.admission.admit(priority, tokens=source_s * TOKENS_PER_SECOND, chars=0, rows=0, **self._load())
-
-    def conversion_planner(self):
-        """The pipeline's conversion planner, or a 501 when the checkpoint was loaded without
-        the voice models it needs."""
-        try:
-            return self.pipeline.conversion_planner
-        except ValueError as exc:
-            raise APIError(501, f"voice conversion is not available on this server: {exc}",
-                           code="not_supported") from None
-
     def refusing(self) -> bool:
         """Whether some priority is being refused whatever the text. Low priority has the smallest
         share of every rule, so it is refused whenever any priority is: one admission check, no
         body read (the HTTP layer asks this before it validates a body for certain_refusal)."""
-        return self.state == "ready" and self.admission.certain_refusal(Priority.LOW, **self._load()) is not None
+        return self.state == "ready" and self.admission.certain_refusal(Priority.LOW, **speak.load(self)) is not None
 
-    def certain_refusal(self, body: SpeechBody, priority_header: str | None) -> APIError | None:
-        """The 429/503 any speech request of ``body``'s priority would get now, whatever its text
-        (``Admission.certain_refusal``), or None: the request then takes the full path. Only
-        for a body the full path would admit or refuse (not one it answers 400: that answer must
-        not become a retryable 429) on a server that is serving."""
-        if self.state != "ready":
-            return None
-        try:
-            self.check_model(body.model)
-            self.check_body(body)
-            priority = self.priority(body.priority, priority_header)
-        except APIError:
-            return None
-        return self.admission.certain_refusal(priority, **self._load())
+    def certain_refusal(self, body: SpeechBody, priority_given: str | None) -> APIError | None:
+        return speak.certain_refusal(self, body, priority_given)
 
-    def _load(self) -> dict:
-        """What admission weighs a request against: the start deadline, the queue's limit at the
-        current degradation level, and the KV pool's use and waiters at the last snapshot."""
-        return dict(start_deadline_s=self.start_deadline_s,
-                    queue_limit=self.degradation.queue_limit(self.config.max_queue),
-                    kv_usage=self.snapshot.kv_usage, waiting=self.snapshot.t3_waiting)
+    async def speech(self, body: SpeechBody, priority_given: str | None, request_id: str, *, arrived: float):
+        return await speak.open_speech(self, body, priority_given, request_id, arrived)
 
-    def check_body(self, body: SpeechBody) -> None:
-        """The body's checks against this server's limits (cheap: run before admission, so a
-        request too long to serve is a 400, not a 429)."""
-        config = self.config
-        if len(body.input) > config.max_input_chars:
-            raise APIError(400, f"input is {len(body.input)} characters; the limit is {config.max_input_chars} "
-                                f"(split the text into several requests)", code="input_too_long", param="input")
-        control = _CONTROL.search(body.input)
-        if control is not None:
-            raise APIError(400, f"input contains the control character U+{ord(control.group()):04X}; send plain text",
-                           code="invalid_input", param="input")
-        if body.instructions:
-            raise APIError(400, f"instructions are not supported by Chatterbox models; "
-                                f"{_delivery_advice(self.pipeline.models.variant)}",
-                           code="unsupported_parameter", param="instructions")
-        cap = config.max_new_tokens
-        if cap is not None and body.max_new_tokens is not None and body.max_new_tokens > cap:
-            raise APIError(400, f"max_new_tokens must be at most {cap} on this server, got {body.max_new_tokens}",
-                           code="invalid_parameter", param="max_new_tokens")
-        deadline = body.deadline_s if body.deadline_s is not None else config.default_deadline_s
-        if deadline is not None and deadline > config.max_deadline_s:
-            raise APIError(400, f"deadline_s must be at most {config.max_deadline_s:g}, got {deadline:g}",
-                           code="invalid_parameter", param="deadline_s")
+    async def convert(self, form, priority_given: str | None, request_id: str, *, arrived: float):
+        return await speak.open_conversion(self, form, priority_given, request_id, arrived)
 
-    def speech_request(self, body: SpeechBody, voice, priority: Priority, request_id: str,
-                       listener: str | None = None) -> tuple[SpeechRequest, Applied]:
-        """The pipeline request of a checked API body (:meth:`check_body`), with the current
-        degradation applied; ``listener``: see ``SpeechRequest``."""
-        config = self.config
-        max_new_tokens = body.max_new_tokens if body.max_new_tokens is not None else config.max_new_tokens
-        deadline = body.deadline_s if body.deadline_s is not None else config.default_deadline_s
-        request = SpeechRequest(
-            body.input, voice=voice, language=body.language, exaggeration=body.exaggeration,
-            cfg_weight=body.cfg_weight, temperature=body.temperature, top_p=body.top_p, min_p=body.min_p,
-            top_k=body.top_k, repetition_penalty=body.repetition_penalty, seed=body.seed,
-            max_new_tokens=max_new_tokens, flow_steps=body.flow_steps, priority=priority,
-            deadline_s=deadline, start_deadline_s=self.start_deadline_s, stream=True, listener=listener,
-            request_id=request_id)
-        request, applied = self.degradation.apply(request, self.pipeline.models.variant)
-        for change in applied.changes:
-            self.metrics.degraded.labels(change.split("=")[0]).inc()
-        return request, applied
+    async def configure_stream(self, body: SpeechBody) -> tuple[Priority, object]:
+        """A stream's settings checked once (``speak.configure_stream``): its priority and voice."""
+        return await speak.configure_stream(self, body)
 
-    def submit(self, request: SpeechRequest):
-        """Plan and start a request (on a worker thread: planning tokenizes the text). Bad input
-        becomes a 400 naming the parameter."""
-        try:
-            return self.pipeline.submit(request)
-        except InvalidSamplingParams as exc:
-            raise APIError(400, str(exc), code="invalid_parameter", param=exc.param) from None
-        except UnsupportedLanguageError as exc:
-            raise APIError(400, str(exc), code="unsupported_language", param="language") from None
-        except MissingLanguagePackageError as exc:
-            raise APIError(400, f"{exc}", code="language_unavailable", param="language") from None
-        except TextError as exc:
-            raise APIError(400, str(exc), code="invalid_input", param="input") from None
-        except ValueError as exc:
-            raise APIError(400, str(exc), code="invalid_parameter") from None
+    async def open_call(self, body: SpeechBody, priority: Priority, request_id: str, arrived: float, **options):
+        """One piece of a stream admitted and submitted (``speak.open_call``): its ``SpeechCall``."""
+        return await speak.open_call(self, body, priority, request_id, arrived, **options)

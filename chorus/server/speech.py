@@ -1,9 +1,11 @@
-"""One speech request from an API body to encoded bytes, on the process that holds the pipeline.
+"""An admitted speech request and its response, on the process that holds the pipeline.
 
-:func:`open_speech` validates, admits and submits the request and waits for its first audio, so
-that everything that can fail early raises an :class:`APIError` (a JSON answer); it then returns
-a :class:`SpeechResponse` whose ``chunks`` stream the encoded audio. The bookkeeping at the end
-(metrics, the admission ticket, cancelling when the client leaves) lives in ``_Session``.
+A :class:`SpeechCall` holds one pipeline request's admission ticket and stream and does the
+bookkeeping every caller does (the HTTP and gRPC responses, each piece of a WebSocket turn).
+:func:`respond` waits for a call's first audio, so that a failure before it raises an
+:class:`APIError`, and returns a :class:`SpeechResponse` whose ``chunks`` stream the encoded
+audio; the bookkeeping at its end (metrics, the ticket, cancelling when the client leaves)
+lives in ``_Session``. ``speak.py`` checks, admits and submits the requests these serve.
 """
 from __future__ import annotations
 
@@ -14,18 +16,13 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, AsyncIterator, Callable
+from typing import AsyncIterator, Callable
 
 from chorus.models.s3gen.s3gen import SAMPLE_RATE
 from chorus.pipeline.errors import PipelineError
 from chorus.quality.checks import AudioCheck
-from chorus.server.degradation import Applied
 from chorus.server.errors import APIError, StreamCut, pipeline_error
 from chorus.server.schemas import ConversionFields, SpeechBody
-
-if TYPE_CHECKING:
-    from chorus.server.admission import Ticket
-    from chorus.server.service import SpeechService
 
 logger = logging.getLogger("chorus.server")
 
@@ -64,19 +61,8 @@ class SpeechResponse:
     on_close: Callable[[], None] | None = None
 
 
-async def open_speech(service: "SpeechService", body: SpeechBody, priority_header: str | None, request_id: str,
-                      arrived: float) -> SpeechResponse:
-    """Start ``body`` on ``service`` and wait for its first audio (see the module docstring)."""
-    service.require_serving()
-    service.check_model(body.model)
-    priority = service.priority(body.priority, priority_header)
-    call = await start_call(service, body, priority, request_id, arrived)
-    return await _respond(call, body.response_format, streaming=streams(body), speed=body.speed,
-                          sse=body.stream_format == "sse")
-
-
-async def _respond(call: "SpeechCall", response_format: str, *, streaming: bool, speed: float = 1.0,
-                   sse: bool = False) -> SpeechResponse:
+async def respond(call: "SpeechCall", response_format: str, *, streaming: bool, speed: float = 1.0,
+                  sse: bool = False) -> SpeechResponse:
     """The response of an admitted, submitted call: its encoder, then its first audio awaited
     (a failure before it is still a JSON error), then the body that streams the rest."""
     from chorus.audio.streaming import StreamEncoder, media_type  # PyAV: imported when first needed
@@ -107,110 +93,12 @@ async def _respond(call: "SpeechCall", response_format: str, *, streaming: bool,
     return SpeechResponse(media_type(response_format), headers, session.bytes(), session.stalled, session.abandon)
 
 
-async def open_conversion(service: "SpeechService", form: "ConversionForm", priority_header: str | None,
-                          request_id: str, arrived: float) -> SpeechResponse:
-    """Convert ``form``'s source to its target voice: the source decoded and checked first (no
-    model runs), then admitted by its length (25 speech tokens per second, no T3 rows), then
-    planned (S3 tokens, the target's conditioning) and submitted on a worker thread; the
-    response streams as a speech response does. docs/voice-conversion.md, "HTTP"."""
-    from chorus.conversion import ConversionRequest
-
-    service.require_serving()
-    fields = form.fields
-    service.check_model(fields.model)
-    priority = service.priority(fields.priority, priority_header)
-    if fields.voice is not None and form.voice_clip is not None:
-        raise APIError(400, "give the target as 'voice' (a voice id) or as 'voice_file' (a clip), not both",
-                       code="invalid_parameter", param="voice")
-    planner = service.conversion_planner()
-    source = await asyncio.to_thread(conversion_call, planner.prepare_source, ConversionRequest(form.source))
-    ticket = service.admit_conversion(priority, source.duration)
-    try:
-        if form.voice_clip is not None:
-            target = form.voice_clip
-        elif fields.voice is None or fields.voice == "default":
-            target = None
-        else:
-            target = await asyncio.to_thread(request_voice, service.voices, fields.voice)
-        request = ConversionRequest(source, voice=target, seed=fields.seed, flow_steps=fields.flow_steps,
-                                    priority=priority, deadline_s=fields.deadline_s,
-                                    stream=form.streams, request_id=request_id)
-        stream = await _submitted(conversion_call, service.pipeline.convert, request)
-    except BaseException:
-        service.admission.release(ticket)
-        raise
-    call = SpeechCall(service, stream, ticket, Applied(level=service.degradation_level), arrived)
-    return await _respond(call, fields.response_format, streaming=form.streams)
-
-
-def conversion_call(fn, *args):
-    """Call a conversion planner or ``Pipeline.convert``, mapping its input errors to API errors:
-    the source (``SourceAudioError``: 413 too long, else 400), the target clip and the target
-    voice's kind (400)."""
-    from chorus.audio import AudioError
-    from chorus.conversion import SourceAudioError
-    from chorus.voices.voice import VoiceFormatError
-
-    try:
-        return fn(*args)
-    except SourceAudioError as exc:
-        code = "source_too_long" if exc.status == 413 else "invalid_source"
-        raise APIError(exc.status, f"file: {exc}", code=code, param="file") from None
-    except VoiceFormatError as exc:
-        raise APIError(400, str(exc), code="voice_not_convertible", param="voice") from None
-    except AudioError as exc:
-        raise APIError(400, f"voice_file: {exc}", code="invalid_voice_clip", param="voice_file") from None
-
-
-_LOOK_UP = object()  # start_call's voice: look the body's voice up in the store
-
-
-async def start_call(service: "SpeechService", body: SpeechBody, priority, request_id: str, arrived: float, *,
-                     voice=_LOOK_UP, continues: "Ticket | None" = None, listener: str | None = None) -> "SpeechCall":
-    """Check ``body`` against the server's limits, admit it (before any thread-pool or model
-    work) and submit it to the pipeline: the :class:`SpeechCall` holding its ticket and stream.
-    ``voice``: the voice already looked up (the WebSocket does it once per connection).
-    ``continues``: the ticket of the call before it in the same stream (a voice-agent turn's
-    earlier piece), admitted as its continuation (``Admission.admit``). ``listener``: the
-    pipeline's (``SpeechRequest.listener``: the pieces of one turn are heard one after another).
-    Raises ``APIError``; whatever it took is given back. Cancelled while the pipeline plans the
-    request (on a worker thread), the request is cancelled as soon as it exists."""
-    service.check_body(body)
-    ticket = service.admit(priority, body, continues)
-    try:
-        if voice is _LOOK_UP:
-            voice = await asyncio.to_thread(request_voice, service.voices, body.voice)
-        pipeline_request, applied = service.speech_request(body, voice, priority, request_id, listener)
-        stream = await _submitted(service.submit, pipeline_request)
-    except BaseException:
-        service.admission.release(ticket)
-        raise
-    return SpeechCall(service, stream, ticket, applied, arrived)
-
-
-async def _submitted(submit, *args):
-    """``submit(*args)`` (it starts a pipeline request and returns its stream) on a worker
-    thread. Cancelled meanwhile, the request it starts is cancelled as soon as it exists."""
-    submitting = asyncio.ensure_future(asyncio.to_thread(submit, *args))
-    try:
-        return await asyncio.shield(submitting)
-    except asyncio.CancelledError:
-        submitting.add_done_callback(_cancel_submitted)
-        raise
-
-
-def _cancel_submitted(submitting: "asyncio.Future") -> None:
-    """A submission whose caller went away: cancel the request it started, if it started one."""
-    if not submitting.cancelled() and submitting.exception() is None:
-        submitting.result().cancel()
-
-
 class SpeechCall:
     """One admitted pipeline request: its admission ticket, its stream and the bookkeeping every
     caller does (the HTTP response, each piece of a WebSocket turn): the start time and cost
     it teaches admission's capacity model, the audio delivered, the metrics at its end."""
 
-    def __init__(self, service: "SpeechService", stream, ticket, applied, arrived: float):
+    def __init__(self, service, stream, ticket, applied, arrived: float):
         self.service, self.stream, self.ticket, self.applied, self.arrived = service, stream, ticket, applied, arrived
         self.samples = 0  # audio delivered, at SAMPLE_RATE
         self.ended = False
@@ -412,42 +300,3 @@ def turn_quality(reports) -> dict:
     piece's checks (docs/quality.md)."""
     return {"flags": sorted({flag for report in reports for flag in report.flags}),
             "pieces": [report.as_dict() for report in reports]}
-
-
-_VOICE_STATUS = {"too_large": 413, "reserved_voice": 409, "damaged_voice": 500, "id_collision": 500,
-                 "voice_store_unavailable": 503, "insufficient_storage": 507}
-
-
-def request_voice(store, voice: str):
-    """The request's voice by id. A voice is named by its id (what POST /v1/voices returns),
-    not by the name it was uploaded with: an unknown id that is a voice's name says so."""
-    try:
-        return voice_call(store.get, voice, param="voice")
-    except APIError as error:
-        if error.code != "voice_not_found":
-            raise
-        try:
-            ids = [info.id for info in store.list() if info.name == voice and info.id != voice]
-        except Exception:  # noqa: BLE001 - only a hint: the original error stands
-            ids = []
-        if ids:
-            named = " or ".join(repr(i) for i in ids)
-            error.message = (f"{voice!r} is the name of a voice, not its id; synthesis takes the voice id that "
-                             f"POST /v1/voices returned: \"voice\": {named}")
-        else:
-            error.message += " (the voice field takes a voice id from POST /v1/voices or GET /v1/voices)"
-        raise
-
-
-def voice_call(fn, *args, param: str = "voice_id", **kwargs):
-    """Call the voice store, mapping its errors to API errors (a request's unknown ``voice`` is
-    a 400 like any bad parameter; an unknown voice in the path is a 404)."""
-    from chorus.voices.store import UnknownVoiceError, VoiceStoreError
-
-    try:
-        return fn(*args, **kwargs)
-    except UnknownVoiceError as exc:
-        raise APIError(400 if param == "voice" else 404, str(exc), code="voice_not_found", param=param) from None
-    except VoiceStoreError as exc:
-        status = _VOICE_STATUS.get(exc.code, 400)
-        raise APIError(status, str(exc), code=exc.code, param="file" if param == "upload" else param) from None

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from chorus.server.errors import APIError, validation_error
+from chorus.server.http.errors import error_response
 from chorus.server.schemas import SpeechBody
 from chorus.server.registry import affinity_key
 from chorus.server.text_pieces import Chunking
@@ -131,7 +132,7 @@ async def _refuse(websocket: WebSocket, error: APIError, least_retry_after_s: in
     """Refuse the handshake with ``error``'s HTTP status and JSON body; a server without the
     ASGI denial-response extension accepts, sends the ``error`` event and closes instead."""
     if "websocket.http.response" in websocket.scope.get("extensions", {}):
-        await websocket.send_denial_response(error.response())
+        await websocket.send_denial_response(error_response(error))
         return
     await websocket.accept()
     await websocket.send_text(json.dumps(error_event(error, None, least_retry_after_s)))
@@ -142,11 +143,11 @@ def error_event(error: APIError, turn_id: str | None, least_retry_after_s: int) 
     """The ``error`` event of ``error``: every 429 and 503 carries ``retry_after_s``, its
     ``Retry-After`` or, where the cause has no better guess, the server's least one
     (``retry_after_s`` of the config)."""
-    retry = error.headers.get("Retry-After")
+    retry = error.retry_after_s
     if retry is None and error.status in (429, 503):
-        retry = least_retry_after_s
+        retry = float(least_retry_after_s)
     return {"type": "error", "turn_id": turn_id, "code": error.code, "message": error.message,
-            "status": error.status, "retry_after_s": float(retry) if retry is not None else None}
+            "status": error.status, "retry_after_s": retry}
 
 
 def _protocol_error(message: str, code: str = "invalid_message") -> _Close:
@@ -391,11 +392,7 @@ class Connection:
         except APIError as error:
             raise _Close(TRY_LATER, error) from None
         try:
-            service.check_model(body.model)
-            priority = service.priority(body.priority, None)
-            service.check_body(body)
-            _check_language(body.language)
-            voice = await asyncio.to_thread(_voice, service, body.voice)
+            priority, voice = await service.configure_stream(body)
         except APIError as error:
             raise _Close(POLICY, error) from None
         from chorus.audio.streaming import RAW_RATES
@@ -473,19 +470,3 @@ def _chunking(given, defaults: Chunking) -> Chunking:
         return Chunking(**{**defaults.as_dict(), **given})
     except ValueError as exc:
         raise _invalid(str(exc), "chunking") from None
-
-
-def _check_language(language: str | None) -> None:
-    from chorus.text.errors import UnsupportedLanguageError
-    from chorus.text.sentences import sentence_language
-
-    try:
-        sentence_language(language)
-    except UnsupportedLanguageError as exc:
-        raise APIError(400, str(exc), code="unsupported_language", param="language") from None
-
-
-def _voice(service, voice_id: str):
-    from chorus.server.speech import request_voice
-
-    return request_voice(service.voices, voice_id)

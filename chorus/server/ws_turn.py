@@ -1,8 +1,8 @@
 """One turn of the voice-agent WebSocket: its text threshold, its pieces in the pipeline, its audio.
 
 Text deltas go into the turn's :class:`~chorus.server.text_pieces.TextPieces`; every piece it cuts
-is queued for the *starter* task, which admits and submits pieces (``speech.start_call``: the
-same checks, admission, degradation and deadlines as ``POST /v1/audio/speech``) and waits for
+is queued for the *starter* task, which admits and submits pieces (``SpeechService.open_call``:
+the same checks, admission, degradation and deadlines as ``POST /v1/audio/speech``) and waits for
 each one's first audio, at most ``PIPELINE_DEPTH`` pieces ahead of the one being sent. The
 *sender* task streams the started pieces' audio in order through the turn's one encoder, as
 binary frames, then sends ``done``. An error ends the turn where the sender meets it (the audio
@@ -15,16 +15,11 @@ import json
 import logging
 import struct
 import time
-from typing import TYPE_CHECKING
-
 from chorus.models.s3gen.s3gen import SAMPLE_RATE
 from chorus.pipeline.errors import PipelineError
 from chorus.server.errors import APIError, pipeline_error
-from chorus.server.speech import SpeechCall, start_call, turn_quality, usage
+from chorus.server.speech import SpeechCall, turn_quality, usage
 from chorus.server.text_pieces import Piece, TextPieces
-
-if TYPE_CHECKING:
-    from chorus.server.ws_agent import Connection
 
 logger = logging.getLogger("chorus.server")
 
@@ -43,7 +38,10 @@ def audio_frame(turn_id: str, seq: int, data: bytes) -> bytes:
 
 
 class Turn:
-    def __init__(self, connection: "Connection", turn_id: str, index: int, now: float):
+    """One turn of ``connection`` (a ``ws_agent.Connection``: its settings, its backend, its
+    sending and ``turn_ended``, which the turn calls once when it ends)."""
+
+    def __init__(self, connection, turn_id: str, index: int, now: float):
         self.connection, self.id, self.index = connection, turn_id, index
         self.settings = connection.settings
         # the version this turn runs on: routed by the connection's key, anew for each turn (a
@@ -151,8 +149,8 @@ class Turn:
                 # a later piece continues the turn's stream: admitted with it, never refused
                 continues = self.calls[-1].ticket if self.calls else None
                 turn_key = f"{connection.id}.t{self.index}"
-                call = await start_call(service, body, settings.priority, f"{turn_key}.p{index}", time.perf_counter(),
-                                        voice=settings.voice, continues=continues, listener=turn_key)
+                call = await service.open_call(body, settings.priority, f"{turn_key}.p{index}", time.perf_counter(),
+                                               voice=settings.voice, continues=continues, listener=turn_key)
             except APIError as error:
                 await self._ready.put(error)
                 return

@@ -1,16 +1,39 @@
-"""The admin API (docs/models.md, "Admin API"): load, swap and unload model versions and set A/B
-weights on a running server. It answers only requests that bear an admin key (``admin_keys``);
-a server without admin keys has no admin API (every admin path is 404)."""
+"""The models routes: ``GET /v1/models`` and ``/v1/models/{model_id}`` (what is served), and the
+admin API (docs/models.md, "Admin API"): load, swap and unload model versions and set A/B
+weights on a running server. The admin API answers only requests that bear an admin key
+(``admin_keys``); a server without admin keys has no admin API (every admin path is 404)."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from fastapi import Depends, FastAPI, Header
 from pydantic import BaseModel, ConfigDict, Field
 
 from chorus.server.errors import APIError
+from chorus.server.http.auth import Keys
+from chorus.server.http.errors import ERRORS
 from chorus.server.model_entries import VERSION_RE
-from chorus.server.schemas import ErrorBody
+from chorus.server.schemas import ErrorBody, ModelCard, ModelList
+
+
+def install_models(app: FastAPI, service, authorize) -> None:
+    """Add the models routes over ``service`` (a ``Backend``), guarded by ``authorize``."""
+
+    @app.get("/v1/models", response_model=ModelList, responses=ERRORS, dependencies=[Depends(authorize)],
+             tags=["models"])
+    async def list_models():
+        """The models served: id, variant, languages and versions (weights and states)."""
+        created = int(service.started_at)
+        return ModelList(data=[ModelCard(**card, created=created) for card in service.model_cards()])
+
+    @app.get("/v1/models/{model_id}", response_model=ModelCard, responses=ERRORS,
+             dependencies=[Depends(authorize)], tags=["models"])
+    async def get_model(model_id: str):
+        card = next((c for c in service.model_cards() if c["id"] == model_id), None)
+        if card is None:
+            raise APIError(404, f"model {model_id!r} is not served here", code="model_not_found", param="model")
+        return ModelCard(**card, created=int(service.started_at))
+
 
 ADMIN_ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 404, 409, 422, 503)}
 
@@ -57,15 +80,15 @@ class AdminModels(BaseModel):
     data: list[VersionRow]
 
 
-def install_admin(app: FastAPI, registry, admin_key_matches: Callable[[str | None], bool]) -> None:
+def install_admin(app: FastAPI, registry) -> None:
     """Add the ``/v1/admin`` routes for ``registry`` (a :class:`ModelRegistry`)."""
-    config = registry.config
+    admin_keys = Keys(registry.config.admin_keys)
 
     async def authorize_admin(authorization: str | None = Header(None, include_in_schema=False)) -> None:
-        if not config.admin_keys:
+        if not admin_keys.keys:
             raise APIError(404, "the admin API is off on this server: start it with admin_keys to turn it on",
                            code="not_found")
-        if not admin_key_matches(authorization):
+        if not admin_keys.bearer_matches(authorization):
             raise APIError(401, "missing or invalid admin key: send 'Authorization: Bearer <admin key>'",
                            code="invalid_admin_key", headers={"WWW-Authenticate": "Bearer"})
 
