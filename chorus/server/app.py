@@ -23,7 +23,6 @@ from chorus.server.http.operations import install_operations
 from chorus.server.http.speech import CONVERSION_PATH, install_speech
 from chorus.server.http.uploads import MULTIPART_OVERHEAD, upload_too_large
 from chorus.server.http.voices import install_voices
-from chorus.server.schemas import SpeechBody
 
 
 def create_app(service: Backend) -> FastAPI:
@@ -50,22 +49,7 @@ def create_app(service: Backend) -> FastAPI:
     install_error_handlers(app)
     keys = Keys(config.api_keys)
 
-    def refused_early(headers: dict[bytes, bytes], raw: bytes) -> APIError | None:
-        # nothing to do (no body validated twice) unless some priority is being refused; then
-        # only a caller with a valid key (others get their 401 and no hint of the load), and only
-        # a body the full path would accept (its 400 is never turned into a retryable 429)
-        if not service.refusing():
-            return None
-        if config.api_keys and not keys.bearer_matches(headers.get(b"authorization", b"").decode("latin-1")):
-            return None
-        try:
-            body = SpeechBody.model_validate_json(raw)
-        except ValueError:  # pydantic's ValidationError, bad JSON included
-            return None
-        header = headers.get(b"x-chorus-priority")
-        return service.certain_refusal(body, header.decode("latin-1") if header is not None else None)
-
-    app.add_middleware(EarlyRefusal, refusal=refused_early)
+    app.add_middleware(EarlyRefusal, service=service, keys=keys)
     # an upload's body over its bound has a clip over max_upload_bytes: the same answer as a
     # clip found over it while the form is read (upload_too_large)
     app.add_middleware(BodyLimit, default=config.max_body_bytes,

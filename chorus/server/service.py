@@ -22,9 +22,9 @@ from typing import Callable
 from chorus.engine.request import Priority
 from chorus.pipeline.errors import PipelineError
 from chorus.pipeline.request import SpeechRequest
-from chorus.server import speak
+from chorus.server import checks, speak
 from chorus.server.admission import Admission
-from chorus.server.capacity import TOKENS_PER_SECOND, CapacityModel
+from chorus.server.capacity import CapacityModel
 from chorus.server.config import ServerConfig
 from chorus.server.degradation import DegradationPolicy
 from chorus.server.engine_watch import EngineWatch
@@ -32,7 +32,8 @@ from chorus.server.errors import APIError
 from chorus.server.metrics import EngineSnapshot, ServerMetrics
 from chorus.server.model_entries import aliases
 from chorus.server.schemas import SpeechBody
-from chorus.server.voice_calls import voice_call
+from chorus.server.speech import ConversionForm, SpeechCall, SpeechResponse, respond, streams
+from chorus.server.voice_calls import request_voice, voice_call
 
 logger = logging.getLogger("chorus.server")
 
@@ -134,18 +135,6 @@ class SpeechService:
         self.metrics.add_dnsmos()
         self.sampler = dnsmos.QualitySampler(self.config.quality_sample_rate, self.metrics.observe_dnsmos,
                                              self.metrics.dnsmos_skipped.inc, scorer=scorer)
-
-    def sample_quality(self, stream) -> None:
-        """Offer an ended speech request's audio to DNSMOS if it is sampled (never blocks)."""
-        from chorus.pipeline.planner import SpeechPlan
-
-        result, plan = stream._result, stream.plan
-        if self.sampler is None or result is None or not isinstance(plan, SpeechPlan) or not self.sampler.sampled():
-            return
-        from chorus.quality.dnsmos import Job
-
-        self.sampler.offer(Job(result.wav, result.sample_rate, float(plan.chunks[0].params.cfg_weight),
-                               float(plan.exaggeration), stream.request_id))
 
     def _who(self) -> dict:
         """The model version this service runs, for its log lines."""
@@ -372,27 +361,44 @@ it did not match its fingerprint. Load is not a reason: a
     def record_error(self, code: str, rule: str | None = None) -> None:
         self.metrics.record_error(code, rule)
 
-    # ------------------------------------------------------------------------------- quality
-    def check_quality(self, check, stream, chars: int):
-        """The audio checks of an ended request (``check``: its ``AudioCheck``; ``chars``: its
-        input's length, 0 for a voice conversion), counted in the metrics; a flagged request is
-        logged with its id."""
-        from chorus.pipeline.planner import SpeechPlan
-
-        result = stream._result
-        speech = isinstance(stream.plan, SpeechPlan) and result is not None
-        report = check.report(text_chars=chars if speech else None,
-                              tokens=[c.tokens for c in result.chunks] if speech else None,
-                              expected_seconds_per_char=self.config.tokens_per_char / TOKENS_PER_SECOND)
-        self.metrics.observe_quality(report)
-        if report.flags:
-            logger.warning("audio flagged: %s", ", ".join(report.flags),
-                           extra={"request_id": stream.request_id, **report.as_dict()})
-        return report
-
     # ------------------------------------------------------------------------------- requests
     def model_ids(self) -> list[str]:
         return [self.config.model_id, *self.aliases]
+
+    async def speech(self, body: SpeechBody, priority_given: str | None, request_id: str, *,
+                     arrived: float) -> SpeechResponse:
+        """Speak ``body``: checked, admitted, submitted, and its first audio awaited; the response
+        streams the rest. ``priority_given``: the priority given outside the body (HTTP's
+        ``X-Chorus-Priority``). Everything that fails before the first audio raises ``APIError``."""
+        self.require_serving()
+        priority = self._check(body, priority_given)
+        call = await speak.open_call(self, body, priority, request_id, arrived)
+        return await respond(call, body.response_format, streaming=streams(body), speed=body.speed,
+                             sse=body.stream_format == "sse")
+
+    async def convert(self, form: ConversionForm, priority_given: str | None, request_id: str, *,
+                      arrived: float) -> SpeechResponse:
+        """Convert ``form``'s source clip to its target voice (``speak.open_conversion``); the
+        response streams as a speech response does."""
+        self.require_serving()
+        checks.check_model(form.fields.model, self.model_ids())
+        priority = checks.priority(form.fields.priority, priority_given)
+        call = await speak.open_conversion(self, form, priority, request_id, arrived)
+        return await respond(call, form.fields.response_format, streaming=form.streams)
+
+    async def configure_stream(self, body: SpeechBody) -> tuple[Priority, object]:
+        """A stream's settings checked once, for all its pieces (a WebSocket connection's config;
+        ``body.input`` is a placeholder): its priority and its voice, looked up."""
+        priority = self._check(body, None)
+        checks.check_sentence_language(body.language)
+        return priority, await asyncio.to_thread(request_voice, self.voices, body.voice)
+
+    async def open_call(self, body: SpeechBody, priority: Priority, request_id: str, arrived: float,
+                        **options) -> SpeechCall:
+        """One piece of a configured stream (``configure_stream``): its body checked (its text is
+        new), admitted and submitted (``speak.open_call``, which takes ``options``)."""
+        checks.check_body(body, self.config, self.pipeline.models.variant)
+        return await speak.open_call(self, body, priority, request_id, arrived, **options)
 
     def refusing(self) -> bool:
         """Whether some priority is being refused whatever the text. Low priority has the smallest
@@ -401,18 +407,21 @@ it did not match its fingerprint. Load is not a reason: a
         return self.state == "ready" and self.admission.certain_refusal(Priority.LOW, **speak.load(self)) is not None
 
     def certain_refusal(self, body: SpeechBody, priority_given: str | None) -> APIError | None:
-        return speak.certain_refusal(self, body, priority_given)
+        """The 429/503 any speech request of ``body``'s priority would get now, whatever its text
+        (``Admission.certain_refusal``), or None: the request then takes the full path. Only
+        for a body the full path would admit or refuse (not one it answers 400: that answer must
+        not become a retryable 429) on a server that is serving."""
+        if self.state != "ready":
+            return None
+        try:
+            priority = self._check(body, priority_given)
+        except APIError:
+            return None
+        return self.admission.certain_refusal(priority, **speak.load(self))
 
-    async def speech(self, body: SpeechBody, priority_given: str | None, request_id: str, *, arrived: float):
-        return await speak.open_speech(self, body, priority_given, request_id, arrived)
-
-    async def convert(self, form, priority_given: str | None, request_id: str, *, arrived: float):
-        return await speak.open_conversion(self, form, priority_given, request_id, arrived)
-
-    async def configure_stream(self, body: SpeechBody) -> tuple[Priority, object]:
-        """A stream's settings checked once (``speak.configure_stream``): its priority and voice."""
-        return await speak.configure_stream(self, body)
-
-    async def open_call(self, body: SpeechBody, priority: Priority, request_id: str, arrived: float, **options):
-        """One piece of a stream admitted and submitted (``speak.open_call``): its ``SpeechCall``."""
-        return await speak.open_call(self, body, priority, request_id, arrived, **options)
+    def _check(self, body: SpeechBody, priority_given: str | None) -> Priority:
+        """A speech body's checks before admission (``checks.py``): its priority."""
+        checks.check_model(body.model, self.model_ids())
+        priority = checks.priority(body.priority, priority_given)
+        checks.check_body(body, self.config, self.pipeline.models.variant)
+        return priority

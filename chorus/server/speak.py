@@ -1,11 +1,10 @@
-"""A request's way in, for every front door: its checks, admission and submission, in this order,
-each once. ``SpeechService`` (one model version) calls these with itself as ``service``; the
-doors reach them only through it (HTTP routes and gRPC through ``SpeechService.speech`` and
-``convert``, WebSocket turns through ``configure_stream`` and ``open_call``).
-
-Admission comes before any thread-pool or model work (the text is not even tokenized: its
-length predicts its cost); a request that is refused costs arithmetic only. Everything that can
-fail before the first audio raises an :class:`APIError` carrying its status, code and field.
+"""A checked request's admission and submission: its admission ticket taken first (before any
+thread-pool or model work: the text is not even tokenized, its length predicts its cost, so a
+refusal costs arithmetic only), then its voice, its pipeline request with the current
+degradation, and its submission on a worker thread. ``SpeechService`` (one model version) calls
+these with itself as ``service`` after its checks (``checks.py``); they read its parts
+(admission, capacity, degradation, pipeline, voices, metrics) and never call back into it.
+Every failure raises an :class:`APIError` carrying its status, code and field.
 """
 from __future__ import annotations
 
@@ -14,44 +13,21 @@ import asyncio
 from chorus.engine.request import Priority
 from chorus.pipeline.request import SpeechRequest
 from chorus.sampling.params import InvalidSamplingParams
-from chorus.server import checks
 from chorus.server.admission import Ticket
 from chorus.server.capacity import TOKENS_PER_SECOND
 from chorus.server.degradation import Applied
 from chorus.server.errors import APIError
 from chorus.server.schemas import SpeechBody
-from chorus.server.speech import ConversionForm, SpeechCall, SpeechResponse, respond, streams
+from chorus.server.speech import ConversionForm, SpeechCall
 from chorus.server.voice_calls import request_voice
 from chorus.text.errors import MissingLanguagePackageError, TextError, UnsupportedLanguageError
 
 _LOOK_UP = object()  # open_call's voice: look the body's voice up in the store
 
 
-async def open_speech(service, body: SpeechBody, priority_given: str | None, request_id: str,
-                      arrived: float) -> SpeechResponse:
-    """Start ``body`` and wait for its first audio: the response that streams the rest.
-    ``priority_given``: the priority given outside the body (HTTP's ``X-Chorus-Priority``)."""
-    service.require_serving()
-    checks.check_model(body.model, service.model_ids())
-    priority = checks.priority(body.priority, priority_given)
-    call = await open_call(service, body, priority, request_id, arrived)
-    return await respond(call, body.response_format, streaming=streams(body), speed=body.speed,
-                         sse=body.stream_format == "sse")
-
-
-async def configure_stream(service, body: SpeechBody) -> tuple[Priority, object]:
-    """A stream's settings checked once, for all its pieces (a WebSocket connection's ``config``;
-    ``body.input`` is a placeholder): its priority and its voice, looked up."""
-    checks.check_model(body.model, service.model_ids())
-    priority = checks.priority(body.priority, None)
-    checks.check_body(body, service.config, service.pipeline.models.variant)
-    checks.check_sentence_language(body.language)
-    return priority, await asyncio.to_thread(request_voice, service.voices, body.voice)
-
-
 async def open_call(service, body: SpeechBody, priority: Priority, request_id: str, arrived: float, *,
                     voice=_LOOK_UP, continues: Ticket | None = None, listener: str | None = None) -> SpeechCall:
-    """Check ``body`` against the server's limits, admit it and submit it to the pipeline: the
+    """Admit a checked ``body`` (``checks.check_body``) and submit it to the pipeline: the
     :class:`SpeechCall` holding its ticket and stream. ``voice``: the voice already looked up
     (a stream looks it up once). ``continues``: the ticket of the call before it in the same
     stream (a voice-agent turn's earlier piece), admitted as its continuation
@@ -59,7 +35,6 @@ async def open_call(service, body: SpeechBody, priority: Priority, request_id: s
     of one turn are heard one after another). Raises ``APIError``; whatever it took is given
     back. Cancelled while the pipeline plans the request (on a worker thread), the request is
     cancelled as soon as it exists."""
-    checks.check_body(body, service.config, service.pipeline.models.variant)
     ticket = _admit(service, priority, body, continues)
     try:
         if voice is _LOOK_UP:
@@ -72,18 +47,15 @@ async def open_call(service, body: SpeechBody, priority: Priority, request_id: s
     return SpeechCall(service, stream, ticket, applied, arrived)
 
 
-async def open_conversion(service, form: ConversionForm, priority_given: str | None, request_id: str,
-                          arrived: float) -> SpeechResponse:
-    """Convert ``form``'s source to its target voice: the source decoded and checked first (no
-    model runs), then admitted by its length (25 speech tokens per second, no T3 rows), then
-    planned (S3 tokens, the target's conditioning) and submitted on a worker thread; the
-    response streams as a speech response does. docs/voice-conversion.md, "HTTP"."""
+async def open_conversion(service, form: ConversionForm, priority: Priority, request_id: str,
+                          arrived: float) -> SpeechCall:
+    """Admit and submit ``form``'s conversion: the source decoded and checked first (no model
+    runs), then admitted by its length (25 speech tokens per second, no T3 rows), then planned
+    (S3 tokens, the target's conditioning) and submitted on a worker thread.
+    docs/voice-conversion.md, "HTTP"."""
     from chorus.conversion import ConversionRequest
 
-    service.require_serving()
     fields = form.fields
-    checks.check_model(fields.model, service.model_ids())
-    priority = checks.priority(fields.priority, priority_given)
     if fields.voice is not None and form.voice_clip is not None:
         raise APIError(400, "give the target as 'voice' (a voice id) or as 'voice_file' (a clip), not both",
                        code="invalid_parameter", param="voice")
@@ -105,24 +77,7 @@ async def open_conversion(service, form: ConversionForm, priority_given: str | N
     except BaseException:
         service.admission.release(ticket)
         raise
-    call = SpeechCall(service, stream, ticket, Applied(level=service.degradation.level), arrived)
-    return await respond(call, fields.response_format, streaming=form.streams)
-
-
-def certain_refusal(service, body: SpeechBody, priority_given: str | None) -> APIError | None:
-    """The 429/503 any speech request of ``body``'s priority would get now, whatever its text
-    (``Admission.certain_refusal``), or None: the request then takes the full path. Only for a
-    body the full path would admit or refuse (not one it answers 400: that answer must not
-    become a retryable 429) on a server that is serving."""
-    if service.state != "ready":
-        return None
-    try:
-        checks.check_model(body.model, service.model_ids())
-        checks.check_body(body, service.config, service.pipeline.models.variant)
-        priority = checks.priority(body.priority, priority_given)
-    except APIError:
-        return None
-    return service.admission.certain_refusal(priority, **load(service))
+    return SpeechCall(service, stream, ticket, Applied(level=service.degradation.level), arrived)
 
 
 def load(service) -> dict:

@@ -21,6 +21,7 @@ from typing import AsyncIterator, Callable
 from chorus.models.s3gen.s3gen import SAMPLE_RATE
 from chorus.pipeline.errors import PipelineError
 from chorus.quality.checks import AudioCheck
+from chorus.server.capacity import TOKENS_PER_SECOND
 from chorus.server.errors import APIError, StreamCut, pipeline_error
 from chorus.server.schemas import ConversionFields, SpeechBody
 
@@ -157,8 +158,31 @@ class SpeechCall:
         """The request's audio checks (a ``QualityReport``) once its stream has ended; the first
         call counts them in the metrics and logs a flagged request with its id."""
         if self._report is None:
-            self._report = self.service.check_quality(self.check, self.stream, self.ticket.chars)
+            from chorus.pipeline.planner import SpeechPlan
+
+            stream, result, service = self.stream, self.stream._result, self.service
+            speech = isinstance(stream.plan, SpeechPlan) and result is not None
+            report = self.check.report(text_chars=self.ticket.chars if speech else None,
+                                       tokens=[c.tokens for c in result.chunks] if speech else None,
+                                       expected_seconds_per_char=service.config.tokens_per_char / TOKENS_PER_SECOND)
+            service.metrics.observe_quality(report)
+            if report.flags:
+                logger.warning("audio flagged: %s", ", ".join(report.flags),
+                               extra={"request_id": stream.request_id, **report.as_dict()})
+            self._report = report
         return self._report
+
+    def _sample_quality(self) -> None:
+        """Offer an ended speech request's audio to DNSMOS if it is sampled (never blocks)."""
+        from chorus.pipeline.planner import SpeechPlan
+
+        sampler, result, plan = self.service.sampler, self.stream._result, self.stream.plan
+        if sampler is None or result is None or not isinstance(plan, SpeechPlan) or not sampler.sampled():
+            return
+        from chorus.quality.dnsmos import Job
+
+        sampler.offer(Job(result.wav, result.sample_rate, float(plan.chunks[0].params.cfg_weight),
+                          float(plan.exaggeration), self.stream.request_id))
 
     def delivered(self, samples: int) -> None:
         """``samples`` of its audio went out."""
@@ -170,7 +194,7 @@ class SpeechCall:
         service, result = self.service, self.stream._result
         if result is not None:
             self.quality()
-            service.sample_quality(self.stream)
+            self._sample_quality()
             if "first_token_s" in result.timings:
                 service.metrics.queue_time.observe(result.timings["first_token_s"])
             service.capacity.observe_cost(self.ticket.chars, sum(c.speech_tokens for c in result.chunks),

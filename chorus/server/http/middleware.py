@@ -15,8 +15,10 @@ import uuid
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from chorus.server.errors import APIError, StreamCut
+from chorus.server.http.auth import Keys
 from chorus.server.http.errors import error_response
 from chorus.server.logs import MAX_LOGGED_PATH, clean_for_log, request_id_var
+from chorus.server.schemas import SpeechBody
 
 logger = logging.getLogger("chorus.server")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
@@ -132,15 +134,15 @@ class RequestContext:
 
 class EarlyRefusal:
     """``POST /v1/audio/speech`` on an overloaded server: when every request of its priority
-    would be refused whatever its text (``refusal(headers, body)`` returns the ``APIError``),
-    answer that 429/503 here, before FastAPI routes the request and resolves its dependencies
-    (a third of a refusal's CPU, measured; an overloaded server refuses ten times what it serves).
+    would be refused whatever its text (``service.certain_refusal``), answer that 429/503 here,
+    before FastAPI routes the request and resolves its dependencies (a third of a refusal's CPU,
+    measured; an overloaded server refuses ten times what it serves).
     Other requests go on with the body as read. docs/server.md, "Refusing early"."""
 
     PATH = "/v1/audio/speech"
 
-    def __init__(self, app, refusal):
-        self.app, self.refusal = app, refusal
+    def __init__(self, app, service, keys: Keys):
+        self.app, self.service, self.keys = app, service, keys
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != self.PATH:
@@ -166,6 +168,21 @@ class EarlyRefusal:
             return pending.pop(0) if pending else await receive()
 
         await self.app(scope, replay, send)
+
+    def refusal(self, headers: dict[bytes, bytes], raw: bytes) -> APIError | None:
+        # nothing to do (no body validated twice) unless some priority is being refused; then
+        # only a caller with a valid key (others get their 401 and no hint of the load), and only
+        # a body the full path would accept (its 400 is never turned into a retryable 429)
+        if not self.service.refusing():
+            return None
+        if self.keys.keys and not self.keys.bearer_matches(headers.get(b"authorization", b"").decode("latin-1")):
+            return None
+        try:
+            body = SpeechBody.model_validate_json(raw)
+        except ValueError:  # pydantic's ValidationError, bad JSON included
+            return None
+        header = headers.get(b"x-chorus-priority")
+        return self.service.certain_refusal(body, header.decode("latin-1") if header is not None else None)
 
 
 class BodyLimit:
