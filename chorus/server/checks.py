@@ -20,8 +20,13 @@ _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 def check_model(model: str, served: list[str]) -> None:
     """A 400 unless ``model`` is one of ``served`` (ids and aliases)."""
     if model not in served:
-        raise APIError(400, f"model {model!r} is not served here; use one of: {', '.join(served)} "
-                            f"(GET /v1/models)", code="model_not_found", param="model")
+        raise unknown_model(model, served)
+
+
+def unknown_model(model: str, served: list[str]) -> APIError:
+    """The 400 of a request whose ``model`` is none of ``served`` (ids and aliases)."""
+    return APIError(400, f"model {model!r} is not served here; use one of: {', '.join(served)} (GET /v1/models)",
+                    code="model_not_found", param="model")
 
 
 def priority(field: str | None, given: str | None) -> Priority:

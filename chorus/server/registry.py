@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from chorus import gc_pauses
+from chorus.server.checks import unknown_model
 from chorus.server.config import ServerConfig
 from chorus.server.errors import APIError
 from chorus.server.metrics import ProcessMetrics
@@ -449,12 +450,6 @@ def _release_memory(frozen: bool) -> None:
 
     if torch.cuda.is_available():
         capture_gate.empty_cache()
-
-
-def unknown_model(model: str, served: list[str]) -> APIError:
-    """The 400 of a request whose ``model`` no route answers to (``served``: ids and aliases)."""
-    return APIError(400, f"model {model!r} is not served here; use one of: {', '.join(served)} (GET /v1/models)",
-                    code="model_not_found", param="model")
 
 
 def cards_of(routes: list[tuple[str, str, list[dict[str, Any]]]], aliases: dict[str, str]) -> list[dict[str, Any]]:
