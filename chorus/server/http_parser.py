@@ -8,8 +8,8 @@ request line and headers, so :func:`bounded_httptools` adds the one ``h11`` is g
 (``h11_max_incomplete_event_size``): bytes received while a request's head is incomplete are
 counted, and past ``max_head_bytes`` the connection is answered 431 ``headers_too_large`` and
 closed, so what is buffered for a head stays below that bound plus one read from the socket. A
-complete head over the bound that arrives at once is answered 431 by the app (``_BodyLimit``),
-as under h11."""
+complete head over the bound that arrives at once is answered 431 by the app
+(``http.middleware.BodyLimit``), as under h11."""
 from __future__ import annotations
 
 import json
