@@ -11,7 +11,8 @@ from chorus.cli.options import CliError, add_command
 def add_parser(sub) -> None:
     from dataclasses import fields
 
-    from chorus.server.config import ENV_PREFIX, FIELD_HELP, SHOWN_DEFAULTS, ServerConfig
+    from chorus.server.config import ENV_PREFIX, ServerConfig
+    from chorus.server.config_help import FIELD_HELP, SHOWN_DEFAULTS
 
     p = add_command(sub, "serve", help="run the voice server (OpenAI-compatible HTTP API)",
                     description="Load a checkpoint and serve it over HTTP: POST /v1/audio/speech (OpenAI-"

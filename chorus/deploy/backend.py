@@ -19,7 +19,8 @@ from chorus.deploy.replica_board import PUBLISH_INTERVAL_S, board
 from chorus.server.config import ServerConfig
 from chorus.server.errors import APIError
 from chorus.server.model_entries import ModelEntry, aliases, check_entries, pick_version
-from chorus.server.registry import VERSION_HEADER, cards_of, unknown_model
+from chorus.server.checks import unknown_model
+from chorus.server.registry import VERSION_HEADER, cards_of
 from chorus.server.speech import SpeechResponse
 
 logger = logging.getLogger("chorus.server")

@@ -13,15 +13,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from chorus.server import config_help
 from chorus.server.model_entries import ModelEntry, parse_entries
 
 if TYPE_CHECKING:
     from chorus.server.text_pieces import Chunking
 
 ENV_PREFIX = "CHORUS_"
-# chorus serve --help reads them here until it imports config_help itself
-FIELD_HELP, SHOWN_DEFAULTS = config_help.FIELD_HELP, config_help.SHOWN_DEFAULTS
 
 
 def _require(ok: bool, message: str) -> None:
