@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -268,6 +268,19 @@ def load_torch_file(path: str | os.PathLike) -> Any:
     raise CheckpointFileError(f"could not read checkpoint file {path}: {detail}; {REWRITE_HINT}") from None
 
 
+def with_t3_weights(variant: Variant, file_name: str | None) -> Variant:
+    """``variant`` reading its T3 weights from ``file_name`` (a file in the checkpoint directory
+    or hub repo) instead of its official name; None keeps the official name. Same architecture,
+    other weights: e.g. a multilingual finetune shipped as ``t3_<lang>.safetensors``."""
+    if file_name is None or file_name == variant.files.t3:
+        return variant
+    if (not isinstance(file_name, str) or not file_name.endswith(".safetensors") or file_name != Path(file_name).name
+            or "\\" in file_name or file_name.startswith(".")):
+        raise ValueError(f"t3_weights must be a file name ending in .safetensors (a file inside the checkpoint "
+                         f"directory or hub repo, no folders), got {file_name!r}")
+    return replace(variant, files=replace(variant.files, t3=file_name))
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """A resolved checkpoint directory of one variant."""
@@ -277,7 +290,11 @@ class Checkpoint:
 
     @classmethod
     def open(cls, variant: Variant, location: str | os.PathLike | None = None,
-             *, revision: str | None = None, cache_dir: str | os.PathLike | None = None) -> "Checkpoint":
+             *, revision: str | None = None, cache_dir: str | os.PathLike | None = None,
+             t3_weights: str | None = None) -> "Checkpoint":
+        """``t3_weights``: the T3 weights' file name when it is not the variant's official one
+        (see :func:`with_t3_weights`); a missing file is named in the error like any other."""
+        variant = with_t3_weights(variant, t3_weights)
         return cls(variant, resolve_checkpoint_dir(variant, location, revision=revision, cache_dir=cache_dir))
 
     def path(self, name: str) -> Path:

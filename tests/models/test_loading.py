@@ -239,3 +239,47 @@ def test_hub_probe_reports_a_closed_port_at_once():
     start = time.monotonic()
     assert hub_unreachable_reason(f"http://127.0.0.1:{port}", timeout=2.0) is not None
     assert time.monotonic() - start < 20
+
+
+def _renamed_t3_checkpoint(directory: Path, t3_name: str):
+    """A tiny multilingual checkpoint whose T3 file is ``t3_name``: random T3 weights, the other
+    required files present but empty (only T3 is read)."""
+    from chorus.models.random_checkpoint import write_random_checkpoint
+    from chorus.models.variants import tiny_variant
+
+    variant = tiny_variant("multilingual")
+    write_random_checkpoint(variant, directory, components=("t3",))
+    (directory / variant.files.t3).rename(directory / t3_name)
+    _touch_required(directory, variant, skip=(variant.files.t3,))
+    return variant
+
+
+def test_t3_weights_loads_a_renamed_t3_file(tmp_path):
+    from chorus.models.loading import load_t3
+
+    variant = _renamed_t3_checkpoint(tmp_path, "t3_pt-BR.safetensors")
+    checkpoint = Checkpoint.open(variant, tmp_path, t3_weights="t3_pt-BR.safetensors")
+    model = load_t3(checkpoint)
+    stored = read_state_dict(tmp_path / "t3_pt-BR.safetensors")
+    assert checkpoint.variant.name == variant.name
+    assert torch.equal(model.state_dict()["tfmr.layers.0.self_attn.q_proj.weight"],
+                       stored["tfmr.layers.0.self_attn.q_proj.weight"])
+
+
+def test_without_t3_weights_a_renamed_t3_file_is_missing_by_its_official_name(tmp_path):
+    variant = _renamed_t3_checkpoint(tmp_path, "t3_pt-BR.safetensors")
+    with pytest.raises(CheckpointNotFoundError, match=r"lacks 1 required file\(s\): t3_mtl23ls_v2\.safetensors"):
+        Checkpoint.open(variant, tmp_path)
+
+
+def test_missing_t3_weights_file_is_named(tmp_path):
+    variant = _renamed_t3_checkpoint(tmp_path, "t3_pt-BR.safetensors")
+    with pytest.raises(CheckpointNotFoundError, match=r"lacks 1 required file\(s\): t3_hi\.safetensors"):
+        Checkpoint.open(variant, tmp_path, t3_weights="t3_hi.safetensors")
+
+
+@pytest.mark.parametrize("name", ["t3_hi.pt", "packs/t3_hi.safetensors", "/abs/t3_hi.safetensors",
+                                  "..safetensors", ""])
+def test_t3_weights_must_be_a_safetensors_file_name(tmp_path, name):
+    with pytest.raises(ValueError, match="t3_weights must be a file name ending in .safetensors"):
+        Checkpoint.open(get_variant("multilingual"), tmp_path, t3_weights=name)
