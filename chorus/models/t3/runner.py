@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from chorus.models.t3.alignment import AlignmentTap, alignment_heads
 from chorus.models.t3.model import T3Model
 
 
@@ -19,11 +20,16 @@ class T3SingleSequence:
 
     def __init__(
         self, model: T3Model, cond_embeds: torch.Tensor, text_ids: torch.Tensor, cfg: bool,
-        *, max_new_tokens: int = 1000,
+        *, max_new_tokens: int = 1000, alignment: bool = False,
     ):
         """cond_embeds: [1, C, D] from ``model.encode_conditioning``; text_ids: tokenizer
-        output [Lt] (the model adds SOT/EOT where its variant needs them)."""
+        output [Lt] (the model adds SOT/EOT where its variant needs them). ``alignment``: keep
+        :attr:`alignment_map` (Llama variants only, ``chorus.models.t3.alignment``)."""
         self.model = model
+        self._heads = alignment_heads(model.config.backbone) if alignment else None
+        # one [1, text positions] row per query that produced a speech token (the last BOS copy,
+        # then each fed token): the conditional row's attention on its framed text
+        self._alignment_rows: list[torch.Tensor] = []
         self.rows = 2 if cfg else 1
         with torch.inference_mode():
             self._prefill_embeds = model.prefill_embeds(cond_embeds, text_ids, cfg=cfg)
@@ -41,6 +47,7 @@ class T3SingleSequence:
             )
         self.max_new_tokens = max_new_tokens
         self.cache = model.new_contiguous_cache(self.rows, prefill_len + max_new_tokens)
+        self._text_span = (cond_embeds.shape[1], prefill_len - config.bos_copies)
         self.tokens_fed = 0  # sampled tokens fed back so far
         self._prefilled = False
 
@@ -49,9 +56,38 @@ class T3SingleSequence:
         """embeds [rows, n, D] -> logits of each row's last new position [rows, V]."""
         rows, n, dim = embeds.shape
         positions = self.cache.begin_step(n)
+        if self._heads is not None:
+            self.cache.alignment = self._tap(positions[:n])
         hidden = self.model(embeds.reshape(rows * n, dim), positions, self.cache)
+        if self._heads is not None:
+            self._alignment_rows.append(self.cache.alignment.probabilities().cpu())
+            self.cache.alignment = None
         self.cache.end_step()
         return self.model.speech_logits(hidden.view(rows, n, dim)[:, -1])
+
+    def _tap(self, positions: torch.Tensor) -> AlignmentTap:
+        """A tap on row 0's new positions from the last BOS copy on (its flat indices are 0..n-1)."""
+        text_start, text_end = self._text_span
+        first = text_end + self.model.config.bos_copies - 1
+        wanted = torch.nonzero(positions >= first).flatten()
+        wanted_positions = positions[wanted]
+        width = int(positions[-1]) + 1
+        device = positions.device
+        count = len(wanted)
+        return AlignmentTap(
+            heads=self._heads, query_index=wanted, positions=wanted_positions,
+            key_slots=torch.arange(width, device=device).expand(count, width),  # row 0's slots
+            text_start=torch.full((count,), text_start, device=device),
+            text_len=torch.full((count,), text_end - text_start, device=device), max_text=text_end - text_start)
+
+    @property
+    def alignment_map(self) -> torch.Tensor:
+        """[speech tokens produced so far, text positions] (CPU, float32): row k is the mean over
+        the alignment heads of the attention from the query that produced speech token k to the
+        framed text (SOT and EOT included) on the conditional row."""
+        assert self._heads is not None, "T3SingleSequence(alignment=True) keeps the alignment map"
+        text_start, text_end = self._text_span
+        return torch.cat(self._alignment_rows) if self._alignment_rows else torch.zeros(0, text_end - text_start)
 
     def prefill(self) -> torch.Tensor:
         """Run [cond | text | BOS]; returns the logits for the first speech token [rows, V]."""
