@@ -27,6 +27,7 @@ from chorus.engine.request import FinishReason, Priority, Request, T3Prompt
 from chorus.engine.scheduler import (AdmissionError, PrefillShape, RequestOutput, Scheduler, SchedulerOutput,
                                      SchedulerStats)
 from chorus.engine.warmup import WarmupReport, step_limits, warm_up_kernels
+from chorus.models.t3.alignment import alignment_heads
 from chorus.models.t3.model import T3Model
 from chorus.models.variants import Variant
 from chorus.sampling import NO_TOKEN, SamplingParams
@@ -71,6 +72,8 @@ class T3Request:
     ``chorus.pipeline.ConditioningCache``). params: sampling parameters
     (``SamplingParams.for_variant``); its ``max_new_tokens``, ``min_new_tokens`` and
     ``ignore_eos`` bound the output. deadline_s: seconds from now, None for the engine's default.
+    want_alignment: give each sampled token's alignment row (its attention on the framed text,
+    ``chorus.models.t3.alignment``) with the token; Llama variants only.
     """
 
     text_ids: Sequence[int]
@@ -79,6 +82,7 @@ class T3Request:
     priority: int = Priority.NORMAL
     deadline_s: float | None = None
     request_id: str | None = None
+    want_alignment: bool = False
 
 
 @dataclass
@@ -87,6 +91,8 @@ class T3Result:
     tokens: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     error: str | None = None
+    # with ``want_alignment``: [tokens, framed text positions], row k for tokens[k]
+    alignment: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -286,6 +292,8 @@ class T3Engine:
         request_id = request.request_id or f"t3-{next(_ids)}"
         cfg = uses_cfg(self.variant, params)
         cond = request.conditioning
+        if request.want_alignment:
+            alignment_heads(self.variant.t3.backbone)  # raises where none are known
         text_ids = torch.as_tensor(list(request.text_ids), dtype=torch.long)
         if text_ids.ndim != 1 or text_ids.numel() == 0:
             raise ValueError("the request has no text tokens")
@@ -298,7 +306,7 @@ class T3Engine:
             deadline=None if deadline_s is None else time.monotonic() + deadline_s,
             max_tokens=params.max_new_tokens, min_tokens=params.min_new_tokens, ignore_eos=params.ignore_eos,
         )
-        return _Admission(request_id, cond.embeds, text_ids, cfg, params, engine_request)
+        return _Admission(request_id, cond.embeds, text_ids, cfg, params, engine_request, request.want_alignment)
 
     def _enter(self, admission: "_Admission") -> str:
         request_id = admission.request_id
@@ -307,6 +315,8 @@ class T3Engine:
         self.runner.add_request(request_id, admission.cond_embeds, admission.text_ids, admission.cfg,
                                 admission.params)  # may raise: nothing queued yet
         try:
+            if admission.want_alignment:
+                self.runner.want_alignment(request_id)
             self.scheduler.add_request(admission.engine_request)
         except BaseException:
             self.runner.remove_request(request_id)
@@ -430,6 +440,10 @@ class T3Engine:
                         self.scheduler.abort(request_id, FinishReason.ERROR, message):
                     results.append(RequestOutput(request_id, None, FinishReason.ERROR, message))
         results.extend(self.scheduler.update_from_output(out, sampled))
+        if error is None and isinstance(launched, LaunchedStep) and launched.alignment is not None:
+            rows = launched.alignment_rows()
+            results = [r._replace(alignment=rows[r.request_id])
+                       if r.new_token is not None and r.request_id in rows else r for r in results]
         for result in results:
             if result.finish_reason is not None:
                 self.runner.remove_request(result.request_id)
@@ -444,6 +458,7 @@ class T3Engine:
         """Run ``requests`` to completion with continuous batching; results in input order."""
         ids = [self.add_request(r) for r in requests]
         results = {rid: T3Result(rid) for rid in ids}
+        rows: dict[str, list[torch.Tensor]] = {rid: [] for rid, r in zip(ids, requests) if r.want_alignment}
         while self.has_unfinished_requests():
             for event in self.step():
                 result = results.get(event.request_id)
@@ -451,8 +466,12 @@ class T3Engine:
                     continue
                 if event.new_token is not None:
                     result.tokens.append(event.new_token)
+                if event.alignment is not None:
+                    rows[event.request_id].append(event.alignment)
                 if event.finish_reason is not None:
                     result.finish_reason, result.error = event.finish_reason, event.error
+        for rid, kept in rows.items():
+            results[rid].alignment = torch.stack(kept) if kept else None
         return [results[rid] for rid in ids]
 
 
@@ -466,3 +485,4 @@ class _Admission:
     cfg: bool
     params: SamplingParams
     engine_request: Request
+    want_alignment: bool = False

@@ -21,6 +21,7 @@ from chorus.engine.paged_cache import AttentionMetadata, PagedKVCache
 from chorus.engine.request import Branch
 from chorus.engine.sampler_graphs import SamplerGraphs
 from chorus.engine.scheduler import SchedulerOutput
+from chorus.models.t3.alignment import AlignmentTap, alignment_heads
 from chorus.models.t3.model import T3Model
 from chorus.models.variants import Variant
 from chorus.sampling import (
@@ -80,6 +81,16 @@ class LaunchedStep:
     # each request's logits rows (cond, uncond; equal without CFG): ``host`` holds the tokens,
     # then one NaN flag per logits row, so a request with NaN logits is found at collect
     logit_rows: tuple[list[int], list[int]] = ((), ())
+    # requests that asked for alignment and sample this step, and their text lengths; their rows
+    # of ``alignment`` [requests, longest text] (on the host once ``ready`` has passed)
+    alignment_ids: tuple[list[str], list[int]] = ((), ())
+    alignment: torch.Tensor | None = None
+
+    def alignment_rows(self) -> dict[str, torch.Tensor]:
+        """After ``collect``: per request that asked, the alignment row [text positions] of the
+        token it sampled in this step (``chorus.models.t3.alignment``)."""
+        ids, lengths = self.alignment_ids
+        return {rid: self.alignment[i, :n] for i, (rid, n) in enumerate(zip(ids, lengths))}
 
 
 @dataclass
@@ -103,6 +114,8 @@ class ModelRunner:
         self.device = model.device
         self.block_size = cache.block_size
         self.requests: dict[str, RequestTensors] = {}
+        self.alignment_ids: set[str] = set()  # requests that want their alignment rows
+        self._alignment_heads: tuple[tuple[int, int], ...] | None = None
         self.graphs = None  # a StepGraphs, set by the engine on CUDA
         self.shared_prefix = shared_prefix
         self._plan_cache: tuple[list, np.ndarray, SharedPrefixPlan] | None = None  # (decode seqs, their leading blocks, plan)
@@ -144,8 +157,16 @@ class ModelRunner:
             params=params,
         )
 
+    def want_alignment(self, request_id: str) -> None:
+        """Give ``request_id`` (added) an alignment row with each token it samples. Raises
+        ValueError for a model without known alignment heads (``alignment_heads``)."""
+        if self._alignment_heads is None:
+            self._alignment_heads = alignment_heads(self.model.config.backbone)
+        self.alignment_ids.add(request_id)
+
     def remove_request(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
+        self.alignment_ids.discard(request_id)
         if self._sampling is not None and request_id in self._sampling.key[0]:
             self._flush_sampling()
 
@@ -294,16 +315,45 @@ class ModelRunner:
         return list(torch.split(device_flat, sizes))
 
     @torch.inference_mode()
-    def forward_logits(self, inputs: StepInputs) -> torch.Tensor:
-        """Logits [rows needing logits, V] in fp32."""
-        if self.graphs is not None:
+    def forward_logits(self, inputs: StepInputs, alignment: AlignmentTap | None = None) -> torch.Tensor:
+        """Logits [rows needing logits, V] in fp32. ``alignment``: a tap the forward fills (the
+        step then runs eagerly: a captured graph would not call it)."""
+        if self.graphs is not None and alignment is None:
             logits = self.graphs.run(inputs)
             if logits is not None:
                 return logits
-        self.cache.metadata = inputs.metadata
-        hidden = self.model(inputs.embeds, inputs.positions, self.cache)
-        self.cache.metadata = None
+        self.cache.metadata, self.cache.alignment = inputs.metadata, alignment
+        try:
+            hidden = self.model(inputs.embeds, inputs.positions, self.cache)
+        finally:
+            self.cache.metadata, self.cache.alignment = None, None
         return self.model.speech_logits(hidden[inputs.logits_index]).float()
+
+    def _alignment_tap(self, out: SchedulerOutput) -> tuple[AlignmentTap, list[str], list[int]] | None:
+        """A tap on the last position of every conditional row that samples this step for a
+        request in ``alignment_ids`` (the query that produces its next token), with those
+        requests' ids and text lengths; None when there is none."""
+        seqs = out.seqs
+        rows = [r for r in out.logits_rows()
+                if seqs[r].branch is Branch.COND and seqs[r].request_id in self.alignment_ids]
+        if not rows:
+            return None
+        ids = [seqs[r].request_id for r in rows]
+        prompts = [out.requests[rid].prompt for rid in ids]
+        index = np.asarray(rows)
+        flat = np.cumsum(out.row_num_tokens)[index] - 1
+        positions = out.row_starts[index] + out.row_num_tokens[index] - 1
+        width, bs = int(positions.max()) + 1, self.block_size
+        tables = out.block_tables[index]
+        offsets = np.arange(width)
+        slots = tables[:, np.minimum(offsets // bs, tables.shape[1] - 1)].astype(np.int64) * bs + offsets % bs
+        lengths = [len(p.text_ids) for p in prompts]
+        flat_d, pos_d, slots_d, start_d, len_d = self._to_device(
+            [flat, positions, slots, np.asarray([p.text_start for p in prompts]), np.asarray(lengths)])
+        tap = AlignmentTap(heads=self._alignment_heads, query_index=flat_d, positions=pos_d,
+                           key_slots=slots_d.view(len(rows), width), text_start=start_d, text_len=len_d,
+                           max_text=max(lengths))
+        return tap, ids, lengths
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> dict[str, int]:
@@ -319,7 +369,8 @@ class ModelRunner:
         if out.is_empty:
             return LaunchedStep(out, {}, None)
         inputs = self.prepare(out, pending)
-        logits = self.forward_logits(inputs)
+        alignment = self._alignment_tap(out) if self.alignment_ids else None
+        logits = self.forward_logits(inputs, None if alignment is None else alignment[0])
         if self.faults is not None and self.faults.check("t3_step"):
             logits = logits.clone()
             logits[0] = float("nan")
@@ -351,11 +402,15 @@ class ModelRunner:
             record_sampled_tokens(self.variant, state.seen, tokens, state.steps)
         step = LaunchedStep(out, {rid: i for i, rid in enumerate(request_ids)}, tokens,
                             logit_rows=(cond_idx, uncond_idx))
+        if alignment is not None:
+            step.alignment_ids, step.alignment = (alignment[1], alignment[2]), alignment[0].probabilities()
         # NaN logits must never become a token: flag the rows (argmax would pick a NaN's index)
         flagged = torch.cat([tokens, torch.isnan(logits).any(dim=-1).to(tokens.dtype)])
         if self.device.type == "cuda":  # the copy to the host runs behind the step, on its stream
             step.host = torch.empty(flagged.shape, dtype=flagged.dtype, pin_memory=True)
             step.host.copy_(flagged, non_blocking=True)
+            if step.alignment is not None:
+                step.alignment = _to_host(step.alignment)
             step.ready = torch.cuda.Event()
             step.ready.record()
         else:
@@ -416,6 +471,12 @@ class ModelRunner:
             seen=torch.cat([s.seen_mask for s in states]), steps=index[2],
             cond_index=index[0], uncond_index=index[1])
         return self._sampling
+
+
+def _to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """A pinned host copy of ``tensor`` made in stream order (complete once the step's event has passed)."""
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    return host.copy_(tensor, non_blocking=True)
 
 
 def _same_prompt(a: tuple[torch.Tensor, torch.Tensor, bool], b: tuple[torch.Tensor, torch.Tensor, bool]) -> bool:

@@ -185,6 +185,9 @@ class PagedKVCache(AttentionCache):
         """Attention of the batch's queries over ``layer``'s cache, this step's K/V stored."""
         meta = self.metadata
         k_scale, v_scale = self._scales(layer)
+        if self.alignment is not None and self.alignment.wants(layer):
+            keys = self.kv[layer, 0]
+            self.alignment.record(layer, q, keys.view(-1, *keys.shape[2:]), k_scale)
         return paged_attention(
             q, self.kv[layer, 0], self.kv[layer, 1], meta.block_tables, meta.seq_lens, meta.query_start_loc,
             self.scale, max_query_len=meta.max_query_len, num_decodes=meta.num_decodes,

@@ -11,22 +11,27 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import repeat
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from chorus.engine.request import Branch, FinishReason, Request, Sequence
 
+if TYPE_CHECKING:
+    import torch
+
 
 class RequestOutput(NamedTuple):
     """What one request got from a step: a new token (None when it stopped on EOS or ended
-    without sampling) and, if it finished, why. (A named tuple: one is made per request per
-    step.)"""
+    without sampling) and, if it finished, why; for a request that wants alignment, the new
+    token's alignment row [framed text positions] on the host (set by the engine). (A named
+    tuple: one is made per request per step.)"""
 
     request_id: str
     new_token: int | None
     finish_reason: FinishReason | None = None
     error: str | None = None
+    alignment: "torch.Tensor | None" = None
 
 
 class ScheduledSequence:
