@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import time
 from typing import AsyncIterator, Callable, Sequence
 
+import torch
+
 from chorus.engine.engine import T3Engine, T3Request, T3Result
 from chorus.engine.request import FinishReason
 from chorus.engine.scheduler import RequestOutput, SchedulerStats
@@ -43,6 +45,7 @@ class TokenEvent:
     finish_reason: FinishReason | None = None
     error: str | None = None
     exception: BaseException | None = None  # raised in the consumer (e.g. an admission error)
+    alignment: torch.Tensor | None = None  # the token's alignment row (``T3Request.want_alignment``)
 
 
 class AsyncT3Engine:
@@ -94,6 +97,12 @@ class AsyncT3Engine:
     async def stream(self, request: T3Request) -> AsyncIterator[int]:
         """Yield the request's speech tokens as they are sampled. Raises ``RequestFailed`` (or the
         admission error) if it ends in error; leaving the iteration early aborts the request."""
+        async for token, _ in self.stream_aligned(request):
+            yield token
+
+    async def stream_aligned(self, request: T3Request) -> AsyncIterator[tuple[int, torch.Tensor | None]]:
+        """:meth:`stream` yielding ``(token, alignment row)``; the row is None unless the
+        request has ``want_alignment``."""
         if not self.is_running:
             raise RuntimeError("the engine thread is not running; call start() first")
         request_id = request.request_id or f"stream-{next(_ids)}"
@@ -112,7 +121,7 @@ class AsyncT3Engine:
                     finished = True
                     raise event.exception
                 if event.token is not None:
-                    yield event.token
+                    yield event.token, event.alignment
                 if event.finish_reason is not None:
                     finished = True
                     if event.finish_reason in (FinishReason.ERROR, FinishReason.DEADLINE):
@@ -125,11 +134,16 @@ class AsyncT3Engine:
                 self._commands.put(("abort", request_id))
 
     async def generate(self, request: T3Request) -> T3Result:
-        """Run one request to completion and return all its tokens."""
+        """Run one request to completion and return all its tokens (and its alignment map when
+        it has ``want_alignment``)."""
         result = T3Result(request.request_id or "")
-        async for token in self.stream(request):
+        rows = []
+        async for token, row in self.stream_aligned(request):
             result.tokens.append(token)
+            rows.append(row)
         result.request_id = request.request_id or ""
+        if request.want_alignment and rows:
+            result.alignment = torch.stack(rows)
         return result
 
     def abort(self, request_id: str) -> None:
@@ -231,7 +245,8 @@ class AsyncT3Engine:
                         self.on_step_time(elapsed, self.engine.last_step_prefilled)
                     self.tokens_generated += sum(1 for event in events if event.new_token is not None)
                     for event in events:
-                        self._deliver(event.request_id, TokenEvent(event.new_token, event.finish_reason, event.error))
+                        self._deliver(event.request_id, TokenEvent(event.new_token, event.finish_reason, event.error,
+                                                                      alignment=event.alignment))
                     if self.on_step is not None and events:
                         self.on_step(events)
         except BaseException as exc:  # noqa: BLE001 - fail every consumer instead of hanging them

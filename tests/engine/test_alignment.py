@@ -4,11 +4,13 @@ the reference in tests/models/t3/test_alignment_parity.py) gives for the same to
 else is in the batch, however the prefill is chunked and across preemptions."""
 from __future__ import annotations
 
+import asyncio
 import functools
 
 import pytest
 import torch
 
+from chorus.engine.async_engine import AsyncT3Engine
 from chorus.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chorus.engine.engine import T3Engine, T3Request
 from chorus.models.random_checkpoint import random_state_dict, t3_key_specs
@@ -108,3 +110,18 @@ def test_alignment_is_refused_at_admission_for_gpt2_variants():
     with pytest.raises(ValueError, match="no alignment heads are known for the gpt2 T3 backbone"):
         engine.add_request(request)
     assert not engine.has_unfinished_requests()
+
+
+def test_streamed_rows_equal_the_whole_response():
+    variant, model = aligned_tiny("multilingual")
+    whole = _engine(variant, model).generate(_requests(variant, model, 2, seed=4))
+    engine = AsyncT3Engine(_engine(variant, model)).start()
+    try:
+        async def run():
+            return await asyncio.gather(*(engine.generate(r) for r in _requests(variant, model, 2, seed=4)))
+        streamed = asyncio.run(run())
+    finally:
+        engine.stop()
+    for a, b in zip(whole, streamed):
+        assert a.tokens == b.tokens
+        assert float((a.alignment - b.alignment).abs().max()) <= TOLERANCE
