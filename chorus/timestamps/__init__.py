@@ -148,7 +148,8 @@ def _timings(method: Method, text: str, words: list[tuple[int, int]], bounds: li
     for (a, b), t0, t1 in zip(words, seconds, seconds[1:]):
         word_timings.append(Timing(text[a:b], a, b, t0, t1))
         step = (t1 - t0) / (b - a)
-        char_timings += [Timing(text[i], i, i + 1, t0 + step * (i - a), t0 + step * (i - a + 1)) for i in range(a, b)]
+        char_timings += [Timing(text[i], i, i + 1, t0 + step * (i - a), t0 + step * (i - a + 1))
+                         for i in range(a, b)]
     return ChunkTimings(method, tuple(word_timings), tuple(char_timings))
 
 
