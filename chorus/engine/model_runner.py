@@ -315,18 +315,16 @@ class ModelRunner:
         return list(torch.split(device_flat, sizes))
 
     @torch.inference_mode()
-    def forward_logits(self, inputs: StepInputs, alignment: AlignmentTap | None = None) -> torch.Tensor:
-        """Logits [rows needing logits, V] in fp32. ``alignment``: a tap the forward fills (the
-        step then runs eagerly: a captured graph would not call it)."""
-        if self.graphs is not None and alignment is None:
+    def forward_logits(self, inputs: StepInputs) -> torch.Tensor:
+        """Logits [rows needing logits, V] in fp32. While the cache holds an alignment tap
+        (``launch`` sets it), the step runs eagerly: a captured graph would not call the tap."""
+        if self.graphs is not None and self.cache.alignment is None:
             logits = self.graphs.run(inputs)
             if logits is not None:
                 return logits
-        self.cache.metadata, self.cache.alignment = inputs.metadata, alignment
-        try:
-            hidden = self.model(inputs.embeds, inputs.positions, self.cache)
-        finally:
-            self.cache.metadata, self.cache.alignment = None, None
+        self.cache.metadata = inputs.metadata
+        hidden = self.model(inputs.embeds, inputs.positions, self.cache)
+        self.cache.metadata = None
         return self.model.speech_logits(hidden[inputs.logits_index]).float()
 
     def _alignment_tap(self, out: SchedulerOutput) -> tuple[AlignmentTap, list[str], list[int]] | None:
@@ -370,7 +368,14 @@ class ModelRunner:
             return LaunchedStep(out, {}, None)
         inputs = self.prepare(out, pending)
         alignment = self._alignment_tap(out) if self.alignment_ids else None
-        logits = self.forward_logits(inputs, None if alignment is None else alignment[0])
+        if alignment is None:
+            logits = self.forward_logits(inputs)
+        else:
+            self.cache.alignment = alignment[0]
+            try:
+                logits = self.forward_logits(inputs)
+            finally:
+                self.cache.alignment = None
         if self.faults is not None and self.faults.check("t3_step"):
             logits = logits.clone()
             logits[0] = float("nan")
