@@ -193,6 +193,9 @@ class StepGraphs:
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self.mixed_graphs: dict[MixedBucket, torch.cuda.CUDAGraph] = {}
         self.replays = {"decode": 0, "mixed": 0}  # steps served by each kind of graph
+        # where the last replay's logits rows were in its padded batch (the cache's kept
+        # alignment queries are in that layout)
+        self.last_logits_index: torch.Tensor | None = None
         self._capture_all()
 
     # -- capture ---------------------------------------------------------------------------------
@@ -266,6 +269,7 @@ class StepGraphs:
         if bucket is None:
             return None
         count = lay_out_mixed(inputs, bucket, self.buffers)
+        self.last_logits_index = self.buffers.logits_index[:count]
         self.mixed_graphs[bucket].replay()
         self.replays["mixed"] += 1
         return self.logits[:count].clone()
@@ -302,5 +306,6 @@ class StepGraphs:
             self.group_start[:rows + 1].copy_(plan.group_start)
             self.group_start[rows + 1:bucket + 1].copy_(plan.group_start[rows:].expand(bucket - rows))
         self.graphs[bucket, shared].replay()
+        self.last_logits_index = inputs.logits_index  # row i's one position is position i
         self.replays["decode"] += 1
         return self.logits[:rows].clone()

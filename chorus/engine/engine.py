@@ -174,8 +174,11 @@ class T3Engine:
         self._timers: dict[int, _StepTimer] = {}  # id(LaunchedStep) -> its timer, until committed
         shared_prefix = cache_cfg.shared_prefix_attention
         self.runner = ModelRunner(model, variant, self.kv_cache, shared_prefix=shared_prefix)
+        # before capture: graphs keep the alignment heads' queries too (a padded batch of a mixed
+        # graph holds up to max_rows more positions than the step)
+        sched = self.config.scheduler
+        self.runner.keep_alignment_queries(sched.max_num_batched_tokens + min(sched.max_num_seqs, 512))
         if graphed:
-            sched = self.config.scheduler
             self.runner.graphs = StepGraphs(
                 model, self.kv_cache, max_rows=min(sched.max_num_seqs, 512),
                 max_blocks_per_row=-(-sched.max_model_len // cache_cfg.block_size), max_seq_len=sched.max_model_len,

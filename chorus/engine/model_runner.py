@@ -21,7 +21,7 @@ from chorus.engine.paged_cache import AttentionMetadata, PagedKVCache
 from chorus.engine.request import Branch
 from chorus.engine.sampler_graphs import SamplerGraphs
 from chorus.engine.scheduler import SchedulerOutput
-from chorus.models.t3.alignment import AlignmentTap, alignment_heads
+from chorus.models.t3.alignment import AlignmentTap, QueryKeeper, alignment_heads
 from chorus.models.t3.model import T3Model
 from chorus.models.variants import Variant
 from chorus.sampling import (
@@ -115,7 +115,8 @@ class ModelRunner:
         self.block_size = cache.block_size
         self.requests: dict[str, RequestTensors] = {}
         self.alignment_ids: set[str] = set()  # requests that want their alignment rows
-        self._alignment_heads: tuple[tuple[int, int], ...] | None = None
+        self._alignment_heads: tuple[tuple[int, int], ...] | None = None  # set by keep_alignment_queries
+        self.last_logits_index: torch.Tensor | None = None  # where the last forward's logits rows were
         self.graphs = None  # a StepGraphs, set by the engine on CUDA
         self.shared_prefix = shared_prefix
         self._plan_cache: tuple[list, np.ndarray, SharedPrefixPlan] | None = None  # (decode seqs, their leading blocks, plan)
@@ -157,11 +158,24 @@ class ModelRunner:
             params=params,
         )
 
+    def keep_alignment_queries(self, max_tokens: int) -> None:
+        """Make the cache keep the alignment heads' queries of every forward of up to
+        ``max_tokens`` tokens (before any CUDA graph is captured, so that graphs keep them too);
+        nothing for a model without known alignment heads."""
+        try:
+            heads = alignment_heads(self.model.config.backbone)
+        except ValueError:
+            return
+        self._alignment_heads = heads
+        self.cache.keeper = QueryKeeper(heads, max_tokens, self.model.config.backbone.head_dim,
+                                        dtype=self.model.dtype, device=self.device)
+
     def want_alignment(self, request_id: str) -> None:
         """Give ``request_id`` (added) an alignment row with each token it samples. Raises
         ValueError for a model without known alignment heads (``alignment_heads``)."""
         if self._alignment_heads is None:
-            self._alignment_heads = alignment_heads(self.model.config.backbone)
+            alignment_heads(self.model.config.backbone)  # raises where none are known
+            raise ValueError("this engine keeps no alignment queries (ModelRunner.keep_alignment_queries)")
         self.alignment_ids.add(request_id)
 
     def remove_request(self, request_id: str) -> None:
@@ -316,42 +330,46 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward_logits(self, inputs: StepInputs) -> torch.Tensor:
-        """Logits [rows needing logits, V] in fp32. While the cache holds an alignment tap
-        (``launch`` sets it), the step runs eagerly: a captured graph would not call the tap."""
-        if self.graphs is not None and self.cache.alignment is None:
+        """Logits [rows needing logits, V] in fp32; ``last_logits_index`` says where in the
+        forward's (possibly padded) batch their positions were."""
+        if self.graphs is not None:
             logits = self.graphs.run(inputs)
             if logits is not None:
+                self.last_logits_index = self.graphs.last_logits_index
                 return logits
+        self.last_logits_index = inputs.logits_index
         self.cache.metadata = inputs.metadata
         hidden = self.model(inputs.embeds, inputs.positions, self.cache)
         self.cache.metadata = None
         return self.model.speech_logits(hidden[inputs.logits_index]).float()
 
-    def _alignment_tap(self, out: SchedulerOutput) -> tuple[AlignmentTap, list[str], list[int]] | None:
+    def _alignment_tap(self, out: SchedulerOutput) -> tuple[AlignmentTap, torch.Tensor, list[str], list[int]] | None:
         """A tap on the last position of every conditional row that samples this step for a
-        request in ``alignment_ids`` (the query that produces its next token), with those
-        requests' ids and text lengths; None when there is none."""
+        request in ``alignment_ids`` (the query that produces its next token), the index of
+        those rows among the step's logits rows, and the requests' ids and text lengths; None
+        when there is none."""
         seqs = out.seqs
-        rows = [r for r in out.logits_rows()
-                if seqs[r].branch is Branch.COND and seqs[r].request_id in self.alignment_ids]
-        if not rows:
+        needed = out.logits_rows()
+        picked = [(j, r) for j, r in enumerate(needed)
+                  if seqs[r].branch is Branch.COND and seqs[r].request_id in self.alignment_ids]
+        if not picked:
             return None
+        rows = [r for _, r in picked]
         ids = [seqs[r].request_id for r in rows]
         prompts = [out.requests[rid].prompt for rid in ids]
         index = np.asarray(rows)
-        flat = np.cumsum(out.row_num_tokens)[index] - 1
         positions = out.row_starts[index] + out.row_num_tokens[index] - 1
         width, bs = int(positions.max()) + 1, self.block_size
         tables = out.block_tables[index]
         offsets = np.arange(width)
         slots = tables[:, np.minimum(offsets // bs, tables.shape[1] - 1)].astype(np.int64) * bs + offsets % bs
         lengths = [len(p.text_ids) for p in prompts]
-        flat_d, pos_d, slots_d, start_d, len_d = self._to_device(
-            [flat, positions, slots, np.asarray([p.text_start for p in prompts]), np.asarray(lengths)])
-        tap = AlignmentTap(heads=self._alignment_heads, query_index=flat_d, positions=pos_d,
-                           key_slots=slots_d.view(len(rows), width), text_start=start_d, text_len=len_d,
-                           max_text=max(lengths))
-        return tap, ids, lengths
+        logits_d, pos_d, slots_d, start_d, len_d = self._to_device(
+            [np.asarray([j for j, _ in picked]), positions, slots, np.asarray([p.text_start for p in prompts]),
+             np.asarray(lengths)])
+        tap = AlignmentTap(positions=pos_d, key_slots=slots_d.view(len(rows), width), text_start=start_d,
+                           text_len=len_d, max_text=max(lengths))
+        return tap, logits_d, ids, lengths
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> dict[str, int]:
@@ -368,14 +386,7 @@ class ModelRunner:
             return LaunchedStep(out, {}, None)
         inputs = self.prepare(out, pending)
         alignment = self._alignment_tap(out) if self.alignment_ids else None
-        if alignment is None:
-            logits = self.forward_logits(inputs)
-        else:
-            self.cache.alignment = alignment[0]
-            try:
-                logits = self.forward_logits(inputs)
-            finally:
-                self.cache.alignment = None
+        logits = self.forward_logits(inputs)
         if self.faults is not None and self.faults.check("t3_step"):
             logits = logits.clone()
             logits[0] = float("nan")
@@ -408,7 +419,13 @@ class ModelRunner:
         step = LaunchedStep(out, {rid: i for i, rid in enumerate(request_ids)}, tokens,
                             logit_rows=(cond_idx, uncond_idx))
         if alignment is not None:
-            step.alignment_ids, step.alignment = (alignment[1], alignment[2]), alignment[0].probabilities()
+            tap, logits_rows, ids, lengths = alignment
+            if inputs.num_tokens > self.cache.keeper.capacity and self.last_logits_index is inputs.logits_index:
+                raise RuntimeError(f"a step of {inputs.num_tokens} positions exceeds the {self.cache.keeper.capacity} "
+                                   "whose alignment queries the cache keeps")
+            queries = self.cache.keeper.queries(self.last_logits_index[logits_rows])
+            step.alignment_ids = (ids, lengths)
+            step.alignment = tap.probabilities(queries, self._alignment_heads, self.cache.flat_keys)
         # NaN logits must never become a token: flag the rows (argmax would pick a NaN's index)
         flagged = torch.cat([tokens, torch.isnan(logits).any(dim=-1).to(tokens.dtype)])
         if self.device.type == "cuda":  # the copy to the host runs behind the step, on its stream

@@ -174,6 +174,12 @@ class PagedKVCache(AttentionCache):
                 q.shape[1], num_sms(q.device), shared=meta.shared_prefix is not None)
         return meta.attention_plan
 
+    def flat_keys(self, layer: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``layer``'s key store as ``[blocks * block_size, heads, head_dim]`` (slot order) and
+        its dequantisation scale (None unless FP8)."""
+        keys = self.kv[layer, 0]
+        return keys.view(-1, *keys.shape[2:]), self._scales(layer)[0]
+
     def _metadata(self) -> AttentionMetadata:
         assert self.metadata is not None, "set PagedKVCache.metadata before the forward"
         return self.metadata
@@ -185,9 +191,8 @@ class PagedKVCache(AttentionCache):
         """Attention of the batch's queries over ``layer``'s cache, this step's K/V stored."""
         meta = self.metadata
         k_scale, v_scale = self._scales(layer)
-        if self.alignment is not None and self.alignment.wants(layer):
-            keys = self.kv[layer, 0]
-            self.alignment.record(layer, q, keys.view(-1, *keys.shape[2:]), k_scale)
+        if self.keeper is not None:
+            self.keeper.keep(layer, q)
         return paged_attention(
             q, self.kv[layer, 0], self.kv[layer, 1], meta.block_tables, meta.seq_lens, meta.query_start_loc,
             self.scale, max_query_len=meta.max_query_len, num_decodes=meta.num_decodes,

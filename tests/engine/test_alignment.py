@@ -125,3 +125,43 @@ def test_streamed_rows_equal_the_whole_response():
     for a, b in zip(whole, streamed):
         assert a.tokens == b.tokens
         assert float((a.alignment - b.alignment).abs().max()) <= TOLERANCE
+
+
+def test_rows_read_from_a_mixed_graphs_padded_layout_equal_the_exact_path():
+    """What a mixed graph's replay leaves behind, on the CPU: the step computed in its bucket's
+    padded layout (over stale buffers; padding embeddings NaN), the kept queries in that layout
+    and ``last_logits_index`` pointing into it. Requests arrive while others decode."""
+    from chorus.engine.cuda_graphs import MIXED_PROMPT_ROWS, MixedBucket
+    from tests.engine.test_cuda_graphs import _padded_forward, _stale_buffers
+
+    variant, model = aligned_tiny("original")
+    engine = _engine(variant, model, budget=256)
+    runner, original = engine.runner, engine.runner.forward_logits
+    buffers = _stale_buffers(runner, tokens=512, rows=32, width=1024 // 16)
+    padded_steps = []
+
+    def forward_logits(inputs):
+        meta = inputs.metadata
+        if meta.max_query_len == 1 or meta.seq_lens.shape[0] - meta.num_decodes > MIXED_PROMPT_ROWS:
+            return original(inputs)
+        bucket = MixedBucket(decode_rows=meta.num_decodes + 3, prompt_tokens=inputs.num_tokens - meta.num_decodes + 5)
+        logits = _padded_forward(runner, inputs, bucket, buffers)
+        runner.last_logits_index = buffers.logits_index[:logits.shape[0]]
+        padded_steps.append(meta.num_decodes)
+        return logits
+
+    runner.forward_logits = forward_logits
+    requests = _requests(variant, model, 3, seed=5)
+    waiting, ids, tokens, rows, steps = list(requests), [], {}, {}, 0
+    while waiting or engine.has_unfinished_requests():
+        if waiting and steps % 3 == 0:
+            ids.append(engine.add_request(waiting.pop(0)))
+        for event in engine.step():
+            if event.new_token is not None:
+                tokens.setdefault(event.request_id, []).append(event.new_token)
+                rows.setdefault(event.request_id, []).append(event.alignment)
+        steps += 1
+    assert any(decodes > 0 for decodes in padded_steps)  # prompts admitted beside decode rows
+    for request, request_id in zip(requests, ids):
+        expected = _exact_map(variant, model, request, tokens[request_id])
+        assert float((torch.stack(rows[request_id]) - expected).abs().max()) <= TOLERANCE

@@ -1,6 +1,6 @@
 """The alignment rows on the GPU paths (paged Triton attention, queries rotated by the fused
-rope kernel, CUDA graphs for the steps without alignment) against the exact contiguous path on
-the same device, full size, fp32."""
+rope kernel and kept inside the replayed CUDA graphs, decode and mixed) against the exact
+contiguous path on the same device, full size, fp32."""
 from __future__ import annotations
 
 import pytest
@@ -44,6 +44,7 @@ def setup():
 def test_gpu_alignment_rows_equal_the_exact_path(setup):
     variant, model, requests, engine = setup
     results = engine.generate(requests)
+    assert engine.runner.graphs.replays["decode"] > 0
     for request, result in zip(requests, results):
         if not request.want_alignment:
             assert result.alignment is None

@@ -20,9 +20,8 @@ Contract of an implementation (what the engine's paged cache must also provide):
   computes softmax(q k^T / sqrt(head_dim)) v for each new token over every cached or new token
   of *its own row* at a position <= its own (causal). No other masking, no bias, no dropout.
 - After the forward, the owner commits the new tokens (they become context for the next step).
-- When the owner sets ``alignment`` (a ``chorus.models.t3.alignment.AlignmentTap``) for a forward,
-  ``attend`` of each layer the tap wants calls its ``record`` with the rotated queries and the
-  layer's flattened key store once this step's keys are in it.
+- When the owner sets ``keeper`` (a ``chorus.models.t3.alignment.QueryKeeper``), ``attend`` hands
+  it each layer's rotated queries (``keeper.keep``).
 """
 from __future__ import annotations
 
@@ -34,13 +33,13 @@ import torch.nn.functional as F
 from chorus.models.t3.fused_ops import rope_qk
 
 if TYPE_CHECKING:
-    from chorus.models.t3.alignment import AlignmentTap
+    from chorus.models.t3.alignment import QueryKeeper
 
 
 class AttentionCache(Protocol):
     """Per-layer KV storage plus causal attention for the batch layout set by its owner."""
 
-    alignment: "AlignmentTap | None" = None  # set by the owner around a forward that wants it
+    keeper: "QueryKeeper | None" = None  # set by the owner to keep the alignment heads' queries
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Store ``k``/``v`` of the new tokens for ``layer`` and attend.
@@ -124,8 +123,8 @@ class ContiguousKVCache(AttentionCache):
         start, end = self.length, self.length + new
         self.keys[layer, :, start:end] = k.view(self.rows, new, heads, head_dim)
         self.values[layer, :, start:end] = v.view(self.rows, new, heads, head_dim)
-        if self.alignment is not None and self.alignment.wants(layer):
-            self.alignment.record(layer, q, self.keys[layer].view(-1, heads, head_dim))
+        if self.keeper is not None:
+            self.keeper.keep(layer, q)
 
         # SDPA wants [rows, heads, time, head_dim]
         queries = q.view(self.rows, new, heads, head_dim).transpose(1, 2)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from chorus.models.t3.alignment import AlignmentTap, alignment_heads
+from chorus.models.t3.alignment import AlignmentTap, QueryKeeper, alignment_heads
 from chorus.models.t3.model import T3Model
 
 
@@ -48,6 +48,9 @@ class T3SingleSequence:
         self.max_new_tokens = max_new_tokens
         self.cache = model.new_contiguous_cache(self.rows, prefill_len + max_new_tokens)
         self._text_span = (cond_embeds.shape[1], prefill_len - config.bos_copies)
+        if self._heads is not None:
+            self.cache.keeper = QueryKeeper(self._heads, self.rows * prefill_len, config.backbone.head_dim,
+                                            dtype=model.dtype, device=model.device)
         self.tokens_fed = 0  # sampled tokens fed back so far
         self._prefilled = False
 
@@ -56,29 +59,29 @@ class T3SingleSequence:
         """embeds [rows, n, D] -> logits of each row's last new position [rows, V]."""
         rows, n, dim = embeds.shape
         positions = self.cache.begin_step(n)
-        if self._heads is not None:
-            self.cache.alignment = self._tap(positions[:n])
         hidden = self.model(embeds.reshape(rows * n, dim), positions, self.cache)
         if self._heads is not None:
-            self._alignment_rows.append(self.cache.alignment.probabilities().cpu())
-            self.cache.alignment = None
+            self._alignment_rows.append(self._alignment(positions[:n]).cpu())
         self.cache.end_step()
         return self.model.speech_logits(hidden.view(rows, n, dim)[:, -1])
 
-    def _tap(self, positions: torch.Tensor) -> AlignmentTap:
-        """A tap on row 0's new positions from the last BOS copy on (its flat indices are 0..n-1)."""
+    def _alignment(self, positions: torch.Tensor) -> torch.Tensor:
+        """The alignment rows of row 0's new positions from the last BOS copy on (their flat
+        indices are 0..n-1), from the queries the forward kept."""
         text_start, text_end = self._text_span
         first = text_end + self.model.config.bos_copies - 1
         wanted = torch.nonzero(positions >= first).flatten()
-        wanted_positions = positions[wanted]
         width = int(positions[-1]) + 1
         device = positions.device
         count = len(wanted)
-        return AlignmentTap(
-            heads=self._heads, query_index=wanted, positions=wanted_positions,
-            key_slots=torch.arange(width, device=device).expand(count, width),  # row 0's slots
+        tap = AlignmentTap(
+            positions=positions[wanted], key_slots=torch.arange(width, device=device).expand(count, width),  # row 0
             text_start=torch.full((count,), text_start, device=device),
             text_len=torch.full((count,), text_end - text_start, device=device), max_text=text_end - text_start)
+        cache = self.cache
+        heads, head_dim = cache.keys.shape[-2:]
+        return tap.probabilities(cache.keeper.queries(wanted), self._heads,
+                                 lambda layer: (cache.keys[layer].view(-1, heads, head_dim), None))
 
     @property
     def alignment_map(self) -> torch.Tensor:
