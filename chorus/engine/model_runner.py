@@ -115,7 +115,6 @@ class ModelRunner:
         self.block_size = cache.block_size
         self.requests: dict[str, RequestTensors] = {}
         self.alignment_ids: set[str] = set()  # requests that want their alignment rows
-        self._alignment_heads: tuple[tuple[int, int], ...] | None = None  # set by keep_alignment_queries
         self.last_logits_index: torch.Tensor | None = None  # where the last forward's logits rows were
         self.graphs = None  # a StepGraphs, set by the engine on CUDA
         self.shared_prefix = shared_prefix
@@ -166,14 +165,13 @@ class ModelRunner:
             heads = alignment_heads(self.model.config.backbone)
         except ValueError:
             return
-        self._alignment_heads = heads
         self.cache.keeper = QueryKeeper(heads, max_tokens, self.model.config.backbone.head_dim,
                                         dtype=self.model.dtype, device=self.device)
 
     def want_alignment(self, request_id: str) -> None:
         """Give ``request_id`` (added) an alignment row with each token it samples. Raises
         ValueError for a model without known alignment heads (``alignment_heads``)."""
-        if self._alignment_heads is None:
+        if self.cache.keeper is None:
             alignment_heads(self.model.config.backbone)  # raises where none are known
             raise ValueError("this engine keeps no alignment queries (ModelRunner.keep_alignment_queries)")
         self.alignment_ids.add(request_id)
@@ -420,12 +418,13 @@ class ModelRunner:
                             logit_rows=(cond_idx, uncond_idx))
         if alignment is not None:
             tap, logits_rows, ids, lengths = alignment
-            if inputs.num_tokens > self.cache.keeper.capacity and self.last_logits_index is inputs.logits_index:
-                raise RuntimeError(f"a step of {inputs.num_tokens} positions exceeds the {self.cache.keeper.capacity} "
+            keeper = self.cache.keeper
+            if inputs.num_tokens > keeper.capacity and self.last_logits_index is inputs.logits_index:
+                raise RuntimeError(f"a step of {inputs.num_tokens} positions exceeds the {keeper.capacity} "
                                    "whose alignment queries the cache keeps")
-            queries = self.cache.keeper.queries(self.last_logits_index[logits_rows])
             step.alignment_ids = (ids, lengths)
-            step.alignment = tap.probabilities(queries, self._alignment_heads, self.cache.flat_keys)
+            step.alignment = tap.probabilities(keeper.queries(self.last_logits_index[logits_rows]), keeper.heads,
+                                               self.cache.flat_keys)
         # NaN logits must never become a token: flag the rows (argmax would pick a NaN's index)
         flagged = torch.cat([tokens, torch.isnan(logits).any(dim=-1).to(tokens.dtype)])
         if self.device.type == "cuda":  # the copy to the host runs behind the step, on its stream
