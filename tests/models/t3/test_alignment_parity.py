@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from chorus.models.t3 import T3Model, T3SingleSequence
-from chorus.models.t3.alignment import LLAMA_ALIGNMENT_HEADS
 from chorus.models.variants import get_variant, tiny_variant
 from tests.models.t3.oracle_t3 import Scenario, build_oracle_t3, make_request, report, run_oracle
 
@@ -23,10 +22,12 @@ TOLERANCE = 1e-5  # probabilities in [0, 1], fp32 on both sides
 
 
 def _reference_map(t3, config, request, scenario) -> torch.Tensor:
-    """The reference's own loop with forward hooks on the alignment layers' attention."""
-    per_head = {pair: [] for pair in LLAMA_ALIGNMENT_HEADS}
+    """The reference's own loop with forward hooks on the attention of the heads its analyzer reads."""
+    from chatterbox.models.t3.inference.alignment_stream_analyzer import LLAMA_ALIGNED_HEADS
+
+    per_head = {tuple(pair): [] for pair in LLAMA_ALIGNED_HEADS}
     hooks = []
-    for layer, head in LLAMA_ALIGNMENT_HEADS:
+    for layer, head in LLAMA_ALIGNED_HEADS:
         def keep(_module, _inputs, output, pair=(layer, head)):
             per_head[pair].append(output[1][0, pair[1]].detach().clone())  # batch row 0: conditional
         hooks.append(t3.tfmr.layers[layer].self_attn.register_forward_hook(keep))
