@@ -154,10 +154,10 @@ def _timings(method: Method, text: str, words: list[tuple[int, int]], bounds: li
 
 
 def _spread_empty(bounds: list[float], lengths: list[int], span_end: float) -> list[float]:
-    """Boundaries where every word has a positive interval (unless the span is empty): a run of words with empty intervals
-    shares the interval of the first non-empty one after it, by characters; a run at the end
-    shares the last non-empty interval before it (when nothing is non-empty, the whole run
-    shares an even split up to ``span_end``)."""
+    """Boundaries where every word has a positive interval (unless the span is empty): a run of
+    words with empty intervals shares, by characters, the interval of the first non-empty one
+    after it; a run at the end shares the last non-empty interval before it (when nothing is
+    non-empty, the whole run shares what is left up to ``span_end``)."""
     n = len(lengths)
     out = list(bounds)
     i = 0
