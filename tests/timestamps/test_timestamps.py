@@ -119,3 +119,9 @@ def test_estimate_scales_with_the_span():
 def test_text_without_words_has_no_timings():
     assert estimate("  ", span=(0.0, 1.0)).words == ()
     assert from_alignment(" ", torch.zeros(2, 2), [None, None], span=(0.0, 1.0)).words == ()
+
+
+def test_a_map_without_rows_shares_the_span_by_characters():
+    timings = from_alignment(TEXT, torch.zeros(0, len(SPANS)), SPANS, span=(1.0, 2.0))
+    _check_well_formed(timings, TEXT, (1.0, 2.0))
+    assert (timings.words[0].start, timings.words[-1].end) == (1.0, 2.0)
