@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from chorus.cli.options import add_checkpoint, add_command, add_group, add_variant
+from chorus.cli.options import add_checkpoint, add_command, add_group, add_t3_weights, add_variant
 
 
 def add_parser(sub) -> None:
@@ -22,6 +22,7 @@ def add_parser(sub) -> None:
                                            "shapes, the built-in voice and the tokenizer")
     add_variant(p)
     add_checkpoint(p)
+    add_t3_weights(p)
     p.set_defaults(handler=_cmd_checkpoint_check)
 
 
@@ -47,7 +48,7 @@ def _cmd_checkpoint_check(args: argparse.Namespace) -> int:
     from chorus.models.variants import get_variant
 
     variant = get_variant(args.variant)
-    results = check_checkpoint(Checkpoint.open(variant, args.checkpoint))
+    results = check_checkpoint(Checkpoint.open(variant, args.checkpoint, t3_weights=args.t3_weights))
     for result in results:
         print(result.render())
     return 0 if all(r.ok for r in results) else 1

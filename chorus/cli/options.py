@@ -44,6 +44,12 @@ def add_checkpoint(parser: argparse.ArgumentParser) -> None:
                              "(default: the variant's official repo)")
 
 
+def add_t3_weights(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--t3-weights", default=None, metavar="NAME.safetensors",
+                        help="the T3 weights' file name in the checkpoint when it is not the variant's official "
+                             "one (a multilingual finetune such as a Single Language Pack; docs/checkpoints.md)")
+
+
 def add_device(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="cuda, cpu or auto (default)")
 

@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from chorus.cli.options import (
-    CliError, add_audio_out, add_checkpoint, add_command, add_device, add_dtype, add_language_steps, add_variant,
+    CliError, add_audio_out, add_checkpoint, add_command, add_t3_weights, add_device, add_dtype, add_language_steps, add_variant,
     add_watermark, language_step_config,
 )
 from chorus.text.chunking import DEFAULT_MAX_CHARS
@@ -22,6 +22,7 @@ def add_parser(sub) -> None:
                                 "--max-new-tokens is given.")
     add_variant(p)
     add_checkpoint(p)
+    add_t3_weights(p)
     p.add_argument("text", nargs="?", default=None, help="the text to speak")
     p.add_argument("--text-file", default=None, help="read the text from this UTF-8 file instead")
     add_audio_out(p)
@@ -92,7 +93,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     if args.voice is not None:
         check_input_file(args.voice, "--voice")
     dtype = resolve_dtype(args.dtype, args.device)  # warns (once) about a slow choice
-    checkpoint = Checkpoint.open(variant, args.checkpoint)
+    checkpoint = Checkpoint.open(variant, args.checkpoint, t3_weights=args.t3_weights)
     args.max_new_tokens, note = random_weights_token_cap(checkpoint.has_random_weights, args.max_new_tokens,
                                                          args.min_new_tokens)
     if note is not None:

@@ -39,16 +39,20 @@ class SpeechModels:
     @classmethod
     def load(cls, variant: Variant | str, checkpoint: Checkpoint | str | os.PathLike | None = None, *,
              dtype: str | torch.dtype = "auto", device: str | torch.device | None = "cpu",
-             voice_models: bool = True, language_steps: LanguageStepConfig | None = None) -> "SpeechModels":
+             voice_models: bool = True, language_steps: LanguageStepConfig | None = None,
+             t3_weights: str | None = None) -> "SpeechModels":
         """Load every model of ``checkpoint`` (a :class:`Checkpoint`, a directory, a hub id, or
         None for the variant's official repo). ``voice_models=False`` skips the models that build
         voices from reference clips (then only built-in and saved voices work). ``dtype="auto"``
         is bf16 on CUDA and fp32 on the CPU; ``device="auto"`` picks CUDA when there is one.
         ``language_steps`` (default lenient) says where the multilingual language steps find their
-        models; strict raises here when one is missing (see ``load_text_encoder``)."""
+        models; strict raises here when one is missing (see ``load_text_encoder``). ``t3_weights``: the
+        T3 weights' file name when it is not the variant's official one (see ``Checkpoint.open``)."""
         variant = get_variant(variant) if isinstance(variant, str) else variant
         if not isinstance(checkpoint, Checkpoint):
-            checkpoint = Checkpoint.open(variant, checkpoint)
+            checkpoint = Checkpoint.open(variant, checkpoint, t3_weights=t3_weights)
+        elif t3_weights is not None:
+            raise ValueError("t3_weights applies to a checkpoint location; an opened Checkpoint has its file names")
         elif checkpoint.variant.name != variant.name:
             raise ValueError(f"the checkpoint is for {checkpoint.variant.name}, not {variant.name}")
         if checkpoint.has_random_weights:

@@ -75,6 +75,7 @@ class ServerConfig:
     # the model
     variant: str = "turbo"
     checkpoint: str | None = None  # a directory or a hub id; None: the variant's official repo
+    t3_weights: str | None = None  # the T3 weights' file name when not the official one
     device: str = "auto"
     dtype: str = "auto"
     voice_models: bool = True  # load the models that build voices from uploads
@@ -278,13 +279,13 @@ class ServerConfig:
         """The models served: ``models``, or the one of ``variant`` and ``checkpoint`` under the
         id ``chatterbox-<variant>``."""
         return self.models or (ModelEntry(id=f"chatterbox-{self.variant}", variant=self.variant,
-                                          checkpoint=self.checkpoint),)
+                                          checkpoint=self.checkpoint, t3_weights=self.t3_weights),)
 
     def for_entry(self, entry: ModelEntry) -> "ServerConfig":
         """The settings of one model version: this config with the entry's variant, checkpoint
         and limits (a one-model config whose ``models`` is just the entry)."""
         return dataclasses.replace(
-            self, variant=entry.variant, checkpoint=entry.checkpoint, models=(entry,),
+            self, variant=entry.variant, checkpoint=entry.checkpoint, t3_weights=entry.t3_weights, models=(entry,),
             kv_cache_bytes=entry.kv_cache_bytes if entry.kv_cache_bytes is not None else self.kv_cache_bytes,
             max_num_seqs=entry.max_num_seqs if entry.max_num_seqs is not None else self.max_num_seqs)
 

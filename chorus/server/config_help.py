@@ -6,6 +6,8 @@ FIELD_HELP = {
     "variant": "model variant (original, multilingual, multilingual-v3, turbo, nano)",
     "checkpoint": "checkpoint directory in the official layout or a Hugging Face repo id "
                   "(default: the variant's official repo)",
+    "t3_weights": "the T3 weights' file name in the checkpoint when it is not the variant's official one "
+                  "(NAME.safetensors: a multilingual finetune such as a Single Language Pack; docs/checkpoints.md)",
     "device": "auto (CUDA when present), cpu, cuda or cuda:N",
     "dtype": "auto (bf16 on CUDA, fp32 on the CPU), fp32, bf16 or fp16",
     "voice_models": "load the models that build voices from uploaded clips (off: built-in voice only)",

@@ -81,7 +81,8 @@ def load_models(config: ServerConfig) -> Loaded:
     from chorus.voices.store import VoiceStore
 
     utilization = memory_utilization(config, parse_device(config.device))
-    models = SpeechModels.load(config.variant, config.checkpoint, dtype=config.dtype, device=config.device,
+    models = SpeechModels.load(config.variant, config.checkpoint, t3_weights=config.t3_weights,
+                               dtype=config.dtype, device=config.device,
                                voice_models=config.voice_models, language_steps=language_step_config(config))
     engine = engine_config(config, utilization)
     pipeline = Pipeline(models, PipelineConfig(engine=engine, vocoder=vocoder_config(config), max_chars=config.max_chars,

@@ -44,6 +44,8 @@ class ModelEntry:
     variant: the checkpoint's variant (original, multilingual, multilingual-v3, turbo, nano).
     checkpoint: a directory in the official layout or a Hugging Face repo id (None: the
       variant's official repo).
+    t3_weights: the T3 weights' file name in the checkpoint when it is not the variant's official
+      one (``NAME.safetensors``, e.g. a multilingual finetune); None: the official name.
     version: the version label, unique per id; answered in ``X-Chorus-Model-Version`` and in
       every metric's ``version`` label.
     weight: this version's share of its id's traffic, relative to the id's other versions (A/B).
@@ -60,6 +62,7 @@ class ModelEntry:
     id: str
     variant: str
     checkpoint: str | None = None
+    t3_weights: str | None = None
     version: str = DEFAULT_VERSION
     weight: int = 100
     memory_share: float | None = None

@@ -42,7 +42,7 @@ logger = logging.getLogger("chorus.server")
 VERSION_HEADER = "X-Chorus-Model-Version"
 AFFINITY_HEADER = "X-Chorus-Affinity"
 # entry settings the admin API may give a new version (the rest come from the version it joins)
-LOADABLE = ("variant", "checkpoint", "weight", "memory_share", "kv_cache_bytes", "max_num_seqs",
+LOADABLE = ("variant", "checkpoint", "t3_weights", "weight", "memory_share", "kv_cache_bytes", "max_num_seqs",
             "vocoder_max_batch_items")
 
 

@@ -366,3 +366,18 @@ def test_the_first_window_prompt_cap_must_be_a_positive_integer():
 def test_the_vocoder_pass_time_limit_must_be_positive():
     with pytest.raises(ValueError, match="vocoder_max_pass_seconds must be a positive number or unset, got 0"):
         _build(flags={"vocoder_max_pass_seconds": "0"})
+
+
+def test_t3_weights_reaches_the_one_model_entry_and_back():
+    config = ServerConfig(variant="multilingual", checkpoint="ckpt/mtl", t3_weights="t3_pt-BR.safetensors")
+    (entry,) = config.entries()
+    assert entry.t3_weights == "t3_pt-BR.safetensors"
+    assert config.for_entry(entry).t3_weights == "t3_pt-BR.safetensors"
+
+
+def test_a_models_entry_names_its_own_t3_weights():
+    from chorus.server.model_entries import parse_entry
+
+    entry = parse_entry({"id": "pt", "variant": "multilingual", "checkpoint": "ckpt/mtl",
+                         "t3_weights": "t3_pt-BR.safetensors"})
+    assert ServerConfig(models=(entry,)).for_entry(entry).t3_weights == "t3_pt-BR.safetensors"
