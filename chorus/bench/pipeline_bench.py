@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from chorus import gc_pauses
-from chorus.bench.reference_timing import DEFAULT_REFERENCE_CHUNKS, MIN_TIMED_AUDIO_S, SPEECH_TOKENS_PER_SECOND
+from chorus.bench.reference_timing import DEFAULT_REFERENCE_CHUNKS, MIN_TIMED_AUDIO_S
+from chorus.models.speech_tokens import TOKENS_PER_SECOND
 from chorus.bench.t3_bench import workload_chunks
 from chorus.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chorus.models.loading import Checkpoint, parse_device, resolve_dtype
@@ -213,7 +214,7 @@ def bench_offline(models: SpeechModels, cfg: PipelineBenchConfig, chunks: list[s
 
 def _vocoder_work(was: VocoderStats, done: VocoderStats) -> dict:
     """The vocoder stage's counters between two snapshots (the timed run's share)."""
-    audio_tokens = (done.audio_seconds - was.audio_seconds) * SPEECH_TOKENS_PER_SECOND
+    audio_tokens = (done.audio_seconds - was.audio_seconds) * TOKENS_PER_SECOND
     return {"vocoder_passes": done.passes - was.passes, "vocoder_items": done.items - was.items,
             "vocoder_graph_replays": done.graph_replays - was.graph_replays,
             "vocoder_graph_captures": done.graph_captures - was.graph_captures,

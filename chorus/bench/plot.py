@@ -13,28 +13,10 @@ function returns it after writing the PNG. Needs matplotlib (the ``[bench]`` ext
 """
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 
-
-def require_matplotlib() -> None:
-    """Raise a clear error when no plot can be drawn."""
-    try:
-        importlib.import_module("matplotlib")
-    except ImportError:
-        raise RuntimeError("the plots need matplotlib: pip install 'chorus-tts[bench]'") from None
-
-
-def new_figure(width: float, height: float):
-    """An empty figure on an Agg canvas, for :meth:`Figure.savefig`."""
-    require_matplotlib()
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(width, height))
-    FigureCanvasAgg(figure)
-    return figure
+from chorus.bench.figures import new_figure, require_matplotlib
 
 
 def read_report(path: str | Path) -> dict:

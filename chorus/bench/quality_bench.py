@@ -11,7 +11,8 @@ from typing import Callable
 
 import numpy as np
 
-from chorus.quality.checks import AudioCheck, REASONS, SAMPLE_RATE, TOKENS_PER_SECOND
+from chorus.models.speech_tokens import TOKENS_PER_SECOND
+from chorus.quality.checks import AudioCheck, REASONS, SAMPLE_RATE
 
 # short and long, a question, numbers, a list, an exclamation: where runaway and truncated
 # generations, loops and clipping show up

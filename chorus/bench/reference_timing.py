@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-SPEECH_TOKENS_PER_SECOND = 25.0  # S3 speech tokens per second of audio
+from chorus.models.speech_tokens import TOKENS_PER_SECOND
+
 MIN_TIMED_AUDIO_S = 60.0
 DEFAULT_REFERENCE_CHUNKS = 4  # the least timed; more are taken until MIN_TIMED_AUDIO_S
 
@@ -34,7 +35,7 @@ def select_reference_chunks(lengths: list[int], min_chunks: int, min_audio_s: fl
         raise ValueError("the workload has no chunks")
     for count in range(max(1, min(min_chunks, len(lengths))), len(lengths) + 1):
         indices = evenly_spaced(len(lengths), count)
-        if sum(lengths[i] for i in indices) / SPEECH_TOKENS_PER_SECOND >= min_audio_s:
+        if sum(lengths[i] for i in indices) / TOKENS_PER_SECOND >= min_audio_s:
             return indices
     return list(range(len(lengths)))
 
@@ -77,7 +78,7 @@ def time_reference(call: Callable[[int], Any], indices: list[int], *, warm_up_in
 
 def per_chunk(times: ReferenceTimes, chunks: list[str], lengths: list[int]) -> list[dict]:
     return [{"index": i, "chars": len(chunks[i]), "speech_tokens": lengths[i],
-             "audio_seconds": round(lengths[i] / SPEECH_TOKENS_PER_SECOND, 2), "seconds": round(s, 4)}
+             "audio_seconds": round(lengths[i] / TOKENS_PER_SECOND, 2), "seconds": round(s, 4)}
             for i, s in zip(times.indices, times.seconds)]
 
 
@@ -93,8 +94,8 @@ def method(times: ReferenceTimes, total_chunks: int, lengths: list[int], min_chu
         "chunks_in_workload": total_chunks,
         "selection": f"evenly spaced across the workload: at least {min_chunks} chunks, more until the timed "
                      f"audio reaches {min_audio_s:g} s (or every chunk)",
-        "timed_audio_seconds": round(timed_tokens / SPEECH_TOKENS_PER_SECOND, 2),
-        "workload_audio_seconds": round(sum(lengths) / SPEECH_TOKENS_PER_SECOND, 2),
+        "timed_audio_seconds": round(timed_tokens / TOKENS_PER_SECOND, 2),
+        "workload_audio_seconds": round(sum(lengths) / TOKENS_PER_SECOND, 2),
         "extrapolation": extrapolation,
     }
 

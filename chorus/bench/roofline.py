@@ -37,7 +37,7 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
 from chorus.bench.kernel_work import Work
-from chorus.bench.plot import new_figure
+from chorus.bench.figures import new_figure
 
 
 # ------------------------------------------------------------------------------ the cards

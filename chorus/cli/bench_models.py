@@ -194,7 +194,7 @@ def _roofline_options(args: argparse.Namespace) -> dict:
         if value is not None and not args.roofline:
             raise CliError(f"{option} needs --roofline")
     if args.roofline and args.out is not None:
-        from chorus.bench.plot import require_matplotlib
+        from chorus.bench.figures import require_matplotlib
 
         try:
             require_matplotlib()

@@ -14,7 +14,6 @@ from typing import Sequence
 import numpy as np
 
 SAMPLE_RATE = 24_000
-TOKENS_PER_SECOND = 25  # S3 speech tokens per second of audio
 FRAME_SAMPLES = 480  # 20 ms frames for the silent fraction
 SILENT_FRAME_DBFS = -50.0  # a frame quieter than this (RMS) is silent
 CLIP_LEVEL = 0.999  # a sample at or above this magnitude is clipped (pcm16 saturates at 1.0)

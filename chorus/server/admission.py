@@ -60,7 +60,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from chorus.engine.request import Priority
-from chorus.server.capacity import CapacityModel, Estimate, InFlight, TOKENS_PER_SECOND, Work
+from chorus.models.speech_tokens import TOKENS_PER_SECOND
+from chorus.server.capacity import CapacityModel, Estimate, InFlight, Work
 from chorus.server.errors import APIError
 
 # the share of the queue (and of the start deadline) each priority may use

@@ -59,7 +59,8 @@ import math
 import threading
 from dataclasses import dataclass
 
-TOKENS_PER_SECOND = 25  # speech tokens per second of audio (every Chatterbox variant)
+from chorus.models.speech_tokens import TOKENS_PER_SECOND
+
 EWMA_ALPHA = 0.3  # weight of a new observation
 RATE_WINDOW_S = 1.0  # seconds with requests in flight per sample of the delivery rate
 MIN_UTILIZATION = 0.05  # a sample extrapolates at most 1 / this from the busiest stage's utilization

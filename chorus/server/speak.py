@@ -14,7 +14,7 @@ from chorus.engine.request import Priority
 from chorus.pipeline.request import SpeechRequest
 from chorus.sampling.params import InvalidSamplingParams
 from chorus.server.admission import Ticket
-from chorus.server.capacity import TOKENS_PER_SECOND
+from chorus.models.speech_tokens import TOKENS_PER_SECOND
 from chorus.server.degradation import Applied
 from chorus.server.errors import APIError
 from chorus.server.schemas import SpeechBody

@@ -21,7 +21,7 @@ from typing import AsyncIterator, Callable
 from chorus.models.s3gen.s3gen import SAMPLE_RATE
 from chorus.pipeline.errors import PipelineError
 from chorus.quality.checks import AudioCheck
-from chorus.server.capacity import TOKENS_PER_SECOND
+from chorus.models.speech_tokens import TOKENS_PER_SECOND
 from chorus.server.errors import APIError, StreamCut, pipeline_error
 from chorus.server.schemas import ConversionFields, SpeechBody
 

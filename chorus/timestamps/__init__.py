@@ -24,7 +24,7 @@ from typing import Literal, Sequence
 
 import torch
 
-from chorus.quality.checks import TOKENS_PER_SECOND
+from chorus.models.speech_tokens import TOKENS_PER_SECOND
 
 Method = Literal["alignment", "estimate"]
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from chorus.bench import vocoder_bench
 from chorus.bench.kernel_work import Work, estimator_work, hift_work, t3_step_work
-from chorus.bench.plot import require_matplotlib
+from chorus.bench.figures import require_matplotlib
 from chorus.bench.roofline import ClassRanges, class_figures, find_card, profile_classes, resolve_roof, stage, write_plot
 from chorus.bench.roofline_passes import s3gen_ranges
 from chorus.models.s3gen.estimator import EstimatorConfig
