@@ -31,7 +31,7 @@ from chorus.models.variants import Variant
 from chorus.pipeline.models import SpeechModels
 from chorus.pipeline.planner import SpeechPlan, needs_voice_models
 from chorus.pipeline.request import ChunkResult, SpeechRequest, SpeechResult
-from chorus.pipeline.stitch import stitch_chunks
+from chorus.pipeline.stitch import pause_spans, stitch_chunks
 from chorus.t3_sequential import generate_speech_tokens
 from chorus.text import DEFAULT_MAX_CHARS
 from chorus.voices import Voice
@@ -96,14 +96,14 @@ class Synthesizer:
         finally:
             if bar is not None:
                 bar.close()
-        audio = stitch_chunks(pieces)
+        audio = stitch_chunks(pieces, plan.pauses_s)
         if plan.watermark is not None:
             from chorus.watermark import get_watermarker
 
             audio = get_watermarker(plan.watermark).apply(audio, SAMPLE_RATE)
         return SpeechResult(wav=audio, sample_rate=SAMPLE_RATE, seed=plan.seed, chunks=tuple(results),
                             ignored=plan.ignored, request_id=plan.request_id,
-                            timings={"total_s": time.perf_counter() - start})
+                            pauses=pause_spans([p.size for p in pieces], plan.pauses_s), timings={"total_s": time.perf_counter() - start})
 
 
 def _progress_bar(total: int, enabled: bool):

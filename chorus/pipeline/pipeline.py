@@ -49,7 +49,7 @@ from chorus.pipeline.models import SpeechModels
 from chorus.pipeline.planner import SpeechPlan
 from chorus.pipeline.request import ChunkResult, SpeechRequest, SpeechResult
 from chorus.pipeline.request_state import ChunkJob, Deadlines, Progress, RequestState
-from chorus.pipeline.stitch import stitch_chunks
+from chorus.pipeline.stitch import pause_spans, stitch_chunks
 from chorus.pipeline.errors import PipelineError
 from chorus.pipeline.stream import AudioPiece, SpeechStream
 from chorus.pipeline.threads import on_stream, thread_shares
@@ -221,6 +221,7 @@ class Pipeline:
         conditioning = self.conditioning.get(plan.voice, plan.exaggeration)
         state = self._register(plan, progress)
         state.jobs = [ChunkJob(state, c.index) for c in plan.chunks]
+        state.pauses_s = plan.pauses_s
         self._inbox.put(("add", state))  # before T3 can report on its chunks
         self._t3.submit([T3Request(c.text_ids, conditioning, c.params, priority=plan.priority,
                                    deadline_s=state.deadlines.total_s, request_id=state.job_id(c.index))
@@ -454,7 +455,7 @@ class Pipeline:
         plan = state.plan
         self._end(plan.request_id)
         waves = [j.waveform() for j in state.jobs]
-        audio = stitch_chunks(waves)
+        audio = stitch_chunks(waves, state.pauses_s)
         if plan.watermark is not None:
             from chorus.watermark import get_watermarker
 
@@ -471,8 +472,9 @@ class Pipeline:
         chunks = tuple(ChunkResult(c.text, c.seed, len(j.tokens), j.t3_reason or "eos", w.size,
                                    tuple(j.tokens))
                        for c, j, w in zip(plan.chunks, state.jobs, waves))
+        pauses = pause_spans([w.size for w in waves], state.pauses_s)
         state.stream._finish(SpeechResult(audio, SAMPLE_RATE, plan.seed, chunks, plan.ignored,
-                                          plan.request_id, timings))
+                                          plan.request_id, timings, pauses=pauses))
         state.release()
 
     def _fail(self, state: RequestState, reason: str, message: str, deadline: str | None = None) -> None:

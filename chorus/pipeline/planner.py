@@ -1,7 +1,8 @@
 """Validate a :class:`SpeechRequest` and plan it into chunks: the one place where a request is
 shaped before any model runs.
 
-Planning does, in order: check the text and language; normalise the text for speech (numbers,
+Planning does, in order: parse the input's pauses (and SSML, ``chorus.text.markup``); check the
+text and language; normalise the text for speech (numbers,
 abbreviations; English only); split it into sentence-aligned chunks and tokenize each; validate
 the sampling parameters against the variant (parameters it does not use are reset and listed in
 ``ignored``); check flow steps, exaggeration, priority, deadline and the watermark; resolve the
@@ -19,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from chorus.audio.tempo import MAX_SPEED, MIN_SPEED
 from chorus.engine.request import Priority
 from chorus.models.random_checkpoint import random_weights_token_cap
 from chorus.models.variants import Variant
@@ -26,6 +28,7 @@ from chorus.pipeline.request import SpeechRequest
 from chorus.sampling import SamplingParams
 from chorus.sampling.params import MAX_SEED
 from chorus.text import DEFAULT_MAX_CHARS, TextEncoder, TextInputError, split_into_chunks
+from chorus.text.markup import Markup, parse_markup
 from chorus.voices import Voice
 from chorus.voices.voice import VOICE_FILE_SUFFIX
 
@@ -42,6 +45,7 @@ class ChunkPlan:
     text: str
     text_ids: tuple[int, ...]  # tokenizer output, unframed (T3 frames text itself)
     params: SamplingParams  # the request's parameters with this chunk's seed
+    pause_before_s: float = 0.0  # exact silence before this chunk's audio (a break in the input)
 
     @property
     def seed(self) -> int:
@@ -65,6 +69,13 @@ class SpeechPlan:
     watermark: str | None
     seed: int  # the base seed; chunk i uses seed + i
     ignored: tuple[str, ...]
+    pause_after_s: float = 0.0  # exact silence after the last chunk's audio (a break ending the input)
+    speed: float | None = None  # what an SSML prosody rate asks for (None: not given); applied by the caller
+
+    @property
+    def pauses_s(self) -> tuple[float, ...]:
+        """The silence before each chunk, then after the last (``len(chunks) + 1`` values)."""
+        return (*(c.pause_before_s for c in self.chunks), self.pause_after_s)
 
 
 def is_voice_file(source: Any) -> bool:
@@ -131,6 +142,20 @@ class RequestPlanner:
         """See :func:`plan_text`."""
         return plan_text(self.text_encoder, text, language, max_chars=self.max_chars, normalize=normalize)
 
+    def plan_markup(self, text: str, language: str | None = None, *, input_format: str = "text",
+                    normalize: bool = True) -> tuple[Markup, list[tuple[str, list[int], float]]]:
+        """``text`` parsed as ``input_format`` (``chorus.text.markup``) and planned segment by
+        segment: ``(markup, [(chunk text, T3 text ids, pause before it in seconds)])``. A break
+        ends a chunk: the text before and after it are never in one chunk."""
+        markup = parse_markup(text, input_format, speed_range=(MIN_SPEED, MAX_SPEED))
+        if not markup.segments:
+            raise TextInputError("text is empty; give at least one word to speak")
+        chunks = []
+        for segment in markup.segments:
+            planned = self.plan_text(segment.text, language, normalize=normalize)
+            chunks += [(text, ids, segment.pause_before_s if i == 0 else 0.0) for i, (text, ids) in enumerate(planned)]
+        return markup, chunks
+
     # --------------------------------------------------------------------------------- voices
     def resolve_voice(self, voice: Voice | Any | None) -> Voice:
         """None -> the built-in voice; a :class:`Voice` as is; a ``.safetensors`` path -> a saved
@@ -168,7 +193,8 @@ class RequestPlanner:
 
     def _settings(self, request: SpeechRequest) -> dict[str, Any]:
         variant = self.variant
-        chunks = self.plan_text(request.text, request.language, normalize=request.normalize)
+        markup, chunks = self.plan_markup(request.text, request.language, input_format=request.input_format,
+                                          normalize=request.normalize)
         max_new_tokens, _ = random_weights_token_cap(self.random_weights, request.max_new_tokens,
                                                      request.min_new_tokens)
         params = SamplingParams.for_variant(variant, **{**request.sampling_overrides(), "max_new_tokens": max_new_tokens})
@@ -202,12 +228,13 @@ class RequestPlanner:
 
             get_watermarker(request.watermark)  # fails now if the package is missing
         base_seed = int(params.seed)
-        planned = tuple(ChunkPlan(i, text, tuple(ids), replace(params, seed=chunk_seed(base_seed, i)))
-                        for i, (text, ids) in enumerate(chunks))
+        planned = tuple(ChunkPlan(i, text, tuple(ids), replace(params, seed=chunk_seed(base_seed, i)), pause)
+                        for i, (text, ids, pause) in enumerate(chunks))
         return dict(
             request_id=request.request_id or f"speech-{next(_ids)}", chunks=planned,
             exaggeration=exaggeration, flow_steps=flow_steps, priority=Priority(request.priority),
             deadline_s=request.deadline_s, start_deadline_s=request.start_deadline_s, stream=bool(request.stream),
             listener=request.listener, watermark=request.watermark,
-            seed=base_seed, ignored=tuple(sorted(set(ignored))),
+            seed=base_seed, ignored=tuple(sorted(set(ignored))), pause_after_s=markup.pause_after_s,
+            speed=markup.speed,
         )

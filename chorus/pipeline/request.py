@@ -40,6 +40,8 @@ class SpeechRequest:
     for when the audio before it runs out, not as urgently as a new stream's first audio. A
     request's own chunks are always heard that way. Never changes the audio.
     normalize: spell out numbers and abbreviations the model would misread (English only).
+    input_format: ``"text"`` (plain text; ``<break time="500ms"/>`` inserts a pause) or
+    ``"ssml"`` (the SSML subset of docs/pauses.md); ``chorus.text.markup`` parses both.
     """
 
     text: str
@@ -63,6 +65,7 @@ class SpeechRequest:
     stream: bool = False
     listener: str | None = None
     normalize: bool = True
+    input_format: str = "text"
     request_id: str | None = None
 
     def sampling_overrides(self) -> dict[str, Any]:
@@ -100,6 +103,9 @@ class SpeechResult:
     (streamed requests: T3's step that made the last token its first vocoder pass needed),
     ``first_pass_s`` (the start of the vocoder pass that made its first audio) and
     ``first_audio_s`` (that pass's end)."""
+    pauses: tuple[tuple[int, int], ...] = ()
+    """Where the input's breaks lie in ``wav``: ``(first sample, samples)`` of each, in order;
+    every sample of a pause is exactly 0 (docs/pauses.md)."""
 
     @property
     def duration(self) -> float:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from chorus.pipeline.planner import SpeechPlan
+from chorus.pipeline.stitch import silence
 from chorus.pipeline.stream import AudioPiece, SpeechStream
 
 if TYPE_CHECKING:
@@ -99,6 +100,8 @@ class RequestState:
     first_pass: float | None = None  # start of the vocoder pass that made its first audio
     first_audio: float | None = None
     audio_started: bool = False  # a piece with samples was delivered to the stream
+    pauses_s: tuple[float, ...] = ()  # SpeechPlan.pauses_s (empty: none)
+    pauses_sent: int = 0  # pauses before chunks (SpeechPlan.pauses_s) already streamed out
 
     @property
     def submitted(self) -> float:
@@ -110,12 +113,17 @@ class RequestState:
 
     def deliver_in_order(self) -> None:
         """Stream what can go out now: the pieces of the first undelivered chunk, then, once it
-        is done, the next chunk's buffered pieces, and so on."""
+        is done, the next chunk's buffered pieces, and so on. A pause before a chunk goes out as
+        soon as the chunk before it is done (the first chunk's with its first audio); the pause
+        after the last chunk is then the final piece (``stitch_chunks`` joins the same way)."""
         last = len(self.jobs) - 1
+        trailing = bool(self.pauses_s and self.pauses_s[-1])
         while self.next_chunk <= last:
             job = self.jobs[self.next_chunk]
+            if self.pauses_sent == self.next_chunk and (self.next_chunk > 0 or job.pieces):
+                self._put_pause(self.next_chunk, job.index, False)
             for i, samples in enumerate(job.pieces):
-                final = job.done and i == len(job.pieces) - 1 and self.next_chunk == last
+                final = job.done and i == len(job.pieces) - 1 and self.next_chunk == last and not trailing
                 if samples.size or final:
                     self.audio_started = self.audio_started or samples.size > 0
                     self.stream._put_audio(AudioPiece(samples, job.index, final))
@@ -124,6 +132,15 @@ class RequestState:
             if not job.done:
                 return
             self.next_chunk += 1
+        if trailing:
+            self._put_pause(last + 1, self.jobs[last].index, True)
+
+    def _put_pause(self, slot: int, chunk_index: int, final: bool) -> None:
+        """Stream the pause of ``pauses_s[slot]`` (nothing when it is none)."""
+        self.pauses_sent = slot + 1
+        if self.pauses_s and self.pauses_s[slot]:
+            self.audio_started = True
+            self.stream._put_audio(AudioPiece(silence(self.pauses_s[slot]), chunk_index, final, pause=True))
 
     def timings(self, now: float) -> dict[str, float]:
         """The result's ``timings`` for a request ending at ``now`` (``SpeechResult.timings``)."""

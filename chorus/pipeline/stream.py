@@ -22,11 +22,14 @@ from chorus.pipeline.request import SpeechResult
 @dataclass(frozen=True)
 class AudioPiece:
     """The next samples of a request's audio (24 kHz float32), in order. ``chunk_index`` is the
-    text chunk they belong to; ``final`` marks the request's last piece."""
+    text chunk they belong to; ``final`` marks the request's last piece. ``pause``: the samples
+    are a pause's exact silence (a break in the input before chunk ``chunk_index``, or after it
+    when it is the last), which an encoder that changes the tempo must pass through unchanged."""
 
     samples: np.ndarray
     chunk_index: int
     final: bool
+    pause: bool = False
 
 
 _END = object()

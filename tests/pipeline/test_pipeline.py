@@ -115,6 +115,39 @@ def test_a_stream_shorter_than_its_first_window_is_stamped_at_its_last_token(pip
     assert timings["first_token_s"] <= timings["first_window_s"] <= timings["first_pass_s"]
 
 
+PAUSED = 'The first part is here. <break time="500ms"/> The second part follows.'
+
+
+def test_a_break_is_exact_silence_between_the_audio_of_its_two_sides(pipe):
+    got = pipe.submit(_request(PAUSED)).result()
+    joined = pipe.submit(_request("The first part is here.\n\nThe second part follows.")).result()
+    first = got.chunks[0].num_samples
+    assert got.pauses == ((first, 12_000),) and not got.wav[first:first + 12_000].any()
+    np.testing.assert_allclose(np.delete(got.wav, np.s_[first:first + 12_000]), joined.wav, atol=1e-4)
+
+
+def test_a_streamed_break_is_one_piece_of_exact_silence_in_its_place(pipe):
+    stream = pipe.submit(_request(PAUSED, stream=True))
+    pieces = list(stream)
+    result = stream.result()
+    pauses = [i for i, p in enumerate(pieces) if p.pause]
+    assert len(pauses) == 1 and not pieces[pauses[0]].samples.any() and pieces[pauses[0]].samples.size == 12_000
+    start = sum(p.samples.size for p in pieces[:pauses[0]])
+    assert result.pauses == ((start, 12_000),) and start == result.chunks[0].num_samples
+    np.testing.assert_array_equal(np.concatenate([p.samples for p in pieces]), result.wav)
+
+
+def test_a_streamed_break_at_the_end_is_the_final_piece(pipe):
+    pieces = list(pipe.submit(_request('The only part.<break time="1s"/>', stream=True)))
+    assert pieces[-1].pause and pieces[-1].final and pieces[-1].samples.size == 24_000
+    assert not any(p.final for p in pieces[:-1])
+
+
+def test_a_break_at_the_start_is_the_first_streamed_piece(pipe):
+    pieces = list(pipe.submit(_request('<break time="200ms"/>The only part.', stream=True)))
+    assert pieces[0].pause and pieces[0].samples.size == 4_800 and not pieces[0].samples.any()
+
+
 def test_many_requests_at_once_each_get_their_own_audio(pipe):
     requests = [_request(f"Request number {i} speaks.", tokens=12 + i, seed=100 + i) for i in range(5)]
     progress = []

@@ -111,3 +111,21 @@ def test_a_reference_clip_needs_the_voice_models(planner):
 
 def test_the_builtin_voice_is_the_default(planner):
     assert planner.plan(SpeechRequest("Hello.")).voice.name == "short0"
+
+
+def test_a_break_splits_a_sentence_into_chunks_and_records_each_pause(planner):
+    plan = planner.plan(SpeechRequest('<break time="200ms"/>Wait for it <break time="1.5s"/> now.<break time="1s"/>',
+                                      normalize=False))
+    assert [(c.text, c.pause_before_s) for c in plan.chunks] == [("Wait for it", 0.2), ("now.", 1.5)]
+    assert plan.pause_after_s == 1.0 and plan.pauses_s == (0.2, 1.5, 1.0)
+
+
+def test_ssml_is_planned_with_its_prosody_rate_as_the_plans_speed(planner):
+    plan = planner.plan(SpeechRequest('<speak><prosody rate="80%"><s>One.</s><s>Two.</s></prosody></speak>',
+                                      input_format="ssml", normalize=False))
+    assert [c.text for c in plan.chunks] == ["One.", "Two."] and plan.speed == pytest.approx(0.8)
+
+
+def test_input_of_breaks_only_is_refused_as_empty(planner):
+    with pytest.raises(TextInputError, match="text is empty"):
+        planner.plan(SpeechRequest('<break time="1s"/>'))
