@@ -103,7 +103,8 @@ class Synthesizer:
             audio = get_watermarker(plan.watermark).apply(audio, SAMPLE_RATE)
         return SpeechResult(wav=audio, sample_rate=SAMPLE_RATE, seed=plan.seed, chunks=tuple(results),
                             ignored=plan.ignored, request_id=plan.request_id,
-                            pauses=pause_spans([p.size for p in pieces], plan.pauses_s), timings={"total_s": time.perf_counter() - start})
+                            timings={"total_s": time.perf_counter() - start},
+                            pauses=pause_spans([p.size for p in pieces], plan.pauses_s))
 
 
 def _progress_bar(total: int, enabled: bool):

@@ -126,6 +126,13 @@ def test_a_break_is_exact_silence_between_the_audio_of_its_two_sides(pipe):
     np.testing.assert_allclose(np.delete(got.wav, np.s_[first:first + 12_000]), joined.wav, atol=1e-4)
 
 
+def test_the_exact_path_puts_a_break_where_the_pipeline_does(pipe):
+    request = _request(PAUSED)
+    got, want = pipe.submit(request).result(), _exact(pipe, request)
+    assert got.pauses == want.pauses
+    np.testing.assert_allclose(got.wav, want.wav, atol=1e-4)
+
+
 def test_a_streamed_break_is_one_piece_of_exact_silence_in_its_place(pipe):
     stream = pipe.submit(_request(PAUSED, stream=True))
     pieces = list(stream)
