@@ -223,13 +223,20 @@ class StreamEncoder:
             self._drain = _Drain()
             self._codec = _PyAVEncoder(fmt, self.sample_rate, self._drain)
 
-    def write(self, samples: np.ndarray) -> bytes:
-        """Encode one piece (1-D float samples at ``sample_rate``); returns the bytes ready to send."""
+    def write(self, samples: np.ndarray, *, pause: bool = False) -> bytes:
+        """Encode one piece (1-D float samples at ``sample_rate``); returns the bytes ready to send.
+        ``pause``: the piece is a pause's silence, kept as it is whatever the speed (the tempo
+        filter is flushed before it and started afresh after it), so a pause lasts exactly its
+        length at every speed (docs/pauses.md)."""
         if self.closed:
             raise ValueError("write to a closed StreamEncoder")
         samples = _check_samples(samples)
         if self._tempo is not None:
-            samples = self._tempo.process(samples)
+            if pause:
+                samples = np.concatenate([self._tempo.flush(), samples])
+                self._tempo = TempoStream(self.speed, self.sample_rate)
+            else:
+                samples = self._tempo.process(samples)
         return self._emit(samples)
 
     def close(self) -> bytes:

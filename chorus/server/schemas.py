@@ -46,6 +46,9 @@ class SpeechBody(BaseModel):
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="the same seed and input give the same audio")
     language: str | None = Field(None, min_length=2, max_length=8, description="ISO 639-1 code (multilingual)")
     # Chorus
+    input_format: Literal["text", "ssml"] = Field(
+        "text", description="'text': plain text, where <break time=\"500ms\"/> inserts a pause; 'ssml': the "
+                            "SSML subset speak, p, s, break, prosody rate (docs/pauses.md)")
     priority: PriorityName | None = Field(None, description="overrides the X-Chorus-Priority header; default normal")
     deadline_s: float | None = Field(None, gt=0.0, description="total deadline: seconds until the request is "
                                                                "aborted, even while its audio flows (default: "

@@ -373,8 +373,9 @@ it did not match its fingerprint. Load is not a reason: a
         self.require_serving()
         priority = self._check(body, priority_given)
         call = await speak.open_call(self, body, priority, request_id, arrived)
-        return await respond(call, body.response_format, streaming=streams(body), speed=body.speed,
-                             sse=body.stream_format == "sse")
+        rate = call.stream.plan.speed  # an SSML prosody rate scales the body's speed
+        return await respond(call, body.response_format, streaming=streams(body),
+                             speed=body.speed if rate is None else body.speed * rate, sse=body.stream_format == "sse")
 
     async def convert(self, form: ConversionForm, priority_given: str | None, request_id: str, *,
                       arrived: float) -> SpeechResponse:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -109,11 +110,12 @@ class SpeechCall:
 
     async def next(self):
         """The stream's next audio piece, checked (None: the end). Audio that is not finite
-        (NaN, inf) is never sent: it fails the request (``PipelineError``, as a failed model step)."""
+        (NaN, inf) is never sent: it fails the request (``PipelineError``, as a failed model step).
+        A pause's silence (a break in the input) is not speech: the checks skip it."""
         if self._ahead:
             return self._ahead.pop(0)
         piece = await self.stream._anext()
-        if piece is not None and not self.check.add(piece.samples):
+        if piece is not None and not piece.pause and not self.check.add(piece.samples):
             self.service.metrics.audio_flagged.labels("nonfinite").inc()
             logger.error("audio flagged: nonfinite (NaN or inf in the audio; the request fails)",
                          extra={"request_id": self.stream.request_id})
@@ -263,7 +265,7 @@ class _Session:
             piece = self.first
             while piece is not None:
                 self.call.delivered(piece.samples.size)
-                data = await self._encode(self.encoder.write, piece.samples)
+                data = await self._encode(functools.partial(self.encoder.write, pause=piece.pause), piece.samples)
                 if data:
                     if not sent_any:
                         sent_any = True

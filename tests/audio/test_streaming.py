@@ -151,6 +151,16 @@ def test_speed_changes_duration(speed):
     assert abs(out.size - samples.size / speed) <= 0.08 * SR
 
 
+@pytest.mark.parametrize("speed", [0.5, 2.0])
+def test_a_pause_keeps_its_exact_length_at_any_speed(speed):
+    before, after, pause = _tone(SR), _tone(SR, start=SR), np.zeros(SR // 2, np.float32)
+    encoder = StreamEncoder("pcm", SR, speed=speed)
+    data = encoder.write(before) + encoder.write(pause, pause=True) + encoder.write(after) + encoder.close()
+    alone = [StreamEncoder("pcm", SR, speed=speed) for _ in range(2)]  # each side at that speed on its own
+    sides = [_decode(e.write(side) + e.close(), "pcm") for e, side in zip(alone, (before, after))]
+    np.testing.assert_array_equal(_decode(data, "pcm"), np.concatenate([sides[0], pause, sides[1]]))
+
+
 def test_speed_keeps_the_pitch():
     out = _decode(_encode("pcm", np.array_split(_tone(2 * SR), 7), speed=1.5), "pcm")
     assert out.size == pytest.approx(2 * SR / 1.5, abs=0.08 * SR)

@@ -130,3 +130,41 @@ def test_a_streamed_wav_keeps_the_open_ended_header(server):
     assert response.content[4:8] == b"\xff\xff\xff\xff" and response.content[40:44] == b"\xff\xff\xff\xff"
     whole = server.speech(input="Hello there.", response_format="wav", seed=3, stream=False).content
     assert response.content[44:] == whole[44:]
+
+
+def _longest_zero_run(samples: np.ndarray) -> int:
+    edges = np.diff(np.concatenate([[0], (samples == 0).astype(np.int8), [0]]))
+    return int((np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)).max(initial=0))
+
+
+def test_a_break_is_exact_silence_in_the_response_at_any_speed(client):
+    response = client.audio.speech.create(model="chatterbox-turbo", voice="default", response_format="pcm",
+                                          input='Hello there. <break time="1s"/> And again.',
+                                          speed=0.5, extra_body={"seed": 5})
+    samples, _ = decode("pcm", response.content)
+    assert 24_000 <= _longest_zero_run(samples) <= 24_000 + 0.1 * 24_000  # the chunks' own edges may be silent
+
+
+def test_ssml_is_spoken_end_to_end_with_its_prosody_rate_as_the_speed(client):
+    def seconds(ssml: str) -> float:
+        response = client.audio.speech.create(model="chatterbox-turbo", voice="default", response_format="pcm",
+                                              input=ssml, extra_body={"seed": 5, "input_format": "ssml"})
+        return decode("pcm", response.content)[0].size / 24_000
+
+    plain = seconds('<speak><p>Hello there.</p><break time="500ms"/><p>And again.</p></speak>')
+    slow = seconds('<speak><prosody rate="50%"><p>Hello there.</p><break time="500ms"/><p>And again.</p>'
+                   '</prosody></speak>')
+    assert slow - 0.5 == pytest.approx(2 * (plain - 0.5), rel=0.1)  # the speech slowed, the pause kept
+
+
+def test_an_ssml_element_outside_the_subset_is_a_400_naming_it_and_its_place(server):
+    response = server.speech(input='<speak>Hi <emphasis>there</emphasis>.</speak>', input_format="ssml")
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["message"].startswith("<emphasis> is not supported") and "line 1, column 11" in error["message"]
+    assert (error["param"], error["code"]) == ("input", "invalid_input")
+
+
+def test_a_malformed_break_tag_is_a_400_naming_the_problem(server):
+    response = server.speech(input='Hello <break time="forever"/> there.')
+    assert response.status_code == 400 and "break time 'forever'" in response.json()["error"]["message"]
