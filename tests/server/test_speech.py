@@ -168,3 +168,10 @@ def test_an_ssml_element_outside_the_subset_is_a_400_naming_it_and_its_place(ser
 def test_a_malformed_break_tag_is_a_400_naming_the_problem(server):
     response = server.speech(input='Hello <break time="forever"/> there.')
     assert response.status_code == 400 and "break time 'forever'" in response.json()["error"]["message"]
+
+
+def test_a_prosody_rate_that_takes_the_speed_out_of_range_is_a_400_on_speed(server):
+    response = server.speech(input='<speak><prosody rate="x-fast">Hi there.</prosody></speak>', input_format="ssml",
+                             speed=4.0)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "speed"
+    assert "speed must be between 0.25 and 4.0, got 8.0" in response.json()["error"]["message"]
