@@ -183,12 +183,28 @@ class TextPieces:
         """The last of ``positions`` (ascending) whose piece holds ``least`` to ``max_chars``
         characters and at least two words."""
         for p in reversed(positions):
+            if _inside_break_tag(self._buffer, p):
+                continue  # a pause tag is parsed whole (chorus.text.markup): never cut inside one
             size = len(self._buffer[:p].rstrip())
             if size < least:
                 return None
             if size <= self.chunking.max_chars and _words(self._buffer[:p]) >= MIN_PIECE_WORDS:
                 return p
         return None
+
+
+MAX_TAG_CHARS = 64  # longer than any `<break time="..."/>`: past it an open '<' is plain text
+
+
+def _inside_break_tag(text: str, offset: int) -> bool:
+    """Whether ``offset`` lies inside a ``<break .../>`` tag, or what may still become one (an
+    unclosed ``<`` whose name so far is a prefix of ``break``, within MAX_TAG_CHARS)."""
+    start = text.rfind("<", max(0, offset - MAX_TAG_CHARS), offset)
+    if start < 0 or ">" in text[start:offset]:
+        return False
+    name = text[start + 1:offset].lstrip().split(None, 1)
+    head = name[0].lower() if name else ""
+    return "break".startswith(head) or head.startswith("break")
 
 
 def _sentence_ends(text: str, language: str | None) -> list[int]:

@@ -157,3 +157,20 @@ def test_offsets_index_the_turns_whole_text():
 def test_bad_sizes_are_refused_naming_the_field(fields, message):
     with pytest.raises(ValueError, match=message):
         Chunking(**fields)
+
+
+def test_a_cut_at_max_chars_never_splits_a_break_tag():
+    t = TextPieces(SMALL)
+    pieces = t.push('One two three four five six <break time="500ms"/> seven eight nine ten', 0.0)
+    pieces += t.flush(1.0)
+    assert all(p.text.count("<") == p.text.count(">") for p in pieces), texts(pieces)
+    assert any('<break time="500ms"/>' in p.text for p in pieces)
+
+
+def test_a_time_cut_waits_for_a_break_tag_to_close():
+    t = TextPieces(SMALL)
+    assert t.push('Hello there my friend <break time=', 0.0) == []
+    pieces = t.poll(0.6)  # the time threshold cuts before the open tag, not inside it
+    assert texts(pieces) == ["Hello there my friend"]
+    rest = texts(t.push('"1s"/> and then more', 0.7) + t.flush(0.8))
+    assert rest[0].startswith('<break time="1s"/>') and " ".join(rest) == '<break time="1s"/> and then more'
