@@ -35,8 +35,11 @@ step "[2/6] installing PyTorch, about 200 MB to download the first time" bash sc
 # [livekit]: the LiveKit plugin's tests (tests/integrations) run the real livekit-agents.
 # [bench]: matplotlib, for the roofline and TTFA plots' tests (tests/bench/test_roofline.py, test_plot.py).
 # [quality]: DNSMOS scores real speech and noise (tests/quality); its onnxruntime is dicta-onnx's.
+# [grpc]: the Riva gRPC door, tested with NVIDIA's own client (nvidia-riva-client) and its protos
+# rebuilt by grpcio-tools (tests/server/test_grpc*.py).
 step "[3/6] installing Chorus with its test tools and extras" \
-  "${PIP[@]}" -e ".[test,ray,he,zh,livekit,bench,quality]" "livekit-agents==1.8.9"
+  "${PIP[@]}" -e ".[test,ray,he,zh,livekit,bench,quality,grpc]" "livekit-agents==1.8.9" \
+  "nvidia-riva-client==2.28.0" "grpcio-tools>=1.60,<2"
 # The Pipecat plugin's tests: pipecat-ai pins onnxruntime>=1.24.3 (dicta-onnx, above, pins 1.21.1)
 # and protobuf<7 (the oracle, below, pins 7.36.2) for parts the plugin does not use (VAD models,
 # serializers), so it comes without its dependencies, then those not already here.

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The server's front doors: they import the service, never the other way round
 # (a gRPC door joins them here)
 DOORS = ("chorus.server.app", "chorus.server.http", "chorus.server.ws_agent", "chorus.server.ws_turn",
-         "chorus.server.playground")
+         "chorus.server.playground", "chorus.server.grpc")
 
 
 def import_graph(root: Path, package: str = "chorus") -> dict[str, set[str]]:

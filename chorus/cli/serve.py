@@ -51,6 +51,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     config = build_config(file_values, flags=flags)
     if config.checkpoint is not None and not Path(config.checkpoint).exists() and "/" not in config.checkpoint:
         raise CliError(f"--checkpoint {config.checkpoint!r} is neither a directory nor a hub id (owner/name)")
+    if config.grpc_port is not None:
+        from chorus.server.grpc import require_grpc
+
+        try:
+            require_grpc()
+        except RuntimeError as exc:
+            raise CliError(f"--grpc-port: {exc}") from None
     if config.replicas != "1":
         try:
             from chorus.deploy import run_local

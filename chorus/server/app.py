@@ -33,9 +33,20 @@ def create_app(service: Backend) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         starting = asyncio.create_task(service.start())
+        grpc_door = None
         try:
+            if config.grpc_port is not None:  # the gRPC door: same process, same loop (docs/grpc.md)
+                from chorus.server.grpc import require_grpc
+
+                require_grpc()
+                from chorus.server.grpc.server import GrpcDoor
+
+                grpc_door = GrpcDoor(service)
+                await grpc_door.start()
             yield
         finally:
+            if grpc_door is not None:  # RPCs in flight get the shutdown grace; new ones are refused
+                await grpc_door.stop(config.shutdown_grace_s)
             starting.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await starting

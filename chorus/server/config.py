@@ -91,6 +91,9 @@ class ServerConfig:
     api_keys: tuple[str, ...] = ()  # bearer tokens; empty: no authentication
     admin_keys: tuple[str, ...] = ()  # bearer tokens of the admin API; empty: no admin API
     cors_origins: tuple[str, ...] = ()
+    grpc_port: int | None = None  # Riva's speech-synthesis API over gRPC (docs/grpc.md); None: off
+    grpc_tls_cert: str | None = None  # PEM certificate chain of the gRPC port; None: plaintext
+    grpc_tls_key: str | None = None  # its PEM private key
     # voices
     voices_dir: str = "voices"  # the voices; with voices_url, this server's cache of them
     voices_url: str | None = None  # an object store shared by replicas (s3://bucket/prefix, ...)
@@ -245,6 +248,20 @@ class ServerConfig:
             object.__setattr__(self, "voices_url", url)
             if url is not None:
                 check_voices_url(url)
+        self._check_grpc()
+
+    def _check_grpc(self) -> None:
+        if self.grpc_port is None:
+            _require(self.grpc_tls_cert is None and self.grpc_tls_key is None,
+                     "grpc_tls_cert and grpc_tls_key need grpc_port (the gRPC port they secure)")
+            return
+        _require(isinstance(self.grpc_port, int) and 0 < self.grpc_port < 65536 and self.grpc_port != self.port,
+                 f"grpc_port must be in 1..65535 and differ from port ({self.port}), got {self.grpc_port!r}")
+        _require((self.grpc_tls_cert is None) == (self.grpc_tls_key is None),
+                 "grpc_tls_cert and grpc_tls_key go together: give both (TLS) or neither (plaintext)")
+        _require(str(self.replicas) == "1",
+                 "grpc_port needs replicas 1: run one gRPC server per engine process behind an L4/L7 "
+                 "balancer (docs/grpc.md, \"Scale-out\")")
 
     def start_deadline_for(self, device_type: str) -> float:
         """The start deadline on a device of ``device_type`` ("cuda", "cpu", ...): the one

@@ -32,6 +32,11 @@ FIELD_HELP = {
     "admin_keys": "comma-separated bearer tokens of the admin API (/v1/admin: load, swap and unload model "
                   "versions, set A/B weights), at least 16 characters each (default: none, the admin API is off)",
     "cors_origins": "comma-separated origins allowed by CORS (default: none)",
+    "grpc_port": "also serve NVIDIA Riva's speech-synthesis API over gRPC on this port, with the gRPC health "
+                 "service and reflection (needs chorus-tts[grpc]; docs/grpc.md) (default: none, no gRPC)",
+    "grpc_tls_cert": "PEM certificate chain for TLS on the gRPC port (with grpc_tls_key) (default: none, "
+                     "plaintext)",
+    "grpc_tls_key": "PEM private key of grpc_tls_cert (default: none)",
     "voices_dir": "directory where uploaded voices are kept (created if missing); with voices_url, the local "
                   "cache of the voices this server uses",
     "voices_url": "object-store URL where uploaded voices are kept, shared by every replica: s3://bucket/prefix, "

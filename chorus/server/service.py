@@ -366,13 +366,15 @@ it did not match its fingerprint. Load is not a reason: a
         return [self.config.model_id, *self.aliases]
 
     async def speech(self, body: SpeechBody, priority_given: str | None, request_id: str, *,
-                     arrived: float) -> SpeechResponse:
+                     arrived: float, voice_clip: bytes | None = None) -> SpeechResponse:
         """Speak ``body``: checked, admitted, submitted, and its first audio awaited; the response
         streams the rest. ``priority_given``: the priority given outside the body (HTTP's
-        ``X-Chorus-Priority``). Everything that fails before the first audio raises ``APIError``."""
+        ``X-Chorus-Priority``). ``voice_clip``: a reference clip to speak in instead of
+        ``body.voice``, for this request only (gRPC's zero-shot data). Everything that fails
+        before the first audio raises ``APIError``."""
         self.require_serving()
         priority = self._check(body, priority_given)
-        call = await speak.open_call(self, body, priority, request_id, arrived)
+        call = await speak.open_call(self, body, priority, request_id, arrived, clip=voice_clip)
         rate = call.stream.plan.speed  # an SSML prosody rate scales the body's speed
         return await respond(call, body.response_format, streaming=streams(body),
                              speed=body.speed if rate is None else body.speed * rate, sse=body.stream_format == "sse")

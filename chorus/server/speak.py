@@ -19,17 +19,19 @@ from chorus.server.degradation import Applied
 from chorus.server.errors import APIError
 from chorus.server.schemas import SpeechBody
 from chorus.server.speech import ConversionForm, SpeechCall
-from chorus.server.voice_calls import request_voice
+from chorus.server.voice_calls import request_voice, voice_call
 from chorus.text.errors import MissingLanguagePackageError, TextError, UnsupportedLanguageError
 
 _LOOK_UP = object()  # open_call's voice: look the body's voice up in the store
 
 
 async def open_call(service, body: SpeechBody, priority: Priority, request_id: str, arrived: float, *,
-                    voice=_LOOK_UP, continues: Ticket | None = None, listener: str | None = None) -> SpeechCall:
+                    voice=_LOOK_UP, clip: bytes | None = None, continues: Ticket | None = None,
+                    listener: str | None = None) -> SpeechCall:
     """Admit a checked ``body`` (``checks.check_body``) and submit it to the pipeline: the
     :class:`SpeechCall` holding its ticket and stream. ``voice``: the voice already looked up
-    (a stream looks it up once). ``continues``: the ticket of the call before it in the same
+    (a stream looks it up once). ``clip``: a reference clip to speak in instead, built for this
+    request only (``VoiceStore.build_clip``: an upload's checks, nothing kept). ``continues``: the ticket of the call before it in the same
     stream (a voice-agent turn's earlier piece), admitted as its continuation
     (``Admission.admit``). ``listener``: the pipeline's (``SpeechRequest.listener``: the pieces
     of one turn are heard one after another). Raises ``APIError``; whatever it took is given
@@ -37,7 +39,9 @@ async def open_call(service, body: SpeechBody, priority: Priority, request_id: s
     cancelled as soon as it exists."""
     ticket = _admit(service, priority, body, continues)
     try:
-        if voice is _LOOK_UP:
+        if clip is not None:
+            voice = await asyncio.to_thread(voice_call, service.voices.build_clip, clip, param="voice_clip")
+        elif voice is _LOOK_UP:
             voice = await asyncio.to_thread(request_voice, service.voices, body.voice)
         pipeline_request, applied = _speech_request(service, body, voice, priority, request_id, listener)
         stream = await _submitted(_submit, service.pipeline, pipeline_request)

@@ -188,6 +188,22 @@ class VoiceStore:
                     reference.duration, size, self.family)
         return info
 
+    def build_clip(self, data: bytes) -> Voice:
+        """A voice built from a clip for one request, kept nowhere: the checks of :meth:`add`
+        (size, emptiness, the family's clip rules) and the same errors, without an id."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"a clip is bytes, got {type(data).__name__}")
+        data = bytes(data)
+        if len(data) > self.max_upload_bytes:
+            raise VoiceUploadError(f"the clip is {len(data)} bytes; the limit is {self.max_upload_bytes} bytes",
+                                   code="too_large")
+        if not data:
+            raise VoiceUploadError("the clip is empty (0 bytes); send an audio file", code="empty")
+        if self.front_end is None:
+            raise VoiceStoreError("the voice models are not loaded, so voices cannot be built here",
+                                  code="voice_models_not_loaded")
+        return _build_upload(self.front_end, data, name=f"clip-{upload_hash(data)[:ID_HEX_CHARS]}")[1]
+
     def get(self, voice_id: str) -> Voice:
         """The voice with this id, built for this family: ``default`` is the built-in voice;
         others come from the cache or, on a miss, from the store, where a voice kept as its

@@ -1,0 +1,145 @@
+"""``RivaSpeechSynthesis`` over a backend: each RPC checks its API key, turns its request into a
+speech body (``requests.py``), makes one ``speech`` call on the backend, and sends the audio as
+the request asks (``audio.py``). ``SynthesizeOnline`` speaks each request of its stream in turn
+and sends each piece of audio as it is made; a cancelled RPC closes its response at once, which
+cancels the pipeline request (its KV blocks and vocoder work freed). Errors: ``errors.py``."""
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from typing import AsyncIterator
+
+import grpc
+
+from chorus.server.errors import APIError, StreamCut
+from chorus.server.grpc import messages
+from chorus.server.grpc.audio import RivaAudio
+from chorus.server.grpc.errors import cut_status, status_of
+from chorus.server.grpc.requests import parse
+from chorus.server.http.auth import Keys
+
+ENGLISH = "en-US"  # the language code listed for English models (Riva's clients send it by default)
+
+
+class RivaSynthesis:
+    def __init__(self, backend, keys: Keys):
+        self.backend, self.keys = backend, keys
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        request, response = messages.SynthesizeSpeechRequest, messages.SynthesizeSpeechResponse
+        return grpc.method_handlers_generic_handler(messages.SERVICE, {
+            "Synthesize": grpc.unary_unary_rpc_method_handler(
+                self.synthesize, request.FromString, response.SerializeToString),
+            "SynthesizeOnline": grpc.stream_stream_rpc_method_handler(
+                self.synthesize_online, request.FromString, response.SerializeToString),
+            "GetRivaSynthesisConfig": grpc.unary_unary_rpc_method_handler(
+                self.synthesis_config, messages.RivaSynthesisConfigRequest.FromString,
+                messages.RivaSynthesisConfigResponse.SerializeToString)})
+
+    # ------------------------------------------------------------------------------------ RPCs
+    async def synthesize(self, request, context):
+        """The whole audio in one response."""
+        try:
+            self._authorize(context)
+            async with contextlib.aclosing(self._speak(request, context, whole=True)) as pieces:
+                audio = b"".join([piece async for piece in pieces])
+            return self._response(request, audio)
+        except APIError as error:
+            await self._fail(context, error)
+        except StreamCut as cut:
+            await context.abort(*cut_status(cut))
+
+    async def synthesize_online(self, requests, context) -> None:
+        """Each request of the stream spoken in turn, its audio sent piece by piece."""
+        try:
+            self._authorize(context)
+            async for request in requests:
+                async with contextlib.aclosing(self._speak(request, context, whole=False)) as pieces:
+                    async for piece in pieces:
+                        await context.write(self._response(request, piece))
+        except APIError as error:
+            await self._fail(context, error)
+        except StreamCut as cut:
+            await context.abort(*cut_status(cut))
+
+    async def synthesis_config(self, request, context):
+        """Per model and language: the model's name, its language code and its voices (the
+        built-in voice and the library's, by id), as Riva's ``subvoices``."""
+        try:
+            self._authorize(context)
+            voices = ["default"] + [info.id for info in await self.backend.list_voices()]
+        except APIError as error:
+            return await self._fail(context, error)
+        subvoices = ",".join(f"{voice}:{index}" for index, voice in enumerate(voices))
+        configs = []
+        for card in self.backend.model_cards():
+            if card.get("alias_of") or (request.model_name and request.model_name != card["id"]):
+                continue
+            for language in card.get("languages") or ["en"]:
+                configs.append(dict(model_name=card["id"], parameters={
+                    "language_code": ENGLISH if language == "en" else language, "voice_name": card["id"],
+                    "subvoices": subvoices, "variant": str(card.get("variant") or ""), "sample_rate": "24000"}))
+        if request.model_name and not configs:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"model_name: {request.model_name!r} is not served here; "
+                                f"use one of: {', '.join(self.backend.model_ids())}")
+        return messages.RivaSynthesisConfigResponse(model_config=configs)
+
+    # ----------------------------------------------------------------------------------- steps
+    async def _speak(self, request, context, *, whole: bool) -> AsyncIterator[bytes]:
+        """One request's audio, encoded as it asks, piece by piece (``APIError`` before the first)."""
+        arrived = time.perf_counter()
+        parsed = parse(request, self.backend.model_cards(), context.time_remaining(),
+                       self.backend.config.max_deadline_s)
+        audio = RivaAudio(request.encoding, request.sample_rate_hz, whole=whole)
+        body = parsed.body
+        if parsed.clip is None and body.voice != "default":
+            body = body.model_copy(update={"voice": await self._voice_id(body.voice)})
+        try:
+            response = await self.backend.speech(body, None, f"grpc-{uuid.uuid4().hex[:16]}", arrived=arrived,
+                                                 voice_clip=parsed.clip)
+        except BaseException:
+            audio.abort()
+            raise
+        try:
+            async for pcm in response.chunks:
+                data = await audio.write(pcm)
+                if data:
+                    yield data
+            tail = await audio.close()
+            if tail:
+                yield tail
+        finally:
+            audio.abort()
+            await response.chunks.aclose()
+            if response.on_close is not None:
+                response.on_close()
+
+    async def _voice_id(self, voice: str) -> str:
+        """A voice named by its id or, failing that, by the name it was uploaded with (when one
+        voice has it)."""
+        voices = await self.backend.list_voices()
+        if any(info.id == voice for info in voices):
+            return voice
+        named = [info.id for info in voices if info.name == voice]
+        return named[0] if len(named) == 1 else voice
+
+    def _authorize(self, context) -> None:
+        if not self.keys.keys:
+            return
+        metadata = {key.lower(): value for key, value in context.invocation_metadata() or ()}
+        if not self.keys.bearer_matches(metadata.get("authorization")):
+            raise APIError(401, "missing or invalid API key: send the metadata 'authorization: Bearer <key>'",
+                           code="invalid_api_key", param="authorization")
+
+    async def _fail(self, context, error: APIError) -> None:
+        self.backend.record_error(error.code, error.rule)
+        code, details, trailing = status_of(error)
+        await context.abort(code, details, trailing)
+
+    @staticmethod
+    def _response(request, audio: bytes):
+        response = messages.SynthesizeSpeechResponse(audio=audio)
+        if request.HasField("id"):
+            response.id.value = request.id.value
+        return response
