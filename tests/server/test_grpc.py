@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import DATA_DIR
 from tests.engine.tiny_models import tiny
 from tests.server.conftest import decode
-from tests.server.live import EnginePause, LiveServer, server_config, tiny_loader, until
+from tests.server.live import TOKENS, EnginePause, LiveServer, metric, server_config, tiny_loader, until
 from tests.voices.front_ends import tiny_front_end
 
 riva = pytest.importorskip("riva.client")
@@ -221,11 +221,21 @@ def test_the_client_deadline_is_deadline_exceeded_and_frees_the_request(server):
 
 
 def test_cancelling_a_stream_mid_way_frees_its_kv_blocks(server):
-    replies = tts(server).synthesize_online(LONG_TEXT)
-    assert next(replies).audio
-    replies.cancel()
+    server.wait_idle()
+    disconnected = _count(server, "client_disconnected")
+    # T3 is held once the first chunk's tokens are out, so the request is still running at the cancel
+    with EnginePause(server, after_tokens=2 * TOKENS):
+        replies = tts(server).synthesize_online(LONG_TEXT)
+        assert next(replies).audio
+        replies.cancel()
+        until(lambda: _count(server, "client_disconnected") == disconnected + 1, what="the cancel to be counted")
+        until(lambda: server.pipeline.active_requests == 0, what="the request to leave the pipeline")
     server.wait_idle()
     assert server.pipeline.engine_stats(5.0).kv.num_used_blocks == 0
+
+
+def _count(server: LiveServer, status: str) -> float:
+    return metric(server.client.get("/metrics").text, "chorus_requests_total", f'status="{status}"')
 
 
 def test_concurrent_streams_each_get_their_own_audio(server):
@@ -273,3 +283,40 @@ def test_reflection_describes_the_riva_service(server):
         file = database.FindFileContainingSymbol("nvidia.riva.tts.RivaSpeechSynthesis")
     assert "nvidia.riva.tts.RivaSpeechSynthesis" in services and "grpc.health.v1.Health" in services
     assert file.name == "riva/proto/riva_tts.proto"
+
+
+def _self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, as PEM files."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "chorus-test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_a_certificate_serves_tls(module_tmp_path_factory):
+    pytest.importorskip("cryptography")
+    directory = module_tmp_path_factory.mktemp("tls")
+    cert, key = _self_signed(directory)
+    with grpc_server(directory, grpc_tls_cert=str(cert), grpc_tls_key=str(key)) as server:
+        auth = riva.Auth(uri=f"127.0.0.1:{server.config.grpc_port}", use_ssl=True, ssl_root_cert=cert)
+        _channels.append(auth.channel)
+        reply = riva.SpeechSynthesisService(auth).synthesize(TEXT)
+    assert reply.audio
