@@ -118,7 +118,7 @@ def test_config_lists_the_model_its_language_and_voices(server):
     [config] = reply.model_config
     assert config.model_name == "chatterbox-turbo" and config.parameters["language_code"] == "en-US"
     assert config.parameters["voice_name"] == "chatterbox-turbo"
-    assert config.parameters["subvoices"].split(",")[0] == "default:0"
+    assert config.parameters["subvoices"].split(",")[0] == "default:0"  # the built-in voice first
 
 
 def test_a_listed_voice_name_speaks_the_built_in_voice(server):
@@ -129,10 +129,24 @@ def test_a_listed_voice_name_speaks_the_built_in_voice(server):
 
 def test_a_zero_shot_clip_speaks_in_its_voice_and_is_not_kept(server):
     service = tts(server)
+    before = server.client.get("/v1/voices").json()["data"]
     cloned = service.synthesize(TEXT, zero_shot_audio_prompt_file=CLIP, custom_configuration=SEED).audio
     default = service.synthesize(TEXT, custom_configuration=SEED).audio
     assert cloned and cloned != default
-    assert [v["id"] for v in server.client.get("/v1/voices").json()["data"]] == ["default"]
+    assert server.client.get("/v1/voices").json()["data"] == before
+
+
+def test_a_library_voice_speaks_by_its_name_and_is_listed(server):
+    upload = server.client.post("/v1/voices", files={"file": ("clip.mp3", CLIP.read_bytes())},
+                                data={"name": "narrator"})
+    assert upload.status_code == 201, upload.text
+    voice_id = upload.json()["id"]
+    service = tts(server)
+    by_name = service.synthesize(TEXT, voice_name="narrator", custom_configuration=SEED).audio
+    by_id = service.synthesize(TEXT, voice_name=f"chatterbox-turbo.{voice_id}", custom_configuration=SEED).audio
+    listed = service.stub.GetRivaSynthesisConfig(riva_tts_pb2.RivaSynthesisConfigRequest(),
+                                                 metadata=service.auth.get_auth_metadata())
+    assert by_name == by_id and f"{voice_id}:" in listed.model_config[0].parameters["subvoices"]
 
 
 def test_a_zero_shot_clip_that_is_not_audio_is_invalid_argument(server, tmp_path):
@@ -267,11 +281,13 @@ def test_loading_is_unavailable_and_not_serving_until_ready(module_tmp_path_fact
         health = health_pb2_grpc.HealthStub(channel)
         assert health.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.NOT_SERVING
         error = _error(lambda: tts(server, key=None).synthesize(TEXT))
+        listing = _error(lambda: tts(server, key=None).stub.GetRivaSynthesisConfig(
+            riva_tts_pb2.RivaSynthesisConfigRequest()))
         gate.set()
         until(lambda: server.client.get("/ready").status_code == 200, what="ready")
         serving = health.Check(health_pb2.HealthCheckRequest(service="nvidia.riva.tts.RivaSpeechSynthesis"))
         channel.close()
-    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert error.code() == listing.code() == grpc.StatusCode.UNAVAILABLE
     assert serving.status == health_pb2.HealthCheckResponse.SERVING
 
 

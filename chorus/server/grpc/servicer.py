@@ -68,7 +68,8 @@ class RivaSynthesis:
         built-in voice and the library's, by id), as Riva's ``subvoices``."""
         try:
             self._authorize(context)
-            voices = ["default"] + [info.id for info in await self.backend.list_voices()]
+            self.backend.require_serving()
+            voices = [info.id for info in await self.backend.list_voices()]  # the built-in "default" first
         except APIError as error:
             return await self._fail(context, error)
         subvoices = ",".join(f"{voice}:{index}" for index, voice in enumerate(voices))
