@@ -31,9 +31,9 @@ async def open_call(service, body: SpeechBody, priority: Priority, request_id: s
     """Admit a checked ``body`` (``checks.check_body``) and submit it to the pipeline: the
     :class:`SpeechCall` holding its ticket and stream. ``voice``: the voice already looked up
     (a stream looks it up once). ``clip``: a reference clip to speak in instead, built for this
-    request only (``VoiceStore.build_clip``: an upload's checks, nothing kept). ``continues``: the ticket of the call before it in the same
-    stream (a voice-agent turn's earlier piece), admitted as its continuation
-    (``Admission.admit``). ``listener``: the pipeline's (``SpeechRequest.listener``: the pieces
+    request only (``VoiceStore.build_clip``: an upload's checks, nothing kept). ``continues``:
+    the ticket of the call before it in the same stream (a voice-agent turn's earlier piece),
+    admitted as its continuation (``Admission.admit``). ``listener``: the pipeline's (``SpeechRequest.listener``: the pieces
     of one turn are heard one after another). Raises ``APIError``; whatever it took is given
     back. Cancelled while the pipeline plans the request (on a worker thread), the request is
     cancelled as soon as it exists."""

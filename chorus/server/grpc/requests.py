@@ -70,8 +70,8 @@ def _knobs(config) -> dict:
         try:
             knobs[key] = kind(text.strip())
         except ValueError:
-            raise invalid(f"custom_configuration.{key}", f"{text!r} is not {'an integer' if kind is int else 'a number'}"
-                          ) from None
+            kind_name = "an integer" if kind is int else "a number"
+            raise invalid(f"custom_configuration.{key}", f"{text!r} is not {kind_name}") from None
     return knobs
 
 
