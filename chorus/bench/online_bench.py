@@ -29,6 +29,7 @@ WAV_HEADER_BYTES = 44  # the streamed wav header (open-ended sizes), then pcm
 MEASURED_FORMATS = ("pcm", "wav")  # audio seconds are counted from the bytes of these
 CLIENT_LATE_WARNING_S = 0.1  # open loop: requests sent this much later than due (p99) warn of a busy client
 RESPONSE_FORMATS = ("pcm", "wav", "mp3", "opus", "aac", "flac")
+PROTOCOLS = ("http", "grpc")
 # The sentence `chorus bench stream` speaks (26 words), so in-process and HTTP figures compare.
 DEFAULT_TEXT = ("The quick brown fox jumps over the lazy dog, and then it runs back into the forest "
                 "to find its friends before the sun goes down.")
@@ -107,6 +108,8 @@ class OnlineBenchConfig:
     settle_s: float = 0.5  # wait before the closing scrape: engine metrics refresh every 0.25 s
     extra_body: dict = field(default_factory=dict)  # more request fields (e.g. seed, priority)
     overload: OverloadConfig | None = None  # an open-loop overload run (overload_bench.py)
+    protocol: str = "http"  # "grpc": the requests go to the Riva gRPC door at grpc_target (grpc_speech.py)
+    grpc_target: str | None = None  # host:port of the server's --grpc-port
     client_processes: int = 1
     """Processes that send the requests (a level's clients, the overload mode's arrivals), each
     with its own event loop and connections, so that one busy client loop's lag does not add to
@@ -127,6 +130,14 @@ class OnlineBenchConfig:
             raise ValueError("--warmup must be >= 0 and --timeout-s > 0")
         if not (isinstance(self.ramp_s, (int, float)) and self.ramp_s >= 0):
             raise ValueError(f"--ramp-s must be a number >= 0, got {self.ramp_s!r}")
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
+        if self.protocol == "grpc":
+            if not re.match(r"^[^/\s]+:\d+$", self.grpc_target or ""):
+                raise ValueError(f"--protocol grpc needs --grpc-target HOST:PORT (the server's --grpc-port), "
+                                 f"got {self.grpc_target!r}")
+            if self.response_format != "pcm":
+                raise ValueError("--protocol grpc measures LINEAR_PCM at 24 kHz: leave --response-format pcm")
         if isinstance(self.client_processes, bool) or not isinstance(self.client_processes, int) \
                 or self.client_processes < 1:
             raise ValueError(f"--client-processes must be an integer >= 1, got {self.client_processes!r}")
@@ -177,6 +188,7 @@ class Outcome:
     version: str | None = None  # the model version that served it (X-Chorus-Model-Version)
     sent_s: float | None = None  # when it was sent, seconds from its level's start (closed-loop levels)
     late_s: float | None = None  # open loop: how long after its arrival time the client sent it
+    grpc_status: str | None = None  # --protocol grpc: the status of a call that failed (RESOURCE_EXHAUSTED, ...)
 
 
 def _audio_seconds(fmt: str, nbytes: int) -> float:
@@ -203,13 +215,26 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None
 
 
-async def speak_once(client: httpx.AsyncClient, cfg: OnlineBenchConfig, body: dict) -> Outcome:
-    """Send one speech request and read its response to the end, within ``cfg.timeout_s`` in all."""
+def speech_client(cfg: OnlineBenchConfig, connections: int, limits: httpx.Limits, timeout: httpx.Timeout):
+    """The client a run's requests go through (``async with``): httpx with these ``limits`` and
+    ``timeout``, or with ``--protocol grpc`` ``connections`` gRPC channels (grpc_speech.py)."""
+    if cfg.protocol == "grpc":
+        from chorus.bench.grpc_speech import GrpcSpeechClient
+
+        return GrpcSpeechClient(cfg.grpc_target, cfg.api_key, connections, cfg.timeout_s)
+    return httpx.AsyncClient(base_url=cfg.url, headers=auth_headers(cfg.api_key), limits=limits, timeout=timeout)
+
+
+async def speak_once(client, cfg: OnlineBenchConfig, body: dict) -> Outcome:
+    """Send one speech request through ``client`` (:func:`speech_client`) and read its response
+    to the end, within ``cfg.timeout_s`` in all."""
     start = time.perf_counter()
     outcome = Outcome(status="client_error")  # until an answer comes
     playback = Playback()
+    exchange = client.speak(body, outcome, playback, start) if cfg.protocol == "grpc" \
+        else _exchange(client, cfg, body, outcome, playback, start)
     try:
-        await asyncio.wait_for(_exchange(client, cfg, body, outcome, playback, start), cfg.timeout_s)
+        await asyncio.wait_for(exchange, cfg.timeout_s)
     except asyncio.TimeoutError:
         outcome.message = f"no complete answer within --timeout-s {cfg.timeout_s:g} s"
     except (httpx.HTTPError, OSError) as exc:

@@ -1,4 +1,5 @@
-"""``chorus bench online``'s closed-loop levels: a load test of a running ``chorus serve``, over HTTP.
+"""``chorus bench online``'s closed-loop levels: a load test of a running ``chorus serve``, over HTTP
+(or, with ``--protocol grpc``, its Riva gRPC door: grpc_speech.py).
 
 Per concurrency level N, N clients (asyncio tasks sharing one httpx connection pool of N
 connections; with ``client_processes`` P, split between P processes, each with its own pool and
@@ -20,7 +21,7 @@ import httpx
 
 from chorus.bench.client_processes import ClientProcesses, lag_summary
 from chorus.bench.online_bench import (FAILURES, MEASURED_FORMATS, REJECTIONS, STATUSES, OnlineBenchConfig, Outcome,
-                                       _pct, auth_headers, speak_once)
+                                       _pct, auth_headers, speak_once, speech_client)
 from chorus.bench.server_metrics import HISTOGRAMS, MetricsWatch
 from chorus.loop_lag import watch_loop_lag
 
@@ -88,7 +89,6 @@ async def run_clients(cfg: OnlineBenchConfig, body: dict, starts: list[float], b
     ``cfg.duration_s`` after ``begin``). Their outcomes and this loop's lag samples
     (``chorus.loop_lag``)."""
     clients = len(starts)
-    headers = auth_headers(cfg.api_key)
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     timeout = httpx.Timeout(cfg.timeout_s, connect=min(cfg.timeout_s, 30.0), pool=None)
     stop_at = begin + cfg.duration_s if cfg.duration_s is not None else None
@@ -114,7 +114,7 @@ async def run_clients(cfg: OnlineBenchConfig, body: dict, starts: list[float], b
             if cfg.honor_retry_after and outcome.status in ("429", "503") and outcome.retry_after_s:
                 await asyncio.sleep(outcome.retry_after_s)
 
-    async with httpx.AsyncClient(base_url=cfg.url, headers=headers, limits=limits, timeout=timeout) as client:
+    async with speech_client(cfg, clients, limits, timeout) as client:
         await asyncio.sleep(max(0.0, begin - time.perf_counter()))
         lag_watch = asyncio.create_task(watch_loop_lag(lag.append))
         try:

@@ -11,8 +11,10 @@ import sys
 
 import httpx
 
+from chorus.bench.grpc_speech import REFUSED
 from chorus.bench.online_bench import (CLIENT_LATE_WARNING_S, MEASURED_FORMATS, SAMPLE_RATE, OnlineBenchConfig,
-                                       OnlineBenchError, auth_headers, first_model, request_body, speak_once)
+                                       OnlineBenchError, auth_headers, first_model, request_body, speak_once,
+                                       speech_client)
 from chorus.bench.online_levels import run_level
 from chorus.bench.overload_bench import capacity_of, realtime_capacity_of, run_overload
 
@@ -20,16 +22,18 @@ from chorus.bench.overload_bench import capacity_of, realtime_capacity_of, run_o
 async def _warm_up(cfg: OnlineBenchConfig, body: dict) -> dict:
     """``cfg.warmup`` requests one at a time. A refusal that is not about load (a bad model,
     voice or field: 4xx other than 429) would fail every request, so it stops the run."""
-    headers = auth_headers(cfg.api_key)
     outcomes = []
-    async with httpx.AsyncClient(base_url=cfg.url, headers=headers, timeout=cfg.timeout_s) as client:
+    async with speech_client(cfg, 1, httpx.Limits(), httpx.Timeout(cfg.timeout_s)) as client:
         for _ in range(cfg.warmup):
             outcome = await speak_once(client, cfg, body)
             outcomes.append(outcome)
             if outcome.status == "client_error":
-                raise OnlineBenchError(f"cannot reach the server at {cfg.url}: {outcome.message}")
-            if outcome.status == "other" and outcome.http_status is not None and 400 <= outcome.http_status < 500:
-                raise OnlineBenchError(f"the server refused the benchmark request ({outcome.http_status} "
+                where = cfg.grpc_target if cfg.protocol == "grpc" else cfg.url
+                raise OnlineBenchError(f"cannot reach the server at {where}: {outcome.message}")
+            if outcome.status == "other" and (outcome.grpc_status in REFUSED or (
+                    outcome.http_status is not None and 400 <= outcome.http_status < 500)):
+                answer = outcome.http_status or outcome.grpc_status
+                raise OnlineBenchError(f"the server refused the benchmark request ({answer} "
                                        f"{outcome.code}): {outcome.message}")
     return {"requests": len(outcomes), "ok": sum(1 for o in outcomes if o.status == "ok")}
 
@@ -42,7 +46,8 @@ async def run_async(cfg: OnlineBenchConfig, progress=None) -> dict:
             model = await first_model(cfg.url, client)
     body = request_body(cfg, model)
     report = {
-        "benchmark": "online", "url": cfg.url, "model": model, "voice": cfg.voice,
+        "benchmark": "online", "url": cfg.url, "protocol": cfg.protocol, "grpc_target": cfg.grpc_target,
+        "model": model, "voice": cfg.voice,
         "response_format": cfg.response_format,
         "audio_measured": cfg.response_format in MEASURED_FORMATS, "sample_rate": SAMPLE_RATE,
         "text_chars": len(cfg.text), "text_words": len(cfg.text.split()), "max_new_tokens": cfg.max_new_tokens,

@@ -25,7 +25,7 @@ import httpx
 
 from chorus.bench.client_processes import ClientProcesses, lag_summary, sender_summary
 from chorus.bench.online_bench import (MEASURED_FORMATS, OnlineBenchConfig, Outcome, OverloadConfig, _pct, auth_headers,
-                                       speak_once)
+                                       speak_once, speech_client)
 from chorus.bench.server_metrics import parse_metrics, pause_report, server_pauses
 from chorus.loop_lag import watch_loop_lag
 
@@ -175,7 +175,7 @@ def summarize(outcomes: list[Outcome], rate: float, wall_s: float, fmt: str, tim
     }
 
 
-async def _arrive(client: httpx.AsyncClient, cfg: OnlineBenchConfig, body: dict, due: float) -> Outcome:
+async def _arrive(client, cfg: OnlineBenchConfig, body: dict, due: float) -> Outcome:
     """One arrival: its request, sent now, and how late that is against ``due`` (``perf_counter``)."""
     late = max(0.0, time.perf_counter() - due)
     outcome = await speak_once(client, cfg, body)
@@ -187,11 +187,10 @@ async def send_arrivals(cfg: OnlineBenchConfig, body: dict, times: list[float],
                         begin: float) -> tuple[list[Outcome], list[float]]:
     """Send one request at ``begin`` (this process's ``time.perf_counter()``) plus each of
     ``times``, read every answer; the outcomes in ``times``' order and this event loop's lag samples."""
-    headers = auth_headers(cfg.api_key)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)  # open loop: no client queue
     timeout = httpx.Timeout(cfg.timeout_s, connect=min(cfg.timeout_s, 30.0), pool=None)
     client_lag: list[float] = []
-    async with httpx.AsyncClient(base_url=cfg.url, headers=headers, limits=limits, timeout=timeout) as client:
+    async with speech_client(cfg, 64, limits, timeout) as client:
         lag_watch = asyncio.create_task(watch_loop_lag(client_lag.append))
         tasks = []
         try:

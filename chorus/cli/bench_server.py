@@ -24,8 +24,15 @@ def _add_online_bench_parser(bench_sub) -> None:
                     "as a stream, until the level's requests are spent or its --duration-s is up. 429, 503 "
                     "and 504 answers (admission control, memory pressure, deadlines) are counted, not "
                     "errors. Prints a JSON report (docs/benchmarks.md, \"Online load test\"); a line per level "
-                    "goes to stderr. --agent drives the voice-agent WebSocket instead (\"Voice-agent latency\").")
-    p.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
+                    "goes to stderr. --protocol grpc sends the same load to the Riva gRPC door instead; "
+                    "--agent drives the voice-agent WebSocket (\"Voice-agent latency\").")
+    p.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000 (its "
+                                                "/metrics and /v1/models are read over HTTP with any --protocol)")
+    p.add_argument("--protocol", default="http", choices=("http", "grpc"),
+                   help="how requests are sent: http (POST /v1/audio/speech) or grpc (Riva's SynthesizeOnline "
+                        "at --grpc-target, LINEAR_PCM 24 kHz; docs/grpc.md) (default: http)")
+    p.add_argument("--grpc-target", default=None, metavar="HOST:PORT",
+                   help="the server's gRPC address (its --grpc-port), with --protocol grpc")
     p.add_argument("--api-key", default=None, help="bearer token, when the server has --api-keys (default: none)")
     p.add_argument("--model", default=None, help="model id to request (default: the first id of GET /v1/models)")
     p.add_argument("--voice", default="default", help="voice id (default: default, the model's built-in voice)")
@@ -148,7 +155,8 @@ def _cmd_bench_online(args: argparse.Namespace) -> int:
         text=DEFAULT_TEXT if args.text is None else args.text,
         response_format=args.response_format, max_new_tokens=args.max_new_tokens, warmup=args.warmup,
         timeout_s=args.timeout_s, honor_retry_after=args.honor_retry_after, overload=overload,
-        client_processes=args.client_processes, ramp_s=0.0 if args.ramp_s is None else args.ramp_s)
+        client_processes=args.client_processes, ramp_s=0.0 if args.ramp_s is None else args.ramp_s,
+        protocol=args.protocol, grpc_target=args.grpc_target)
     try:
         report = run_online(cfg, progress=not args.quiet)
     except OnlineBenchError as exc:
@@ -176,6 +184,8 @@ def _bench_online_agent(args: argparse.Namespace, concurrency: tuple[int, ...]) 
     given = [flag for name, flag in _HTTP_ONLY_OPTIONS.items() if getattr(args, name) is not None]
     given += ["--honor-retry-after"] if args.honor_retry_after else []
     given += ["--client-processes"] if args.client_processes != 1 else []
+    given += ["--protocol grpc"] if args.protocol != "http" else []
+    given += ["--grpc-target"] if args.grpc_target is not None else []
     if given:
         raise CliError(f"{', '.join(given)}: not with --agent (it runs --turns turns on each connection)")
     options = {name: getattr(args, name) for name in _AGENT_OPTIONS if getattr(args, name) is not None}

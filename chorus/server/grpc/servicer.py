@@ -18,6 +18,7 @@ from chorus.server.grpc.audio import RivaAudio
 from chorus.server.grpc.errors import cut_status, status_of
 from chorus.server.grpc.requests import parse
 from chorus.server.http.auth import Keys
+from chorus.server.registry import VERSION_HEADER
 
 ENGLISH = "en-US"  # the language code listed for English models (Riva's clients send it by default)
 
@@ -42,7 +43,7 @@ class RivaSynthesis:
         """The whole audio in one response."""
         try:
             self._authorize(context)
-            async with contextlib.aclosing(self._speak(request, context, whole=True)) as pieces:
+            async with contextlib.aclosing(self._speak(request, context, whole=True, first=True)) as pieces:
                 audio = b"".join([piece async for piece in pieces])
             return self._response(request, audio)
         except APIError as error:
@@ -54,8 +55,10 @@ class RivaSynthesis:
         """Each request of the stream spoken in turn, its audio sent piece by piece."""
         try:
             self._authorize(context)
+            first = True
             async for request in requests:
-                async with contextlib.aclosing(self._speak(request, context, whole=False)) as pieces:
+                async with contextlib.aclosing(self._speak(request, context, whole=False, first=first)) as pieces:
+                    first = False
                     async for piece in pieces:
                         await context.write(self._response(request, piece))
         except APIError as error:
@@ -87,8 +90,10 @@ class RivaSynthesis:
         return messages.RivaSynthesisConfigResponse(model_config=configs)
 
     # ----------------------------------------------------------------------------------- steps
-    async def _speak(self, request, context, *, whole: bool) -> AsyncIterator[bytes]:
-        """One request's audio, encoded as it asks, piece by piece (``APIError`` before the first)."""
+    async def _speak(self, request, context, *, whole: bool, first: bool) -> AsyncIterator[bytes]:
+        """One request's audio, encoded as it asks, piece by piece (``APIError`` before the first).
+        ``first``: the RPC's first request, whose response headers (the model version that
+        serves it, ``x-chorus-model-version``) go out as the RPC's initial metadata."""
         arrived = time.perf_counter()
         parsed = parse(request, self.backend.model_cards(), context.time_remaining(),
                        self.backend.config.max_deadline_s)
@@ -103,6 +108,8 @@ class RivaSynthesis:
             audio.abort()
             raise
         try:
+            if first and VERSION_HEADER in response.headers:
+                await context.send_initial_metadata(((VERSION_HEADER.lower(), response.headers[VERSION_HEADER]),))
             async for pcm in response.chunks:
                 data = await audio.write(pcm)
                 if data:
