@@ -337,3 +337,18 @@ def test_a_certificate_serves_tls(module_tmp_path_factory):
         _channels.append(auth.channel)
         reply = riva.SpeechSynthesisService(auth).synthesize(TEXT)
     assert reply.audio
+
+
+def test_a_stream_in_flight_finishes_at_shutdown_and_new_ones_are_unavailable(module_tmp_path_factory):
+    with grpc_server(module_tmp_path_factory.mktemp("drain")) as server:
+        service = tts(server, key=None)
+        with EnginePause(server) as pause:
+            stream = service.synthesize_online(TEXT, sample_rate_hz=24_000, custom_configuration=SEED)
+            until(pause.entered.is_set, what="the stream in the engine")
+            server.begin_shutdown()
+            until(lambda: server.service.state == "draining", what="the drain")
+            refused = _error(lambda: service.synthesize(TEXT))
+            pause.release.set()
+            audio = b"".join(piece.audio for piece in stream)
+    assert refused.code() == grpc.StatusCode.UNAVAILABLE
+    assert len(audio) / 2 / 24_000 > 0.1  # the whole stream, not a cut

@@ -43,6 +43,8 @@ class RivaAudio:
             self._codec = StreamEncoder(_CODEC_FORMATS[encoding], rate, streaming=not whole)
 
     async def write(self, pcm: bytes) -> bytes:
+        if self.encoding == LINEAR_PCM and self._resampler is None:
+            return pcm  # already what was asked: 16-bit PCM at the model's rate
         samples = np.frombuffer(pcm, "<i2").astype(np.float32) / 32767.0
         if self._resampler is not None:
             samples = self._resampler.process(samples)
