@@ -215,19 +215,9 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None
 
 
-def speech_client(cfg: OnlineBenchConfig, connections: int, limits: httpx.Limits, timeout: httpx.Timeout):
-    """The client a run's requests go through (``async with``): httpx with these ``limits`` and
-    ``timeout``, or with ``--protocol grpc`` ``connections`` gRPC channels (grpc_speech.py)."""
-    if cfg.protocol == "grpc":
-        from chorus.bench.grpc_speech import GrpcSpeechClient
-
-        return GrpcSpeechClient(cfg.grpc_target, cfg.api_key, connections, cfg.timeout_s)
-    return httpx.AsyncClient(base_url=cfg.url, headers=auth_headers(cfg.api_key), limits=limits, timeout=timeout)
-
-
 async def speak_once(client, cfg: OnlineBenchConfig, body: dict) -> Outcome:
-    """Send one speech request through ``client`` (:func:`speech_client`) and read its response
-    to the end, within ``cfg.timeout_s`` in all."""
+    """Send one speech request through ``client`` (``speech_client.speech_client``) and read its
+    response to the end, within ``cfg.timeout_s`` in all."""
     start = time.perf_counter()
     outcome = Outcome(status="client_error")  # until an answer comes
     playback = Playback()

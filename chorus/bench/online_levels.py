@@ -21,8 +21,9 @@ import httpx
 
 from chorus.bench.client_processes import ClientProcesses, lag_summary
 from chorus.bench.online_bench import (FAILURES, MEASURED_FORMATS, REJECTIONS, STATUSES, OnlineBenchConfig, Outcome,
-                                       _pct, auth_headers, speak_once, speech_client)
+                                       _pct, auth_headers, speak_once)
 from chorus.bench.server_metrics import HISTOGRAMS, MetricsWatch
+from chorus.bench.speech_client import speech_client
 from chorus.loop_lag import watch_loop_lag
 
 

@@ -13,10 +13,10 @@ import httpx
 
 from chorus.bench.grpc_speech import REFUSED
 from chorus.bench.online_bench import (CLIENT_LATE_WARNING_S, MEASURED_FORMATS, SAMPLE_RATE, OnlineBenchConfig,
-                                       OnlineBenchError, auth_headers, first_model, request_body, speak_once,
-                                       speech_client)
+                                       OnlineBenchError, auth_headers, first_model, request_body, speak_once)
 from chorus.bench.online_levels import run_level
 from chorus.bench.overload_bench import capacity_of, realtime_capacity_of, run_overload
+from chorus.bench.speech_client import speech_client
 
 
 async def _warm_up(cfg: OnlineBenchConfig, body: dict) -> dict:

@@ -25,8 +25,9 @@ import httpx
 
 from chorus.bench.client_processes import ClientProcesses, lag_summary, sender_summary
 from chorus.bench.online_bench import (MEASURED_FORMATS, OnlineBenchConfig, Outcome, OverloadConfig, _pct, auth_headers,
-                                       speak_once, speech_client)
+                                       speak_once)
 from chorus.bench.server_metrics import parse_metrics, pause_report, server_pauses
+from chorus.bench.speech_client import speech_client
 from chorus.loop_lag import watch_loop_lag
 
 REFUSALS = ("429", "503")  # answered before any work: admission, memory pressure, not ready
