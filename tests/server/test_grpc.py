@@ -40,7 +40,7 @@ def free_port() -> int:
 def grpc_server(voices_dir: Path, *, wait_ready: bool = True, loader_gate: threading.Event | None = None,
                 max_num_seqs: int = 16, **overrides) -> LiveServer:
     config = server_config(voices_dir, grpc_port=free_port(), **overrides)
-    load = tiny_loader(config, front_end=tiny_front_end(tiny("turbo")[0]), max_num_seqs=max_num_seqs)
+    load = tiny_loader(config, front_end=tiny_front_end(tiny(config.variant)[0]), max_num_seqs=max_num_seqs)
     if loader_gate is not None:
         inner = load
 
@@ -352,3 +352,4 @@ def test_a_stream_in_flight_finishes_at_shutdown_and_new_ones_are_unavailable(mo
             audio = b"".join(piece.audio for piece in stream)
     assert refused.code() == grpc.StatusCode.UNAVAILABLE
     assert len(audio) / 2 / 24_000 > 0.1  # the whole stream, not a cut
+

@@ -1,6 +1,7 @@
 """The gRPC door's protos and its pieces that need no server: the committed descriptor set is
 what the .proto files compile to, it matches NVIDIA's generated Riva stubs message by message,
-G.711 encoders invert exactly, and the config's gRPC settings are checked."""
+language codes map onto the models' languages, G.711 encoders invert exactly, and the config's
+gRPC settings are checked."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,6 +10,7 @@ from google.protobuf import descriptor_pb2
 
 from chorus.audio.pcm import from_alaw, from_mulaw, to_alaw, to_mulaw
 from chorus.server.config import ServerConfig
+from chorus.server.errors import APIError
 
 grpc_tools = pytest.importorskip("grpc_tools.protoc")
 messages = pytest.importorskip("chorus.server.grpc.messages")
@@ -38,6 +40,32 @@ def test_each_proto_file_matches_nvidias_generated_stubs(name):
     for message in ours.message_type:  # protoc records JSON names that the stubs leave out
         _drop_json_names(message)
     assert ours == theirs
+
+
+MULTILINGUAL = [{"id": "chatterbox-multilingual", "languages": ["en", "fr", "de"]}]
+ENGLISH = [{"id": "chatterbox-turbo", "languages": []}]
+
+
+def _parse(models, **fields):
+    from chorus.server.grpc.requests import parse
+
+    return parse(messages.SynthesizeSpeechRequest(text="Bonjour.", **fields), models, None, 300.0).body
+
+
+def test_a_multilingual_model_speaks_the_language_of_a_riva_language_code():
+    assert _parse(MULTILINGUAL, language_code="fr-FR").language == "fr"
+
+
+def test_an_english_model_takes_english_codes_and_refuses_others_naming_language_code():
+    assert _parse(ENGLISH, language_code="en-US").language is None
+    with pytest.raises(APIError) as refused:
+        _parse(ENGLISH, language_code="fr-FR")
+    assert refused.value.param == "language_code"
+
+
+def test_voice_name_may_name_the_model_and_knobs_are_typed():
+    body = _parse(ENGLISH, voice_name="chatterbox-turbo.narrator", custom_configuration={"seed": "7", "top_p": "0.5"})
+    assert (body.model, body.voice, body.seed, body.top_p) == ("chatterbox-turbo", "narrator", 7, 0.5)
 
 
 def _drop_json_names(message) -> None:
