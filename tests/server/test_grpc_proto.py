@@ -102,3 +102,14 @@ def test_grpc_port_differs_from_the_http_port():
 def test_a_tls_certificate_needs_its_key():
     with pytest.raises(ValueError, match="go together"):
         ServerConfig(grpc_port=50051, grpc_tls_cert="cert.pem")
+
+
+def test_grpc_port_without_the_extra_is_one_line_naming_it(monkeypatch, capsys):
+    import sys
+
+    from chorus.cli import main
+
+    monkeypatch.setitem(sys.modules, "grpc_reflection.v1alpha.reflection", None)  # as if not installed
+    assert main(["serve", "--grpc-port", "50051"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("chorus: error: --grpc-port: ") and "chorus-tts[grpc]" in error
