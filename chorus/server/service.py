@@ -39,6 +39,7 @@ logger = logging.getLogger("chorus.server")
 
 MONITOR_INTERVAL_S = 0.25
 CANARY_TEXT = "Chorus is ready."
+CANARY_LANGUAGE = "en"  # the canary's text is English; a multilingual model needs the code
 CANARY_TOKENS = 25  # one second of audio: enough to run every stage once
 
 
@@ -252,8 +253,10 @@ it did not match its fingerprint. Load is not a reason: a
             self._canary_running = False
 
     async def _canary_synthesis(self):
-        request = SpeechRequest(CANARY_TEXT, seed=0, max_new_tokens=CANARY_TOKENS, priority=Priority.HIGH,
-                                deadline_s=self.config.canary_timeout_s, request_id=f"canary-{time.time_ns()}")
+        language = CANARY_LANGUAGE if self.pipeline.models.variant.is_multilingual else None
+        request = SpeechRequest(CANARY_TEXT, language=language, seed=0, max_new_tokens=CANARY_TOKENS,
+                                priority=Priority.HIGH, deadline_s=self.config.canary_timeout_s,
+                                request_id=f"canary-{time.time_ns()}")
         stream = await asyncio.to_thread(self.pipeline.submit, request)
         result = await stream.aresult()
         if result.wav.size == 0 and result.chunks[0].speech_tokens > 0:

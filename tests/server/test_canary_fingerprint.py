@@ -103,3 +103,10 @@ def test_a_swapped_in_version_records_its_own_fingerprint_before_it_takes_traffi
     recorded = messages.index(("canary fingerprint recorded", "v2"))
     routed = next(i for i, (m, _) in enumerate(messages) if m.startswith("model chatterbox-turbo now routes to"))
     assert recorded < routed
+
+
+def test_a_multilingual_server_passes_its_start_up_canary(tmp_path):
+    """The canary speaks English on a multilingual model, which needs a language for every request."""
+    config = server_config(tmp_path, variant="multilingual")
+    with LiveServer(config, tiny_loader(config)) as server:
+        assert server.service.fingerprint is not None
