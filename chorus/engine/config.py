@@ -173,6 +173,10 @@ class EngineConfig:
         token budget, the smaller); the rest waits for the next steps (``Scheduler``'s
         ``PrefillShape``). A burst of arrivals is then admitted over a few graph replays instead
         of one eager step that every running row waits for (docs/engine.md, "CUDA graphs").
+    alignment: let requests ask for alignment rows (``T3Request.want_alignment``; Llama variants):
+        the attention cache then keeps the aligned heads' queries of every step (one small copy
+        per such layer, inside the CUDA graphs too; docs/timestamps.md). Off: no step pays it,
+        and a request that asks is refused at admission.
     """
 
     variant: str = "original"
@@ -182,6 +186,7 @@ class EngineConfig:
     warm_up_kernels: bool = True
     mixed_graph_tokens: int = 256
     admit_within_graphs: bool = True
+    alignment: bool = False
 
     def __post_init__(self):
         from chorus.models.variants import get_variant  # raises a readable error for unknown names

@@ -177,7 +177,8 @@ class T3Engine:
         # before capture: graphs keep the alignment heads' queries too (a padded batch of a mixed
         # graph holds up to max_rows more positions than the step)
         sched = self.config.scheduler
-        self.runner.keep_alignment_queries(sched.max_num_batched_tokens + min(sched.max_num_seqs, 512))
+        if self.config.alignment:
+            self.runner.keep_alignment_queries(sched.max_num_batched_tokens + min(sched.max_num_seqs, 512))
         if graphed:
             self.runner.graphs = StepGraphs(
                 model, self.kv_cache, max_rows=min(sched.max_num_seqs, 512),

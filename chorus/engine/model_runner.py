@@ -173,7 +173,8 @@ class ModelRunner:
         ValueError for a model without known alignment heads (``alignment_heads``)."""
         if self.cache.keeper is None:
             alignment_heads(self.model.config.backbone)  # raises where none are known
-            raise ValueError("this engine keeps no alignment queries (ModelRunner.keep_alignment_queries)")
+            raise ValueError("this engine keeps no alignment queries: build it with EngineConfig(alignment=True) "
+                             "to let requests ask for alignment rows")
         self.alignment_ids.add(request_id)
 
     def remove_request(self, request_id: str) -> None:

@@ -32,9 +32,10 @@ def aligned_tiny(name: str):
     return variant, T3Model.from_state_dict(variant.t3, state, source="random")
 
 
-def _engine(variant, model, *, budget=512, num_blocks=None, max_model_len=1024, async_scheduling=True):
+def _engine(variant, model, *, budget=512, num_blocks=None, max_model_len=1024, async_scheduling=True,
+            alignment=True):
     config = EngineConfig(
-        variant=variant.name, default_deadline_s=None,
+        variant=variant.name, default_deadline_s=None, alignment=alignment,
         cache=CacheConfig(block_size=16, num_blocks=num_blocks, kv_cache_bytes=64 << 20),
         scheduler=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=budget, max_model_len=max_model_len,
                                   async_scheduling=async_scheduling),
@@ -108,6 +109,16 @@ def test_alignment_is_refused_at_admission_for_gpt2_variants():
     request = T3Request([1, 2, 3], conditioning(variant, model, voice(variant, 0)), params, want_alignment=True)
     engine = _engine(variant, model)
     with pytest.raises(ValueError, match="no alignment heads are known for the gpt2 T3 backbone"):
+        engine.add_request(request)
+    assert not engine.has_unfinished_requests()
+
+
+def test_an_engine_built_without_alignment_refuses_a_request_that_asks():
+    variant, model = aligned_tiny("original")
+    params = SamplingParams.for_variant(variant, seed=1, max_new_tokens=4)
+    request = T3Request([1, 2, 3], conditioning(variant, model, voice(variant, 0)), params, want_alignment=True)
+    engine = _engine(variant, model, alignment=False)
+    with pytest.raises(ValueError, match=r"EngineConfig\(alignment=True\)"):
         engine.add_request(request)
     assert not engine.has_unfinished_requests()
 

@@ -34,7 +34,8 @@ def setup():
         text = torch.randint(1, 600, (int(torch.randint(5, 60, (1,), generator=g)),), generator=g).tolist()
         params = SamplingParams.for_variant(variant, seed=i, max_new_tokens=24, cfg_weight=0.5)
         requests.append(T3Request(text, cond, params, want_alignment=i % 3 != 2))
-    config = EngineConfig(variant=variant.name, default_deadline_s=None, cache=CacheConfig(kv_cache_bytes=2 << 30),
+    config = EngineConfig(variant=variant.name, default_deadline_s=None, alignment=True,
+                          cache=CacheConfig(kv_cache_bytes=2 << 30),
                           scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=4096,
                                                     max_model_len=1024))
     engine = T3Engine(model, variant, config, cuda_graphs=True)
