@@ -41,7 +41,7 @@ from chorus.conversion.planner import ConversionPlan, ConversionPlanner
 from chorus.conversion.request import ConversionRequest
 from chorus.conversion.runner import add_to_stage, conversion_result
 from chorus.models.loading import Checkpoint
-from chorus.models.s3gen.s3gen import SAMPLE_RATE
+from chorus.models.s3gen.s3gen import SAMPLE_RATE, TokenRules
 from chorus.models.variants import Variant
 from chorus.pipeline.conditioning import ConditioningCache
 from chorus.pipeline.config import PipelineConfig
@@ -96,6 +96,7 @@ class Pipeline:
         self.planner = models.planner(config.max_chars)
         self._conversion_planner: ConversionPlanner | None = None
         self.conditioning = ConditioningCache(models.t3, variant, config.conditioning_cache_size)
+        self._token_rules = TokenRules.for_variant(variant)
         self._cuda_stream = torch.cuda.Stream(models.device) if models.device.type == "cuda" else None
         self.vocoder = VocoderStage(models.s3gen, config.vocoder)
         if config.warmup:  # before the engine sizes its KV pool from what is left (PipelineConfig.warmup)
@@ -222,9 +223,13 @@ class Pipeline:
         state = self._register(plan, progress)
         state.jobs = [ChunkJob(state, c.index) for c in plan.chunks]
         state.pauses_s = plan.pauses_s
+        if plan.timestamps is not None:
+            state.token_rules = self._token_rules
         self._inbox.put(("add", state))  # before T3 can report on its chunks
+        aligned = plan.wants_alignment
         self._t3.submit([T3Request(c.text_ids, conditioning, c.params, priority=plan.priority,
-                                   deadline_s=state.deadlines.total_s, request_id=state.job_id(c.index))
+                                   deadline_s=state.deadlines.total_s, request_id=state.job_id(c.index),
+                                   want_alignment=aligned)
                          for c in plan.chunks])
         return state.stream
 
@@ -395,6 +400,8 @@ class Pipeline:
             return  # a job of a request that already ended
         if event.new_token is not None:
             job.tokens.append(event.new_token)
+            if event.alignment is not None:
+                job.rows.append(event.alignment)
             touched.add(event.request_id)
             if job.index == 0 and job.request.first_token is None:
                 job.request.first_token = stepped_at
@@ -473,8 +480,9 @@ class Pipeline:
                                    tuple(j.tokens))
                        for c, j, w in zip(plan.chunks, state.jobs, waves))
         pauses = pause_spans([w.size for w in waves], state.pauses_s)
+        timestamps = tuple(state.chunk_timings(i) for i in range(len(waves))) if state.wants_timestamps else ()
         state.stream._finish(SpeechResult(audio, SAMPLE_RATE, plan.seed, chunks, plan.ignored,
-                                          plan.request_id, timings, pauses=pauses))
+                                          plan.request_id, timings, pauses=pauses, timestamps=timestamps))
         state.release()
 
     def _fail(self, state: RequestState, reason: str, message: str, deadline: str | None = None) -> None:

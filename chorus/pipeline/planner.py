@@ -5,7 +5,7 @@ Planning does, in order: parse the input's pauses (and SSML, ``chorus.text.marku
 text and language; normalise the text for speech (numbers,
 abbreviations; English only); split it into sentence-aligned chunks and tokenize each; validate
 the sampling parameters against the variant (parameters it does not use are reset and listed in
-``ignored``); check flow steps, exaggeration, priority, deadline and the watermark; resolve the
+``ignored``); with timestamps, find each chunk's text tokens in its text (Llama variants); check flow steps, exaggeration, priority, deadline and the watermark; resolve the
 voice (built-in, voice file, or a reference clip built into a voice). Anything wrong raises a
 ``ValueError`` subclass (or ``chorus.text.TextError`` / ``chorus.audio.AudioError``) with a message
 meant for the user, before any T3 or S3Gen work is done.
@@ -23,18 +23,23 @@ from typing import Any, Callable
 from chorus.audio.tempo import MAX_SPEED, MIN_SPEED
 from chorus.engine.request import Priority
 from chorus.models.random_checkpoint import random_weights_token_cap
+from chorus.models.t3.alignment import alignment_heads
 from chorus.models.variants import Variant
 from chorus.pipeline.request import SpeechRequest
 from chorus.sampling import SamplingParams
 from chorus.sampling.params import MAX_SEED
 from chorus.text import DEFAULT_MAX_CHARS, TextEncoder, TextInputError, split_into_chunks
+from chorus.text.grapheme import GraphemeTokenizer
 from chorus.text.markup import Markup, parse_markup
+from chorus.timestamps.chunks import token_spans
 from chorus.voices import Voice
 from chorus.voices.voice import VOICE_FILE_SUFFIX
 
 logger = logging.getLogger(__name__)
 
 _ids = itertools.count()
+
+TIMESTAMPS = ("word", "character")  # SpeechRequest.timestamps, besides None
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,9 @@ class ChunkPlan:
     text_ids: tuple[int, ...]  # tokenizer output, unframed (T3 frames text itself)
     params: SamplingParams  # the request's parameters with this chunk's seed
     pause_before_s: float = 0.0  # exact silence before this chunk's audio (a break in the input)
+    # with timestamps on a variant with alignment heads: per framed text token (the columns of
+    # its alignment map), its characters in ``text`` (None: SOT, EOT, a token not found there)
+    token_spans: tuple[tuple[int, int] | None, ...] | None = None
 
     @property
     def seed(self) -> int:
@@ -71,6 +79,12 @@ class SpeechPlan:
     ignored: tuple[str, ...]
     pause_after_s: float = 0.0  # exact silence after the last chunk's audio (a break ending the input)
     speed: float | None = None  # what an SSML prosody rate asks for (None: not given); applied by the caller
+    timestamps: str | None = None  # SpeechRequest.timestamps
+
+    @property
+    def wants_alignment(self) -> bool:
+        """T3 gives this request's chunks their alignment rows (timestamps on a Llama variant)."""
+        return any(c.token_spans is not None for c in self.chunks)
 
     @property
     def pauses_s(self) -> tuple[float, ...]:
@@ -227,8 +241,12 @@ class RequestPlanner:
             from chorus.watermark import get_watermarker
 
             get_watermarker(request.watermark)  # fails now if the package is missing
+        if request.timestamps is not None and request.timestamps not in TIMESTAMPS:
+            raise ValueError(f"timestamps must be one of {', '.join(TIMESTAMPS)} (or unset), got {request.timestamps!r}")
+        aligned = request.timestamps is not None and self._aligned_spans_known()
         base_seed = int(params.seed)
-        planned = tuple(ChunkPlan(i, text, tuple(ids), replace(params, seed=chunk_seed(base_seed, i)), pause)
+        planned = tuple(ChunkPlan(i, text, tuple(ids), replace(params, seed=chunk_seed(base_seed, i)), pause,
+                                  self._framed_token_spans(text, ids) if aligned else None)
                         for i, (text, ids, pause) in enumerate(chunks))
         return dict(
             request_id=request.request_id or f"speech-{next(_ids)}", chunks=planned,
@@ -236,5 +254,19 @@ class RequestPlanner:
             deadline_s=request.deadline_s, start_deadline_s=request.start_deadline_s, stream=bool(request.stream),
             listener=request.listener, watermark=request.watermark,
             seed=base_seed, ignored=tuple(sorted(set(ignored))), pause_after_s=markup.pause_after_s,
-            speed=markup.speed,
+            speed=markup.speed, timestamps=request.timestamps,
         )
+
+    def _aligned_spans_known(self) -> bool:
+        """Whether timings can come from T3's attention: the backbone has the alignment heads
+        and the tokenizer's tokens can be found in the text (the grapheme tokenizers)."""
+        try:
+            alignment_heads(self.variant.t3.backbone)
+        except ValueError:
+            return False
+        return isinstance(self.text_encoder.tokenizer, GraphemeTokenizer)
+
+    def _framed_token_spans(self, text: str, ids: list[int]) -> tuple[tuple[int, int] | None, ...]:
+        tokenizer = self.text_encoder.tokenizer
+        spans = token_spans(text, [tokenizer.decode([i]) for i in ids])
+        return (None, *spans, None)  # SOT and EOT frame the text (``TextEncoder.encode_framed``)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from chorus.engine.request import Priority
+from chorus.timestamps import ChunkTimings
 
 if TYPE_CHECKING:  # the builder pulls in the audio stack; only its type is needed here
     from chorus.voices.builder import VoiceSource
@@ -42,6 +43,10 @@ class SpeechRequest:
     normalize: spell out numbers and abbreviations the model would misread (English only).
     input_format: ``"text"`` (plain text; ``<break time="500ms"/>`` inserts a pause) or
     ``"ssml"`` (the SSML subset of docs/pauses.md); ``chorus.text.markup`` parses both.
+    timestamps: None (off, costs nothing), ``"word"`` or ``"character"``: time each chunk's
+    words and characters (docs/timestamps.md); the result's ``timestamps`` and, when streaming,
+    the last piece of each chunk carry them (both granularities; the value says which a caller
+    reports).
     """
 
     text: str
@@ -66,6 +71,7 @@ class SpeechRequest:
     listener: str | None = None
     normalize: bool = True
     input_format: str = "text"
+    timestamps: str | None = None
     request_id: str | None = None
 
     def sampling_overrides(self) -> dict[str, Any]:
@@ -106,6 +112,8 @@ class SpeechResult:
     pauses: tuple[tuple[int, int], ...] = ()
     """Where the input's breaks lie in ``wav``: ``(first sample, samples)`` of each, in order;
     every sample of a pause is exactly 0 (docs/pauses.md)."""
+    timestamps: tuple[ChunkTimings, ...] = ()
+    """With ``SpeechRequest.timestamps``: each chunk's timings, in seconds of ``wav``, in order."""
 
     @property
     def duration(self) -> float:

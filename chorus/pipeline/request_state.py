@@ -11,10 +11,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
+import torch
 
+from chorus.models.s3gen.s3gen import SAMPLE_RATE, TokenRules
 from chorus.pipeline.planner import SpeechPlan
-from chorus.pipeline.stitch import silence
+from chorus.pipeline.stitch import chunk_span, silence
 from chorus.pipeline.stream import AudioPiece, SpeechStream
+from chorus.timestamps import ChunkTimings
+from chorus.timestamps.chunks import chunk_timings
 
 if TYPE_CHECKING:
     from chorus.conversion.planner import ConversionPlan
@@ -42,6 +46,7 @@ class ChunkJob:
     # a streamed request's first chunk, until its first vocoder pass is ready: when T3 made each
     # token not yet pushed (``RequestState.first_window`` is read from these)
     stamps: list[float] = field(default_factory=list)
+    rows: list[torch.Tensor] = field(default_factory=list)  # each token's alignment row (when asked)
     pieces: list[np.ndarray] = field(default_factory=list)  # audio not yet streamed out
     delivered: list[np.ndarray] = field(default_factory=list)  # audio already streamed out
     done: bool = False
@@ -65,6 +70,28 @@ class ChunkJob:
             if final:
                 self.request.first_window = self.stamps[-1]
         self.stamps = []
+
+    def alignment(self, rules: TokenRules) -> torch.Tensor | None:
+        """The chunk's alignment map, one row per token that reaches the audio (S3Gen's token
+        rules drop the others, so row k is the token at k / 25 s), or None without rows."""
+        if not self.rows or len(self.rows) != len(self.tokens):
+            return None
+        kept: list[torch.Tensor] = []
+        saw_bos = saw_eos = False
+        for token, row in zip(self.tokens, self.rows):
+            if rules.cut_at_markers:
+                if token == rules.bos and not saw_bos:
+                    saw_bos = True
+                    kept.clear()
+                    continue
+                if saw_eos:
+                    continue
+                if token == rules.eos:
+                    saw_eos = True
+                    continue
+            if 0 <= token < rules.num_codes:
+                kept.append(row)
+        return torch.stack(kept) if kept else self.rows[0].new_zeros((0, self.rows[0].shape[-1]))
 
 
 @dataclass(frozen=True)
@@ -102,6 +129,7 @@ class RequestState:
     audio_started: bool = False  # a piece with samples was delivered to the stream
     pauses_s: tuple[float, ...] = ()  # SpeechPlan.pauses_s (empty: none)
     pauses_sent: int = 0  # pauses before chunks (SpeechPlan.pauses_s) already streamed out
+    token_rules: TokenRules | None = None  # the variant's, for requests with timestamps
 
     @property
     def submitted(self) -> float:
@@ -122,11 +150,14 @@ class RequestState:
             job = self.jobs[self.next_chunk]
             if self.pauses_sent == self.next_chunk and (self.next_chunk > 0 or job.pieces):
                 self._put_pause(self.next_chunk, job.index, False)
+            timings = self.chunk_timings(job.index) if job.done and self.wants_timestamps else None
             for i, samples in enumerate(job.pieces):
-                final = job.done and i == len(job.pieces) - 1 and self.next_chunk == last and not trailing
-                if samples.size or final:
+                ends_chunk = job.done and i == len(job.pieces) - 1
+                final = ends_chunk and self.next_chunk == last and not trailing
+                if samples.size or final or (ends_chunk and timings is not None):
                     self.audio_started = self.audio_started or samples.size > 0
-                    self.stream._put_audio(AudioPiece(samples, job.index, final))
+                    self.stream._put_audio(AudioPiece(samples, job.index, final,
+                                                      timings=timings if ends_chunk else None))
             job.delivered += job.pieces
             job.pieces = []
             if not job.done:
@@ -134,6 +165,20 @@ class RequestState:
             self.next_chunk += 1
         if trailing:
             self._put_pause(last + 1, self.jobs[last].index, True)
+
+    @property
+    def wants_timestamps(self) -> bool:
+        return getattr(self.plan, "timestamps", None) is not None
+
+    def chunk_timings(self, index: int) -> ChunkTimings:
+        """Chunk ``index``'s timings in seconds of the request's audio (its job and every job
+        before it done): its exact span after the chunks and pauses before it."""
+        start, end = chunk_span([j.waveform().size for j in self.jobs[:index + 1]], self.pauses_s)
+        chunk = self.plan.chunks[index]
+        alignment = None
+        if chunk.token_spans is not None and self.token_rules is not None:
+            alignment = self.jobs[index].alignment(self.token_rules)
+        return chunk_timings(chunk.text, (start / SAMPLE_RATE, end / SAMPLE_RATE), alignment, chunk.token_spans)
 
     def _put_pause(self, slot: int, chunk_index: int, final: bool) -> None:
         """Stream the pause of ``pauses_s[slot]`` (nothing when it is none)."""

@@ -52,3 +52,14 @@ def pause_spans(chunk_samples: Sequence[int], pauses_s: Sequence[float]) -> tupl
             spans.append((at, length))
         at += length + (chunk_samples[i] if i < len(chunk_samples) else 0)
     return tuple(spans)
+
+
+def chunk_span(chunk_samples: Sequence[int], pauses_s: Sequence[float]) -> tuple[int, int]:
+    """Where the last of ``chunk_samples`` lies in the stitched waveform: its first sample and
+    the sample after its end, given the lengths of it and every chunk before it."""
+    at = start = 0
+    for i, length in enumerate(chunk_samples):
+        at += pause_samples(pauses_s[i]) if pauses_s else 0
+        start = at
+        at += length
+    return start, at

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from chorus.conversion.planner import ConversionPlan
 from chorus.pipeline.errors import PipelineError
 from chorus.pipeline.request import SpeechResult
+from chorus.timestamps import ChunkTimings
 
 
 @dataclass(frozen=True)
@@ -24,12 +25,15 @@ class AudioPiece:
     """The next samples of a request's audio (24 kHz float32), in order. ``chunk_index`` is the
     text chunk they belong to; ``final`` marks the request's last piece. ``pause``: the samples
     are a pause's exact silence (a break in the input before chunk ``chunk_index``, or after it
-    when it is the last), which an encoder that changes the tempo must pass through unchanged."""
+    when it is the last), which an encoder that changes the tempo must pass through unchanged.
+    ``timings``: with ``SpeechRequest.timestamps``, on the last piece of each chunk, that chunk's
+    timings in seconds of the request's audio (equal to the result's ``timestamps[chunk_index]``)."""
 
     samples: np.ndarray
     chunk_index: int
     final: bool
     pause: bool = False
+    timings: ChunkTimings | None = None
 
 
 _END = object()
