@@ -56,6 +56,10 @@ class SpeechBody(BaseModel):
     flow_steps: int | None = Field(None, ge=1, le=50, description="S3Gen solver steps (default: the variant's)")
     max_new_tokens: int | None = Field(None, ge=1, le=4096, description="speech tokens per text chunk "
                                                                         "(25 per second of audio)")
+    timestamps: Literal["word", "character"] | None = Field(
+        None, description="time the speech's words or characters (docs/timestamps.md): speech.timestamps events "
+                          "with stream_format 'sse', else a JSON response {audio_base64, format, method, "
+                          "words | alignment} sent whole")
 
 
 class ConversionFields(BaseModel):

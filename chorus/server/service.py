@@ -32,7 +32,7 @@ from chorus.server.errors import APIError
 from chorus.server.metrics import EngineSnapshot, ServerMetrics
 from chorus.server.model_entries import aliases
 from chorus.server.schemas import SpeechBody
-from chorus.server.speech import ConversionForm, SpeechCall, SpeechResponse, respond, streams
+from chorus.server.speech import ConversionForm, SpeechCall, SpeechResponse, check_timestamps, respond, streams
 from chorus.server.voice_calls import request_voice, voice_call
 
 logger = logging.getLogger("chorus.server")
@@ -377,10 +377,12 @@ it did not match its fingerprint. Load is not a reason: a
         before the first audio raises ``APIError``."""
         self.require_serving()
         priority = self._check(body, priority_given)
+        check_timestamps(body)
         call = await speak.open_call(self, body, priority, request_id, arrived, clip=voice_clip)
         rate = call.stream.plan.speed  # an SSML prosody rate scales the body's speed
         return await respond(call, body.response_format, streaming=streams(body),
-                             speed=body.speed if rate is None else body.speed * rate, sse=body.stream_format == "sse")
+                             speed=body.speed if rate is None else body.speed * rate, sse=body.stream_format == "sse",
+                             timestamps=body.timestamps)
 
     async def convert(self, form: ConversionForm, priority_given: str | None, request_id: str, *,
                       arrived: float) -> SpeechResponse:

@@ -119,7 +119,7 @@ def _speech_request(service, body: SpeechBody, voice, priority: Priority, reques
         top_k=body.top_k, repetition_penalty=body.repetition_penalty, seed=body.seed,
         max_new_tokens=max_new_tokens, flow_steps=body.flow_steps, priority=priority,
         deadline_s=deadline, start_deadline_s=service.start_deadline_s, stream=True, listener=listener,
-        input_format=body.input_format, request_id=request_id)
+        input_format=body.input_format, timestamps=body.timestamps, request_id=request_id)
     request, applied = service.degradation.apply(request, service.pipeline.models.variant)
     for change in applied.changes:
         service.metrics.degraded.labels(change.split("=")[0]).inc()

@@ -21,10 +21,13 @@ from typing import AsyncIterator, Callable
 
 from chorus.models.s3gen.s3gen import SAMPLE_RATE
 from chorus.pipeline.errors import PipelineError
+from chorus.pipeline.stitch import pause_samples
 from chorus.quality.checks import AudioCheck
 from chorus.models.speech_tokens import TOKENS_PER_SECOND
 from chorus.server.errors import APIError, StreamCut, pipeline_error
 from chorus.server.schemas import ConversionFields, SpeechBody
+from chorus.timestamps import ChunkTimings, shapes
+from chorus.timestamps.chunks import at_speed
 
 logger = logging.getLogger("chorus.server")
 
@@ -64,9 +67,11 @@ class SpeechResponse:
 
 
 async def respond(call: "SpeechCall", response_format: str, *, streaming: bool, speed: float = 1.0,
-                  sse: bool = False) -> SpeechResponse:
+                  sse: bool = False, timestamps: str | None = None) -> SpeechResponse:
     """The response of an admitted, submitted call: its encoder, then its first audio awaited
-    (a failure before it is still a JSON error), then the body that streams the rest."""
+    (a failure before it is still a JSON error), then the body that streams the rest.
+    ``timestamps`` (``"word"``, ``"character"``): SSE events of each chunk's timings, or, not
+    SSE, a JSON response with the whole audio in base64 and the timings (docs/timestamps.md)."""
     from chorus.audio.streaming import StreamEncoder, media_type  # PyAV: imported when first needed
 
     try:
@@ -89,9 +94,11 @@ async def respond(call: "SpeechCall", response_format: str, *, streaming: bool, 
     if not streaming:
         headers[QUALITY_HEADER] = ",".join(call.quality().flags) or "none"
     cheap = response_format in ("wav", "pcm") and speed == 1.0  # no codec: encode inline
-    session = _Session(call, encoder, first, cheap)
+    session = _Session(call, encoder, first, cheap, speed=speed, timestamps=timestamps, response_format=response_format)
     if sse:
         return SpeechResponse("text/event-stream", headers, session.sse(), session.stalled, session.abandon)
+    if timestamps is not None:
+        return SpeechResponse("application/json", headers, session.timestamped(), session.stalled, session.abandon)
     return SpeechResponse(media_type(response_format), headers, session.bytes(), session.stalled, session.abandon)
 
 
@@ -222,19 +229,31 @@ WHOLE_BY_DEFAULT = ("wav", "flac")  # formats whose headers carry the length: se
 def streams(body: SpeechBody) -> bool:
     """Whether the response streams: the body's ``stream``, else true except for wav and flac
     (whose streamed headers must say "length unknown"; docs/audio-formats.md). SSE streams
-    unless ``stream`` is false."""
+    unless ``stream`` is false; a response with timestamps that is not SSE is JSON sent whole."""
     if body.stream is not None:
         return body.stream
+    if body.timestamps is not None and body.stream_format == "audio":
+        return False
     return body.stream_format == "sse" or body.response_format not in WHOLE_BY_DEFAULT
+
+
+def check_timestamps(body: SpeechBody) -> None:
+    """Streamed audio bytes cannot carry timings: timestamps need SSE or a response sent whole."""
+    if body.timestamps is not None and body.stream_format == "audio" and body.stream:
+        raise APIError(400, "timestamps come as events of stream_format 'sse', or in a JSON response sent whole "
+                            "(stream false or unset); streamed audio bytes cannot carry them",
+                       code="invalid_parameter", param="timestamps")
 
 
 class _Session:
     """One speech response being streamed: pieces -> encoder -> bytes, and the bookkeeping at
     the end (metrics, the admission ticket, cancel when the client leaves)."""
 
-    def __init__(self, call: SpeechCall, encoder, first, cheap: bool):
+    def __init__(self, call: SpeechCall, encoder, first, cheap: bool, *, speed: float = 1.0,
+                 timestamps: str | None = None, response_format: str = "mp3"):
         self.call, self.service, self.stream, self.encoder = call, call.service, call.stream, encoder
         self.first, self.arrived, self.cheap = first, call.arrived, cheap
+        self.speed, self.timestamps, self.response_format = speed, timestamps, response_format
         self.closed = False
         self.client_stalled = False
 
@@ -258,7 +277,17 @@ class _Session:
         self.service.metrics.observe_stage("encode", time.perf_counter() - started)
         return data
 
-    async def _encoded(self) -> AsyncIterator[bytes]:
+    def _timings(self, piece) -> ChunkTimings | None:
+        """A piece's chunk timings in seconds of the response (its pauses keep their length
+        while the speech plays ``speed`` times faster), or None."""
+        if piece.timings is None:
+            return None
+        pauses = self.stream.plan.pauses_s[:piece.chunk_index + 1]
+        return at_speed(piece.timings, sum(pause_samples(p) for p in pauses) / SAMPLE_RATE, self.speed)
+
+    async def _encoded(self) -> AsyncIterator[tuple[bytes, ChunkTimings | None]]:
+        """(encoded bytes, the timings of the chunk that piece ended, or None), for pieces that
+        gave either."""
         metrics = self.service.metrics
         status, sent_any = "ok", False
         try:
@@ -266,18 +295,19 @@ class _Session:
             while piece is not None:
                 self.call.delivered(piece.samples.size)
                 data = await self._encode(functools.partial(self.encoder.write, pause=piece.pause), piece.samples)
-                if data:
-                    if not sent_any:
-                        sent_any = True
-                        metrics.ttfa.observe(time.perf_counter() - self.arrived)
-                    yield data
+                if data and not sent_any:
+                    sent_any = True
+                    metrics.ttfa.observe(time.perf_counter() - self.arrived)
+                timings = self._timings(piece)
+                if data or timings is not None:
+                    yield data, timings
                 piece = await self.call.next()
             tail = await self._encode(self.encoder.close)
             self.closed = True
             if tail:
                 if not sent_any:
                     metrics.ttfa.observe(time.perf_counter() - self.arrived)
-                yield tail
+                yield tail, None
             self.call.completed()
             metrics.e2e.observe(time.perf_counter() - self.arrived)
         except PipelineError as exc:  # after the first byte: cut the stream (the HTTP layer logs it)
@@ -302,16 +332,43 @@ class _Session:
 
     async def bytes(self) -> AsyncIterator[bytes]:
         async with contextlib.aclosing(self._encoded()) as chunks:  # closing this closes it at once
-            async for data in chunks:
-                yield data
+            async for data, _ in chunks:
+                if data:
+                    yield data
+
+    def _shaped(self, chunks: list[ChunkTimings], first_index: int) -> dict:
+        """Timings as the API sends them: ``method`` and ``words`` or ``alignment``."""
+        if self.timestamps == "word":
+            return {"method": shapes.method(chunks), "words": shapes.words(chunks)}
+        texts = [c.text for c in self.stream.plan.chunks[first_index:first_index + len(chunks)]]
+        return {"method": shapes.method(chunks),
+                "alignment": shapes.characters(texts, chunks, leading_space=first_index > 0)}
 
     async def sse(self) -> AsyncIterator[bytes]:
+        index = 0
         async with contextlib.aclosing(self._encoded()) as chunks:
-            async for data in chunks:
-                event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")}
-                yield f"data: {json.dumps(event)}\n\n".encode()
+            async for data, timings in chunks:
+                if data:
+                    event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")}
+                    yield f"data: {json.dumps(event)}\n\n".encode()
+                if timings is not None:
+                    event = {"type": "speech.timestamps", "chunk": index, **self._shaped([timings], index)}
+                    index += 1
+                    yield f"data: {json.dumps(event)}\n\n".encode()
         done = {"type": "speech.audio.done", "usage": usage([self.stream]), "quality": self.call.quality().as_dict()}
         yield f"data: {json.dumps(done)}\n\n".encode()
+
+    async def timestamped(self) -> AsyncIterator[bytes]:
+        """The JSON response of a request with timestamps, sent whole: the audio in base64 and
+        every chunk's timings."""
+        audio, timings = [], []
+        async with contextlib.aclosing(self._encoded()) as chunks:
+            async for data, chunk_timings in chunks:
+                audio.append(data)
+                if chunk_timings is not None:
+                    timings.append(chunk_timings)
+        yield json.dumps({"audio_base64": base64.b64encode(b"".join(audio)).decode("ascii"),
+                          "format": self.response_format, **self._shaped(timings, 0)}).encode()
 
 
 def usage(streams) -> dict[str, int]:

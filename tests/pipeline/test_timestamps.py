@@ -3,42 +3,20 @@ audio, by alignment on a Llama T3 that has the alignment heads, by estimate on T
 timings streamed and whole; pauses shift the spans; off by default."""
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import replace
 
 import pytest
 
 from chorus.engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from chorus.models.random_checkpoint import random_builtin_voice, write_random_checkpoint
-from chorus.models.loading import Checkpoint
 from chorus.pipeline.config import PipelineConfig
 from chorus.pipeline.models import SpeechModels
 from chorus.pipeline.pipeline import Pipeline
 from chorus.pipeline.request import SpeechRequest
-from chorus.text import load_text_encoder
 from chorus.timestamps import split_words
-from chorus.voices import Voice
-from tests.engine.test_alignment import aligned_tiny
-from tests.pipeline.tiny_pipeline import tiny_models, tiny_s3gen
-from tests.voices.checkpoints import scratch_dir
+from tests.pipeline.tiny_pipeline import aligned_models, tiny_models
 
 TEXT = "The first sentence is here. A second one follows it. And a third closes the text."
-
-
-@functools.cache
-def _aligned_models() -> SpeechModels:
-    """The original variant with a T3 deep and wide enough to have every alignment head."""
-    variant, t3 = aligned_tiny("original")
-    directory = scratch_dir("chorus-tiny-aligned-")
-    write_random_checkpoint(variant, directory, components=("tokenizer", "conds"))
-    models = SpeechModels(Checkpoint(variant, directory), t3, tiny_s3gen("original", seed=0),
-                          load_text_encoder(variant, directory))
-    voice = Voice.from_conditionals(random_builtin_voice(variant, 0), name="v0")
-    models._builtin = replace(voice, t3_prompt_tokens=voice.t3_prompt_tokens[:, :40], t3_prompt_embeds=None,
-                              s3gen_prompt_tokens=voice.s3gen_prompt_tokens[:, :25],
-                              s3gen_prompt_mel=voice.s3gen_prompt_mel[:, :50], name="short0")
-    return models
 
 
 def _pipeline(models: SpeechModels) -> Pipeline:
@@ -51,7 +29,7 @@ def _pipeline(models: SpeechModels) -> Pipeline:
 
 @pytest.fixture(scope="module")
 def original():
-    with _pipeline(_aligned_models()) as pipe:
+    with _pipeline(aligned_models()) as pipe:
         yield pipe
 
 

@@ -11,6 +11,7 @@ from chorus.models.random_checkpoint import random_builtin_voice, write_random_c
 from chorus.pipeline.models import SpeechModels
 from chorus.text import load_text_encoder
 from chorus.voices import Voice
+from tests.engine.test_alignment import aligned_tiny
 from tests.engine.tiny_models import tiny
 from tests.voices.checkpoints import scratch_dir
 from tests.vocoder.models import random_s3gen
@@ -47,4 +48,16 @@ def tiny_models(name: str) -> SpeechModels:
     models = SpeechModels(Checkpoint(variant, directory), t3, tiny_s3gen(name, seed=0),
                           load_text_encoder(variant, directory))
     models._builtin = short_voice(name)
+    return models
+
+
+@functools.cache
+def aligned_models() -> SpeechModels:
+    """The original variant with a T3 deep and wide enough to have every alignment head."""
+    variant, t3 = aligned_tiny("original")
+    directory = Path(scratch_dir("chorus-tiny-aligned-"))
+    write_random_checkpoint(variant, directory, components=("tokenizer", "conds"))
+    models = SpeechModels(Checkpoint(variant, directory), t3, tiny_s3gen("original", seed=0),
+                          load_text_encoder(variant, directory))
+    models._builtin = short_voice("original")
     return models
