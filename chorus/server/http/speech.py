@@ -29,7 +29,9 @@ def install_speech(app: FastAPI, service, authorize) -> None:
 
     @app.post("/v1/audio/speech", responses={**ERRORS, 200: {"content": {
         "audio/mpeg": {}, "audio/ogg": {}, "audio/aac": {}, "audio/flac": {}, "audio/wav": {}, "audio/pcm": {},
-        "text/event-stream": {}}, "description": "the audio, streamed as it is generated"}},
+        "text/event-stream": {}, "application/json": {}},
+        "description": "the audio, streamed as it is generated; with timestamps and not SSE, JSON with the "
+                       "audio in base64 and the timings (docs/timestamps.md)"}},
         response_class=Response, dependencies=[Depends(authorize)], tags=["audio"])
     async def speech(body: SpeechBody, request: Request,
                      x_chorus_priority: str | None = Header(None, description="high, normal or low"),
