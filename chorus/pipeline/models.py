@@ -97,7 +97,9 @@ class SpeechModels:
         return ConversionPlanner.for_s3gen(self.s3gen, builtin_voice=self.builtin_voice,
                                            config=config or ConversionConfig())
 
-    def planner(self, max_chars: int = DEFAULT_MAX_CHARS) -> RequestPlanner:
+    def planner(self, max_chars: int = DEFAULT_MAX_CHARS, *, alignment: bool = False) -> RequestPlanner:
+        """``alignment``: the T3 engine keeps alignment queries, so timings may come from T3's attention."""
         build = None if self.front_end is None else self.front_end.build
         return RequestPlanner(self.variant, self.text_encoder, builtin_voice=self.builtin_voice,
-                              build_voice=build, max_chars=max_chars, random_weights=self.random_weights)
+                              build_voice=build, max_chars=max_chars, random_weights=self.random_weights,
+                              alignment=alignment)

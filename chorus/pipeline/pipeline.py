@@ -93,7 +93,7 @@ class Pipeline:
         variant = models.variant
         # the pipeline's deadline covers the whole request; T3 only gets what a request brings
         engine_config = replace(config.engine or EngineConfig(variant=variant.name), default_deadline_s=None)
-        self.planner = models.planner(config.max_chars)
+        self.planner = models.planner(config.max_chars, alignment=engine_config.alignment)
         self._conversion_planner: ConversionPlanner | None = None
         self.conditioning = ConditioningCache(models.t3, variant, config.conditioning_cache_size)
         self._token_rules = TokenRules.for_variant(variant)

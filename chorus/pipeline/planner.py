@@ -142,8 +142,9 @@ class RequestPlanner:
 
     def __init__(self, variant: Variant, text_encoder: TextEncoder, *, builtin_voice: Callable[[], Voice],
                  build_voice: Callable[[Any], Voice] | None = None, max_chars: int = DEFAULT_MAX_CHARS,
-                 random_weights: bool = False):
+                 random_weights: bool = False, alignment: bool = False):
         self.variant = variant
+        self.alignment = alignment  # the T3 engine keeps alignment queries (EngineConfig.alignment)
         self.text_encoder = text_encoder
         self._builtin_voice = builtin_voice
         self._build_voice = build_voice
@@ -243,7 +244,7 @@ class RequestPlanner:
             get_watermarker(request.watermark)  # fails now if the package is missing
         if request.timestamps is not None and request.timestamps not in TIMESTAMPS:
             raise ValueError(f"timestamps must be one of {', '.join(TIMESTAMPS)} (or unset), got {request.timestamps!r}")
-        aligned = request.timestamps is not None and self._aligned_spans_known()
+        aligned = request.timestamps is not None and self.alignment and self._aligned_spans_known()
         base_seed = int(params.seed)
         planned = tuple(ChunkPlan(i, text, tuple(ids), replace(params, seed=chunk_seed(base_seed, i)), pause,
                                   self._framed_token_spans(text, ids) if aligned else None)

@@ -137,6 +137,7 @@ class ServerConfig:
     t3_admit_ahead: bool = True  # admit arrivals in T3's step scheduled ahead (SchedulerConfig.admit_ahead)
     t3_mixed_graph_tokens: int = 256  # admitting steps up to this many prompt positions replay graphs (EngineConfig)
     t3_admit_within_graphs: bool = True  # a step that decodes admits what a mixed graph holds (EngineConfig)
+    timestamp_alignment: bool = False  # T3 keeps its aligned heads' queries: Llama variants time words by attention
     vocoder_max_pass_seconds: float | None = None  # while streams play, a vocoder pass's predicted time at most
     vocoder_first_window_tokens: int = 20  # speech tokens of a stream's first vocoder window
     vocoder_first_window_prompt_tokens: int | None = None  # voice-prompt tokens of a stream's first vocoder pass

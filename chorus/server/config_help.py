@@ -97,6 +97,10 @@ FIELD_HELP = {
                              "at most this many prompt positions replays a CUDA graph instead of running eagerly "
                              "(0: they run eagerly; else at least 64, the smallest bucket; docs/engine.md, "
                              "\"CUDA graphs\")",
+    "timestamp_alignment": "let requests on Llama variants (original, multilingual) that ask for timestamps time "
+                           "their words from T3's aligned attention heads (method alignment); every T3 step then "
+                           "keeps those heads' queries (EngineConfig.alignment). Off: they get the estimate method "
+                           "(docs/timestamps.md)",
     "t3_admit_within_graphs": "with t3_mixed_graph_tokens, a T3 step that decodes admits only what the largest mixed "
                               "CUDA graph holds (8 prompt rows, t3_mixed_graph_tokens positions); the rest waits for "
                               "the next steps, so a burst of arrivals is admitted over a few graph replays instead of "

@@ -69,7 +69,8 @@ def engine_config(config: ServerConfig, gpu_memory_utilization: float):
                                   kv_cache_bytes=config.kv_cache_bytes, kv_cache_dtype=config.kv_cache_dtype,
                                   gpu_memory_utilization=gpu_memory_utilization, admit_ahead=config.t3_admit_ahead,
                                   mixed_graph_tokens=config.t3_mixed_graph_tokens,
-                                  admit_within_graphs=config.t3_admit_within_graphs)
+                                  admit_within_graphs=config.t3_admit_within_graphs,
+                                  alignment=config.timestamp_alignment)
 
 
 def load_models(config: ServerConfig) -> Loaded:

@@ -19,9 +19,9 @@ from tests.pipeline.tiny_pipeline import aligned_models, tiny_models
 TEXT = "The first sentence is here. A second one follows it. And a third closes the text."
 
 
-def _pipeline(models: SpeechModels) -> Pipeline:
+def _pipeline(models: SpeechModels, alignment: bool = True) -> Pipeline:
     name = models.variant.name
-    engine = EngineConfig(variant=name, cache=CacheConfig(kv_cache_bytes=64 << 20),
+    engine = EngineConfig(variant=name, alignment=alignment, cache=CacheConfig(kv_cache_bytes=64 << 20),
                           scheduler=SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=1024, max_model_len=1024,
                                                     step_time_target_s=math.inf))
     return Pipeline(models, PipelineConfig(engine=engine, max_chars=40)).start()
@@ -59,6 +59,13 @@ def test_a_llama_variant_times_words_by_its_alignment(original):
     result = original.submit(_request()).result()
     assert len(result.chunks) > 1
     assert {t.method for t in result.timestamps} == {"alignment"}
+    _check_inside_and_ordered(result)
+
+
+def test_a_llama_variant_estimates_when_its_engine_keeps_no_alignment():
+    with _pipeline(aligned_models(), alignment=False) as pipe:
+        result = pipe.submit(_request()).result()
+    assert {t.method for t in result.timestamps} == {"estimate"}
     _check_inside_and_ordered(result)
 
 

@@ -50,7 +50,8 @@ def tiny_loader(config: ServerConfig, *, front_end=None, max_num_seqs: int = 16,
             models = dataclasses.replace(models, front_end=front_end(model_config.variant) if callable(front_end)
                                          else front_end)
             models._builtin = tiny_models(model_config.variant)._builtin
-        engine = EngineConfig(variant=model_config.variant, cache=CacheConfig(kv_cache_bytes=kv_cache_bytes),
+        engine = EngineConfig(variant=model_config.variant, alignment=model_config.timestamp_alignment,
+                              cache=CacheConfig(kv_cache_bytes=kv_cache_bytes),
                               scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=1024,
                                                         max_model_len=1024))
         pipeline = Pipeline(models, PipelineConfig(engine=engine, vocoder=vocoder_config(model_config),

@@ -19,7 +19,8 @@ TEXT = "Hello there, this is a test."
 
 @pytest.fixture(scope="module")
 def original(module_tmp_path_factory):
-    config = server_config(module_tmp_path_factory.mktemp("voices-original"), variant="original")
+    config = server_config(module_tmp_path_factory.mktemp("voices-original"), variant="original",
+                           timestamp_alignment=True)
     with LiveServer(config, tiny_loader(config, models_of=lambda variant: aligned_models())) as live:
         yield live
 
