@@ -14,7 +14,7 @@ from fastapi import FastAPI, WebSocket
 
 from chorus.server.backend import Backend
 from chorus.server.errors import APIError
-from chorus.server.http.auth import Keys
+from chorus.server.http.auth import require_key
 from chorus.server.http.errors import error_response, install_error_handlers
 from chorus.server.http.middleware import EXPECTED_CUT, HIDDEN_KEYS, BodyLimit, EarlyRefusal, RequestContext
 from chorus.server.http.models import install_admin, install_models
@@ -23,6 +23,7 @@ from chorus.server.http.operations import install_operations
 from chorus.server.http.speech import CONVERSION_PATH, install_speech
 from chorus.server.http.uploads import MULTIPART_OVERHEAD, upload_too_large
 from chorus.server.http.voices import install_voices
+from chorus.server.keys import Keys
 
 
 def create_app(service: Backend) -> FastAPI:
@@ -86,7 +87,7 @@ def create_app(service: Backend) -> FastAPI:
         return app.openapi_schema
 
     app.openapi = openapi
-    authorize = keys.dependency()
+    authorize = require_key(keys)
     install_operations(app, service)
     install_models(app, service, authorize)
     install_voices(app, service, authorize)

@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection
 
 from chorus.server.grpc.messages import SERVICE
 from chorus.server.grpc.servicer import RivaSynthesis
-from chorus.server.http.auth import Keys
+from chorus.server.keys import Keys
 
 logger = logging.getLogger("chorus.server")
 

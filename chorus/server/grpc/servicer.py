@@ -17,7 +17,7 @@ from chorus.server.grpc import messages
 from chorus.server.grpc.audio import RivaAudio
 from chorus.server.grpc.errors import cut_status, status_of
 from chorus.server.grpc.requests import parse
-from chorus.server.http.auth import Keys
+from chorus.server.keys import Keys
 from chorus.server.registry import VERSION_HEADER
 
 ENGLISH = "en-US"  # the language code listed for English models (Riva's clients send it by default)

@@ -15,7 +15,7 @@ import uuid
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from chorus.server.errors import APIError, StreamCut
-from chorus.server.http.auth import Keys
+from chorus.server.keys import Keys
 from chorus.server.http.errors import error_response
 from chorus.server.logs import MAX_LOGGED_PATH, clean_for_log, request_id_var
 from chorus.server.schemas import SpeechBody

@@ -10,7 +10,7 @@ from fastapi import Depends, FastAPI, Header
 from pydantic import BaseModel, ConfigDict, Field
 
 from chorus.server.errors import APIError
-from chorus.server.http.auth import Keys
+from chorus.server.keys import Keys
 from chorus.server.http.errors import ERRORS
 from chorus.server.model_entries import VERSION_RE
 from chorus.server.schemas import ErrorBody, ModelCard, ModelList
