@@ -4,6 +4,7 @@ a figure table (docs/benchmarks.md, README.md) is the value its report holds."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from chorus.bench import results_index
@@ -136,3 +137,11 @@ def test_a_quoted_key_reads_a_dict_key_that_holds_dots():
         assert "hift.istft" in str(error)
     else:
         raise AssertionError("a missing quoted key must be a KeyError")
+
+
+def test_no_committed_report_names_an_absolute_path_of_the_machine_it_ran_on():
+    """A report's command is kept as run; its --out must name the committed file, not where the
+    run's machine wrote it."""
+    for path in sorted(RESULTS.glob("*.json")):
+        command = (json.loads(path.read_text()).get("provenance") or {}).get("command") or ""
+        assert not re.search(r"(^|\s)/(root|home|work)/", command), f"{path.name}: {command}"
