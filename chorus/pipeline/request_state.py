@@ -51,6 +51,11 @@ class ChunkJob:
     delivered: list[np.ndarray] = field(default_factory=list)  # audio already streamed out
     done: bool = False
 
+    @property
+    def samples(self) -> int:
+        """Samples of audio made so far (``waveform().size`` without joining the pieces)."""
+        return sum(piece.size for piece in self.delivered) + sum(piece.size for piece in self.pieces)
+
     def waveform(self) -> np.ndarray:
         parts = self.delivered + self.pieces
         return np.concatenate(parts) if parts else np.zeros(0, np.float32)
@@ -130,6 +135,7 @@ class RequestState:
     pauses_s: tuple[float, ...] = ()  # SpeechPlan.pauses_s (empty: none)
     pauses_sent: int = 0  # pauses before chunks (SpeechPlan.pauses_s) already streamed out
     token_rules: TokenRules | None = None  # the variant's, for requests with timestamps
+    _timings: dict[int, ChunkTimings] = field(default_factory=dict)  # of done chunks, made once
 
     @property
     def submitted(self) -> float:
@@ -172,13 +178,18 @@ class RequestState:
 
     def chunk_timings(self, index: int) -> ChunkTimings:
         """Chunk ``index``'s timings in seconds of the request's audio (its job and every job
-        before it done): its exact span after the chunks and pauses before it."""
-        start, end = chunk_span([j.waveform().size for j in self.jobs[:index + 1]], self.pauses_s)
+        before it done): its exact span after the chunks and pauses before it. Made once: the
+        streamed piece that ends the chunk and the whole result share it."""
+        if index in self._timings:
+            return self._timings[index]
+        start, end = chunk_span([j.samples for j in self.jobs[:index + 1]], self.pauses_s)
         chunk = self.plan.chunks[index]
         alignment = None
         if chunk.token_spans is not None and self.token_rules is not None:
             alignment = self.jobs[index].alignment(self.token_rules)
-        return chunk_timings(chunk.text, (start / SAMPLE_RATE, end / SAMPLE_RATE), alignment, chunk.token_spans)
+        timings = chunk_timings(chunk.text, (start / SAMPLE_RATE, end / SAMPLE_RATE), alignment, chunk.token_spans)
+        self._timings[index] = timings
+        return timings
 
     def _put_pause(self, slot: int, chunk_index: int, final: bool) -> None:
         """Stream the pause of ``pauses_s[slot]`` (nothing when it is none)."""
