@@ -23,6 +23,11 @@ model: EOS is banned until the length is reached, then generation stops. Measure
   against a cache in the model's dtype (:mod:`chorus.engine.kv_accuracy`);
 - roofline (optional): per batch size, one engine forward profiled eagerly, its GEMMs and
   attention against the card's peak and bandwidth (:mod:`chorus.bench.roofline`);
+- timestamps cost (optional, Llama variants): per batch size, the decode test again on an
+  engine that keeps alignment rows (``EngineConfig.alignment``, what ``chorus serve
+  --timestamp-alignment`` builds), once with no row asking and once with every row asking
+  (``T3Request.want_alignment``), each against the plain decode entry of the same batch size
+  (``timestamps_cost``: step time ratios; same process, same card, each engine warmed alike);
 - reference (optional): the reference package's own T3 loop (one chunk at a time, as it runs)
   on the same device, warm (one untimed call first), on chunks evenly spaced over the workload
   (at least ``reference_chunks``, more until a minute of audio), each checked to have generated
@@ -86,6 +91,8 @@ class T3BenchConfig:
     kv_accuracy_steps: int = 16  # decode steps of the FP8 accuracy check
     # the roofline report (chorus.bench.roofline): one decode step per batch size profiled against the card
     roofline: bool = False
+    # the timestamps cost: the decode test again with alignment rows kept, idle and asked for by every row
+    timestamps: bool = False
     peak_tflops: float | None = None  # override the card table's peak (every precision)
     peak_gbps: float | None = None  # override its HBM bandwidth
     extra: dict = field(default_factory=dict)
@@ -96,10 +103,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def bench_engine(model, variant, cfg: T3BenchConfig, rows: int) -> T3Engine:
-    """An engine for ``rows`` rows with the bench's cache and scheduler settings (no deadline)."""
+def bench_engine(model, variant, cfg: T3BenchConfig, rows: int, alignment: bool = False) -> T3Engine:
+    """An engine for ``rows`` rows with the bench's cache and scheduler settings (no deadline);
+    ``alignment``: one that keeps alignment rows for the requests that ask."""
     config = EngineConfig(
-        variant=variant.name, default_deadline_s=None, warm_up_kernels=cfg.warm_up_kernels,
+        variant=variant.name, default_deadline_s=None, warm_up_kernels=cfg.warm_up_kernels, alignment=alignment,
         cache=CacheConfig(kv_cache_bytes=int((cfg.kv_cache_gib if model.device.type == "cuda" else 1.0) * 2**30),
                           kv_cache_dtype=cfg.kv_cache_dtype, shared_prefix_attention=cfg.shared_prefix_attention),
         scheduler=SchedulerConfig(max_num_seqs=rows, max_num_batched_tokens=max(cfg.max_num_batched_tokens, rows),
@@ -135,16 +143,20 @@ def fixed_length_params(variant, cfg: T3BenchConfig, n_tokens: int, seed: int) -
         cfg_weight=cfg.cfg_weight if variant.t3.supports_cfg else None)
 
 
-def bench_decode(model, variant, conditioning, text_ids, cfg: T3BenchConfig, batch: int, roof=None) -> dict:
+def bench_decode(model, variant, conditioning, text_ids, cfg: T3BenchConfig, batch: int, roof=None,
+                 alignment: tuple[bool, bool] = (False, False)) -> dict:
+    """``alignment``: (the engine keeps alignment rows, every request asks for them)."""
+    keeps, asks = alignment
     rows_per_request = 2 if variant.t3.supports_cfg and cfg.cfg_weight > 0 else 1
-    engine = bench_engine(model, variant, cfg, batch * rows_per_request)
+    engine = bench_engine(model, variant, cfg, batch * rows_per_request, alignment=keeps)
     warmup_s = _warmup_seconds(engine)
     device = model.device
     # every request must still be decoding at the roofline's profiled step: the ones admitted first
     # decode while the rest prefill, up to one token per prefill step, so the margin covers those
     prefill_steps_max = 64
     total = cfg.warmup_steps + cfg.decode_steps + min(10, cfg.decode_steps) + 4 + prefill_steps_max
-    ids = [engine.add_request(T3Request(text_ids, conditioning, fixed_length_params(variant, cfg, total, i))) for i in range(batch)]
+    ids = [engine.add_request(T3Request(text_ids, conditioning, fixed_length_params(variant, cfg, total, i),
+                                        want_alignment=asks)) for i in range(batch)]
     produced = {rid: 0 for rid in ids}
     prefill_steps = 0
     while min(produced.values()) < 1:  # prefill everything first
@@ -183,6 +195,23 @@ def bench_decode(model, variant, conditioning, text_ids, cfg: T3BenchConfig, bat
             "prompt_tokens": prompt_tokens,
             "context_tokens": int(first_context + (cfg.decode_steps - 1) / 2 + 0.5)} | (
                 {"roofline": roofline} if roofline is not None else {})
+
+
+def bench_timestamps_cost(model, variant, conditioning, text_ids, cfg: T3BenchConfig, decode: list[dict]) -> dict:
+    """Per decode entry, the step on an engine keeping alignment rows with no row asking
+    (``idle``) and with every row asking (``all_rows``), and their cost against the entry."""
+    entries = []
+    for plain in decode:
+        idle, asked = (bench_decode(model, variant, conditioning, text_ids, cfg, plain["batch"], alignment=(True, asks))
+                       for asks in (False, True))
+        entries.append({"batch": plain["batch"], "rows": plain["rows"], "step_ms_off": plain["step_ms"],
+                        "step_ms_idle": idle["step_ms"], "step_ms_all_rows": asked["step_ms"],
+                        "cost_idle": round(idle["step_ms"] / plain["step_ms"] - 1, 4),
+                        "cost_all_rows": round(asked["step_ms"] / plain["step_ms"] - 1, 4)})
+    return {"method": "decode test per batch size (cfg.decode_steps steps after warm-up, fixed lengths) on a "
+                      "new engine each: off = EngineConfig.alignment False (the decode entry), idle = alignment "
+                      "kept but no row asks, all_rows = every request asks (want_alignment); cost = step / off - 1",
+            "entries": entries}
 
 
 def bench_yardstick(plain: PlainDecodeModel, decode: dict, cfg: T3BenchConfig) -> tuple[dict, str]:
@@ -368,6 +397,10 @@ def load_bench_model(cfg: T3BenchConfig) -> tuple[Variant, T3Model, TextEncoder,
 
 def run(cfg: T3BenchConfig) -> dict:
     variant, model, encoder, voice, random_weights = load_bench_model(cfg)
+    if cfg.timestamps:
+        from chorus.models.t3.alignment import alignment_heads
+
+        alignment_heads(variant.t3.backbone)  # before any run: raises where no alignment heads are known
     device, dtype = model.device, model.dtype
     chunks = workload_chunks(cfg)
     report: dict = {
@@ -397,6 +430,8 @@ def run(cfg: T3BenchConfig) -> dict:
         report["yardstick"] = describe(plain, "/".join(sorted(modes)))
         del plain
         _free_device_memory()
+    if cfg.timestamps:
+        report["timestamps_cost"] = bench_timestamps_cost(model, variant, conditioning, text_ids, cfg, report["decode"])
     if cfg.workload:
         report["workload"] = bench_workload(model, variant, conditioning, encoder, chunks, cfg)
     if cfg.chunk_chars:
@@ -445,6 +480,11 @@ def format_tables(report: dict) -> str:
             lines.append(f"roofline, batch {d['batch']} ({d['roofline']['rows']} rows, context "
                          f"{d['roofline']['context_tokens']}):")
             lines += format_classes(d["roofline"])
+    if report.get("timestamps_cost"):
+        lines.append(f"{'batch':>6} {'rows':>5} {'off ms':>8} {'idle ms':>8} {'all ms':>8} {'cost idle':>9} {'cost all':>9}")
+        for t in report["timestamps_cost"]["entries"]:
+            lines.append(f"{t['batch']:>6} {t['rows']:>5} {t['step_ms_off']:>8.3f} {t['step_ms_idle']:>8.3f} "
+                         f"{t['step_ms_all_rows']:>8.3f} {t['cost_idle']:>9.3f} {t['cost_all_rows']:>9.3f}")
     if report.get("chunk_sweep"):
         lines.append("")
         lines.append(f"{'max_chars':>9} {'chunks':>6} {'rows':>5} {'longest':>7} {'steps':>6} {'T3 s':>8} "

@@ -78,6 +78,10 @@ def _add_t3_parser(bench_sub) -> None:
     p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPE_CHOICES,
                    help="KV cache storage: auto (the model's dtype, default) or fp8_e4m3; with fp8 the report's "
                         "kv_cache section adds the logits cosine against the model-dtype cache")
+    p.add_argument("--timestamps", action="store_true",
+                   help="also measure what word timestamps cost (Llama variants): per batch size, the decode test on "
+                        "an engine keeping alignment rows (serve --timestamp-alignment), with no row and with every "
+                        "row asking, against the plain decode (report's timestamps_cost)")
     _add_roofline(p, "one decode step per batch size (the layers' GEMMs and attention; use a large batch)")
     add_bench_out(p)
     p.set_defaults(handler=_cmd_bench_t3)
@@ -101,7 +105,7 @@ def _cmd_bench_t3(args: argparse.Namespace) -> int:
         async_scheduling=not args.no_async_scheduling, chunk_chars=_chunk_bounds(args.chunk_chars),
         max_num_seqs=args.max_num_seqs, kv_cache_dtype=args.kv_cache_dtype,
         shared_prefix_attention=not args.no_shared_prefix, warm_up_kernels=not args.no_warm_up,
-        **_roofline_options(args),
+        timestamps=args.timestamps, **_roofline_options(args),
     )
     main_json(cfg, args.out)
     return 0

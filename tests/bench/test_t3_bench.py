@@ -142,3 +142,25 @@ def test_the_no_warm_up_flag_reaches_the_engine_config(monkeypatch):
     for cfg in configs:
         t3_bench.bench_engine(model, get_variant("turbo"), cfg, 4)
     assert [e.warm_up_kernels for e in engines] == [False, True]
+
+
+def test_the_t3_bench_measures_the_timestamps_cost_with_alignment_kept_idle_and_asked_for(tmp_path):
+    # 14 layers of 16 heads: the smallest Llama stack that has the alignment heads
+    cfg = T3BenchConfig(variant=tiny_variant("original", layers=14, hidden=64, heads=16), device="cpu",
+                        batch_sizes=(2,), decode_steps=2, warmup_steps=1, workload=False, yardstick=False,
+                        timestamps=True, cuda_graphs=False, max_num_seqs=8, max_num_batched_tokens=1024,
+                        max_model_len=512)
+    report = main_json(cfg, str(tmp_path / "t3.json"))
+    (entry,) = report["timestamps_cost"]["entries"]
+    assert (entry["batch"], entry["rows"]) == (2, 4)  # CFG: two rows a request
+    assert entry["step_ms_off"] == report["decode"][0]["step_ms"]
+    assert entry["step_ms_idle"] > 0 and entry["step_ms_all_rows"] > 0
+    assert entry["cost_all_rows"] == pytest.approx(entry["step_ms_all_rows"] / entry["step_ms_off"] - 1, abs=1e-3)
+
+
+def test_the_t3_bench_refuses_the_timestamps_cost_where_no_alignment_heads_are_known():
+    cfg = T3BenchConfig(variant=tiny_variant("turbo", layers=2, hidden=64, heads=4), device="cpu", batch_sizes=(1,),
+                        decode_steps=1, warmup_steps=1, workload=False, yardstick=False, timestamps=True,
+                        cuda_graphs=False, max_num_seqs=4, max_num_batched_tokens=1024, max_model_len=512)
+    with pytest.raises(ValueError, match="no alignment heads are known for the gpt2"):
+        main_json(cfg, None)
