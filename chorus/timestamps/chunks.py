@@ -6,12 +6,12 @@ string (the tokenizers do not report offsets); ``chunk_timings`` picks the metho
 when there is a map and every word of the chunk is covered by a token, else ``estimate`` (a
 tokenizer that rewrites the text, e.g. the multilingual one's NFKD or its Chinese step, leaves
 words uncovered). ``at_speed`` moves timings to a response played ``speed`` times faster, where
-the pauses keep their length.
+the pauses keep their length; ``shifted`` moves them later in a response that holds more audio.
 """
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -63,10 +63,18 @@ def at_speed(timings: ChunkTimings, silence_before_s: float, speed: float) -> Ch
     length: ``t -> silence + (t - silence) / speed``."""
     if speed == 1.0:
         return timings
+    return _moved(timings, lambda t: silence_before_s + (t - silence_before_s) / speed)
 
-    def move(t: float) -> float:
-        return silence_before_s + (t - silence_before_s) / speed
 
+def shifted(timings: ChunkTimings, offset_s: float) -> ChunkTimings:
+    """``timings`` moved ``offset_s`` seconds later (a request's audio that follows other audio in
+    one response, e.g. a piece of a WebSocket turn)."""
+    if offset_s == 0.0:
+        return timings
+    return _moved(timings, lambda t: t + offset_s)
+
+
+def _moved(timings: ChunkTimings, move: Callable[[float], float]) -> ChunkTimings:
     return ChunkTimings(timings.method,
                         tuple(replace(w, start=move(w.start), end=move(w.end)) for w in timings.words),
                         tuple(replace(c, start=move(c.start), end=move(c.end)) for c in timings.characters))

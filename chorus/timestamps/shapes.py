@@ -1,10 +1,14 @@
-"""Timings as the HTTP API sends them (docs/timestamps.md, "Using it").
+"""Timings as the front doors send them (docs/timestamps.md, "Using it"): one owner for which
+words and characters go out and how their seconds are rounded.
 
-``character``: ElevenLabs' ``alignment`` shape, ``{"characters", "character_start_times_seconds",
-"character_end_times_seconds"}``, whose characters joined give the spoken text (the chunks'
-texts joined by a space); a space or another character outside the words gets the gap between
-its neighbours. ``word``: ``[{"word", "start", "end"}]``. ``method``: ``alignment`` only when
-every chunk was timed from the model's attention, else ``estimate``.
+HTTP: ``character``: ElevenLabs' ``alignment`` shape, ``{"characters",
+"character_start_times_seconds", "character_end_times_seconds"}``, whose characters joined give
+the spoken text (the chunks' texts joined by a space); a space or another character outside the
+words gets the gap between its neighbours. ``word``: ``[{"word", "start", "end"}]``.
+The WebSocket: the same words and characters as Cartesia's parallel lists
+(``word_lists``, ``character_lists``). gRPC: Riva's ``WordTiming`` in whole milliseconds
+(``words_ms``). ``method``: ``alignment`` only when every chunk was timed from the model's
+attention, else ``estimate``.
 """
 from __future__ import annotations
 
@@ -25,6 +29,18 @@ def words(chunks: Sequence[ChunkTimings]) -> list[dict]:
             for chunk in chunks for w in chunk.words]
 
 
+def word_lists(chunks: Sequence[ChunkTimings]) -> dict:
+    """The words as Cartesia's ``word_timestamps``: ``{"words", "start", "end"}``, parallel lists."""
+    listed = words(chunks)
+    return {"words": [w["word"] for w in listed], "start": [w["start"] for w in listed],
+            "end": [w["end"] for w in listed]}
+
+
+def words_ms(chunks: Sequence[ChunkTimings]) -> list[tuple[str, int, int]]:
+    """The words as Riva's ``WordTiming`` has them: (word, start, end) in whole milliseconds."""
+    return [(w.text, round(w.start * 1000), round(w.end * 1000)) for chunk in chunks for w in chunk.words]
+
+
 def characters(texts: Sequence[str], chunks: Sequence[ChunkTimings], *, leading_space: bool = False) -> dict:
     """The characters of ``texts`` (each with its chunk's timings), joined by a space (and led
     by one with ``leading_space``: a streamed chunk after the first)."""
@@ -42,6 +58,14 @@ def characters(texts: Sequence[str], chunks: Sequence[ChunkTimings], *, leading_
     return {"characters": letters,
             "character_start_times_seconds": [round(t, DECIMALS) for t in starts],
             "character_end_times_seconds": [round(t, DECIMALS) for t in ends]}
+
+
+def character_lists(texts: Sequence[str], chunks: Sequence[ChunkTimings], *, leading_space: bool = False) -> dict:
+    """:func:`characters` as parallel lists in the style of Cartesia's ``word_timestamps``:
+    ``{"characters", "start", "end"}``."""
+    shaped = characters(texts, chunks, leading_space=leading_space)
+    return {"characters": shaped["characters"], "start": shaped["character_start_times_seconds"],
+            "end": shaped["character_end_times_seconds"]}
 
 
 def _fill_gaps(times: list[tuple[float, float] | None]) -> tuple[list[float], list[float]]:

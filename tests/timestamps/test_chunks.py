@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from chorus.timestamps import estimate
-from chorus.timestamps.chunks import at_speed, chunk_timings, token_spans
-from chorus.timestamps.shapes import characters, method, words
+from chorus.timestamps.chunks import at_speed, chunk_timings, shifted, token_spans
+from chorus.timestamps.shapes import character_lists, characters, method, word_lists, words, words_ms
 
 
 def test_tokens_are_found_in_order_case_insensitively():
@@ -53,3 +53,30 @@ def test_words_and_method_of_several_chunks():
     chunks = [estimate("a b", (0.0, 1.0)), estimate("c", (1.0, 2.0))]
     assert [w["word"] for w in words(chunks)] == ["a", "b", "c"]
     assert method(chunks) == "estimate"
+
+
+def test_shifted_moves_every_word_and_character_later():
+    timings = estimate("one two", (0.0, 1.0))
+    later = shifted(timings, 2.5)
+    assert [t for w in later.words for t in (w.start, w.end)] == pytest.approx(
+        [t + 2.5 for w in timings.words for t in (w.start, w.end)])
+    assert later.characters[0].start == pytest.approx(2.5) and later.method == timings.method
+
+
+def test_word_lists_are_the_words_as_parallel_lists():
+    chunks = [estimate("a b", (0.0, 1.0)), estimate("c", (1.0, 2.0))]
+    listed = word_lists(chunks)
+    assert listed == {"words": [w["word"] for w in words(chunks)], "start": [w["start"] for w in words(chunks)],
+                      "end": [w["end"] for w in words(chunks)]}
+
+
+def test_character_lists_are_the_characters_as_parallel_lists():
+    chunks = [estimate("Hi.", (0.0, 1.0))]
+    shaped = characters(["Hi."], chunks, leading_space=True)
+    listed = character_lists(["Hi."], chunks, leading_space=True)
+    assert listed == {"characters": [" ", "H", "i", "."], "start": shaped["character_start_times_seconds"],
+                      "end": shaped["character_end_times_seconds"]}
+
+
+def test_words_ms_are_whole_milliseconds():
+    assert words_ms([estimate("one", (0.25, 1.2504))]) == [("one", 250, 1250)]
