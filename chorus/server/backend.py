@@ -51,11 +51,12 @@ class Backend(Protocol):
         the body would get another answer, or this backend cannot tell (the full path then runs)."""
 
     async def speech(self, body: SpeechBody, priority_header: str | None, request_id: str, *,
-                     arrived: float, affinity: str | None = None, voice_clip: bytes | None = None
-                     ) -> SpeechResponse:
+                     arrived: float, affinity: str | None = None, voice_clip: bytes | None = None,
+                     timed: bool = False) -> SpeechResponse:
         """Start a request; errors before its first audio raise ``APIError``. ``affinity``: the
         key that picks the version of a model split between versions (None: the request id).
-        ``voice_clip``: a reference clip to speak in, for this request only (None: ``body.voice``)."""
+        ``voice_clip``: a reference clip to speak in, for this request only (None: ``body.voice``).
+        ``timed``: the chunks come with their timings (``SpeechService.speech``; gRPC's door)."""
 
     async def convert(self, form: ConversionForm, priority_header: str | None, request_id: str, *,
                       arrived: float, affinity: str | None = None) -> SpeechResponse:

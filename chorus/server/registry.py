@@ -241,10 +241,10 @@ class ModelRegistry:
 
     # ------------------------------------------------------------------------------- requests
     async def speech(self, body, priority_header: str | None, request_id: str, *, arrived: float,
-                     affinity: str | None = None, voice_clip: bytes | None = None):
+                     affinity: str | None = None, voice_clip: bytes | None = None, timed: bool = False):
         return await self._call(body.model, affinity or request_id,
                                 lambda s: s.speech(body, priority_header, request_id, arrived=arrived,
-                                                   voice_clip=voice_clip))
+                                                   voice_clip=voice_clip, timed=timed))
 
     async def convert(self, form, priority_header: str | None, request_id: str, *, arrived: float,
                       affinity: str | None = None):

@@ -369,20 +369,23 @@ it did not match its fingerprint. Load is not a reason: a
         return [self.config.model_id, *self.aliases]
 
     async def speech(self, body: SpeechBody, priority_given: str | None, request_id: str, *,
-                     arrived: float, voice_clip: bytes | None = None) -> SpeechResponse:
+                     arrived: float, voice_clip: bytes | None = None, timed: bool = False) -> SpeechResponse:
         """Speak ``body``: checked, admitted, submitted, and its first audio awaited; the response
         streams the rest. ``priority_given``: the priority given outside the body (HTTP's
         ``X-Chorus-Priority``). ``voice_clip``: a reference clip to speak in instead of
-        ``body.voice``, for this request only (gRPC's zero-shot data). Everything that fails
-        before the first audio raises ``APIError``."""
+        ``body.voice``, for this request only (gRPC's zero-shot data). ``timed``: the door
+        places ``body.timestamps``' timings itself (gRPC's ``meta.words``): the response's chunks
+        come with them (``respond``), whatever the stream format. Everything that fails before
+        the first audio raises ``APIError``."""
         self.require_serving()
         priority = self._check(body, priority_given)
-        check_timestamps(body)
+        if not timed:
+            check_timestamps(body)
         call = await speak.open_call(self, body, priority, request_id, arrived, clip=voice_clip)
         rate = call.stream.plan.speed  # an SSML prosody rate scales the body's speed
         return await respond(call, body.response_format, streaming=streams(body),
                              speed=body.speed if rate is None else body.speed * rate, sse=body.stream_format == "sse",
-                             timestamps=body.timestamps)
+                             timestamps=body.timestamps, timed=timed)
 
     async def convert(self, form: ConversionForm, priority_given: str | None, request_id: str, *,
                       arrived: float) -> SpeechResponse:

@@ -57,21 +57,24 @@ class SpeechResponse:
     ``on_stall`` (if any) is called when the client stopped reading for ``write_stall_s`` and
     is being dropped, before ``chunks`` is closed. ``on_close`` (if any) is called once the
     response is over, however it ended, after ``chunks`` was closed: it frees what a body that
-    never started (a client gone before the first write) still holds."""
+    never started (a client gone before the first write) still holds. A response made with
+    ``timed`` (a door that places the timings itself, gRPC) yields ``(bytes, timings)``: the
+    timings of the chunk whose audio ended in those bytes, in seconds of the response, or None."""
 
     media_type: str
     headers: dict[str, str]
-    chunks: AsyncIterator[bytes]
+    chunks: AsyncIterator  # bytes; with ``respond(timed=True)``: (bytes, ChunkTimings | None)
     on_stall: Callable[[], None] | None = None
     on_close: Callable[[], None] | None = None
 
 
 async def respond(call: "SpeechCall", response_format: str, *, streaming: bool, speed: float = 1.0,
-                  sse: bool = False, timestamps: str | None = None) -> SpeechResponse:
+                  sse: bool = False, timestamps: str | None = None, timed: bool = False) -> SpeechResponse:
     """The response of an admitted, submitted call: its encoder, then its first audio awaited
     (a failure before it is still a JSON error), then the body that streams the rest.
     ``timestamps`` (``"word"``, ``"character"``): SSE events of each chunk's timings, or, not
-    SSE, a JSON response with the whole audio in base64 and the timings (docs/timestamps.md)."""
+    SSE, a JSON response with the whole audio in base64 and the timings (docs/timestamps.md);
+    with ``timed``, neither: the chunks come with their timings (``SpeechResponse``)."""
     from chorus.audio.streaming import StreamEncoder, media_type  # PyAV: imported when first needed
 
     try:
@@ -95,6 +98,9 @@ async def respond(call: "SpeechCall", response_format: str, *, streaming: bool, 
         headers[QUALITY_HEADER] = ",".join(call.quality().flags) or "none"
     cheap = response_format in ("wav", "pcm") and speed == 1.0  # no codec: encode inline
     session = _Session(call, encoder, first, cheap, speed=speed, timestamps=timestamps, response_format=response_format)
+    if timed:
+        return SpeechResponse(media_type(response_format), headers, session._encoded(), session.stalled,
+                              session.abandon)
     if sse:
         return SpeechResponse("text/event-stream", headers, session.sse(), session.stalled, session.abandon)
     if timestamps is not None:

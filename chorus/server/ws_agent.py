@@ -3,9 +3,10 @@ messages and limits, and draining. The protocol is documented in docs/voice-agen
 pieces and audio live in ``ws_turn.py``.
 
 A connection is configured once (``config``: the model, the voice and the SpeechBody fields that
-make sense per connection, all checked by ``SpeechBody`` itself, and the response format and the
-text threshold); then ``text`` deltas open and feed turns, ``flush`` ends a turn's text,
-``cancel`` drops a turn at once and ``close`` finishes every turn and closes. Protocol errors
+make sense per connection, all checked by ``SpeechBody`` itself, ``timestamps`` among them (a
+``timestamps`` event after each piece's audio), and the response format and the text
+threshold); then ``text`` deltas open and feed turns, ``flush`` ends a turn's text, ``cancel``
+drops a turn at once and ``close`` finishes every turn and closes. Protocol errors
 (a message that is not a JSON object with a known ``type``, one before ``config``, one without a
 valid ``turn_id``) end the connection; errors of one turn (a malformed message naming a valid
 ``turn_id`` included) end that turn only.
@@ -36,7 +37,7 @@ logger = logging.getLogger("chorus.server")
 FORMATS = ("pcm", "pcm_24000", "pcm_16000", "pcm_8000", "mulaw_8000", "mp3", "opus")
 # the SpeechBody fields a connection may set (the others are per request: input, speed, ...)
 BODY_FIELDS = ("model", "voice", "exaggeration", "cfg_weight", "temperature", "top_p", "min_p", "top_k",
-               "repetition_penalty", "seed", "language", "priority", "flow_steps", "max_new_tokens")
+               "repetition_penalty", "seed", "language", "priority", "flow_steps", "max_new_tokens", "timestamps")
 CONFIG_FIELDS = ("type", "response_format", "chunking", *BODY_FIELDS)
 MAX_TURN_ID_CHARS = 128
 TURN_FIELDS = {"text": ("type", "turn_id", "text"), "flush": ("type", "turn_id"), "cancel": ("type", "turn_id")}

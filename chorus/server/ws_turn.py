@@ -5,7 +5,8 @@ is queued for the *starter* task, which admits and submits pieces (``SpeechServi
 the same checks, admission, degradation and deadlines as ``POST /v1/audio/speech``) and waits for
 each one's first audio, at most ``PIPELINE_DEPTH`` pieces ahead of the one being sent. The
 *sender* task streams the started pieces' audio in order through the turn's one encoder, as
-binary frames, then sends ``done``. An error ends the turn where the sender meets it (the audio
+binary frames, each piece's ``timestamps`` event after its audio when the connection asked for
+them, then sends ``done``. An error ends the turn where the sender meets it (the audio
 of the pieces before it is sent first); :meth:`Turn.cancel` ends it at once.
 """
 from __future__ import annotations
@@ -20,6 +21,8 @@ from chorus.pipeline.errors import PipelineError
 from chorus.server.errors import APIError, pipeline_error
 from chorus.server.speech import SpeechCall, turn_quality, usage
 from chorus.server.text_pieces import Piece, TextPieces
+from chorus.timestamps import shapes
+from chorus.timestamps.chunks import shifted
 
 logger = logging.getLogger("chorus.server")
 
@@ -61,6 +64,7 @@ class Turn:
         self._encoding: asyncio.Future | None = None  # an encoder call running on a worker thread
         self.seq = 0
         self.samples = 0
+        self.pieces_sent = 0  # pieces whose audio went out
         self.first_text_at = now
         self.flushed_at: float | None = None
         self.first_audio_at: float | None = None
@@ -173,11 +177,15 @@ class Turn:
                 await self._fail(item)
                 return
             call, piece = item
+            starts_at = self.samples / SAMPLE_RATE  # where the piece's audio starts in the turn's
+            timed = []  # (chunk index, timings) of the piece's chunks, as each one's audio ends
             try:
                 while piece is not None:
                     call.delivered(piece.samples.size)
                     self.samples += piece.samples.size
                     await self._send(await self._encode("write", piece.samples))
+                    if piece.timings is not None:
+                        timed.append((piece.chunk_index, shifted(piece.timings, starts_at)))
                     piece = await call.next()
             except PipelineError as exc:  # after its first audio: the turn ends with the error
                 error = pipeline_error(exc)
@@ -185,6 +193,9 @@ class Turn:
                 call.end(error.code)
                 await self._fail(error)
                 return
+            if timed:
+                await self._send_timestamps(call, timed)
+            self.pieces_sent += 1
             call.completed()
             call.end("ok")
             self._depth.release()
@@ -199,6 +210,21 @@ class Turn:
                         "threshold_wait_s": _round(self.threshold_wait_s),
                         "first_piece": self._first_piece_timings()}})
         self._end("done")
+
+    async def _send_timestamps(self, call: SpeechCall, timed: list) -> None:
+        """The ``timestamps`` event of a piece whose audio was all sent: its words (or characters)
+        in seconds from the start of the turn's audio, as Cartesia's parallel lists."""
+        if self.stopping:
+            raise asyncio.CancelledError  # cancelled: no timings follow the audio that went out
+        chunks = [timings for _, timings in timed]
+        event = {"type": "timestamps", "turn_id": self.id, "piece": self.pieces_sent,
+                 "method": shapes.method(chunks)}
+        if self.settings.body.timestamps == "word":
+            event["word_timestamps"] = shapes.word_lists(chunks)
+        else:
+            texts = [call.stream.plan.chunks[index].text for index, _ in timed]
+            event["character_timestamps"] = shapes.character_lists(texts, chunks, leading_space=self.pieces_sent > 0)
+        await self.connection.send_event(event)
 
     def _first_piece_timings(self) -> dict[str, float] | None:
         """Where the first piece's time went, in seconds from its cut (the end of the threshold's
