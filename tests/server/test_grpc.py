@@ -1,6 +1,6 @@
 """The Riva gRPC door (docs/grpc.md) on a live server over tiny models, called with the
 unmodified ``nvidia-riva-client`` (``riva.client.SpeechSynthesisService``): unary and streaming
-synthesis, the config listing, zero-shot voices, encodings, every error status, a cancelled
+synthesis, word time offsets, the config listing, zero-shot voices, encodings, every error status, a cancelled
 stream that frees its KV blocks, concurrent streams, health and reflection."""
 from __future__ import annotations
 
@@ -175,6 +175,51 @@ def test_codec_encodings_decode_to_the_speech(server, encoding, fmt):
     assert samples.size / rate == pytest.approx(reference.size / 24_000, abs=0.05)
 
 
+def _words(responses) -> list[tuple[str, int, int]]:
+    return [(w.word, w.start_time, w.end_time) for r in responses for w in r.meta.words]
+
+
+def test_word_time_offsets_time_every_word_in_order_inside_the_audio(server):
+    reply = tts(server).synthesize(LONG_TEXT, sample_rate_hz=24_000, custom_configuration=SEED,
+                                   enable_word_time_offsets=True)
+    words = _words([reply])
+    assert [w for w, _, _ in words] == LONG_TEXT.split()
+    audio_ms = len(reply.audio) / 2 / 24_000 * 1000
+    ended = 0
+    for _, start, end in words:  # milliseconds, monotonic, every word a positive interval
+        assert ended <= start < end <= audio_ms + 1
+        ended = end
+
+
+def test_streamed_word_time_offsets_equal_the_unary_ones_and_come_with_their_audio(server):
+    service = tts(server)
+    responses = list(service.synthesize_online(LONG_TEXT, sample_rate_hz=24_000, custom_configuration=SEED,
+                                               enable_word_time_offsets=True))
+    whole = service.synthesize(LONG_TEXT, sample_rate_hz=24_000, custom_configuration=SEED,
+                               enable_word_time_offsets=True)
+    assert _words(responses) == _words([whole])
+    assert sum(1 for r in responses if r.meta.words) > 1  # the chunks' words go out as their audio does
+    audio_ms = 0.0
+    for response in responses:  # a response's words are of audio sent by then
+        audio_ms += len(response.audio) / 2 / 24_000 * 1000
+        assert all(w.end_time <= audio_ms + 1 for w in response.meta.words)
+
+
+def test_word_time_offsets_name_their_method_in_the_trailing_metadata(server):
+    service = tts(server)
+    request = riva_tts_pb2.SynthesizeSpeechRequest(text=TEXT, encoding=AudioEncoding.LINEAR_PCM, sample_rate_hz=24000,
+                                                   enable_word_time_offsets=True)
+    _, call = service.stub.Synthesize.with_call(request, metadata=service.auth.get_auth_metadata())
+    assert dict(call.trailing_metadata())["chorus-timestamps-method"] == "estimate"
+
+
+def test_without_word_time_offsets_no_words_are_sent(server):
+    service = tts(server)
+    responses = [service.synthesize(LONG_TEXT, sample_rate_hz=24_000, custom_configuration=SEED),
+                 *service.synthesize_online(LONG_TEXT, sample_rate_hz=24_000, custom_configuration=SEED)]
+    assert _words(responses) == [] and all(not r.HasField("meta") for r in responses)
+
+
 def _error(call) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as caught:
         reply = call()
@@ -198,11 +243,6 @@ def test_a_knob_out_of_range_is_invalid_argument_naming_its_key(server):
 def test_an_unknown_voice_is_invalid_argument_naming_voice_name(server):
     error = _error(lambda: tts(server).synthesize(TEXT, voice_name="nobody"))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and error.details().startswith("voice_name: ")
-
-
-def test_word_time_offsets_are_unimplemented(server):
-    error = _error(lambda: tts(server).synthesize(TEXT, enable_word_time_offsets=True))
-    assert error.code() == grpc.StatusCode.UNIMPLEMENTED and "enable_word_time_offsets" in error.details()
 
 
 def test_a_missing_api_key_is_unauthenticated(server):

@@ -19,10 +19,10 @@ _CUTS = {"deadline": grpc.StatusCode.DEADLINE_EXCEEDED, "stopped": grpc.StatusCo
 
 # the speech body's fields as Riva's request names them (the rest: custom_configuration keys)
 RIVA_FIELDS = {"input": "text", "voice": "voice_name", "language": "language_code",
-               "voice_clip": "zero_shot_data.audio_prompt"}
+               "voice_clip": "zero_shot_data.audio_prompt", "timestamps": "enable_word_time_offsets"}
 # Riva's own fields, named as they are
 RIVA_NAMES = ("text", "language_code", "encoding", "sample_rate_hz", "voice_name", "zero_shot_data",
-              "custom_dictionary", "custom_configuration", "enable_word_time_offsets", "authorization")
+              "custom_dictionary", "custom_configuration", "authorization")
 
 
 def riva_field(param: str | None) -> str | None:

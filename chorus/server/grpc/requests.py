@@ -1,6 +1,7 @@
 """A Riva ``SynthesizeSpeechRequest`` as a speech body: which model and voice its ``voice_name``
 names, its language, Chatterbox's knobs from ``custom_configuration`` (typed and range-checked by
-the body's own schema), its deadline, and its zero-shot clip as audio the voice front end reads.
+the body's own schema), its deadline, its word timings (``enable_word_time_offsets``: the body's
+``timestamps``), and its zero-shot clip as audio the voice front end reads.
 Every refusal names the Riva field at fault. docs/grpc.md, "Field mapping"."""
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import ValidationError
 
-from chorus.server.errors import APIError, validation_error
+from chorus.server.errors import validation_error
 from chorus.server.grpc.errors import invalid
 from chorus.server.schemas import SpeechBody
 
@@ -29,9 +30,6 @@ class Parsed:
 def parse(request, models: list[dict], deadline_s: float | None, max_deadline_s: float) -> Parsed:
     """``request`` against the models this server has (``Backend.model_cards``; the first is the
     default) and the client's remaining deadline (None: none)."""
-    if request.enable_word_time_offsets:
-        raise APIError(501, "enable_word_time_offsets: word timings are not available from this server yet; "
-                            "leave it false", code="not_supported", param="enable_word_time_offsets")
     if request.custom_dictionary:
         raise invalid("custom_dictionary", "pronunciation dictionaries are not supported by Chatterbox models; "
                                            "leave it empty")
@@ -45,7 +43,8 @@ def parse(request, models: list[dict], deadline_s: float | None, max_deadline_s:
                                                     f"{', '.join(ids)}")
     card = next(c for c in models if c["id"] == model)
     fields = dict(model=model, input=request.text, voice=voice, response_format="pcm", stream=True,
-                  language=_language(request.language_code, card), **knobs)
+                  language=_language(request.language_code, card),
+                  timestamps="word" if request.enable_word_time_offsets else None, **knobs)
     if deadline_s is not None and "deadline_s" not in fields and deadline_s <= max_deadline_s:
         fields["deadline_s"] = max(deadline_s, 1e-3)
     try:

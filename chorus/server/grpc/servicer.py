@@ -2,7 +2,10 @@
 speech body (``requests.py``), makes one ``speech`` call on the backend, and sends the audio as
 the request asks (``audio.py``). ``SynthesizeOnline`` speaks each request of its stream in turn
 and sends each piece of audio as it is made; a cancelled RPC closes its response at once, which
-cancels the pipeline request (its KV blocks and vocoder work freed). Errors: ``errors.py``."""
+cancels the pipeline request (its KV blocks and vocoder work freed). With
+``enable_word_time_offsets``, a response's ``meta.words`` holds the words of the text chunks whose
+audio ended in it (``Synthesize``: every word), and the RPC's trailing metadata names the method
+(``chorus-timestamps-method``). Errors: ``errors.py``."""
 from __future__ import annotations
 
 import contextlib
@@ -19,8 +22,10 @@ from chorus.server.grpc.errors import cut_status, status_of
 from chorus.server.grpc.requests import parse
 from chorus.server.keys import Keys
 from chorus.server.registry import VERSION_HEADER
+from chorus.timestamps import ChunkTimings, shapes
 
 ENGLISH = "en-US"  # the language code listed for English models (Riva's clients send it by default)
+METHOD_KEY = "chorus-timestamps-method"  # trailing metadata: alignment | estimate, with word time offsets
 
 
 class RivaSynthesis:
@@ -43,9 +48,13 @@ class RivaSynthesis:
         """The whole audio in one response."""
         try:
             self._authorize(context)
+            audio, timings = [], []
             async with contextlib.aclosing(self._speak(request, context, whole=True, first=True)) as pieces:
-                audio = b"".join([piece async for piece in pieces])
-            return self._response(request, audio)
+                async for data, chunks in pieces:
+                    audio.append(data)
+                    timings += chunks
+            self._name_method(request.enable_word_time_offsets, context, timings)
+            return self._response(request, b"".join(audio), timings)
         except APIError as error:
             await self._fail(context, error)
         except StreamCut as cut:
@@ -55,12 +64,15 @@ class RivaSynthesis:
         """Each request of the stream spoken in turn, its audio sent piece by piece."""
         try:
             self._authorize(context)
-            first = True
+            first, timings, timed = True, [], False
             async for request in requests:
                 async with contextlib.aclosing(self._speak(request, context, whole=False, first=first)) as pieces:
                     first = False
-                    async for piece in pieces:
-                        await context.write(self._response(request, piece))
+                    async for data, chunks in pieces:
+                        timings += chunks
+                        await context.write(self._response(request, data, chunks))
+                timed = timed or request.enable_word_time_offsets
+            self._name_method(timed, context, timings)
         except APIError as error:
             await self._fail(context, error)
         except StreamCut as cut:
@@ -90,10 +102,14 @@ class RivaSynthesis:
         return messages.RivaSynthesisConfigResponse(model_config=configs)
 
     # ----------------------------------------------------------------------------------- steps
-    async def _speak(self, request, context, *, whole: bool, first: bool) -> AsyncIterator[bytes]:
-        """One request's audio, encoded as it asks, piece by piece (``APIError`` before the first).
-        ``first``: the RPC's first request, whose response headers (the model version that
-        serves it, ``x-chorus-model-version``) go out as the RPC's initial metadata."""
+    async def _speak(self, request, context, *, whole: bool, first: bool
+                     ) -> AsyncIterator[tuple[bytes, list[ChunkTimings]]]:
+        """One request's audio, encoded as it asks, piece by piece (``APIError`` before the first),
+        each with the timings of the text chunks whose audio ended in it (none without
+        ``enable_word_time_offsets``; a chunk that ended in audio the encoder held back goes with
+        the next piece, and the last ones with the last). ``first``: the RPC's first request,
+        whose response headers (the model version that serves it, ``x-chorus-model-version``) go
+        out as the RPC's initial metadata."""
         arrived = time.perf_counter()
         parsed = parse(request, self.backend.model_cards(), context.time_remaining(),
                        self.backend.config.max_deadline_s)
@@ -103,20 +119,24 @@ class RivaSynthesis:
             body = body.model_copy(update={"voice": await self._voice_id(body.voice)})
         try:
             response = await self.backend.speech(body, None, f"grpc-{uuid.uuid4().hex[:16]}", arrived=arrived,
-                                                 voice_clip=parsed.clip)
+                                                 voice_clip=parsed.clip, timed=True)
         except BaseException:
             audio.abort()
             raise
         try:
             if first and VERSION_HEADER in response.headers:
                 await context.send_initial_metadata(((VERSION_HEADER.lower(), response.headers[VERSION_HEADER]),))
-            async for pcm in response.chunks:
-                data = await audio.write(pcm)
+            timings: list[ChunkTimings] = []
+            async for pcm, chunk in response.chunks:
+                if chunk is not None:
+                    timings.append(chunk)
+                data = await audio.write(pcm) if pcm else b""
                 if data:
-                    yield data
+                    yield data, timings
+                    timings = []
             tail = await audio.close()
-            if tail:
-                yield tail
+            if tail or timings:
+                yield tail, timings
         finally:
             audio.abort()
             await response.chunks.aclose()
@@ -146,8 +166,17 @@ class RivaSynthesis:
         await context.abort(code, details, trailing)
 
     @staticmethod
-    def _response(request, audio: bytes):
+    def _name_method(timed: bool, context, timings: list[ChunkTimings]) -> None:
+        """With word time offsets (``timed``): the method that timed the words, as trailing
+        metadata (Riva's response has no field for it)."""
+        if timed:
+            context.set_trailing_metadata(((METHOD_KEY, shapes.method(timings)),))
+
+    @staticmethod
+    def _response(request, audio: bytes, timings: list[ChunkTimings] = ()):
         response = messages.SynthesizeSpeechResponse(audio=audio)
+        for word, start, end in shapes.words_ms(timings):
+            response.meta.words.add(word=word, start_time=start, end_time=end)
         if request.HasField("id"):
             response.id.value = request.id.value
         return response
