@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import DATA_DIR
 from tests.engine.tiny_models import tiny
+from tests.pipeline.tiny_pipeline import aligned_models
 from tests.server.conftest import decode
 from tests.server.live import TOKENS, EnginePause, LiveServer, metric, server_config, tiny_loader, until
 from tests.voices.front_ends import tiny_front_end
@@ -211,6 +212,18 @@ def test_word_time_offsets_name_their_method_in_the_trailing_metadata(server):
                                                    enable_word_time_offsets=True)
     _, call = service.stub.Synthesize.with_call(request, metadata=service.auth.get_auth_metadata())
     assert dict(call.trailing_metadata())["chorus-timestamps-method"] == "estimate"
+
+
+def test_word_time_offsets_of_an_original_model_with_the_alignment_heads_name_alignment(module_tmp_path_factory):
+    config = server_config(module_tmp_path_factory.mktemp("voices-original"), variant="original",
+                           timestamp_alignment=True, grpc_port=free_port())
+    with LiveServer(config, tiny_loader(config, models_of=lambda variant: aligned_models())) as live:
+        service = tts(live, key=None)
+        request = riva_tts_pb2.SynthesizeSpeechRequest(text=TEXT, encoding=AudioEncoding.LINEAR_PCM,
+                                                       sample_rate_hz=24000, enable_word_time_offsets=True)
+        reply, call = service.stub.Synthesize.with_call(request, metadata=service.auth.get_auth_metadata())
+    assert dict(call.trailing_metadata())["chorus-timestamps-method"] == "alignment"
+    assert [w for w, _, _ in _words([reply])] == TEXT.split()
 
 
 def test_without_word_time_offsets_no_words_are_sent(server):

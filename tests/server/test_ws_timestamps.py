@@ -1,11 +1,13 @@
 """Timestamps on the voice-agent WebSocket (``timestamps`` in ``config``, docs/voice-agents.md):
 a ``timestamps`` event after each piece's audio, in seconds of the turn's audio, covering the
-turn's words; characters on request; none when off; a bad value refused; none for audio a
+turn's words and naming its method (estimate on Turbo, alignment on an original T3 with the
+alignment heads); characters on request; none when off; a bad value refused; none for audio a
 cancelled turn did not send."""
 from __future__ import annotations
 
 import pytest
 
+from tests.pipeline.tiny_pipeline import aligned_models
 from tests.server.live import LiveServer, server_config, tiny_loader
 from tests.server.ws_client import configure, connect, next_message, send
 
@@ -95,6 +97,17 @@ def test_timestamps_are_off_by_default(server):
         messages = _speak(ws)
     assert any(isinstance(m, tuple) for m in messages)
     assert not [m for m in messages if isinstance(m, dict) and m["type"] == "timestamps"]
+
+
+def test_an_original_model_with_the_alignment_heads_names_alignment(module_tmp_path_factory):
+    config = server_config(module_tmp_path_factory.mktemp("voices-original"), variant="original",
+                           timestamp_alignment=True, canary_interval_s=3600.0)
+    with LiveServer(config, tiny_loader(config, models_of=lambda variant: aligned_models())) as live:
+        with connect(live) as ws:
+            configure(ws, model="chatterbox-original", timestamps="word", chunking=CHUNKING, seed=5)
+            events = [e for e, _ in _timestamps_with_audio_before(_speak(ws))]
+    assert events and all(e["method"] == "alignment" for e in events)
+    assert [w for e in events for w in e["word_timestamps"]["words"]] == TEXT.split()
 
 
 def test_a_bad_timestamps_value_is_refused_naming_the_field(server):
