@@ -215,7 +215,7 @@ class Turn:
         """The ``timestamps`` event of a piece whose audio was all sent: its words (or characters)
         in seconds from the start of the turn's audio, as Cartesia's parallel lists."""
         if self.stopping:
-            raise asyncio.CancelledError  # cancelled: no timings follow the audio that went out
+            raise asyncio.CancelledError  # the turn is being cancelled: this task is about to be
         chunks = [timings for _, timings in timed]
         event = {"type": "timestamps", "turn_id": self.id, "piece": self.pieces_sent,
                  "method": shapes.method(chunks)}
