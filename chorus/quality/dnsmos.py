@@ -1,6 +1,7 @@
-"""DNSMOS P.835 scores (SIG, BAK, OVRL) of sampled requests, in a bounded worker thread
-(docs/quality.md, "DNSMOS"). Needs ``chorus-tts[quality]``: Microsoft's DNSMOS ONNX model as the
-``speechmos`` wheel ships it (only its model file is used), run by ``onnxruntime`` on the CPU.
+"""DNSMOS P.835 scores (SIG, BAK, OVRL) of sampled requests (docs/quality.md, "DNSMOS"); the
+sampler (``chorus.quality.sampler``) runs the model in a worker process. Needs
+``chorus-tts[quality]``: Microsoft's DNSMOS ONNX model as the ``speechmos`` wheel ships it (only
+its model file is used), run by ``onnxruntime`` on the CPU.
 
 The model reads 9.01 s windows of 16 kHz audio and gives raw SIG, BAK and OVRL, which a cubic
 per score maps onto the P.835 scale (1-5), as Microsoft's DNS Challenge scorer does; a shorter
@@ -10,17 +11,10 @@ and at most ``MAX_WINDOWS`` are scored, so the cost per audio second is bounded 
 from __future__ import annotations
 
 import importlib.util
-import logging
-import queue
-import random
-import threading
-import time
+import math
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
-
-logger = logging.getLogger("chorus.server")
 
 MODEL_RATE = 16_000
 WINDOW_SAMPLES = int(9.01 * MODEL_RATE)
@@ -65,20 +59,37 @@ class DNSMOS:
 
     def score(self, wav: np.ndarray, sample_rate: int) -> Scores:
         """The mean P.835 scores of ``wav``'s windows (mono float in [-1, 1]; clipped there)."""
-        from chorus.audio.resample import resample
+        return self.score_clip(model_clip(wav, sample_rate))
 
-        audio = np.clip(np.asarray(wav, np.float32), -1.0, 1.0)
-        if sample_rate != MODEL_RATE:
-            audio = resample(audio, sample_rate, MODEL_RATE).astype(np.float32)
-        if audio.size == 0:
+    def score_clip(self, clip: np.ndarray) -> Scores:
+        """The mean P.835 scores of a clip as :func:`model_clip` makes it (float32 at 16 kHz)."""
+        if clip.size == 0:
             raise ValueError("no audio to score")
-        if audio.size < WINDOW_SAMPLES:
-            audio = np.tile(audio, -(-WINDOW_SAMPLES // audio.size))
-        count = min(MAX_WINDOWS, audio.size // WINDOW_SAMPLES)
-        windows = audio[:count * WINDOW_SAMPLES].reshape(count, WINDOW_SAMPLES)
+        if clip.size < WINDOW_SAMPLES:
+            clip = np.tile(clip, -(-WINDOW_SAMPLES // clip.size))
+        count = min(MAX_WINDOWS, clip.size // WINDOW_SAMPLES)
+        windows = clip[:count * WINDOW_SAMPLES].reshape(count, WINDOW_SAMPLES)
         raw = np.stack([self._session.run(None, {self._input: w[None, :]})[0][0] for w in windows])
         sig, bak, ovrl = raw.T
         return Scores(float(np.mean(_SIG(sig))), float(np.mean(_BAK(bak))), float(np.mean(_OVRL(ovrl))))
+
+
+def scored_span(wav: np.ndarray, sample_rate: int) -> np.ndarray:
+    """The start of ``wav`` that decides its score: ``MAX_WINDOWS`` windows and 100 ms more (the
+    resampler reads ahead; with the margin, resampling this span gives the samples of resampling
+    the whole clip, bit for bit)."""
+    return wav[:math.ceil(MAX_WINDOWS * WINDOW_SAMPLES * sample_rate / MODEL_RATE) + sample_rate // 10]
+
+
+def model_clip(wav: np.ndarray, sample_rate: int) -> np.ndarray:
+    """``wav`` as the model reads it: clipped to [-1, 1], float32 at 16 kHz, at most
+    ``MAX_WINDOWS`` windows long."""
+    audio = np.clip(np.asarray(scored_span(wav, sample_rate), np.float32), -1.0, 1.0)
+    if sample_rate != MODEL_RATE:
+        from chorus.audio.resample import resample
+
+        audio = resample(audio, sample_rate, MODEL_RATE).astype(np.float32)
+    return audio[:MAX_WINDOWS * WINDOW_SAMPLES]
 
 
 def bucket(value: float, edges: tuple[float, ...]) -> str:
@@ -96,48 +107,3 @@ class Job:
     cfg_weight: float
     exaggeration: float
     request_id: str
-
-
-class QualitySampler:
-    """Scores a sampled share of requests in one daemon thread behind a bounded queue: a
-    request is offered its audio when it has ended (``offer`` never blocks: a full queue skips
-    it, counted), and the thread reports each score to ``observe(job, scores, seconds)``."""
-
-    def __init__(self, rate: float, observe: Callable[[Job, Scores, float], None], skipped: Callable[[], None], *,
-                 capacity: int = 8, rng: random.Random | None = None, scorer: DNSMOS | None = None):
-        self.rate = rate
-        self._observe, self._skipped = observe, skipped
-        self._rng = rng or random.Random()
-        self._scorer = scorer or DNSMOS()
-        self._queue: queue.Queue = queue.Queue(capacity)
-        self._thread = threading.Thread(target=self._run, name="chorus-dnsmos", daemon=True)
-        self._thread.start()
-
-    def sampled(self) -> bool:
-        """Whether the next request is scored (drawn per request)."""
-        return self._rng.random() < self.rate
-
-    def offer(self, job: Job) -> None:
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            self._skipped()
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop after the job being scored (jobs still queued are dropped)."""
-        while True:
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
-        self._queue.put(None)
-        self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while (job := self._queue.get()) is not None:
-            try:
-                started = time.perf_counter()
-                scores = self._scorer.score(job.wav, job.sample_rate)
-                self._observe(job, scores, time.perf_counter() - started)
-            except Exception:  # noqa: BLE001 - the worker must not die
-                logger.exception("DNSMOS scoring failed", extra={"request_id": job.request_id})

@@ -40,7 +40,8 @@ CANARY_MISMATCHES = ("tokens", "audio", "nonfinite", "silent")
 # metrics exported only where they can be measured (NVML on a CUDA device)
 # (and DNSMOS's, only with chorus-tts[quality] and a quality_sample_rate above 0)
 OPTIONAL_METRICS = frozenset({"chorus_gpu_utilization_ratio", "chorus_gpu_memory_bytes", "chorus_dnsmos_score",
-                              "chorus_dnsmos_skipped_requests", "chorus_dnsmos_scoring_seconds"})
+                              "chorus_dnsmos_skipped_requests", "chorus_dnsmos_scoring_seconds",
+                              "chorus_dnsmos_worker_up", "chorus_dnsmos_worker_deaths"})
 DNSMOS_BUCKETS = (1.0, 1.5, 2.0, 2.25, 2.5, 2.75, 3.0, 3.25, 3.5, 3.75, 4.0, 4.25, 4.5, 5.0)
 
 
@@ -271,25 +272,10 @@ class ServerMetrics:
         for reason in CANARY_MISMATCHES:
             self.canary_mismatches.labels(reason)
 
-    def add_dnsmos(self) -> None:
-        """Export DNSMOS's scores (``chorus.quality.dnsmos``; only while its sampler runs)."""
-        registry = self.registry
-        self.dnsmos = Histogram("chorus_dnsmos_score", "DNSMOS P.835 scores (1-5) of sampled requests, by score "
-                                "(sig, bak, ovrl) and the request's CFG weight and exaggeration buckets",
-                                ["score", "cfg_weight", "exaggeration"], buckets=DNSMOS_BUCKETS, registry=registry)
-        self.dnsmos_skipped = Counter("chorus_dnsmos_skipped_requests", "Sampled requests not scored: the "
-                                      "scoring queue was full", registry=registry)
-        self.dnsmos_seconds = Histogram("chorus_dnsmos_scoring_seconds", "CPU time of one DNSMOS scoring (the "
-                                        "worker thread's wall time)", buckets=STAGE_BUCKETS, registry=registry)
-
-    def observe_dnsmos(self, job, scores, seconds: float) -> None:
-        """One sampled request's scores (called on the scoring thread)."""
-        from chorus.quality.dnsmos import CFG_EDGES, EXAGGERATION_EDGES, bucket
-
-        cfg, exaggeration = bucket(job.cfg_weight, CFG_EDGES), bucket(job.exaggeration, EXAGGERATION_EDGES)
-        for name in ("sig", "bak", "ovrl"):
-            self.dnsmos.labels(name, cfg, exaggeration).observe(getattr(scores, name))
-        self.dnsmos_seconds.observe(seconds)
+    def add_dnsmos(self) -> "DnsmosMetrics":
+        """Export DNSMOS's metrics (only while its sampler runs): the sampler's listener."""
+        self.dnsmos = DnsmosMetrics(self.registry)
+        return self.dnsmos
 
     def observe_quality(self, report) -> None:
         """One request's audio checks (a ``chorus.quality.checks.QualityReport``)."""
@@ -438,3 +424,44 @@ class _GpuCollector:
         memory_family.add_metric(["used"], memory.used)
         memory_family.add_metric(["total"], memory.total)
         yield memory_family
+
+
+class DnsmosMetrics:
+    """DNSMOS's metrics: the listener of ``chorus.quality.sampler.QualitySampler`` (its calls
+    come from the sampler's feeder thread)."""
+
+    def __init__(self, registry: CollectorRegistry):
+        from chorus.quality.sampler import SKIP_REASONS
+
+        self.scores = Histogram("chorus_dnsmos_score", "DNSMOS P.835 scores (1-5) of sampled requests, by score "
+                                "(sig, bak, ovrl) and the request's CFG weight and exaggeration buckets",
+                                ["score", "cfg_weight", "exaggeration"], buckets=DNSMOS_BUCKETS, registry=registry)
+        self.skips = Counter("chorus_dnsmos_skipped_requests", "Sampled requests not scored, by reason: queue_full "
+                             "(the worker was behind), worker_died (it died scoring it), worker_down (it stopped "
+                             "restarting), failed (scoring raised)", ["reason"], registry=registry)
+        self.seconds = Histogram("chorus_dnsmos_scoring_seconds", "Wall time of one DNSMOS scoring in the worker "
+                                 "process", buckets=STAGE_BUCKETS, registry=registry)
+        self.up = Gauge("chorus_dnsmos_worker_up", "1 while the DNSMOS worker process runs (0: restarting, or "
+                        "stopped after repeated deaths)", registry=registry)
+        self.deaths = Counter("chorus_dnsmos_worker_deaths", "DNSMOS worker processes that died (each is restarted "
+                              "after a backoff, at most 3 in a row)", registry=registry)
+        for reason in SKIP_REASONS:
+            self.skips.labels(reason)
+
+    def scored(self, job, scores, seconds: float) -> None:
+        """One sampled request's scores."""
+        from chorus.quality.dnsmos import CFG_EDGES, EXAGGERATION_EDGES, SCORES, bucket
+
+        cfg, exaggeration = bucket(job.cfg_weight, CFG_EDGES), bucket(job.exaggeration, EXAGGERATION_EDGES)
+        for name in SCORES:
+            self.scores.labels(name, cfg, exaggeration).observe(getattr(scores, name))
+        self.seconds.observe(seconds)
+
+    def skipped(self, reason: str) -> None:
+        self.skips.labels(reason).inc()
+
+    def worker_up(self, up: bool) -> None:
+        self.up.set(1 if up else 0)
+
+    def worker_died(self) -> None:
+        self.deaths.inc()

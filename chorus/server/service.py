@@ -74,7 +74,7 @@ class SpeechService:
         self.last_canary_ok: float | None = None
         self.last_canary_error: str | None = None
         self.canary_broken = False  # the last canary failed in a model step (not merely late under load)
-        self.sampler = None  # DNSMOS's (chorus.quality.dnsmos.QualitySampler), with [quality] and a sample rate
+        self.sampler = None  # DNSMOS's (chorus.quality.sampler.QualitySampler), with [quality] and a sample rate
         self.fingerprint = None  # what the first canary made (chorus.quality.fingerprint.Fingerprint)
         self.canary_mismatch: str | None = None  # why the last canary did not match it
         self._canary_running = False
@@ -132,10 +132,10 @@ class SpeechService:
         if not dnsmos.available():
             logger.info("chorus-tts[quality] is not installed: DNSMOS scores are not exported", extra=self._who())
             return
-        scorer = await asyncio.to_thread(dnsmos.DNSMOS)
-        self.metrics.add_dnsmos()
-        self.sampler = dnsmos.QualitySampler(self.config.quality_sample_rate, self.metrics.observe_dnsmos,
-                                             self.metrics.dnsmos_skipped.inc, scorer=scorer)
+        from chorus.quality.sampler import QualitySampler
+
+        self.sampler = await asyncio.to_thread(QualitySampler, self.config.quality_sample_rate,
+                                               self.metrics.add_dnsmos())
 
     def _who(self) -> dict:
         """The model version this service runs, for its log lines."""

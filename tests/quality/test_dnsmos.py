@@ -1,9 +1,9 @@
 """DNSMOS P.835 (chorus/quality/dnsmos.py, ``chorus-tts[quality]``): real speech scores above
-noise, and the sampler's queue is bounded."""
+noise, and the clip sent to the model is the start of the whole clip's 16 kHz copy. The sampler's
+worker process: test_sampler.py."""
 from __future__ import annotations
 
 import os
-import threading
 
 import numpy as np
 import pytest
@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("onnxruntime")
 pytest.importorskip("speechmos")
 
-from chorus.audio import load_audio  # noqa: E402
-from chorus.quality.dnsmos import DNSMOS, Job, QualitySampler, bucket  # noqa: E402
+from chorus.audio import load_audio, resample  # noqa: E402
+from chorus.quality.dnsmos import DNSMOS, MAX_WINDOWS, MODEL_RATE, WINDOW_SAMPLES, bucket, model_clip  # noqa: E402
 from tests.conftest import DATA_DIR  # noqa: E402
 
 RATE = 24_000
@@ -46,20 +46,10 @@ def test_buckets_name_their_upper_edge():
     assert [bucket(v, (0.0, 0.5, 1.0)) for v in (0.0, 0.3, 0.5, 0.9, 1.7)] == ["0", "0.5", "0.5", "1", "+Inf"]
 
 
-def test_a_full_queue_skips_instead_of_blocking(scorer, speech):
-    scored, skipped = [], []
-    done = threading.Event()
-
-    def observe(job, scores, seconds):
-        scored.append(job.request_id)
-        if len(scored) == 2:
-            done.set()
-
-    sampler = QualitySampler(1.0, observe, lambda: skipped.append(1), capacity=2, scorer=scorer)
-    long = np.tile(speech, 6)  # 34 s: seconds of scoring each, while 20 offers take microseconds
-    for i in range(20):
-        sampler.offer(Job(long, RATE, 0.5, 0.5, f"r{i}"))
-    assert len(skipped) >= 15  # two queued, at most a few taken by the worker meanwhile
-    assert done.wait(120)
-    sampler.close()
-    assert scored[:2] == ["r0", "r1"]
+def test_the_model_clip_of_a_long_request_is_the_start_of_its_whole_16k_copy(speech):
+    """Only the scored span is resampled (and sent to the worker): the samples are those of
+    resampling the whole request, so its score is too."""
+    long = np.tile(speech, 8)  # 46 s, past the four windows scored
+    clip = model_clip(long, RATE)
+    assert clip.dtype == np.float32 and clip.size == MAX_WINDOWS * WINDOW_SAMPLES
+    np.testing.assert_array_equal(clip, resample(np.clip(long, -1, 1), RATE, MODEL_RATE)[:clip.size])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import pytest
 
@@ -91,6 +92,17 @@ def test_sampled_requests_get_dnsmos_scores_by_cfg_and_exaggeration_bucket(tmp_p
         line = next(x for x in text.splitlines() if x.startswith("chorus_dnsmos_score_count"))
         assert 'cfg_weight="' in line and 'exaggeration="' in line
         assert metric(text, "chorus_dnsmos_scoring_seconds_count") == 1
+        assert metric(text, "chorus_dnsmos_worker_up") == 1
+
+
+@pytest.mark.skipif(not dnsmos_available(), reason="chorus-tts[quality] is not installed")
+def test_shutdown_stops_the_dnsmos_worker_process(tmp_path):
+    config = server_config(tmp_path, quality_sample_rate=1.0)
+    with LiveServer(config, tiny_loader(config)) as live:
+        pid = live.service.sampler.worker_pid
+        os.kill(pid, 0)  # running
+    with pytest.raises(ProcessLookupError):  # gone and reaped (a dead child not yet reaped still has its id)
+        os.kill(pid, 0)
 
 
 def test_without_sampling_the_dnsmos_metrics_are_absent(server):
