@@ -274,8 +274,7 @@ class ServerMetrics:
 
     def add_dnsmos(self) -> "DnsmosMetrics":
         """Export DNSMOS's metrics (only while its sampler runs): the sampler's listener."""
-        self.dnsmos = DnsmosMetrics(self.registry)
-        return self.dnsmos
+        return DnsmosMetrics(self.registry)
 
     def observe_quality(self, report) -> None:
         """One request's audio checks (a ``chorus.quality.checks.QualityReport``)."""
@@ -443,8 +442,8 @@ class DnsmosMetrics:
                                  "process", buckets=STAGE_BUCKETS, registry=registry)
         self.up = Gauge("chorus_dnsmos_worker_up", "1 while the DNSMOS worker process runs (0: restarting, or "
                         "stopped after repeated deaths)", registry=registry)
-        self.deaths = Counter("chorus_dnsmos_worker_deaths", "DNSMOS worker processes that died (each is restarted "
-                              "after a backoff, at most 3 in a row)", registry=registry)
+        self.deaths = Counter("chorus_dnsmos_worker_deaths", "DNSMOS worker processes that died (each restarted after a "
+                              "backoff, up to a limit: docs/quality.md)", registry=registry)
         for reason in SKIP_REASONS:
             self.skips.labels(reason)
 
