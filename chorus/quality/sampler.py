@@ -221,11 +221,13 @@ class QualitySampler:
                         break
                     self._restart()
                     continue
+                job = self._pop()
+                if job is not None:  # queued ones first (also those that waited for a restarted worker)
+                    self._score(job)
+                    continue
                 ready = wait([self._wake_r, worker.conn])  # the worker says nothing unasked: its end
                 if self._wake_r in ready:
                     self._drain_wakes()
-                    while not self._closing.is_set() and self._worker is not None and (job := self._pop()):
-                        self._score(job)
                 elif not self._closing.is_set():
                     self._lose_worker(None, f"the DNSMOS worker process died while idle: {worker.ended()}")
         finally:

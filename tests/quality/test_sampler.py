@@ -139,16 +139,17 @@ def test_a_worker_killed_while_idle_is_counted_and_replaced(watched, speech):
     assert watched.skipped_count("worker_died") == 0
 
 
-def test_the_request_a_dying_worker_held_counts_as_skipped(watched, speech):
+def test_the_request_a_dying_worker_held_is_skipped_and_the_queued_ones_wait_for_the_next(watched, speech):
     sampler = QualitySampler(1.0, watched, restart_backoff_s=0.01)
     try:
-        sampler.offer(_job(np.tile(speech, 6)))
+        sampler.offer(_job(np.tile(speech, 6), "held"))  # 34 s: seconds of scoring
+        sampler.offer(_job(speech, "queued"))
         os.kill(sampler.worker_pid, signal.SIGKILL)
-        watched.wait_for(lambda: watched.value("chorus_dnsmos_worker_up") == 1
-                         and watched.value("chorus_dnsmos_worker_deaths_total") == 1, "the restarted worker")
+        watched.wait_for(lambda: watched.scored_ids, "the queued request's score")
     finally:
         sampler.close()
-    assert watched.skipped_count("worker_died") == 1 and watched.scored_ids == []
+    assert watched.skipped_count("worker_died") == 1 and watched.scored_ids == ["queued"]
+    assert watched.value("chorus_dnsmos_worker_deaths_total") == 1
 
 
 def test_a_worker_that_dies_past_its_restarts_is_reported_down(watched, speech, caplog):
