@@ -62,10 +62,11 @@ def _sign_in(page) -> None:
 @pytest.mark.timeout(30)
 def test_the_page_is_served_with_a_strict_content_policy(server):
     page = httpx.get(server.url + "/", timeout=10)
-    script = httpx.get(server.url + "/playground/playground.js", timeout=10)
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "script-src 'self'" in page.headers["content-security-policy"] and "<title>Chorus playground" in page.text
-    assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
+    for script in ("playground.js", "load.js"):  # the page's module and the one it imports
+        served = httpx.get(f"{server.url}/playground/{script}", timeout=10)
+        assert served.status_code == 200 and served.headers["content-type"].startswith("text/javascript")
     assert httpx.get(server.url + "/playground/nothing.js", timeout=10).json()["error"]["code"] == "not_found"
 
 

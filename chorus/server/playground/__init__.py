@@ -1,4 +1,4 @@
-"""The browser playground (docs/server.md, "Playground"): a static page at ``GET /`` and its two
+"""The browser playground (docs/server.md, "Playground"): a static page at ``GET /`` and its
 assets under ``/playground/``, shipped as package data beside this module. The page talks to the
 server only through the public API (``/v1/models``, ``/v1/voices``, the speech WebSocket,
 ``/ready``, ``/metrics``), so it holds no server logic and needs no credentials to load: an API
@@ -13,7 +13,8 @@ from fastapi.responses import Response
 from chorus.server.errors import APIError
 
 PAGE = "index.html"
-ASSETS = {"playground.js": "text/javascript; charset=utf-8", "playground.css": "text/css; charset=utf-8"}
+JS, CSS = "text/javascript; charset=utf-8", "text/css; charset=utf-8"
+ASSETS = {"playground.js": JS, "load.js": JS, "playground.css": CSS}  # scripts: ES modules
 # Only this origin's scripts, styles and connections (fetch and the WebSocket); no inline code,
 # no frames, nothing from elsewhere. The favicon is an inline data: URL (no request, no 404).
 HEADERS = {

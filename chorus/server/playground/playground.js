@@ -1,11 +1,12 @@
 // The Chorus playground (docs/server.md, "Playground"). It uses only the public API: GET
 // /v1/models and /v1/voices, POST /v1/voices, the WebSocket /v1/audio/speech/stream (pcm: 16-bit
 // little-endian mono at 24 kHz, decoded into AudioBuffers and scheduled back to back as frames
-// arrive), and /ready and /metrics for the server's load. Every URL is relative to the page.
+// arrive), and /ready and /metrics for the server's load (load.js). Every URL is relative to the page.
+import { pollLoad } from "./load.js";
+
 const $ = (id) => document.getElementById(id);
 const RATE = 24000; // the pcm format's sample rate
 const LEAD_S = 0.05; // the first buffer of a turn starts this far ahead of the clock
-const LOAD_EVERY_MS = 2000;
 const FINAL = new Set(["done", "cancelled", "error", "closed"]);
 let audio = null; // the AudioContext, made by the first Speak (browsers want a user gesture)
 let turn = null; // the turn being spoken: one connection, one turn
@@ -294,37 +295,6 @@ function onClose(t, event) {
     showError(`The connection closed before the turn ended (code ${event.code}${event.reason ? `: ${event.reason}` : ""}).`);
   }
   setState(t, "closed"); // "cancelled" only when the server said so
-}
-
-// -- the server's load ---------------------------------------------------------------------------
-// The sum of a metric's samples over its labels in Prometheus text, or null when absent.
-function metric(text, name) {
-  let sum = null;
-  for (const line of text.split("\n")) {
-    const next = line.charAt(name.length);
-    if (line.startsWith(name) && (next === " " || next === "{")) {
-      sum = (sum || 0) + Number(line.slice(line.lastIndexOf(" ") + 1));
-    }
-  }
-  return sum;
-}
-
-async function pollLoad() {
-  if (!document.hidden) {
-    try {
-      const ready = await (await fetch("ready")).json();
-      $("ready").textContent = ready.ready ? "ready" : `no: ${ready.state}${ready.reason ? ` (${ready.reason})` : ""}`;
-      $("degradation").textContent = `${ready.degradation_level} of 3`;
-      const text = await (await fetch("metrics")).text();
-      const shown = (value, format) => (value === null ? "not reported" : format(value));
-      $("in-flight").textContent = shown(metric(text, "chorus_requests_in_flight"), String);
-      $("ws-open").textContent = shown(metric(text, "chorus_ws_connections_open"), String);
-      $("kv").textContent = shown(metric(text, "chorus_kv_usage"), (v) => `${(100 * v).toFixed(0)} %`);
-    } catch (_) {
-      $("ready").textContent = "the server does not answer";
-    }
-  }
-  setTimeout(pollLoad, LOAD_EVERY_MS);
 }
 
 $("refresh").addEventListener("click", () => refresh());
