@@ -2,9 +2,11 @@
 Playwright against a live server on loopback (tiny random models, an API key). Each test waits on
 what the page shows (its elements' text and data attributes), never on time. Skipped where no
 chromium binary is found, except under ``CHORUS_REQUIRE_BROWSER=1`` (CI), where that is an error.
-Also ``chorus serve --no-playground`` through the command line."""
+Also ``chorus serve --no-playground`` through the command line, and the word timestamps toggle
+(speech over POST /v1/audio/speech with SSE, each word highlighted as it plays)."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -12,8 +14,9 @@ import httpx
 import pytest
 
 from tests.conftest import DATA_DIR, missing
+from tests.pipeline.tiny_pipeline import aligned_models
 from tests.server.browser import KEY, chromium_path, headless_chromium, playground_server
-from tests.server.live import EnginePause, metric
+from tests.server.live import TOKENS, EnginePause, LiveServer, metric, server_config, tiny_loader, until
 from tests.server.test_serve_cli import serving
 from tests.voices.checkpoints import light_checkpoint
 
@@ -36,17 +39,45 @@ def server(module_tmp_path_factory):
         yield live
 
 
+@pytest.fixture(scope="module")
+def long_server(module_tmp_path_factory):
+    """Four times the speech per chunk (about 2 s): words long enough to watch each one play."""
+    with playground_server(module_tmp_path_factory.mktemp("voices-long"), max_new_tokens=4 * TOKENS) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def aligned_server(module_tmp_path_factory):
+    """An original T3 with the alignment heads on a server that keeps them (no API key)."""
+    config = server_config(module_tmp_path_factory.mktemp("voices-aligned"), variant="original",
+                           timestamp_alignment=True)
+    with LiveServer(config, tiny_loader(config, models_of=lambda variant: aligned_models())) as live:
+        yield live
+
+
 @pytest.fixture
-def page(browser, server):
+def open_page(browser):
+    """``open_page(server)``: the playground of a live server in a browser context of its own."""
     from playwright.sync_api import expect
 
     expect.set_options(timeout=WAIT_MS)
-    context = browser.new_context()
-    opened = context.new_page()
-    opened.set_default_timeout(WAIT_MS)
-    opened.goto(server.url + "/")
+    contexts = []
+
+    def opened(server):
+        contexts.append(browser.new_context())
+        page = contexts[-1].new_page()
+        page.set_default_timeout(WAIT_MS)
+        page.goto(server.url + "/")
+        return page
+
     yield opened
-    context.close()
+    for context in contexts:
+        context.close()
+
+
+@pytest.fixture
+def page(open_page, server):
+    return open_page(server)
 
 
 def _sign_in(page) -> None:
@@ -64,7 +95,7 @@ def test_the_page_is_served_with_a_strict_content_policy(server):
     page = httpx.get(server.url + "/", timeout=10)
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "script-src 'self'" in page.headers["content-security-policy"] and "<title>Chorus playground" in page.text
-    for script in ("playground.js", "load.js"):  # the page's module and the one it imports
+    for script in ("playground.js", "words.js", "load.js"):  # the page's module and the two it imports
         served = httpx.get(f"{server.url}/playground/{script}", timeout=10)
         assert served.status_code == 200 and served.headers["content-type"].startswith("text/javascript")
     assert httpx.get(server.url + "/playground/nothing.js", timeout=10).json()["error"]["code"] == "not_found"
@@ -193,3 +224,150 @@ def test_no_playground_turns_the_page_off(tmp_path):
         asset = httpx.get(served.url + "/playground/playground.js", timeout=10)
     assert page.status_code == 404 and page.json()["error"]["code"] == "not_found"
     assert asset.status_code == 404
+
+
+# -- word timestamps ---------------------------------------------------------------------------------
+TIMED = "Hello there. This is the playground speaking."
+
+
+def _speak_timed(page, text: str = TIMED):
+    """Speak ``text`` with the timestamps toggle on; the speech request the page sent."""
+    page.get_by_label("Text", exact=True).fill(text)
+    page.get_by_label("Word timestamps", exact=True).check()
+    with page.expect_request(lambda request: request.url.endswith("/v1/audio/speech")) as sent:
+        page.get_by_role("button", name="Speak", exact=True).click()
+    return sent.value
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(60)
+def test_the_timestamps_toggle_asks_for_word_timings_and_lists_every_word(page):
+    from playwright.sync_api import expect
+
+    _sign_in(page)
+    sent = _speak_timed(page)
+    assert sent.method == "POST" and sent.post_data_json == {
+        "model": "chatterbox-turbo", "voice": "default", "input": TIMED,
+        "response_format": "pcm", "stream_format": "sse", "timestamps": "word"}
+    expect(page.locator("#words .word")).to_have_text(TIMED.split())
+    expect(page.locator("#turn")).to_have_attribute("data-state", "done")
+    expect(page.get_by_role("alert")).to_be_hidden()
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(60)
+def test_timed_speech_is_streamed_and_decoded_in_the_page(page):
+    from playwright.sync_api import expect
+
+    _sign_in(page)
+    _speak_timed(page)
+    expect(page.locator("#turn")).to_have_attribute("data-state", "done")
+    decoded = page.locator("#decoded")
+    samples, audio_bytes = int(decoded.get_attribute("data-samples")), int(decoded.get_attribute("data-bytes"))
+    # every byte of the SSE audio deltas was decoded, as much audio as the server measured
+    assert samples > 0 and audio_bytes == 2 * samples
+    assert abs(samples / 24_000 - float(decoded.get_attribute("data-audio-seconds"))) < 0.01
+    expect(page.locator("#ttfa")).to_have_text(re.compile(r"^\d+ ms after the text was sent$"))
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("served, method", [("server", "estimate"), ("aligned_server", "alignment")],
+                         ids=["turbo", "original_with_alignment"])
+def test_the_timings_method_is_shown_next_to_the_words(open_page, request, served, method):
+    from playwright.sync_api import expect
+
+    server = request.getfixturevalue(served)
+    page = open_page(server)
+    if server.config.api_keys:
+        _sign_in(page)
+    expect(page.get_by_label("Model", exact=True)).not_to_have_value("")
+    _speak_timed(page)
+    expect(page.locator("#timing-method")).to_have_attribute("data-method", method)
+    expect(page.locator("#timing-method")).to_contain_text(method)
+    expect(page.locator("#turn")).to_have_attribute("data-state", "done")
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(90)
+def test_the_highlighted_word_follows_playback_to_the_last_word(open_page, long_server):
+    from playwright.sync_api import expect
+
+    text = "The first sentence is spoken right here. And the second one follows it closely."
+    page = open_page(long_server)
+    _sign_in(page)
+    # every word that becomes the current one, in order (a record of the page, not a sample of it)
+    page.evaluate("""() => {
+        window.highlighted = [];
+        const words = document.getElementById("words");
+        new MutationObserver((records) => {
+            for (const record of records) {
+                if (record.target.getAttribute("aria-current") === "true") {
+                    window.highlighted.push([...words.children].indexOf(record.target));
+                }
+            }
+        }).observe(words, { subtree: true, attributeFilter: ["aria-current"] });
+    }""")
+    _speak_timed(page, text)
+    last = len(text.split()) - 1
+    page.wait_for_function(f"() => window.highlighted.includes({last})")
+    highlighted = page.evaluate("() => window.highlighted")
+    # it moved forward through the words (a chunk's words come after its audio, so the first ones
+    # may have played already) and reached the last
+    assert len(highlighted) >= 2 and highlighted == sorted(set(highlighted)), highlighted
+    expect(page.locator("#words .word[aria-current]")).to_have_count(0)  # and ended with the audio
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("switched", [False, True], ids=["off_by_default", "switched_on_then_off"])
+def test_with_the_toggle_off_the_page_speaks_over_the_websocket_without_timestamps(page, switched):
+    from playwright.sync_api import expect
+
+    _sign_in(page)
+    toggle = page.get_by_label("Word timestamps", exact=True)
+    expect(toggle).not_to_be_checked()
+    if switched:
+        toggle.check()
+        toggle.uncheck()
+    sent, http = [], []
+    page.on("websocket", lambda ws: ws.on("framesent", lambda payload: sent.append(payload)))
+    page.on("request", lambda request: http.append(request.url) if "/v1/audio/speech" in request.url else None)
+    page.get_by_role("button", name="Speak", exact=True).click()
+    expect(page.locator("#turn")).to_have_attribute("data-state", "done")
+    # the config it always sent: no timestamps field, and no HTTP speech request
+    assert json.loads(sent[0]) == {"type": "config", "model": "chatterbox-turbo", "voice": "default",
+                                   "response_format": "pcm"}
+    assert not [url for url in http if not url.startswith("ws")], http
+    expect(page.locator("#timed")).to_be_hidden()
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(60)
+def test_stop_cancels_a_timed_request(page, server):
+    from playwright.sync_api import expect
+
+    _sign_in(page)
+    with EnginePause(server) as pause:  # no audio (and so no response) until the test lets it go
+        _speak_timed(page)
+        assert pause.entered.wait(WAIT_MS / 1000), "the request never reached the engine"
+        assert server.service.admission.in_flight == 1
+        page.get_by_role("button", name="Stop", exact=True).click()
+        expect(page.locator("#turn")).to_have_attribute("data-state", "cancelled")
+        # the page left: the server cancelled the request while the engine was still held
+        until(lambda: server.service.admission.in_flight == 0, WAIT_MS / 1000, "the request's release")
+    assert page.locator("#decoded").get_attribute("data-samples") == "0"
+    expect(page.get_by_role("alert")).to_be_hidden()
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(60)
+def test_a_timed_requests_error_is_shown(page, server):
+    from playwright.sync_api import expect
+
+    _sign_in(page)
+    text, shown = _deleted_voice(page, server)
+    _speak_timed(page, text)
+    for part in shown:
+        expect(page.get_by_role("alert")).to_contain_text(part)
+    expect(page.locator("#turn")).to_have_attribute("data-state", "error")

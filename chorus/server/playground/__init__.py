@@ -1,8 +1,8 @@
 """The browser playground (docs/server.md, "Playground"): a static page at ``GET /`` and its
 assets under ``/playground/``, shipped as package data beside this module. The page talks to the
 server only through the public API (``/v1/models``, ``/v1/voices``, the speech WebSocket,
-``/ready``, ``/metrics``), so it holds no server logic and needs no credentials to load: an API
-key is typed into the page and sent by it with each call."""
+``/v1/audio/speech`` for word timestamps, ``/ready``, ``/metrics``), so it holds no server logic
+and needs no credentials to load: an API key is typed into the page and sent by it with each call."""
 from __future__ import annotations
 
 from importlib.resources import files
@@ -14,7 +14,7 @@ from chorus.server.errors import APIError
 
 PAGE = "index.html"
 JS, CSS = "text/javascript; charset=utf-8", "text/css; charset=utf-8"
-ASSETS = {"playground.js": JS, "load.js": JS, "playground.css": CSS}  # scripts: ES modules
+ASSETS = {"playground.js": JS, "words.js": JS, "load.js": JS, "playground.css": CSS}  # scripts: ES modules
 # Only this origin's scripts, styles and connections (fetch and the WebSocket); no inline code,
 # no frames, nothing from elsewhere. The favicon is an inline data: URL (no request, no 404).
 HEADERS = {
