@@ -1,7 +1,7 @@
 """``python -m tests.server.playground_screenshot OUT.png``: the screenshot of the playground in
 docs/server.md (docs/playground.png), taken the way tests/server/test_playground.py drives the
 page: headless Chromium, a live server over the tiny random models, a voice uploaded through the
-page and a text spoken with it."""
+page and a text spoken with it, its word timestamps on."""
 from __future__ import annotations
 
 import re
@@ -45,8 +45,10 @@ def shoot(executable: str, voices: Path, out: str) -> None:
         page.get_by_role("button", name="Upload", exact=True).click()
         expect(page.locator("#status")).to_contain_text("added and selected")
         page.get_by_label("Text", exact=True).fill(TEXT)
+        page.get_by_label("Word timestamps", exact=True).check()
         page.get_by_role("button", name="Speak", exact=True).click()
         expect(page.locator("#turn")).to_have_attribute("data-state", "done")
+        expect(page.locator("#words .word")).to_have_count(len(TEXT.split()))
         expect(page.locator("#in-flight")).to_have_text(re.compile(r"^\d+$"))
         page.screenshot(path=out, full_page=True)
 
