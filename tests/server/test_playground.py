@@ -3,7 +3,7 @@ Playwright against a live server on loopback (tiny random models, an API key). E
 what the page shows (its elements' text and data attributes), never on time. Skipped where no
 chromium binary is found, except under ``CHORUS_REQUIRE_BROWSER=1`` (CI), where that is an error.
 Also ``chorus serve --no-playground`` through the command line, and the word timestamps toggle
-(speech over POST /v1/audio/speech with SSE, each word highlighted as it plays)."""
+(the WebSocket's ``timestamps`` events, each word highlighted as it plays)."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import DATA_DIR, missing
 from tests.pipeline.tiny_pipeline import aligned_models
 from tests.server.browser import KEY, chromium_path, headless_chromium, playground_server
-from tests.server.live import TOKENS, EnginePause, LiveServer, metric, server_config, tiny_loader, until
+from tests.server.live import TOKENS, EnginePause, LiveServer, metric, server_config, tiny_loader
 from tests.server.test_serve_cli import serving
 from tests.voices.checkpoints import light_checkpoint
 
@@ -228,15 +228,30 @@ def test_no_playground_turns_the_page_off(tmp_path):
 
 # -- word timestamps ---------------------------------------------------------------------------------
 TIMED = "Hello there. This is the playground speaking."
+# longer than the server's longest piece (ws_chunk_max_chars, 160): a turn of two pieces or more,
+# so words come in several timestamps events
+PIECES = ("The first sentence of this reply is long enough to fill a good part of a piece on its own. "
+          "The second sentence keeps going, so that the server has to cut the reply in two. And a third ends it.")
 
 
-def _speak_timed(page, text: str = TIMED):
-    """Speak ``text`` with the timestamps toggle on; the speech request the page sent."""
+def _speak_timed(page, text: str = TIMED) -> tuple[list, list]:
+    """Speak ``text`` with the timestamps toggle on; the JSON messages the page sent over the
+    WebSocket and those it received, as they are by then (both lists keep growing)."""
+    sent, received = [], []
+
+    def on_received(payload):
+        if isinstance(payload, str):  # an event; binary frames hold audio
+            received.append(json.loads(payload))
+
+    def watch(ws):
+        ws.on("framesent", lambda payload: sent.append(json.loads(payload)))
+        ws.on("framereceived", on_received)
+
+    page.on("websocket", watch)
     page.get_by_label("Text", exact=True).fill(text)
     page.get_by_label("Word timestamps", exact=True).check()
-    with page.expect_request(lambda request: request.url.endswith("/v1/audio/speech")) as sent:
-        page.get_by_role("button", name="Speak", exact=True).click()
-    return sent.value
+    page.get_by_role("button", name="Speak", exact=True).click()
+    return sent, received
 
 
 @pytest.mark.browser
@@ -245,29 +260,32 @@ def test_the_timestamps_toggle_asks_for_word_timings_and_lists_every_word(page):
     from playwright.sync_api import expect
 
     _sign_in(page)
-    sent = _speak_timed(page)
-    assert sent.method == "POST" and sent.post_data_json == {
-        "model": "chatterbox-turbo", "voice": "default", "input": TIMED,
-        "response_format": "pcm", "stream_format": "sse", "timestamps": "word"}
-    expect(page.locator("#words .word")).to_have_text(TIMED.split())
+    sent, received = _speak_timed(page, PIECES)
     expect(page.locator("#turn")).to_have_attribute("data-state", "done")
+    assert sent[0] == {"type": "config", "model": "chatterbox-turbo", "voice": "default", "response_format": "pcm",
+                       "timestamps": "word"}
+    assert len([m for m in received if m["type"] == "timestamps"]) >= 2  # the words of several pieces
+    expect(page.locator("#words .word")).to_have_text(PIECES.split())
     expect(page.get_by_role("alert")).to_be_hidden()
 
 
 @pytest.mark.browser
 @pytest.mark.timeout(60)
-def test_timed_speech_is_streamed_and_decoded_in_the_page(page):
+def test_the_words_times_run_in_order_through_the_turns_audio(page):
     from playwright.sync_api import expect
 
     _sign_in(page)
-    _speak_timed(page)
+    _speak_timed(page, PIECES)
     expect(page.locator("#turn")).to_have_attribute("data-state", "done")
-    decoded = page.locator("#decoded")
-    samples, audio_bytes = int(decoded.get_attribute("data-samples")), int(decoded.get_attribute("data-bytes"))
-    # every byte of the SSE audio deltas was decoded, as much audio as the server measured
-    assert samples > 0 and audio_bytes == 2 * samples
-    assert abs(samples / 24_000 - float(decoded.get_attribute("data-audio-seconds"))) < 0.01
-    expect(page.locator("#ttfa")).to_have_text(re.compile(r"^\d+ ms after the text was sent$"))
+    expect(page.locator("#words .word")).to_have_count(len(PIECES.split()))
+    times = page.locator("#words .word").evaluate_all("(words) => words.map((w) => [+w.dataset.start, +w.dataset.end])")
+    audio_seconds = float(page.locator("#decoded").get_attribute("data-audio-seconds"))
+    # a later piece's words start after the audio of the pieces before it, all within the turn's audio
+    ended = 0.0
+    for start, end in times:
+        assert ended - 1e-4 <= start < end <= audio_seconds + 1e-4, (times, audio_seconds)
+        ended = end
+    assert ended > audio_seconds / 2
 
 
 @pytest.mark.browser
@@ -293,7 +311,6 @@ def test_the_timings_method_is_shown_next_to_the_words(open_page, request, serve
 def test_the_highlighted_word_follows_playback_to_the_last_word(open_page, long_server):
     from playwright.sync_api import expect
 
-    text = "The first sentence is spoken right here. And the second one follows it closely."
     page = open_page(long_server)
     _sign_in(page)
     # every word that becomes the current one, in order (a record of the page, not a sample of it)
@@ -308,12 +325,12 @@ def test_the_highlighted_word_follows_playback_to_the_last_word(open_page, long_
             }
         }).observe(words, { subtree: true, attributeFilter: ["aria-current"] });
     }""")
-    _speak_timed(page, text)
-    last = len(text.split()) - 1
+    _speak_timed(page, PIECES)
+    last = len(PIECES.split()) - 1
     page.wait_for_function(f"() => window.highlighted.includes({last})")
     highlighted = page.evaluate("() => window.highlighted")
-    # it moved forward through the words (a chunk's words come after its audio, so the first ones
-    # may have played already) and reached the last
+    # it moved forward through the words of every piece (a piece's words come after its audio, so
+    # its first ones may have played already) and reached the last
     assert len(highlighted) >= 2 and highlighted == sorted(set(highlighted)), highlighted
     expect(page.locator("#words .word[aria-current]")).to_have_count(0)  # and ended with the audio
 
@@ -321,7 +338,7 @@ def test_the_highlighted_word_follows_playback_to_the_last_word(open_page, long_
 @pytest.mark.browser
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("switched", [False, True], ids=["off_by_default", "switched_on_then_off"])
-def test_with_the_toggle_off_the_page_speaks_over_the_websocket_without_timestamps(page, switched):
+def test_with_the_toggle_off_the_config_asks_for_no_timestamps(page, switched):
     from playwright.sync_api import expect
 
     _sign_in(page)
@@ -330,44 +347,11 @@ def test_with_the_toggle_off_the_page_speaks_over_the_websocket_without_timestam
     if switched:
         toggle.check()
         toggle.uncheck()
-    sent, http = [], []
+    sent = []
     page.on("websocket", lambda ws: ws.on("framesent", lambda payload: sent.append(payload)))
-    page.on("request", lambda request: http.append(request.url) if request.url.endswith("/v1/audio/speech") else None)
     page.get_by_role("button", name="Speak", exact=True).click()
     expect(page.locator("#turn")).to_have_attribute("data-state", "done")
-    # the config it always sent: no timestamps field, and no HTTP speech request
+    # the config the page sent before the toggle existed: no timestamps field
     assert json.loads(sent[0]) == {"type": "config", "model": "chatterbox-turbo", "voice": "default",
                                    "response_format": "pcm"}
-    assert http == []
     expect(page.locator("#timed")).to_be_hidden()
-
-
-@pytest.mark.browser
-@pytest.mark.timeout(60)
-def test_stop_cancels_a_timed_request(page, server):
-    from playwright.sync_api import expect
-
-    _sign_in(page)
-    with EnginePause(server) as pause:  # no audio (and so no response) until the test lets it go
-        _speak_timed(page)
-        assert pause.entered.wait(WAIT_MS / 1000), "the request never reached the engine"
-        assert server.service.admission.in_flight == 1
-        page.get_by_role("button", name="Stop", exact=True).click()
-        expect(page.locator("#turn")).to_have_attribute("data-state", "cancelled")
-        # the page left: the server cancelled the request while the engine was still held
-        until(lambda: server.service.admission.in_flight == 0, WAIT_MS / 1000, "the request's release")
-    assert page.locator("#decoded").get_attribute("data-samples") == "0"
-    expect(page.get_by_role("alert")).to_be_hidden()
-
-
-@pytest.mark.browser
-@pytest.mark.timeout(60)
-def test_a_timed_requests_error_is_shown(page, server):
-    from playwright.sync_api import expect
-
-    _sign_in(page)
-    text, shown = _deleted_voice(page, server)
-    _speak_timed(page, text)
-    for part in shown:
-        expect(page.get_by_role("alert")).to_contain_text(part)
-    expect(page.locator("#turn")).to_have_attribute("data-state", "error")

@@ -1,8 +1,8 @@
 """The browser playground (docs/server.md, "Playground"): a static page at ``GET /`` and its
 assets under ``/playground/``, shipped as package data beside this module. The page talks to the
-server only through the public API (``/v1/models``, ``/v1/voices``, the speech WebSocket,
-``/v1/audio/speech`` for word timestamps, ``/ready``, ``/metrics``), so it holds no server logic
-and needs no credentials to load: an API key is typed into the page and sent by it with each call."""
+server only through the public API (``/v1/models``, ``/v1/voices``, the speech WebSocket with
+its word timestamps, ``/ready``, ``/metrics``), so it holds no server logic and needs no
+credentials to load: an API key is typed into the page and sent by it with each call."""
 from __future__ import annotations
 
 from importlib.resources import files

@@ -1,9 +1,9 @@
 // The Chorus playground (docs/server.md, "Playground"). It uses only the public API: GET
 // /v1/models and /v1/voices, POST /v1/voices, the WebSocket /v1/audio/speech/stream (pcm: 16-bit
 // little-endian mono at 24 kHz, decoded into AudioBuffers and scheduled back to back as frames
-// arrive), with word timestamps on POST /v1/audio/speech instead (the same pcm in server-sent
-// events, and the words' timings after each chunk's audio; words.js shows them), and /ready and
-// /metrics for the server's load (load.js). Every URL is relative to the page.
+// arrive; with Word timestamps ticked, the config asks for the `timestamps` event after each
+// piece's audio, and words.js shows its words), and /ready and /metrics for the server's load
+// (load.js). Every URL is relative to the page.
 import { pollLoad } from "./load.js";
 import { WordTrack } from "./words.js";
 
@@ -12,7 +12,7 @@ const RATE = 24000; // the pcm format's sample rate
 const LEAD_S = 0.05; // the first buffer of a turn starts this far ahead of the clock
 const FINAL = new Set(["done", "cancelled", "error", "closed"]);
 let audio = null; // the AudioContext, made by the first Speak (browsers want a user gesture)
-let turn = null; // the turn being spoken: one connection (or one HTTP request), one turn
+let turn = null; // the turn being spoken: one connection, one turn
 let turns = 0;
 
 // -- messages to the user ---------------------------------------------------------------------
@@ -33,12 +33,7 @@ function apiKey() {
   return $("api-key").value.trim();
 }
 
-function authorization() {
-  return apiKey() ? { Authorization: `Bearer ${apiKey()}` } : {};
-}
-
-// An HTTP error in the server's shape {"error": {"message", "code"}}, else its status line (and
-// the Retry-After of a refusal).
+// An HTTP error in the server's shape {"error": {"message", "code"}}, else its status line.
 async function httpError(response) {
   let detail = `${response.status} ${response.statusText}`;
   try {
@@ -47,14 +42,12 @@ async function httpError(response) {
   } catch (_) {
     // not JSON: the status line says what there is to say
   }
-  const retry = response.headers.get("Retry-After");
-  const error = new Error(retry ? `${detail} Retry in ${retry} s.` : detail);
-  error.status = response.status;
-  return error;
+  return new Error(detail);
 }
 
 async function api(path, options = {}) {
-  const response = await fetch(path, { ...options, headers: authorization() });
+  const headers = apiKey() ? { Authorization: `Bearer ${apiKey()}` } : {};
+  const response = await fetch(path, { ...options, headers });
   if (!response.ok) throw await httpError(response);
   return response.json();
 }
@@ -106,7 +99,14 @@ async function upload() {
   }
 }
 
-// -- speech ----------------------------------------------------------------------------------------
+// -- speech over the WebSocket -------------------------------------------------------------------
+function socketUrl() {
+  const url = new URL("v1/audio/speech/stream", location.href);
+  url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+  if (apiKey()) url.searchParams.set("api_key", apiKey()); // browsers cannot set headers here
+  return url.href;
+}
+
 function setState(t, state) {
   t.state = state;
   $("turn").dataset.state = state;
@@ -120,6 +120,10 @@ function showCounts(t) {
   out.dataset.bytes = t.bytes;
   out.dataset.frames = t.frames;
   out.textContent = `${t.frames} frames, ${t.bytes} bytes, ${t.samples} samples (${(t.samples / RATE).toFixed(2)} s)`;
+}
+
+function send(t, message) {
+  if (t.ws.readyState === WebSocket.OPEN) t.ws.send(JSON.stringify(message));
 }
 
 function speak() {
@@ -137,29 +141,90 @@ function speak() {
   audio.resume(); // within the click, so the browser lets it play
   if (turn !== null) { // one turn at a time: a new one interrupts the last (closing its connection cancels it)
     silence(turn);
-    turn.close();
+    turn.ws.close(1000);
   }
   const timed = $("timestamps").checked;
   const t = {
-    id: `turn-${++turns}`, text, state: "connecting", failed: false,
-    close: null, cancel: null, // set by the transport: end the connection; cancel the turn (Stop)
-    textSentAt: null, firstAudioAt: null, odd: null, frames: 0, bytes: 0, samples: 0,
+    id: `turn-${++turns}`, text, ws: new WebSocket(socketUrl()), state: "connecting", failed: false,
+    textSentAt: null, firstAudioAt: null, seq: 0, odd: null, frames: 0, bytes: 0, samples: 0,
     playAt: 0, sources: new Set(),
     track: timed ? new WordTrack($("words"), $("timing-method"), () => audio.currentTime) : null,
   };
   turn = t;
+  t.ws.binaryType = "arraybuffer";
   $("timed").hidden = !timed;
   $("ttfa").textContent = "waiting";
   delete $("decoded").dataset.audioSeconds;
   showCounts(t);
   setState(t, "connecting");
-  if (timed) speakTimed(t);
-  else speakOverSocket(t);
+  const config = {
+    type: "config", model: $("model").value, voice: $("voice").value || "default", response_format: "pcm",
+    ...(timed ? { timestamps: "word" } : {}),
+  };
+  t.ws.onopen = () => send(t, config);
+  t.ws.onmessage = (message) => {
+    if (t !== turn) return; // a turn that was replaced: nothing of it is shown or played
+    if (typeof message.data === "string") onEvent(t, JSON.parse(message.data));
+    else onAudio(t, message.data);
+  };
+  t.ws.onclose = (event) => onClose(t, event);
 }
 
-// The pcm of a turn, from either transport: 16-bit samples, one may be split across two pieces.
-function onPcm(t, bytes) {
+function onEvent(t, event) {
+  switch (event.type) {
+    case "ready":
+      if (!event.response_format.startsWith("pcm") || event.sample_rate !== RATE) {
+        fail(t, `the server streams ${event.response_format} at ${event.sample_rate} Hz; this page plays pcm at ${RATE} Hz`);
+        return;
+      }
+      t.textSentAt = performance.now();
+      send(t, { type: "text", turn_id: t.id, text: t.text });
+      send(t, { type: "flush", turn_id: t.id });
+      setState(t, "speaking");
+      break;
+    case "done": {
+      const server = event.timings && event.timings.first_text_to_first_audio_s;
+      $("decoded").dataset.audioSeconds = event.audio_seconds;
+      const words = t.track !== null ? `, ${t.track.words.length} words timed` : "";
+      say(`Done: ${event.audio_seconds.toFixed(2)} s of audio${words}` +
+          (server != null ? `; the server measured ${(1000 * server).toFixed(0)} ms from text to first audio.` : "."));
+      setState(t, "done");
+      send(t, { type: "close" });
+      break;
+    }
+    case "timestamps": // a piece's words, after its audio, in seconds of the turn's audio
+      if (t.state === "speaking" && t.track !== null) t.track.add(event);
+      break;
+    case "cancelled":
+      setState(t, "cancelled");
+      send(t, { type: "close" });
+      break;
+    case "error": {
+      if (event.turn_id === t.id && t.state === "error") return; // the turn's first error is its cause
+      t.failed = true;
+      const retry = event.retry_after_s != null ? ` Retry in ${event.retry_after_s} s.` : "";
+      showError(`Server error ${event.status} ${event.code}: ${event.message}${retry}`);
+      if (event.turn_id === t.id) {
+        setState(t, "error");
+        send(t, { type: "close" });
+      } // a connection-level error: the server closes the connection next
+      break;
+    }
+    default: // "piece" and events a newer server may add: nothing to show
+  }
+}
+
+function onAudio(t, data) {
   if (t.state !== "speaking" && t.state !== "done") return; // stopped: nothing more is played
+  const view = new DataView(data);
+  const length = view.getUint16(0, false);
+  const header = JSON.parse(new TextDecoder().decode(new Uint8Array(data, 2, length)));
+  if (header.turn_id !== t.id || header.seq !== t.seq) {
+    fail(t, `audio frame ${header.turn_id} #${header.seq} arrived where ${t.id} #${t.seq} was due`);
+    return;
+  }
+  t.seq += 1;
+  let bytes = new Uint8Array(data, 2 + length);
   t.frames += 1;
   t.bytes += bytes.length;
   if (t.firstAudioAt === null) {
@@ -217,106 +282,22 @@ function fail(t, message) {
   showError(message);
   silence(t);
   setState(t, "error");
-  t.close();
+  t.ws.close(1000);
 }
 
 function stop() {
   const t = turn;
   if (t === null) return;
   silence(t);
-  if (t.state === "speaking") {
-    t.cancel();
+  if (t.state === "speaking") { // barge-in: the server drops the turn's text and work
+    send(t, { type: "cancel", turn_id: t.id });
+    setState(t, "cancelling");
   } else if (t.state === "connecting") {
-    t.close();
+    t.ws.close(1000);
     setState(t, "cancelled");
   } else {
     setState(t, t.state);
   }
-}
-
-// -- speech over the WebSocket ---------------------------------------------------------------------
-function socketUrl() {
-  const url = new URL("v1/audio/speech/stream", location.href);
-  url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
-  if (apiKey()) url.searchParams.set("api_key", apiKey()); // browsers cannot set headers here
-  return url.href;
-}
-
-function send(t, message) {
-  if (t.ws.readyState === WebSocket.OPEN) t.ws.send(JSON.stringify(message));
-}
-
-function speakOverSocket(t) {
-  t.ws = new WebSocket(socketUrl());
-  t.ws.binaryType = "arraybuffer";
-  t.seq = 0;
-  t.close = () => t.ws.close(1000);
-  t.cancel = () => { // barge-in: the server drops the turn's text and work, then says `cancelled`
-    send(t, { type: "cancel", turn_id: t.id });
-    setState(t, "cancelling");
-  };
-  t.ws.onopen = () => send(t, {
-    type: "config", model: $("model").value, voice: $("voice").value || "default", response_format: "pcm",
-  });
-  t.ws.onmessage = (message) => {
-    if (t !== turn) return; // a turn that was replaced: nothing of it is shown or played
-    if (typeof message.data === "string") onEvent(t, JSON.parse(message.data));
-    else onAudio(t, message.data);
-  };
-  t.ws.onclose = (event) => onClose(t, event);
-}
-
-function onEvent(t, event) {
-  switch (event.type) {
-    case "ready":
-      if (!event.response_format.startsWith("pcm") || event.sample_rate !== RATE) {
-        fail(t, `the server streams ${event.response_format} at ${event.sample_rate} Hz; ` +
-                `this page plays pcm at ${RATE} Hz`);
-        return;
-      }
-      t.textSentAt = performance.now();
-      send(t, { type: "text", turn_id: t.id, text: t.text });
-      send(t, { type: "flush", turn_id: t.id });
-      setState(t, "speaking");
-      break;
-    case "done": {
-      const server = event.timings && event.timings.first_text_to_first_audio_s;
-      $("decoded").dataset.audioSeconds = event.audio_seconds;
-      say(`Done: ${event.audio_seconds.toFixed(2)} s of audio` +
-          (server != null ? `; the server measured ${(1000 * server).toFixed(0)} ms from text to first audio.` : "."));
-      setState(t, "done");
-      send(t, { type: "close" });
-      break;
-    }
-    case "cancelled":
-      setState(t, "cancelled");
-      send(t, { type: "close" });
-      break;
-    case "error": {
-      if (event.turn_id === t.id && t.state === "error") return; // the turn's first error is its cause
-      t.failed = true;
-      const retry = event.retry_after_s != null ? ` Retry in ${event.retry_after_s} s.` : "";
-      showError(`Server error ${event.status} ${event.code}: ${event.message}${retry}`);
-      if (event.turn_id === t.id) {
-        setState(t, "error");
-        send(t, { type: "close" });
-      } // a connection-level error: the server closes the connection next
-      break;
-    }
-    default: // "piece" and events a newer server may add: nothing to show
-  }
-}
-
-function onAudio(t, data) {
-  const view = new DataView(data);
-  const length = view.getUint16(0, false);
-  const header = JSON.parse(new TextDecoder().decode(new Uint8Array(data, 2, length)));
-  if (header.turn_id !== t.id || header.seq !== t.seq) {
-    fail(t, `audio frame ${header.turn_id} #${header.seq} arrived where ${t.id} #${t.seq} was due`);
-    return;
-  }
-  t.seq += 1;
-  onPcm(t, new Uint8Array(data, 2 + length));
 }
 
 function onClose(t, event) {
@@ -325,79 +306,9 @@ function onClose(t, event) {
     showError(`The speech WebSocket was refused or closed before it was ready (code ${event.code}` +
               `${event.reason ? `: ${event.reason}` : ""}): check the API key, or the server's log.`);
   } else if (!t.failed && t.state !== "cancelling") {
-    showError(`The connection closed before the turn ended (code ${event.code}` +
-              `${event.reason ? `: ${event.reason}` : ""}).`);
+    showError(`The connection closed before the turn ended (code ${event.code}${event.reason ? `: ${event.reason}` : ""}).`);
   }
   setState(t, "closed"); // "cancelled" only when the server said so
-}
-
-// -- speech with word timestamps: POST /v1/audio/speech, server-sent events ------------------------
-// The events of a text/event-stream body (the JSON of their `data:` lines), as they arrive.
-async function* serverEvents(body) {
-  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
-  let pending = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return;
-    pending += value;
-    for (let end = pending.indexOf("\n\n"); end >= 0; end = pending.indexOf("\n\n")) {
-      const data = pending.slice(0, end).split("\n").filter((line) => line.startsWith("data:"))
-        .map((line) => line.slice(line.startsWith("data: ") ? 6 : 5)).join("\n");
-      pending = pending.slice(end + 2);
-      if (data) yield JSON.parse(data);
-    }
-  }
-}
-
-async function speakTimed(t) {
-  const request = new AbortController();
-  t.close = () => request.abort(); // the server cancels the work of a client that leaves
-  t.cancel = () => {
-    request.abort();
-    setState(t, "cancelled");
-  };
-  const body = {
-    model: $("model").value, voice: $("voice").value || "default", input: t.text,
-    response_format: "pcm", stream_format: "sse", timestamps: "word",
-  };
-  t.textSentAt = performance.now();
-  try {
-    const response = await fetch("v1/audio/speech", {
-      method: "POST", headers: { ...authorization(), "Content-Type": "application/json" },
-      body: JSON.stringify(body), signal: request.signal,
-    });
-    if (!response.ok) throw await httpError(response);
-    setState(t, "speaking");
-    for await (const event of serverEvents(response.body)) {
-      if (t !== turn) return; // a turn that was replaced: nothing of it is shown or played
-      onServerEvent(t, event);
-    }
-    if (t === turn && t.state === "speaking") fail(t, "The speech stream ended before speech.audio.done.");
-  } catch (error) {
-    if (t !== turn || error.name === "AbortError") return; // replaced or stopped: nothing went wrong
-    if (error.status) fail(t, `Server error ${error.message}`);
-    else if (t.state === "speaking") fail(t, `The speech stream was cut before it ended (${error.message}).`);
-    else fail(t, `The speech request failed (${error.message}): check the server's address, or its log.`);
-  }
-}
-
-function onServerEvent(t, event) {
-  switch (event.type) {
-    case "speech.audio.delta":
-      onPcm(t, Uint8Array.from(atob(event.audio), (c) => c.charCodeAt(0)));
-      break;
-    case "speech.timestamps":
-      t.track.add(event);
-      break;
-    case "speech.audio.done": {
-      const seconds = event.quality.audio_seconds;
-      $("decoded").dataset.audioSeconds = seconds;
-      say(`Done: ${seconds.toFixed(2)} s of audio, ${t.track.words.length} words timed.`);
-      setState(t, "done");
-      break;
-    }
-    default: // events a newer server may add: nothing to show
-  }
 }
 
 $("refresh").addEventListener("click", () => refresh());

@@ -1,8 +1,10 @@
-// The words of a timed turn (docs/timestamps.md): the `speech.timestamps` events of POST
-// /v1/audio/speech shown as a line of words, the one playing highlighted (`aria-current`, and
-// its index in the list's `data-current`). Word times are seconds of the response's audio; the
-// track maps them onto the AudioContext's clock through the buffers the page scheduled, so a
-// gap in the stream delays the highlight as it delays the audio.
+// The words of a timed turn (docs/timestamps.md): the WebSocket's `timestamps` events shown as a
+// line of words, the one playing highlighted (`aria-current`, and its index in the list's
+// `data-current`). Word times are seconds of the turn's audio (a piece's words already start
+// after the audio of the pieces before it); the track maps them onto the AudioContext's clock
+// through the buffers the page scheduled, so a gap in the stream delays the highlight as it
+// delays the audio. A piece's event comes after its audio: a word that played before it came is
+// listed but was never highlighted.
 
 export class WordTrack {
   // `list`: the element the words go in; `method`: the output that names their method;
@@ -12,30 +14,31 @@ export class WordTrack {
     this.method = method;
     this.clock = clock;
     this.words = []; // {span, start, end}, in the order spoken
-    this.methods = []; // each chunk's method
-    this.segments = []; // audio scheduled and not yet played: {at (clock), from (response), duration}
+    this.methods = []; // each piece's method
+    this.segments = []; // audio scheduled and not yet played: {at (clock), from (turn), duration}
     this.next = 0; // the first word that has not ended yet
     this.current = -1;
     this.frame = null;
     list.replaceChildren();
     delete list.dataset.current;
-    method.textContent = "waiting for the first chunk's timings";
+    method.textContent = "waiting for the first piece's timings";
     delete method.dataset.method;
   }
 
-  // One `speech.timestamps` event: its chunk's words, after those of the chunks before.
+  // One `timestamps` event: its piece's words (parallel lists), after those of the pieces before.
   add(event) {
-    for (const word of event.words) {
+    const { words, start, end } = event.word_timestamps;
+    words.forEach((word, i) => {
       const span = document.createElement("span");
       span.className = "word";
-      span.textContent = word.word;
-      span.dataset.start = word.start;
-      span.dataset.end = word.end;
+      span.textContent = word;
+      span.dataset.start = start[i];
+      span.dataset.end = end[i];
       this.list.append(...(this.words.length ? [" ", span] : [span]));
-      this.words.push({ span, start: word.start, end: word.end });
-    }
+      this.words.push({ span, start: start[i], end: end[i] });
+    });
     this.methods.push(event.method);
-    // the server's rule for a whole response: alignment only when every chunk was aligned
+    // a whole HTTP response's rule (docs/timestamps.md): alignment only when every piece was aligned
     const method = this.methods.every((m) => m === "alignment") ? "alignment" : "estimate";
     this.method.dataset.method = method;
     this.method.textContent = method === "alignment" ? "alignment (from the model's attention)"
@@ -43,7 +46,7 @@ export class WordTrack {
     this.follow();
   }
 
-  // `duration` seconds of the response's audio, from `from` on, play at `at` on the clock.
+  // `duration` seconds of the turn's audio, from `from` on, play at `at` on the clock.
   scheduled(at, from, duration) {
     this.segments.push({ at, from, duration });
     this.follow();
@@ -74,7 +77,7 @@ export class WordTrack {
     if (this.segments.length > 0) this.follow(); // until the last audio scheduled has played
   }
 
-  // Where in the response's audio the clock is, or null where nothing plays (before the first
+  // Where in the turn's audio the clock is, or null where nothing plays (before the first
   // buffer, in a gap between buffers, after the last).
   position() {
     const now = this.clock();
