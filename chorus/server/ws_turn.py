@@ -16,6 +16,8 @@ import json
 import logging
 import struct
 import time
+from collections.abc import Awaitable, Callable
+
 from chorus.models.s3gen.s3gen import SAMPLE_RATE
 from chorus.pipeline.errors import PipelineError
 from chorus.server.errors import APIError, pipeline_error
@@ -72,8 +74,10 @@ class Turn:
         self.threshold_wait_s: float | None = None
         self.first_piece_cut_at: float | None = None  # time.monotonic(), the clock of the pipeline's timings
         self._timer: asyncio.TimerHandle | None = None
-        self._tasks = [asyncio.create_task(self._guarded(self._start_pieces())),
-                       asyncio.create_task(self._guarded(self._send_audio()))]
+        # the methods, not their coroutines: a turn cancelled before its tasks first ran would
+        # leave coroutines never awaited
+        self._tasks = [asyncio.create_task(self._guarded(self._start_pieces)),
+                       asyncio.create_task(self._guarded(self._send_audio))]
 
     # -- text (called by the connection's reader) --------------------------------------------
     @property
@@ -119,11 +123,11 @@ class Turn:
         self._arm_timer(now)
 
     # -- the pipeline -------------------------------------------------------------------------
-    async def _guarded(self, work) -> None:
+    async def _guarded(self, work: Callable[[], Awaitable[None]]) -> None:
         """Run one of the turn's tasks: a lost connection ends it quietly (the connection cancels
         the turn), a bug ends the turn with ``internal_error``."""
         try:
-            await work
+            await work()
         except ConnectionAbortedError:
             pass
         except Exception:  # noqa: BLE001 - logged; the connection and the server go on
