@@ -208,14 +208,14 @@ class T3Engine:
         bb, cache_cfg = self.variant.t3.backbone, self.config.cache
         per_block = kv_bytes_per_block(bb.num_layers, cache_cfg.block_size, bb.num_kv_heads, bb.head_dim,
                                        self.kv_cache_dtype)
+        need = -(-self.config.scheduler.max_model_len // cache_cfg.block_size) * (2 if self.variant.t3.supports_cfg else 1)
         if cache_cfg.kv_cache_bytes is not None:
             budget = cache_cfg.kv_cache_bytes
         elif model.device.type == "cuda":
             budget = self._profile_free_bytes(model)
-        else:
-            budget = DEFAULT_CPU_KV_BYTES
+        else:  # host memory is not profiled: the default, or one longest request (the original's CFG pair in fp32)
+            budget = max(DEFAULT_CPU_KV_BYTES, need * per_block)
         num_blocks = int(budget // per_block)
-        need = -(-self.config.scheduler.max_model_len // cache_cfg.block_size) * (2 if self.variant.t3.supports_cfg else 1)
         if num_blocks < need:
             raise ValueError(
                 f"the KV cache budget of {budget / 2**20:.0f} MiB holds {num_blocks} blocks but one "
