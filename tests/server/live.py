@@ -22,7 +22,7 @@ from chorus.server.registry import ModelRegistry
 from chorus.server.service import Loaded, SpeechService
 from chorus.voices.objectstore import open_blob_store
 from chorus.voices.store import VoiceStore
-from tests.pipeline.tiny_pipeline import tiny_models
+from tests.pipeline.tiny_pipeline import aligned_models, tiny_models
 
 TOKENS = 12  # speech tokens per chunk in server tests: about half a second of audio
 
@@ -66,6 +66,13 @@ def tiny_loader(config: ServerConfig, *, front_end=None, max_num_seqs: int = 16,
         return Loaded(pipeline.start(), voices)
 
     return load
+
+
+def aligned_live_server(voices_dir: Path, **overrides) -> "LiveServer":
+    """A live server of the original variant whose tiny T3 has every alignment head, keeping
+    alignment rows (``--timestamp-alignment``): timestamps there name the ``alignment`` method."""
+    config = server_config(voices_dir, variant="original", timestamp_alignment=True, **overrides)
+    return LiveServer(config, tiny_loader(config, models_of=lambda variant: aligned_models()))
 
 
 class LiveServer:

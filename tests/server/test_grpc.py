@@ -15,9 +15,8 @@ import pytest
 
 from tests.conftest import DATA_DIR
 from tests.engine.tiny_models import tiny
-from tests.pipeline.tiny_pipeline import aligned_models
 from tests.server.conftest import decode
-from tests.server.live import TOKENS, EnginePause, LiveServer, metric, server_config, tiny_loader, until
+from tests.server.live import TOKENS, EnginePause, LiveServer, aligned_live_server, metric, server_config, tiny_loader, until
 from tests.voices.front_ends import tiny_front_end
 
 riva = pytest.importorskip("riva.client")
@@ -215,9 +214,7 @@ def test_word_time_offsets_name_their_method_in_the_trailing_metadata(server):
 
 
 def test_word_time_offsets_of_an_original_model_with_the_alignment_heads_name_alignment(module_tmp_path_factory):
-    config = server_config(module_tmp_path_factory.mktemp("voices-original"), variant="original",
-                           timestamp_alignment=True, grpc_port=free_port())
-    with LiveServer(config, tiny_loader(config, models_of=lambda variant: aligned_models())) as live:
+    with aligned_live_server(module_tmp_path_factory.mktemp("voices-original"), grpc_port=free_port()) as live:
         service = tts(live, key=None)
         request = riva_tts_pb2.SynthesizeSpeechRequest(text=TEXT, encoding=AudioEncoding.LINEAR_PCM,
                                                        sample_rate_hz=24000, enable_word_time_offsets=True)

@@ -14,9 +14,8 @@ import httpx
 import pytest
 
 from tests.conftest import DATA_DIR, missing
-from tests.pipeline.tiny_pipeline import aligned_models
 from tests.server.browser import KEY, chromium_path, headless_chromium, playground_server
-from tests.server.live import TOKENS, EnginePause, LiveServer, metric, server_config, tiny_loader
+from tests.server.live import TOKENS, EnginePause, aligned_live_server, metric
 from tests.server.test_serve_cli import serving
 from tests.voices.checkpoints import light_checkpoint
 
@@ -49,9 +48,7 @@ def long_server(module_tmp_path_factory):
 @pytest.fixture(scope="module")
 def aligned_server(module_tmp_path_factory):
     """An original T3 with the alignment heads on a server that keeps them (no API key)."""
-    config = server_config(module_tmp_path_factory.mktemp("voices-aligned"), variant="original",
-                           timestamp_alignment=True)
-    with LiveServer(config, tiny_loader(config, models_of=lambda variant: aligned_models())) as live:
+    with aligned_live_server(module_tmp_path_factory.mktemp("voices-aligned")) as live:
         yield live
 
 

@@ -10,18 +10,15 @@ import json
 import pytest
 from openai import OpenAI
 
-from tests.pipeline.tiny_pipeline import aligned_models
 from tests.server.conftest import decode
-from tests.server.live import LiveServer, server_config, tiny_loader
+from tests.server.live import aligned_live_server
 
 TEXT = "Hello there, this is a test."
 
 
 @pytest.fixture(scope="module")
 def original(module_tmp_path_factory):
-    config = server_config(module_tmp_path_factory.mktemp("voices-original"), variant="original",
-                           timestamp_alignment=True)
-    with LiveServer(config, tiny_loader(config, models_of=lambda variant: aligned_models())) as live:
+    with aligned_live_server(module_tmp_path_factory.mktemp("voices-original")) as live:
         yield live
 
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.pipeline.tiny_pipeline import aligned_models
-from tests.server.live import LiveServer, server_config, tiny_loader
+from tests.server.live import LiveServer, aligned_live_server, server_config, tiny_loader
 from tests.server.ws_client import configure, connect, next_message, send
 
 pytestmark = pytest.mark.timeout(120)
@@ -100,9 +99,7 @@ def test_timestamps_are_off_by_default(server):
 
 
 def test_an_original_model_with_the_alignment_heads_names_alignment(module_tmp_path_factory):
-    config = server_config(module_tmp_path_factory.mktemp("voices-original"), variant="original",
-                           timestamp_alignment=True, canary_interval_s=3600.0)
-    with LiveServer(config, tiny_loader(config, models_of=lambda variant: aligned_models())) as live:
+    with aligned_live_server(module_tmp_path_factory.mktemp("voices-original"), canary_interval_s=3600.0) as live:
         with connect(live) as ws:
             configure(ws, model="chatterbox-original", timestamps="word", chunking=CHUNKING, seed=5)
             events = [e for e, _ in _timestamps_with_audio_before(_speak(ws))]
