@@ -13,9 +13,13 @@ LiveKit plugins are built on it; it can be used on its own too::
             if isinstance(event, Audio):
                 play(event.data)          # s16le mono PCM at socket.sample_rate
 
+With ``StreamConfig(timestamps="word")`` (or ``"character"``) each piece's audio is followed by a
+``Timestamps`` event: its words (or characters) in seconds from the start of the turn's audio.
+
 ``SpeechSocket`` is one connection: send methods, ``receive()`` for every event in order, and
 the protocol's invariants checked as events arrive (per-turn ``seq`` from 0 without gaps, no
-audio of a turn after its ``done``/``cancelled``/``error``). ``TurnRouter`` reads a socket and
+audio or timestamps of a turn after its ``done``/``cancelled``/``error``, no timestamps that were
+not asked for). ``TurnRouter`` reads a socket and
 hands each ``Turn`` its own events, for callers that run several turns at once.
 Built on ``websockets`` (its asyncio API, 13.1 or later)."""
 from __future__ import annotations
@@ -36,6 +40,7 @@ from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidS
 PATH = "/v1/audio/speech/stream"
 # The response formats that are 16-bit mono PCM, by sample rate (docs/voice-agents.md).
 PCM_FORMATS = {24_000: "pcm", 16_000: "pcm_16000", 8_000: "pcm_8000"}
+TIMESTAMPS = ("word", "character")  # StreamConfig.timestamps, besides None (off)
 _ENDED_TURNS_KEPT = 4096  # ended turn ids remembered per socket, to catch audio after the end
 # The largest frame accepted (websockets' default, 1 MiB, is 22 s of 24 kHz PCM: a frame carries
 # whatever audio the pipeline yielded at once, which a long final window can approach).
@@ -75,7 +80,8 @@ class Chunking:
 class StreamConfig:
     """The connection's ``config`` message: sticky for the connection. ``None`` leaves a field to
     the server's default; the server validates every value (an unknown or bad one is an error
-    naming it), so nothing is checked twice here."""
+    naming it), so nothing is checked twice here, except ``timestamps``: it also says which
+    events the client expects, so a bad value is a ``ValueError`` at once, before connecting."""
 
     model: str
     voice: str = "default"
@@ -92,7 +98,12 @@ class StreamConfig:
     priority: str | None = None
     flow_steps: int | None = None
     max_new_tokens: int | None = None
+    timestamps: str | None = None
     chunking: Chunking | None = None
+
+    def __post_init__(self):
+        if self.timestamps is not None and self.timestamps not in TIMESTAMPS:
+            raise ValueError(f"timestamps must be None (off), 'word' or 'character', not {self.timestamps!r}")
 
     def message(self) -> dict[str, Any]:
         body: dict[str, Any] = {"type": "config"}
@@ -136,6 +147,28 @@ class Audio:
 
 
 @dataclass(frozen=True)
+class TimedText:
+    """A word (or character) and where it is in the turn's audio, in seconds from its first sample."""
+
+    text: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Timestamps:
+    """A ``timestamps`` event: the words (``unit`` "word") or characters ("character") of piece
+    ``piece``, sent after all its audio. ``method``: "alignment" (the model's attention) or
+    "estimate" (from the text alone); docs/timestamps.md says what each promises."""
+
+    turn_id: str
+    piece: int
+    method: str
+    unit: str
+    items: tuple[TimedText, ...]
+
+
+@dataclass(frozen=True)
 class Done:
     turn_id: str
     audio_seconds: float
@@ -160,7 +193,7 @@ class ErrorEvent:
     retry_after_s: float | None = None
 
 
-Event = Union[Ready, Piece, Audio, Done, Cancelled, ErrorEvent]
+Event = Union[Ready, Piece, Audio, Timestamps, Done, Cancelled, ErrorEvent]
 _TERMINAL = (Done, Cancelled, ErrorEvent)
 
 
@@ -195,6 +228,24 @@ def _field(body: dict, name: str, kind: type | tuple[type, ...]) -> Any:
     return value
 
 
+def _timed(body: dict) -> tuple[str, tuple[TimedText, ...]]:
+    """The unit and the items of a ``timestamps`` event: Cartesia's parallel lists
+    ``{"words" | "characters", "start", "end"}`` under ``word_timestamps`` or ``character_timestamps``."""
+    for unit in TIMESTAMPS:
+        lists = body.get(f"{unit}_timestamps")
+        if lists is None:
+            continue
+        texts, starts, ends = (lists.get(key) if isinstance(lists, dict) else None
+                               for key in (f"{unit}s", "start", "end"))
+        if not (isinstance(texts, list) and isinstance(starts, list) and isinstance(ends, list)
+                and len(texts) == len(starts) == len(ends)
+                and all(isinstance(t, str) for t in texts)
+                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in starts + ends)):
+            raise ProtocolError(f"timestamps event: {unit}_timestamps is {lists!r}")
+        return unit, tuple(TimedText(t, float(a), float(b)) for t, a, b in zip(texts, starts, ends))
+    raise ProtocolError(f"timestamps event without word_timestamps or character_timestamps: {sorted(body)}")
+
+
 def parse_event(text: str) -> Event:
     """A JSON text frame as an event."""
     try:
@@ -211,6 +262,10 @@ def parse_event(text: str) -> Event:
     if kind == "piece":
         return Piece(_field(body, "turn_id", str), _field(body, "piece", int), _field(body, "text", str),
                      _field(body, "char_start", int), _field(body, "char_end", int))
+    if kind == "timestamps":
+        unit, items = _timed(body)
+        return Timestamps(_field(body, "turn_id", str), _field(body, "piece", int), _field(body, "method", str),
+                          unit, items)
     if kind == "done":
         return Done(_field(body, "turn_id", str), float(_field(body, "audio_seconds", number)),
                     _field(body, "usage", dict), _field(body, "timings", dict))
@@ -268,9 +323,10 @@ class SpeechSocket:
 
     One coroutine reads (``receive()`` or ``async for``); any may send."""
 
-    def __init__(self, websocket: ClientConnection, ready: Ready):
+    def __init__(self, websocket: ClientConnection, ready: Ready, timestamps: str | None = None):
         self.websocket = websocket
         self.ready = ready
+        self.timestamps = timestamps  # what the config asked for: the only timestamps accepted
         self.close_error: ErrorEvent | None = None  # the connection-level error before the close
         self._next_seq: dict[str, int] = {}  # open turns: the next audio seq expected
         self._ended: OrderedDict[str, None] = OrderedDict()
@@ -308,7 +364,7 @@ class SpeechSocket:
         except BaseException:  # also a timeout's cancellation: the socket is not left open
             await websocket.close()
             raise
-        return cls(websocket, event)
+        return cls(websocket, event, config.timestamps)
 
     @property
     def sample_rate(self) -> int:
@@ -352,10 +408,7 @@ class SpeechSocket:
         message = await self.websocket.recv()
         if isinstance(message, bytes):
             audio = parse_audio_frame(message)
-            expected = self._next_seq.get(audio.turn_id)
-            if expected is None:
-                state = "after it ended" if audio.turn_id in self._ended else "of a turn never opened"
-                raise ProtocolError(f"audio {state}: turn {audio.turn_id!r} seq {audio.seq}")
+            expected = self._expected_seq(audio.turn_id, f"audio seq {audio.seq}")
             if audio.seq != expected:
                 raise ProtocolError(f"turn {audio.turn_id!r}: audio seq {audio.seq}, expected {expected}")
             self._next_seq[audio.turn_id] = expected + 1
@@ -363,6 +416,10 @@ class SpeechSocket:
         event = parse_event(message)
         if isinstance(event, Ready):
             raise ProtocolError("a second ready event")
+        if isinstance(event, Timestamps):
+            if event.unit != self.timestamps:
+                raise ProtocolError(f"{event.unit} timestamps on a connection that asked for {self.timestamps}")
+            self._expected_seq(event.turn_id, f"timestamps of piece {event.piece}")
         if isinstance(event, ErrorEvent) and event.turn_id is None:
             self.close_error = event
         elif isinstance(event, _TERMINAL):
@@ -371,6 +428,14 @@ class SpeechSocket:
             if len(self._ended) > _ENDED_TURNS_KEPT:
                 self._ended.popitem(last=False)
         return event
+
+    def _expected_seq(self, turn_id: str, what: str) -> int:
+        """The next audio seq of an open turn; audio or timestamps of any other is a ProtocolError."""
+        expected = self._next_seq.get(turn_id)
+        if expected is None:
+            state = "after it ended" if turn_id in self._ended else "of a turn never opened"
+            raise ProtocolError(f"{what} {state}: turn {turn_id!r}")
+        return expected
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self._events()
@@ -394,10 +459,11 @@ _CLOSED = object()
 
 
 class Turn:
-    """One turn on a ``TurnRouter``'s socket. Iterating yields its ``Piece`` and ``Audio`` events
-    and stops after ``done`` (``outcome`` holds it) or ``cancelled``; an ``error`` of the turn
-    raises ``ChorusError``, a lost connection ``ConnectionLost``. After ``cancel()`` no audio is
-    yielded, also none still in flight."""
+    """One turn on a ``TurnRouter``'s socket. Iterating yields its ``Piece``, ``Audio`` and (when
+    the config asked for them) ``Timestamps`` events in the order they came, and stops after
+    ``done`` (``outcome`` holds it) or ``cancelled``; an ``error`` of the turn raises
+    ``ChorusError``, a lost connection ``ConnectionLost``. After ``cancel()`` no audio or
+    timestamps are yielded, also none still in flight."""
 
     def __init__(self, router: TurnRouter, turn_id: str):
         self.turn_id = turn_id
@@ -436,10 +502,10 @@ class Turn:
             self.ended.set()
         self._events.put_nowait(item)
 
-    def __aiter__(self) -> AsyncIterator[Piece | Audio]:
+    def __aiter__(self) -> AsyncIterator[Piece | Audio | Timestamps]:
         return self._iterate()
 
-    async def _iterate(self) -> AsyncIterator[Piece | Audio]:
+    async def _iterate(self) -> AsyncIterator[Piece | Audio | Timestamps]:
         while True:
             item = await self._events.get()
             if isinstance(item, (Done, Cancelled)):
@@ -448,7 +514,7 @@ class Turn:
                 raise ChorusError(item)
             if isinstance(item, ConnectionLost):
                 raise item
-            if isinstance(item, Audio) and self.cancel_sent:
+            if isinstance(item, (Audio, Timestamps)) and self.cancel_sent:
                 continue  # in flight when we cancelled
             yield item
 
