@@ -11,8 +11,8 @@ import pytest
 from websockets.asyncio.client import connect as websocket_connect
 
 from chorus.integrations.ws_client import (
-    Audio, ChorusError, Chunking, ConnectionLost, Done, Piece, ProtocolError, SpeechSocket, StreamConfig, Timestamps, TurnRouter,
-    parse_audio_frame, parse_event, stream_url,
+    Audio, ChorusError, Chunking, ConnectionLost, Done, Piece, ProtocolError, SpeechSocket, StreamConfig, Timestamps,
+    TurnRouter, parse_audio_frame, parse_event, stream_url,
 )
 from tests.integrations.conftest import KEY, REPLY, SHORT
 
@@ -186,7 +186,8 @@ def test_a_timestamps_event_without_parallel_lists_is_a_protocol_error(lists):
 def test_timestamps_the_config_did_not_ask_for_are_a_protocol_error(server):
     async def main():
         # the server is asked for words; the client is told its config asked for none
-        websocket = await websocket_connect(stream_url(server.url), additional_headers={"Authorization": f"Bearer {KEY}"})
+        websocket = await websocket_connect(stream_url(server.url),
+                                            additional_headers={"Authorization": f"Bearer {KEY}"})
         await websocket.send(json.dumps(timed("word").message()))
         socket = SpeechSocket(websocket, parse_event(await websocket.recv()), timestamps=None)
         async with socket:
