@@ -14,6 +14,10 @@ reply is the turn's ``flush``, and an interruption sends ``cancel`` for every op
 audio of an interrupted context that is still in flight is dropped. The pipeline's output rate
 picks the PCM format (24, 16 or 8 kHz from the server; other rates are resampled from 24 kHz).
 The connection config is sticky, so a settings update of model, voice or language reconnects.
+With ``word_timestamps`` (on, as in Pipecat's own Cartesia and ElevenLabs services) the connection
+asks for word timestamps and the service pushes each spoken word as a ``TTSTextFrame`` whose
+presentation time is the turn's first audio plus the word's start, instead of the LLM's text
+once its audio is out.
 """
 from __future__ import annotations
 
@@ -30,13 +34,16 @@ from websockets.exceptions import ConnectionClosedOK
 from websockets.protocol import State
 
 from chorus.integrations.ws_client import (
-    PCM_FORMATS, Audio, ChorusError, Done, ErrorEvent, SpeechSocket, StreamConfig,
+    PCM_FORMATS, Audio, ChorusError, Done, ErrorEvent, SpeechSocket, StreamConfig, Timestamps,
 )
 
 _SOURCE_RATE = 24_000  # what the server sends when the pipeline's rate is not one of PCM_FORMATS
 # connection-level errors that only say why the server closes a socket that has nothing in flight:
 # the next turn opens a new connection
 _BENIGN_CLOSE = {"idle_timeout", "shutting_down"}
+# languages whose words (one character each, with the punctuation after it) carry their own
+# spacing: no space is put between their TTSTextFrames (Pipecat's Cartesia service does the same)
+_UNSPACED_LANGUAGES = {"zh", "ja"}
 
 
 class ChorusTTSService(WebsocketTTSService):
@@ -44,18 +51,26 @@ class ChorusTTSService(WebsocketTTSService):
 
     def __init__(self, *, config: StreamConfig, base_url: str = "http://127.0.0.1:8000",
                  api_key: str | None = None, open_timeout: float = 10.0,
-                 text_aggregation_mode: TextAggregationMode = TextAggregationMode.TOKEN, **kwargs):
+                 text_aggregation_mode: TextAggregationMode = TextAggregationMode.TOKEN,
+                 word_timestamps: bool = True, **kwargs):
         """``config``: the connection's model, voice and Chatterbox fields; its
-        ``response_format`` is chosen from the pipeline's output rate (leave it "pcm").
-        ``api_key``: one of the server's ``--api-keys``. Other arguments go to Pipecat's
+        ``response_format`` is chosen from the pipeline's output rate (leave it "pcm") and its
+        ``timestamps`` from ``word_timestamps`` (leave it None). ``api_key``: one of the server's
+        ``--api-keys``. ``word_timestamps``: push each word as a ``TTSTextFrame`` at the time it
+        is spoken (off: the text of each piece after its audio). Other arguments go to Pipecat's
         ``WebsocketTTSService`` (e.g. ``sample_rate``)."""
         if config.response_format != "pcm":
             raise ValueError("ChorusTTSService picks the PCM format from the pipeline's sample rate; "
                              f"leave StreamConfig.response_format at 'pcm', not {config.response_format!r}")
+        if config.timestamps is not None:
+            raise ValueError("ChorusTTSService asks for word timestamps when word_timestamps is on; "
+                             f"leave StreamConfig.timestamps at None, not {config.timestamps!r}")
         settings = TTSSettings(model=config.model, voice=config.voice, language=config.language)
-        super().__init__(settings=settings, text_aggregation_mode=text_aggregation_mode, push_text_frames=True,
-                         push_start_frame=True, pause_frame_processing=False, **kwargs)
+        super().__init__(settings=settings, text_aggregation_mode=text_aggregation_mode,
+                         push_text_frames=not word_timestamps, push_start_frame=True, pause_frame_processing=False,
+                         **kwargs)
         self._config = config
+        self._word_timestamps = word_timestamps
         self._base_url = base_url
         self._api_key = api_key
         self._open_timeout = open_timeout
@@ -77,7 +92,8 @@ class ChorusTTSService(WebsocketTTSService):
         language = self._settings.language
         return dataclasses.replace(self._config, model=self._settings.model, voice=self._settings.voice,
                                    language=language if isinstance(language, str) else None,
-                                   response_format=PCM_FORMATS[rate])
+                                   response_format=PCM_FORMATS[rate],
+                                   timestamps="word" if self._word_timestamps else None)
 
     async def start(self, frame: StartFrame):
         await super().start(frame)
@@ -165,6 +181,14 @@ class ChorusTTSService(WebsocketTTSService):
                 await self.stop_ttfb_metrics()
                 await self.append_to_audio_context(event.turn_id, TTSStoppedFrame(context_id=event.turn_id))
                 await self.remove_audio_context(event.turn_id)
+        elif isinstance(event, Timestamps):
+            # after the piece's audio in its context's queue: Pipecat times each word from the
+            # context's first audio (the turn's, as Chorus's times are) and drops those of a
+            # context that is gone (interrupted)
+            language = self._settings.language
+            unspaced = isinstance(language, str) and language.split("-")[0] in _UNSPACED_LANGUAGES
+            await self.add_word_timestamps([(word.text, word.start) for word in event.items], event.turn_id,
+                                           includes_inter_frame_spaces=True if unspaced else None)
         elif isinstance(event, ErrorEvent):
             await self._handle_error(event)
         # Piece: when text went to synthesis; Cancelled: the context is gone already.

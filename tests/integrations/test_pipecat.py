@@ -14,10 +14,11 @@ import_framework("pipecat.pipeline.worker", "pipecat.workers.runner")
 
 from pipecat.frames.frames import (  # noqa: E402
     EndFrame, Frame, InterruptionFrame, LLMFullResponseEndFrame, LLMFullResponseStartFrame, LLMTextFrame,
-    TTSAudioRawFrame, TTSStoppedFrame,
+    TTSAudioRawFrame, TTSStoppedFrame, TTSTextFrame,
 )
 from pipecat.pipeline.pipeline import Pipeline  # noqa: E402
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker  # noqa: E402
+from pipecat.utils.text.base_text_aggregator import TextType  # noqa: E402
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor  # noqa: E402
 from pipecat.workers.runner import WorkerRunner  # noqa: E402
 
@@ -54,10 +55,10 @@ def llm_reply(tokens: list[str], *, end: bool = True) -> list[Frame]:
             *([LLMFullResponseEndFrame()] if end else [])]
 
 
-async def run_pipeline(server, script, *, config=SHORT, sample_rate: int = 24_000):
+async def run_pipeline(server, script, *, config=SHORT, sample_rate: int = 24_000, word_timestamps: bool = True):
     """Run [ChorusTTSService, FrameLog] while ``script(worker, log, tts)`` queues frames, then end it;
     the log, what the script returned and how often the service connected."""
-    tts = ChorusTTSService(base_url=server.url, api_key=KEY, config=config)
+    tts = ChorusTTSService(base_url=server.url, api_key=KEY, config=config, word_timestamps=word_timestamps)
     connections = []
 
     @tts.event_handler("on_connected")
@@ -150,3 +151,34 @@ def test_the_next_reply_reconnects_after_the_server_closed_an_idle_connection(id
     log, _, connections = asyncio.run(run_pipeline(idle_server, script))
     turns = {f.context_id for f in log.frames if isinstance(f, TTSAudioRawFrame)}
     assert len(turns) == 2 and connections == 2
+
+
+def speak_reply(server, **options) -> tuple[FrameLog, str]:
+    """One reply through the pipeline, until its TTSStoppedFrame: the log and the turn's id."""
+    async def script(worker, log, tts):
+        await worker.queue_frames(llm_reply(REPLY))
+        return (await log.wait_for(lambda f: isinstance(f, TTSStoppedFrame))).context_id
+
+    log, turn, _ = asyncio.run(run_pipeline(server, script, **options))
+    return log, turn
+
+
+@pytest.mark.timeout(60)
+def test_each_word_is_a_text_frame_at_its_presentation_time_inside_the_turns_audio(server):
+    log, turn = speak_reply(server)
+    words = [f for f in log.frames if isinstance(f, TTSTextFrame) and f.context_id == turn]
+    assert [f.text for f in words] == "".join(REPLY).split()
+    assert all(f.text_type == TextType.WORD and f.pts is not None for f in words)
+    # the first word starts with the turn's first audio (its pts is that clock time); each later
+    # one at its start after it, in order and inside the turn's audio
+    seconds = sum(len(f.audio) for f in audio_of(log, turn)) / 2 / 24_000
+    offsets = [(f.pts - words[0].pts) / 1e9 for f in words]
+    assert offsets == sorted(offsets) and 0 < offsets[-1] < seconds
+
+
+@pytest.mark.timeout(60)
+def test_without_word_timestamps_the_text_comes_whole_after_its_audio(server):
+    log, turn = speak_reply(server, word_timestamps=False)
+    texts = [f for f in log.frames if isinstance(f, TTSTextFrame) and f.context_id == turn]
+    assert texts and not [f for f in texts if f.text_type == TextType.WORD]
+    assert " ".join(f.text.strip() for f in texts).split() == "".join(REPLY).split()
