@@ -14,6 +14,11 @@ threshold decides when a piece is spoken); ``flush()``/``end_input()`` is the tu
 closing the stream before its audio is all out (LiveKit does it on an interruption) sends
 ``cancel``, and nothing of the turn is pushed after that. The connection opens on first use
 (or ``prewarm()``) and again after the server closed it (idle timeout, drain).
+
+With ``word_timestamps`` (on, as in LiveKit's Cartesia plugin) the TTS has the
+``aligned_transcript`` capability: each spoken word goes with the audio as a ``TimedString``
+(its start and end in seconds of the turn's audio), which an ``AgentSession`` created with
+``use_tts_aligned_transcript=True`` uses for its transcript.
 """
 from __future__ import annotations
 
@@ -23,11 +28,11 @@ import logging
 import weakref
 
 from livekit.agents import APIConnectionError, APIError, APIStatusError, APITimeoutError, tts, utils
-from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, APIConnectOptions
+from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, APIConnectOptions, TimedString
 from websockets.exceptions import WebSocketException
 
 from chorus.integrations.ws_client import (
-    Audio, ChorusError, ConnectionLost, SpeechSocket, StreamConfig, Turn, TurnRouter, pcm_format,
+    Audio, ChorusError, ConnectionLost, Piece, SpeechSocket, StreamConfig, Timestamps, Turn, TurnRouter, pcm_format,
 )
 
 logger = logging.getLogger(__name__)
@@ -38,15 +43,22 @@ class TTS(tts.TTS):
     (``synthesize()``)."""
 
     def __init__(self, *, config: StreamConfig, base_url: str = "http://127.0.0.1:8000",
-                 api_key: str | None = None, sample_rate: int = 24_000):
+                 api_key: str | None = None, sample_rate: int = 24_000, word_timestamps: bool = True):
         """``config``: the connection's model, voice and Chatterbox fields; its
         ``response_format`` follows ``sample_rate`` (24000, 16000 or 8000: s16le PCM from the
-        server; leave it "pcm"). ``api_key``: one of the server's ``--api-keys``."""
+        server; leave it "pcm") and its ``timestamps`` ``word_timestamps`` (leave it None).
+        ``api_key``: one of the server's ``--api-keys``. ``word_timestamps``: push each word's
+        timing with the audio (the ``aligned_transcript`` capability)."""
         if config.response_format != "pcm":
             raise ValueError("the LiveKit plugin takes raw PCM at sample_rate; leave StreamConfig.response_format "
                              f"at 'pcm', not {config.response_format!r}")
-        super().__init__(capabilities=tts.TTSCapabilities(streaming=True), sample_rate=sample_rate, num_channels=1)
-        self._config = dataclasses.replace(config, response_format=pcm_format(sample_rate))
+        if config.timestamps is not None:
+            raise ValueError("the LiveKit plugin asks for word timestamps when word_timestamps is on; "
+                             f"leave StreamConfig.timestamps at None, not {config.timestamps!r}")
+        super().__init__(capabilities=tts.TTSCapabilities(streaming=True, aligned_transcript=word_timestamps),
+                         sample_rate=sample_rate, num_channels=1)
+        self._config = dataclasses.replace(config, response_format=pcm_format(sample_rate),
+                                           timestamps="word" if word_timestamps else None)
         self._base_url = base_url
         self._api_key = api_key
         self._router: TurnRouter | None = None
@@ -109,10 +121,41 @@ class TTS(tts.TTS):
             self._router = None
 
 
+class _SpokenText:
+    """The turn's text, for its timed words: LiveKit's transcript is the concatenation of the
+    ``TimedString``s, so each word takes the spacing before it in the text the turn sent (none
+    between CJK characters). A word spoken differently from its text (``3`` said ``three``) is
+    not found there; it gets a space before it, and the text it stands for is skipped over when
+    the next word is found."""
+
+    def __init__(self):
+        self._unmatched = ""  # the pieces' text after the last word found
+        self._piece_end: int | None = None
+        self._started = False
+
+    def add(self, piece: Piece) -> None:
+        gap = " " if self._piece_end is not None and piece.char_start > self._piece_end else ""
+        self._unmatched += gap + piece.text
+        self._piece_end = piece.char_end
+
+    def spaced(self, word: str) -> str:
+        index = self._unmatched.find(word)
+        if index < 0:
+            before = " "
+        else:
+            before, self._unmatched = self._unmatched[:index], self._unmatched[index + len(word):]
+            if before.strip():  # text spoken as other words, already pushed
+                before = " "
+        started, self._started = self._started, True
+        return (before if started else "") + word
+
+
 async def _receive(turn: Turn, output_emitter: tts.AudioEmitter, timeout: float) -> None:
-    """Push the turn's audio until its ``done``; once its text is flushed, each event must come
-    within ``timeout`` s (before that, the turn may wait on the LLM for as long as it takes)."""
+    """Push the turn's audio (and its words' timings, when asked for) until its ``done``; once its
+    text is flushed, each event must come within ``timeout`` s (before that, the turn may wait on
+    the LLM for as long as it takes)."""
     events = turn.__aiter__()
+    text = _SpokenText()
     try:
         while True:
             try:
@@ -121,6 +164,12 @@ async def _receive(turn: Turn, output_emitter: tts.AudioEmitter, timeout: float)
                 return
             if isinstance(event, Audio):
                 output_emitter.push(event.data)
+            elif isinstance(event, Piece):
+                text.add(event)
+            elif isinstance(event, Timestamps):  # after the piece's audio; seconds of the turn's audio
+                output_emitter.push_timed_transcript(
+                    [TimedString(text.spaced(word.text), start_time=word.start, end_time=word.end)
+                     for word in event.items])
     except asyncio.TimeoutError:
         raise APITimeoutError(f"Chorus turn {turn.turn_id}: nothing for {timeout} s after flush") from None
     except ChorusError as e:

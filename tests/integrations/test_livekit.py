@@ -20,6 +20,7 @@ import_framework("livekit.agents.voice")
 
 from livekit import rtc  # noqa: E402
 from livekit.agents import Agent, AgentSession, APIStatusError  # noqa: E402
+from livekit.agents.types import TimedString  # noqa: E402
 from livekit.agents.voice import io as lk_io  # noqa: E402
 
 from chorus.integrations import livekit as chorus_livekit  # noqa: E402
@@ -70,17 +71,34 @@ class Speaker(lk_io.AudioOutput):
         pass  # every frame was played as it came: nothing is buffered
 
 
-def make_tts(server, config=SHORT, sample_rate: int = 24_000) -> ObservedTTS:
-    return ObservedTTS(base_url=server.url, api_key=KEY, config=config, sample_rate=sample_rate)
+class Transcript(lk_io.TextOutput):
+    """The session's transcription output: every text delta it captures, in order."""
+
+    def __init__(self):
+        super().__init__(label="test-transcript", next_in_chain=None)
+        self.texts: list[str] = []
+
+    async def capture_text(self, text: str) -> None:
+        self.texts.append(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def make_tts(server, config=SHORT, sample_rate: int = 24_000, **options) -> ObservedTTS:
+    return ObservedTTS(base_url=server.url, api_key=KEY, config=config, sample_rate=sample_rate, **options)
 
 
 @contextlib.asynccontextmanager
-async def agent_session(tts: ObservedTTS) -> AsyncIterator[tuple[AgentSession, Speaker]]:
-    """A started ``AgentSession`` whose only model is the plugin, speaking into a ``Speaker``."""
+async def agent_session(tts: ObservedTTS, transcript: Transcript | None = None,
+                        **options) -> AsyncIterator[tuple[AgentSession, Speaker]]:
+    """A started ``AgentSession`` (``options``) whose only model is the plugin, speaking into a
+    ``Speaker`` and writing its transcript into ``transcript``."""
     speaker = Speaker()
     async with tts:
-        session = AgentSession(tts=tts)
+        session = AgentSession(tts=tts, **options)
         session.output.audio = speaker
+        session.output.transcription = transcript
         await session.start(Agent(instructions="Say what you are given."), record=False)
         try:
             yield session, speaker
@@ -182,3 +200,35 @@ def test_the_next_reply_reconnects_after_the_server_closed_an_idle_connection(id
     assert isinstance(closed, ConnectionLost) and closed.close_code == 1000 and closed.error.code == "idle_timeout"
     assert len(speaker.segments) == 2 and all(speaker.segments)
     assert [type(s.turn.outcome) for s in streams] == [Done, Done]
+
+
+def transcribe_reply(server, **options) -> tuple[Transcript, list[list[rtc.AudioFrame]]]:
+    """One reply spoken by a session that takes the TTS's aligned transcript: what it transcribed
+    and the audio it played."""
+    async def main():
+        transcript = Transcript()
+        async with agent_session(make_tts(server, **options), transcript,
+                                 use_tts_aligned_transcript=True) as (session, speaker):
+            await asyncio.wait_for(session.say(llm_tokens(REPLY)).wait_for_playout(), WAIT_S)
+        return transcript, speaker.segments
+
+    return asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_the_aligned_transcript_is_the_words_timed_inside_the_turns_audio(server):
+    transcript, segments = transcribe_reply(server)
+    assert transcript.texts and all(isinstance(t, TimedString) for t in transcript.texts)
+    assert "".join(transcript.texts) == "".join(REPLY)  # the words, spaced as the reply was
+    heard = sum(f.duration for f in segments[0])
+    ended = 0.0
+    for word in transcript.texts:  # monotonic, of positive length, inside the audio played
+        assert ended <= word.start_time < word.end_time <= heard + 1e-3
+        ended = word.end_time
+
+
+@pytest.mark.timeout(60)
+def test_without_word_timestamps_the_transcript_is_the_untimed_text(server):
+    transcript, _ = transcribe_reply(server, word_timestamps=False)
+    assert "".join(transcript.texts) == "".join(REPLY)
+    assert not [t for t in transcript.texts if isinstance(t, TimedString)]
