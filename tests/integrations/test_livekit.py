@@ -24,7 +24,7 @@ from livekit.agents.types import TimedString  # noqa: E402
 from livekit.agents.voice import io as lk_io  # noqa: E402
 
 from chorus.integrations import livekit as chorus_livekit  # noqa: E402
-from chorus.integrations.ws_client import Cancelled, ConnectionLost, Done  # noqa: E402
+from chorus.integrations.ws_client import Cancelled, ConnectionLost, Done, Piece  # noqa: E402
 
 WAIT_S = 20.0
 
@@ -232,3 +232,22 @@ def test_without_word_timestamps_the_transcript_is_the_untimed_text(server):
     transcript, _ = transcribe_reply(server, word_timestamps=False)
     assert "".join(transcript.texts) == "".join(REPLY)
     assert not [t for t in transcript.texts if isinstance(t, TimedString)]
+
+
+def spaced(pieces: list[tuple[int, str]], words: list[str]) -> list[str]:
+    """The transcript strings of ``words`` spoken from ``pieces`` ((char_start, text) each)."""
+    text = chorus_livekit._SpokenText()
+    for start, piece in pieces:
+        text.add(Piece("t", 0, piece, start, start + len(piece)))
+    return [text.spaced(word) for word in words]
+
+
+@pytest.mark.parametrize("pieces, words, strings", [
+    ([(0, "Hello there,"), (13, "how are you?")], ["Hello", "there,", "how", "are", "you?"],
+     ["Hello", " there,", " how", " are", " you?"]),  # the space between two pieces too
+    ([(0, "你好。"), (3, "谢谢。")], ["你", "好。", "谢", "谢。"],
+     ["你", "好。", "谢", "谢。"]),  # no space in CJK text
+    ([(0, "I have 3 cats.")], ["I", "have", "three", "cats."], ["I", " have", " three", " cats."]),
+])
+def test_timed_words_take_the_spacing_of_the_turns_text(pieces, words, strings):
+    assert spaced(pieces, words) == strings
