@@ -19,8 +19,8 @@ With ``StreamConfig(timestamps="word")`` (or ``"character"``) each piece's audio
 ``SpeechSocket`` is one connection: send methods, ``receive()`` for every event in order, and
 the protocol's invariants checked as events arrive (per-turn ``seq`` from 0 without gaps, no
 audio or timestamps of a turn after its ``done``/``cancelled``/``error``, no timestamps that were
-not asked for). ``TurnRouter`` reads a socket and
-hands each ``Turn`` its own events, for callers that run several turns at once.
+not asked for). ``TurnRouter`` reads a socket and hands each ``Turn`` its own events, for
+callers that run several turns at once.
 Built on ``websockets`` (its asyncio API, 13.1 or later)."""
 from __future__ import annotations
 
