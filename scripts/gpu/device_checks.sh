@@ -6,7 +6,7 @@
 #        agent-original | agent-turbo | agent-turbo-listen | agent-turbo-conversation | agent-turbo-prompt-cap | agent-turbo-headroom |
 #        agent-turbo-first-window | agent-turbo-admit-ahead | agent-turbo-mixed-graphs | agent-turbo-admit-within-graphs | agent-turbo-ramp | agent-turbo-profile | agent-turbo-switch | agent-turbo-queue-probe | online-turbo-short-voice | overload-turbo | two-models | swap-turbo |
 #        scale-out-turbo | scale-out-original | profile-original | profile-turbo | rope-kv |
-#        vocoder-turbo | vocoder-original | vc-turbo | vc-original
+#        vocoder-turbo | vocoder-original | vc-turbo | vc-original | online-turbo-grpc | timestamps-cost
 # The reference chatterbox-tts (for the benchmark ratio) must be importable; WHEELS=DIR installs
 # it offline from wheels first (see scripts/gpu/README.md); a DIR/*.tar.xz is a pre-unpacked
 # site-packages bundle (Ray without its Java and ML-library parts), unpacked beside the wheels.
@@ -84,6 +84,12 @@ case $what in
   stage-contention)  # CONTENTION_ARGS: more options (e.g. "--modes alone,graphed --green-sms 66,116 --green-capture")
     python3 scripts/gpu/stage_contention.py --variant turbo --batch-sizes 64 --steps 150 ${CONTENTION_ARGS:-} \
       --out "$out/stage_contention.json" 2>&1 | tail -10 ;;
+  online-turbo-grpc)  # HTTP, then gRPC, against one turbo server at 1/64/256 clients (docs/grpc.md); needs grpcio
+    GRPC_PORT=50051 bash scripts/gpu/online.sh turbo "$out" --concurrency 1,64,256 --duration-s "${ONLINE_SECONDS:-20}" \
+      --client-processes "${CLIENT_PROCESSES:-4}" --quiet ;;
+  timestamps-cost)  # what word timestamps cost T3's step (docs/timestamps.md): 2/64/256 rows of the original with CFG
+    python3 -m chorus.cli bench t3 --variant original --batch-sizes 1,32,128 --no-workload --no-yardstick --timestamps \
+      --out "$out/t3_timestamps_cost.json" 2>&1 | tail -12 ;;
   online-original|online-turbo)
     # CLIENT_PROCESSES (4): the processes the clients of a level are split between (one client
     # loop reading 256 streams lags by most of a second and adds that to what it measures)
