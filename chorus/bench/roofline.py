@@ -263,17 +263,30 @@ def _unlinked_kernels(events) -> list[tuple[object, object]]:
     launched it (same correlation id): Triton's kernels, launched through the driver from Python,
     arrive so. Those tied to an op are counted through the op's ``kernels``."""
     cpu = torch.autograd.DeviceType.CPU
-    if not events or not hasattr(events[0], "linked_correlation_id"):
-        return []  # a profiler that does not say which op a kernel belongs to
     ops = {e.id for e in events if e.device_type == cpu and e.kernels}
+    # a kernel's id is its launch's correlation id; the op it was tied to is named by its
+    # linked_correlation_id where the profiler keeps one (newer PyTorch), else it is the op
+    # around the launch that holds kernels
+    linked = (lambda kernel, launch: kernel.linked_correlation_id in ops) if events and hasattr(
+        events[0], "linked_correlation_id") else (lambda kernel, launch: _op_with_kernels_around(launch))
     launches = {e.id: e for e in events if e.device_type == cpu and "aunch" in e.name}
     found = []
     for e in events:
-        if e.device_type == cpu or e.is_user_annotation or e.linked_correlation_id in ops:
+        if e.device_type == cpu or e.is_user_annotation or e.id not in launches:
             continue
-        if e.id in launches:
+        if not linked(e, launches[e.id]):
             found.append((e, launches[e.id]))
     return found
+
+
+def _op_with_kernels_around(launch) -> bool:
+    """Whether an op that holds kernels encloses ``launch`` on the host (a PyTorch op's launch)."""
+    event = launch.cpu_parent
+    while event is not None:
+        if event.kernels:
+            return True
+        event = event.cpu_parent
+    return False
 
 
 def _innermost_range(marker_ranges: list, launch):
