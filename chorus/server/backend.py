@@ -10,7 +10,7 @@ from typing import Protocol
 from chorus.server.config import ServerConfig
 from chorus.server.errors import APIError
 from chorus.server.schemas import SpeechBody
-from chorus.server.speech import ConversionForm, SpeechResponse
+from chorus.server.speech import ConversionForm, SpeechResponse, TimedSpeechResponse
 
 
 class Backend(Protocol):
@@ -51,12 +51,9 @@ class Backend(Protocol):
         the body would get another answer, or this backend cannot tell (the full path then runs)."""
 
     async def speech(self, body: SpeechBody, priority_header: str | None, request_id: str, *,
-                     arrived: float, affinity: str | None = None, voice_clip: bytes | None = None,
-                     timed: bool = False) -> SpeechResponse:
+                     arrived: float, affinity: str | None = None) -> SpeechResponse:
         """Start a request; errors before its first audio raise ``APIError``. ``affinity``: the
-        key that picks the version of a model split between versions (None: the request id).
-        ``voice_clip``: a reference clip to speak in, for this request only (None: ``body.voice``).
-        ``timed``: the chunks come with their timings (``SpeechService.speech``; gRPC's door)."""
+        key that picks the version of a model split between versions (None: the request id)."""
 
     async def convert(self, form: ConversionForm, priority_header: str | None, request_id: str, *,
                       arrived: float, affinity: str | None = None) -> SpeechResponse:
@@ -72,3 +69,15 @@ class Backend(Protocol):
 
     def record_error(self, code: str, rule: str | None = None) -> None:
         """Count an error answer the HTTP layer sent (``rule``: ``APIError.rule``)."""
+
+
+class LocalBackend(Backend, Protocol):
+    """A ``Backend`` whose models run in this process (``ModelRegistry``): what the gRPC door
+    needs beyond HTTP's (it does not run in front of engine replicas; docs/grpc.md)."""
+
+    async def speech(self, body: SpeechBody, priority_header: str | None, request_id: str, *,
+                     arrived: float, affinity: str | None = None, voice_clip: bytes | None = None,
+                     timed: bool = False) -> SpeechResponse | TimedSpeechResponse:
+        """As ``Backend.speech``, and: ``voice_clip``, a reference clip to speak in for this
+        request only (None: ``body.voice``); ``timed``, a ``TimedSpeechResponse`` whose chunks
+        come with their timings (``SpeechService.speech``)."""

@@ -80,7 +80,7 @@ class Route:
 
 
 class ModelRegistry:
-    """The ``Backend`` (``backend.py``) of one process serving the models of ``config.entries()``.
+    """The ``LocalBackend`` (``backend.py``) of one process serving the models of ``config.entries()``.
 
     ``load(config)`` loads one model version (``config`` is ``ServerConfig.for_entry``'s, its
     ``models`` the one entry) on a worker thread and returns its started pipeline and voice

@@ -57,24 +57,32 @@ class SpeechResponse:
     ``on_stall`` (if any) is called when the client stopped reading for ``write_stall_s`` and
     is being dropped, before ``chunks`` is closed. ``on_close`` (if any) is called once the
     response is over, however it ended, after ``chunks`` was closed: it frees what a body that
-    never started (a client gone before the first write) still holds. A response made with
-    ``timed`` (a door that places the timings itself, gRPC) yields ``(bytes, timings)``: the
-    timings of the chunk whose audio ended in those bytes, in seconds of the response, or None."""
+    never started (a client gone before the first write) still holds."""
 
     media_type: str
     headers: dict[str, str]
-    chunks: AsyncIterator  # bytes; with ``respond(timed=True)``: (bytes, ChunkTimings | None)
+    chunks: AsyncIterator[bytes]
     on_stall: Callable[[], None] | None = None
     on_close: Callable[[], None] | None = None
 
 
+@dataclass
+class TimedSpeechResponse(SpeechResponse):
+    """A response for a door that places the timings itself (gRPC's ``meta.words``):
+    ``chunks`` yields ``(bytes, timings)``, the timings (``ChunkTimings`` in seconds of the
+    response) of the text chunk whose audio ended in those bytes, or None."""
+
+    chunks: AsyncIterator[tuple[bytes, ChunkTimings | None]]
+
+
 async def respond(call: "SpeechCall", response_format: str, *, streaming: bool, speed: float = 1.0,
-                  sse: bool = False, timestamps: str | None = None, timed: bool = False) -> SpeechResponse:
+                  sse: bool = False, timestamps: str | None = None, timed: bool = False
+                  ) -> SpeechResponse | TimedSpeechResponse:
     """The response of an admitted, submitted call: its encoder, then its first audio awaited
     (a failure before it is still a JSON error), then the body that streams the rest.
     ``timestamps`` (``"word"``, ``"character"``): SSE events of each chunk's timings, or, not
     SSE, a JSON response with the whole audio in base64 and the timings (docs/timestamps.md);
-    with ``timed``, neither: the chunks come with their timings (``SpeechResponse``)."""
+    with ``timed``, neither: a ``TimedSpeechResponse``, the chunks with their timings."""
     from chorus.audio.streaming import StreamEncoder, media_type  # PyAV: imported when first needed
 
     try:
@@ -99,8 +107,8 @@ async def respond(call: "SpeechCall", response_format: str, *, streaming: bool, 
     cheap = response_format in ("wav", "pcm") and speed == 1.0  # no codec: encode inline
     session = _Session(call, encoder, first, cheap, speed=speed, timestamps=timestamps, response_format=response_format)
     if timed:
-        return SpeechResponse(media_type(response_format), headers, session._encoded(), session.stalled,
-                              session.abandon)
+        return TimedSpeechResponse(media_type(response_format), headers, session.timed(), session.stalled,
+                                   session.abandon)
     if sse:
         return SpeechResponse("text/event-stream", headers, session.sse(), session.stalled, session.abandon)
     if timestamps is not None:
@@ -269,7 +277,7 @@ class _Session:
 
     def abandon(self) -> None:
         """The response is over: if its body never started (the client left before the first
-        write), do the bookkeeping ``_encoded`` would have done."""
+        write), do the bookkeeping ``timed`` would have done."""
         if self.call.ended:
             return
         self.encoder.abort()
@@ -291,9 +299,9 @@ class _Session:
         pauses = self.stream.plan.pauses_s[:piece.chunk_index + 1]
         return at_speed(piece.timings, sum(pause_samples(p) for p in pauses) / SAMPLE_RATE, self.speed)
 
-    async def _encoded(self) -> AsyncIterator[tuple[bytes, ChunkTimings | None]]:
+    async def timed(self) -> AsyncIterator[tuple[bytes, ChunkTimings | None]]:
         """(encoded bytes, the timings of the chunk that piece ended, or None), for pieces that
-        gave either."""
+        gave either: every other body reads this one."""
         metrics = self.service.metrics
         status, sent_any = "ok", False
         try:
@@ -337,7 +345,7 @@ class _Session:
             self.call.end(status)
 
     async def bytes(self) -> AsyncIterator[bytes]:
-        async with contextlib.aclosing(self._encoded()) as chunks:  # closing this closes it at once
+        async with contextlib.aclosing(self.timed()) as chunks:  # closing this closes it at once
             async for data, _ in chunks:
                 if data:
                     yield data
@@ -352,7 +360,7 @@ class _Session:
 
     async def sse(self) -> AsyncIterator[bytes]:
         index = 0
-        async with contextlib.aclosing(self._encoded()) as chunks:
+        async with contextlib.aclosing(self.timed()) as chunks:
             async for data, timings in chunks:
                 if data:
                     event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")}
@@ -368,7 +376,7 @@ class _Session:
         """The JSON response of a request with timestamps, sent whole: the audio in base64 and
         every chunk's timings."""
         audio, timings = [], []
-        async with contextlib.aclosing(self._encoded()) as chunks:
+        async with contextlib.aclosing(self.timed()) as chunks:
             async for data, chunk_timings in chunks:
                 audio.append(data)
                 if chunk_timings is not None:

@@ -14,6 +14,7 @@ from grpc import aio, ssl_server_credentials
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from chorus.server.backend import LocalBackend
 from chorus.server.grpc.messages import SERVICE
 from chorus.server.grpc.servicer import RivaSynthesis
 from chorus.server.keys import Keys
@@ -33,7 +34,7 @@ class GrpcDoor:
     """``await start()`` listens on ``config.grpc_port``; ``await stop(grace)`` lets the RPCs in
     flight finish for up to ``grace`` seconds, refusing new ones."""
 
-    def __init__(self, backend):
+    def __init__(self, backend: LocalBackend):
         self.backend, self.config = backend, backend.config
         self.server = None
         self._health = None

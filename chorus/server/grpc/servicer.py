@@ -15,6 +15,7 @@ from typing import AsyncIterator
 
 import grpc
 
+from chorus.server.backend import LocalBackend
 from chorus.server.errors import APIError, StreamCut
 from chorus.server.grpc import messages
 from chorus.server.grpc.audio import RivaAudio
@@ -29,7 +30,7 @@ METHOD_KEY = "chorus-timestamps-method"  # trailing metadata: alignment | estima
 
 
 class RivaSynthesis:
-    def __init__(self, backend, keys: Keys):
+    def __init__(self, backend: LocalBackend, keys: Keys):
         self.backend, self.keys = backend, keys
 
     def handler(self) -> grpc.GenericRpcHandler:
