@@ -19,6 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from chorus.models.s3gen.fused_ops import rel_position_attention
+from chorus.triton_backend import BACKENDS
+
 
 @dataclass(frozen=True)
 class EncoderConfig:
@@ -60,23 +63,6 @@ def relative_position_table(length: int, width: int, device, dtype) -> torch.Ten
     return table.to(dtype).unsqueeze(0)
 
 
-def relative_to_absolute(scores: torch.Tensor) -> torch.Tensor:
-    """Re-index ``[..., T, 2T-1]`` scores over distances (table order) to ``[..., T, T]`` over keys.
-
-    Entry ``[i, j]`` of the result is entry ``[i, (T-1) - i + j]`` of the input, the score for
-    distance ``i - j``: a strided view, no copy.
-    """
-    scores = scores.contiguous()
-    *lead, length, span = scores.shape
-    assert span == 2 * length - 1
-    lead_strides = scores.stride()[:-2]
-    return scores.as_strided(
-        (*lead, length, length),
-        (*lead_strides, span - 1, 1),
-        scores.storage_offset() + length - 1,
-    )
-
-
 class LinearEmbed(nn.Module):
     """Linear + LayerNorm, scaled by sqrt(width) (keys ``out.0``, ``out.1``)."""
 
@@ -107,7 +93,11 @@ class PreLookahead(nn.Module):
 
 
 class RelPositionAttention(nn.Module):
-    """Multi-head self-attention with Transformer-XL relative positions (content + position terms)."""
+    """Multi-head self-attention with Transformer-XL relative positions (content + position terms).
+
+    ``ops_backend`` (:func:`chorus.models.s3gen.fused_ops.rel_position_attention`): ``"torch"``
+    (default: the plain tensor ops, bitwise as before the kernel; the vocoder stage sets its own),
+    ``"auto"`` (one Triton kernel on CUDA) or ``"triton"``."""
 
     def __init__(self, width: int, heads: int):
         super().__init__()
@@ -120,6 +110,7 @@ class RelPositionAttention(nn.Module):
         self.linear_pos = nn.Linear(width, width, bias=False)
         self.pos_bias_u = nn.Parameter(torch.zeros(heads, self.head_dim))
         self.pos_bias_v = nn.Parameter(torch.zeros(heads, self.head_dim))
+        self.ops_backend = "torch"  # set through UpsampleConformerEncoder.ops_backend
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         """x ``[B, T, D]``, positions ``[1, 2T-1, D]``, key_mask ``[B, T]`` (True = valid)."""
@@ -132,12 +123,9 @@ class RelPositionAttention(nn.Module):
 
         q_content = (q + self.pos_bias_u).transpose(1, 2)
         q_position = (q + self.pos_bias_v).transpose(1, 2)
-        position_scores = relative_to_absolute(torch.matmul(q_position, p.transpose(-2, -1)))
-
-        scale = 1.0 / math.sqrt(head_dim)
-        bias = (position_scores * scale).masked_fill(~key_mask[:, None, None, :], float("-inf"))
-        out = F.scaled_dot_product_attention(q_content, k, v, attn_mask=bias, scale=scale)
-        return self.linear_out(out.transpose(1, 2).reshape(batch, length, width))
+        out = rel_position_attention(q_content, q_position, k, v, p, key_mask, 1.0 / math.sqrt(head_dim),
+                                     self.ops_backend)
+        return self.linear_out(out)
 
 
 class FeedForward(nn.Module):
@@ -194,6 +182,20 @@ class UpsampleConformerEncoder(nn.Module):
         self.up_embed = LinearEmbed(config.width, config.embed_norm_eps)
         self.up_encoders = nn.ModuleList(ConformerLayer(config) for _ in range(config.num_up_layers))
         self.after_norm = nn.LayerNorm(config.width, eps=config.embed_norm_eps)
+
+    @property
+    def ops_backend(self) -> str:
+        """The kernel of every layer's relative-position attention (``RelPositionAttention.ops_backend``):
+        ``"torch"`` (default), ``"auto"`` or ``"triton"``."""
+        return self.encoders[0].self_attn.ops_backend
+
+    @ops_backend.setter
+    def ops_backend(self, backend: str) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"encoder attention backend must be one of {BACKENDS}, got {backend!r}")
+        for module in self.modules():
+            if isinstance(module, RelPositionAttention):
+                module.ops_backend = backend
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x ``[B, T, D]`` (right-padded), lengths ``[B]`` -> (h ``[B, u*T, D]``, lengths ``[B]``).

@@ -30,6 +30,15 @@ flow norms"). Unlike HiFT's ops, an estimator runs the references unless told ot
 (``ConditionalDecoder.ops_backend``), so a model outside the vocoder stage stays bitwise what it
 was; the stage runs the kernels by default (``VocoderConfig.flow_ops``).
 
+The flow encoder's relative-position attention (``chorus/models/s3gen/encoder.py``) built the
+position term as tensors: ``q_position p^T`` over the 2T-1 distances ``[B, H, T, 2T-1]``, its
+re-indexing to keys (a copy), a scale and the key mask, then SDPA with that float bias
+``[B, H, T, T]``: several passes over ``B H T^2`` values per layer.
+:func:`rel_position_attention` is one flash-attention kernel that computes the position term
+per tile and never stores a ``T x T`` score; its reference is the encoder's ops as written before
+the kernel. It is opt-in (``RelPositionAttention.ops_backend``, ``VocoderConfig.encoder_attention_ops``):
+not measured on a GPU yet.
+
 ``backend``: ``"auto"``, ``"triton"`` or ``"torch"``, chosen as for every kernel package
 (:mod:`chorus.triton_backend`). Under ``torch.compile`` every function traces its reference's
 ops instead, for the compiler to fuse with what surrounds them.
@@ -148,3 +157,52 @@ def add_layer_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, b
 
         return add_layer_norm_frames_triton(x, delta, weight, bias, eps)
     return add_layer_norm_reference(x, delta, weight, bias, eps)
+
+
+# ------------------------------------------------------------------------------- encoder attention
+def relative_to_absolute(scores: torch.Tensor) -> torch.Tensor:
+    """Re-index ``[..., T, 2T-1]`` scores over distances (table order) to ``[..., T, T]`` over keys.
+
+    Entry ``[i, j]`` of the result is entry ``[i, (T-1) - i + j]`` of the input, the score for
+    distance ``i - j``: a strided view, no copy.
+    """
+    scores = scores.contiguous()
+    *lead, length, span = scores.shape
+    assert span == 2 * length - 1
+    lead_strides = scores.stride()[:-2]
+    return scores.as_strided(
+        (*lead, length, length),
+        (*lead_strides, span - 1, 1),
+        scores.storage_offset() + length - 1,
+    )
+
+
+def rel_position_attention_reference(q_content: torch.Tensor, q_position: torch.Tensor, k: torch.Tensor,
+                                     v: torch.Tensor, p: torch.Tensor, key_mask: torch.Tensor,
+                                     scale: float) -> torch.Tensor:
+    """Transformer-XL attention with relative positions, as the encoder computed it before the
+    kernel: softmax over keys of ``(q_content k^T + q_position p_(T-1-i+j)^T) scale``, keys whose
+    ``key_mask`` is False left out, times v. q_content, q_position, k, v ``[B, H, T, D]``; p
+    ``[1, H, 2T-1, D]``, the distance table (row ``(T-1) - i + j`` for query i and key j);
+    key_mask ``[B, T]`` bool (True = valid). Returns ``[B, T, H D]`` (heads side by side, the
+    output projection's input)."""
+    batch, heads, length, head_dim = q_content.shape
+    position_scores = relative_to_absolute(torch.matmul(q_position, p.transpose(-2, -1)))
+    bias = (position_scores * scale).masked_fill(~key_mask[:, None, None, :], float("-inf"))
+    out = F.scaled_dot_product_attention(q_content, k, v, attn_mask=bias, scale=scale)
+    return out.transpose(1, 2).reshape(batch, length, heads * head_dim)
+
+
+def rel_position_attention(q_content: torch.Tensor, q_position: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           p: torch.Tensor, key_mask: torch.Tensor, scale: float,
+                           backend: str = "auto") -> torch.Tensor:
+    """:func:`rel_position_attention_reference` as one Triton kernel on CUDA: per tile of queries
+    and keys, the content scores and the position scores (one dot against the window of the
+    table that the tile's distances span, then a gather per (query, key)) in fp32, an online
+    softmax, the output written once into ``[B, T, H D]``. No ``T x T`` tensor is stored. The
+    kernel needs a power-of-two head dim >= 16 (64 in every Chatterbox checkpoint)."""
+    if _runs_kernel(backend, q_content, "encoder attention"):
+        from chorus.models.s3gen.triton_ops import rel_position_attention_triton
+
+        return rel_position_attention_triton(q_content, q_position, k, v, p, key_mask, scale)
+    return rel_position_attention_reference(q_content, q_position, k, v, p, key_mask, scale)

@@ -240,3 +240,111 @@ def snake_conv_triton(x: torch.Tensor, alpha: torch.Tensor, weight_taps: torch.T
             BLOCK_CO=_CONV_BLOCK_CO, BLOCK_CI=_CONV_BLOCK_CI, BLOCK_L=block_l, num_warps=_CONV_WARPS,
             num_stages=_CONV_STAGES)
     return out
+
+
+# -------------------------------------------------------------------------------- encoder attention
+# Tiles of the relative-position attention: queries x keys. A tile's position scores span
+# BLOCK_M + BLOCK_N - 1 distances, one dot against that window of the table (its rows padded to a
+# power of two: 128 for tiles of 64 x 64, the last row unused). Not tuned on a GPU yet.
+_ATTN_BLOCK_M = 64
+_ATTN_BLOCK_N = 64
+_ATTN_WARPS = 4
+_ATTN_STAGES = 2
+_LOG2E = tl.constexpr(1.4426950408889634)
+
+
+# the length and the strides that step over items and positions vary with every pass's shape
+@triton.jit(do_not_specialize=["length", "stride_cb", "stride_pb", "stride_kb", "stride_vb", "stride_mb"])
+def _rel_position_attention_kernel(qc_ptr, qp_ptr, k_ptr, v_ptr, p_ptr, mask_ptr, out_ptr, heads, length, scale,
+                                   stride_cb, stride_ch, stride_ct, stride_pb, stride_ph, stride_pt,
+                                   stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
+                                   stride_th, stride_tt, stride_mb,
+                                   HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr,
+                                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr):
+    """``BLOCK_M`` queries of one item and head against every key, flash-attention style: the
+    logits ``(q_c k^T + q_p p_(T-1-i+j)^T) scale`` of a key tile, an online softmax in fp32, and the
+    output written once into ``[B, T, H D]``. Query row a and key column b of a tile whose first
+    query is m0 and first key n0 need table row ``(T-1) - (m0+a) + (n0+b) = base + (BLOCK_M-1-a) + b``
+    with ``base = (T-1) - m0 + n0 - (BLOCK_M-1)``: one dot of the queries against the table's rows
+    ``base ... base + BLOCK_M + BLOCK_N - 2`` (``WINDOW`` rows, a power of two) gives every such
+    score, and a gather along the window axis picks each (a, b)'s. Keys past T or whose mask is
+    False get -inf."""
+    start_m = tl.program_id(0) * BLOCK_M
+    item = (tl.program_id(1) // heads).to(tl.int64)
+    head = (tl.program_id(1) % heads).to(tl.int64)
+    rows = start_m + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    in_rows = rows < length
+    q_c = tl.load(qc_ptr + item * stride_cb + head * stride_ch + rows[:, None] * stride_ct + dims[None, :],
+                  mask=in_rows[:, None], other=0.0)
+    q_p = tl.load(qp_ptr + item * stride_pb + head * stride_ph + rows[:, None] * stride_pt + dims[None, :],
+                  mask=in_rows[:, None], other=0.0)
+    k_base = k_ptr + item * stride_kb + head * stride_kh
+    v_base = v_ptr + item * stride_vb + head * stride_vh
+    table = p_ptr + head * stride_th
+    window = tl.arange(0, WINDOW)
+    pick = (BLOCK_M - 1 - tl.arange(0, BLOCK_M))[:, None] + tl.arange(0, BLOCK_N)[None, :]
+    logit_scale = scale * _LOG2E  # exp2 below
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
+    for start_n in range(0, length, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        in_cols = cols < length
+        k_t = tl.load(k_base + cols[None, :] * stride_kt + dims[:, None], mask=in_cols[None, :], other=0.0)
+        scores = tl.dot(q_c, k_t, input_precision=PRECISION)
+        distance = (length - 1) - start_m + start_n - (BLOCK_M - 1) + window
+        in_table = (distance >= 0) & (distance < 2 * length - 1)
+        p_t = tl.load(table + distance[None, :] * stride_tt + dims[:, None], mask=in_table[None, :], other=0.0)
+        scores += tl.gather(tl.dot(q_p, p_t, input_precision=PRECISION), pick, axis=1)
+        keep = in_cols & (tl.load(mask_ptr + item * stride_mb + cols, mask=in_cols, other=0) != 0)
+        logits = tl.where(keep[None, :], scores * logit_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(logits, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid key yet: nothing to rescale
+        weights = tl.math.exp2(logits - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(weights, axis=1)
+        v = tl.load(v_base + cols[:, None] * stride_vt + dims[None, :], mask=in_cols[:, None], other=0.0)
+        acc = tl.dot(weights.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    row_stride = heads * HEAD_DIM
+    tl.store(out_ptr + item * length * row_stride + rows[:, None] * row_stride + head * HEAD_DIM + dims[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=in_rows[:, None])
+
+
+def rel_position_attention_triton(q_content: torch.Tensor, q_position: torch.Tensor, k: torch.Tensor,
+                                  v: torch.Tensor, p: torch.Tensor, key_mask: torch.Tensor, scale: float,
+                                  block_m: int = _ATTN_BLOCK_M, block_n: int = _ATTN_BLOCK_N) -> torch.Tensor:
+    """``fused_ops.rel_position_attention``: q_content, q_position, k, v ``[B, H, T, D]`` in any
+    strides with unit stride over D (copied otherwise), p ``[1, H, 2T-1, D]``, key_mask ``[B, T]``
+    bool; the result ``[B, T, H D]`` contiguous in the inputs' dtype."""
+    batch, heads, length, head_dim = q_content.shape
+    for name, tensor in (("q_position", q_position), ("k", k), ("v", v)):
+        assert tensor.shape == q_content.shape, f"{name} {tuple(tensor.shape)} != q_content {tuple(q_content.shape)}"
+        assert tensor.dtype == q_content.dtype, f"{name} is {tensor.dtype}, q_content {q_content.dtype}"
+    assert p.shape == (1, heads, 2 * length - 1, head_dim) and p.dtype == q_content.dtype, (
+        f"p must be [1, {heads}, {2 * length - 1}, {head_dim}] in {q_content.dtype}, got {tuple(p.shape)} {p.dtype}")
+    assert key_mask.shape == (batch, length) and key_mask.dtype == torch.bool, (
+        f"key_mask must be [{batch}, {length}] bool, got {tuple(key_mask.shape)} {key_mask.dtype}")
+    assert head_dim >= 16 and head_dim & (head_dim - 1) == 0, (
+        f"the relative-position attention kernel needs a head dim that is a power of two >= 16 "
+        f"(tensor-core tiles), got {head_dim}; run it with backend='torch'")
+    assert block_m >= 16 and block_n >= 16 and not block_m & (block_m - 1) and not block_n & (block_n - 1), (
+        f"tiles must be powers of two >= 16, got {block_m} x {block_n}")
+    q_content, q_position, k, v, p = (t if t.stride(-1) == 1 else t.contiguous()
+                                      for t in (q_content, q_position, k, v, p))
+    key_mask = key_mask.contiguous()
+    out = torch.empty((batch, length, heads * head_dim), dtype=q_content.dtype, device=q_content.device)
+    if out.numel():
+        grid = (triton.cdiv(length, block_m), batch * heads)
+        _rel_position_attention_kernel[grid](
+            q_content, q_position, k, v, p, key_mask.view(torch.uint8), out, heads, length, scale,
+            *q_content.stride()[:3], *q_position.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+            p.stride(1), p.stride(2), key_mask.stride(0),
+            HEAD_DIM=head_dim,
+            # fp32 models multiply in fp32 (no TF32), as their PyTorch path does with TF32 off
+            PRECISION="ieee" if q_content.dtype == torch.float32 else "tf32",
+            BLOCK_M=block_m, BLOCK_N=block_n, WINDOW=triton.next_power_of_2(block_m + block_n - 1),
+            num_warps=_ATTN_WARPS, num_stages=_ATTN_STAGES)
+    return out

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from chorus.models.s3gen import FlowDecoder, UpsampleConformerEncoder
-from chorus.models.s3gen.encoder import relative_position_table, relative_to_absolute
+from chorus.models.s3gen.encoder import relative_position_table
+from chorus.models.s3gen.fused_ops import relative_to_absolute
 from tests.models.s3gen.oracle_s3gen import TOLERANCE, build_oracle_flow, tiny_flow_config, torch_threads
 
 
