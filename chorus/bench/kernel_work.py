@@ -24,6 +24,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from chorus.models.s3gen.flow import FlowConfig
+from chorus.models.s3gen.fused_ops import ATTENTION_TILE, attention_window
 from chorus.models.s3gen.hift import HiFTConfig
 from chorus.models.variants import T3Config
 
@@ -154,14 +155,28 @@ def hift_flops(hift: HiFTConfig, batch: int, frames: int) -> int:
 
 
 # ------------------------------------------------------------------------------ the flow
-def encoder_work(flow: FlowConfig, batch: int, tokens: int, elem: int) -> Classes:
+def encoder_work(flow: FlowConfig, batch: int, tokens: int, elem: int, fused_attention: bool = False) -> Classes:
     """The flow encoder over ``tokens`` (prompt + new) per item, and ``encoder_proj``. Classes:
     ``encoder.linear`` (every linear: q/k/v/out, the position table's ``linear_pos``, the
     feed-forward, the embeddings, ``encoder_proj``), ``encoder.attention`` (Q K^T, P V, the
     relative-position product Q_pos P^T over the 2T-1 distances, the softmax), ``encoder.conv``
-    (pre-lookahead and upsampling convs), ``encoder.norm`` (the LayerNorms)."""
+    (pre-lookahead and upsampling convs), ``encoder.norm`` (the LayerNorms).
+
+    ``fused_attention``: the attention runs as the fused kernel
+    (:func:`chorus.models.s3gen.fused_ops.rel_position_attention`), whose position product is one
+    dot per tile of keys against the window of the table the tile spans (``attention_window``
+    rows for ``ATTENTION_TILE[1]`` keys) and which reads both queries (content and position)."""
     e, w = flow.encoder, Classes()
     d = e.width
+
+    def attention(n: int) -> Work:
+        rows, softmax = batch * n, SOFTMAX_FLOPS * batch * e.heads * n * n
+        if not fused_attention:
+            return Work(2 * rows * (2 * n - 1) * d + 2 * (2 * rows * n * d), softmax,
+                        elem * (4 * rows * d + (2 * n - 1) * d))
+        block_n = ATTENTION_TILE[1]
+        position = 2 * rows * -(-n // block_n) * attention_window(*ATTENTION_TILE) * d
+        return Work(position + 2 * (2 * rows * n * d), softmax, elem * (5 * rows * d + (2 * n - 1) * d))
 
     def norm(rows: int) -> Work:
         return elementwise(rows * d, rows * d, LAYER_NORM_FLOPS, elem) + Work(bytes=2 * d * elem)
@@ -170,9 +185,7 @@ def encoder_work(flow: FlowConfig, batch: int, tokens: int, elem: int) -> Classe
         rows = batch * n
         w.add("encoder.linear", linear(rows, d, d, elem) * 4 + linear(rows, d, e.ffn_width, elem)
               + linear(rows, e.ffn_width, d, elem) + linear(2 * n - 1, d, d, elem, bias=False))
-        w.add("encoder.attention", Work(2 * batch * n * (2 * n - 1) * d + 2 * (2 * batch * n * n * d),
-                                        SOFTMAX_FLOPS * batch * e.heads * n * n,
-                                        elem * (4 * rows * d + (2 * n - 1) * d)))
+        w.add("encoder.attention", attention(n))
         w.add("encoder.norm", norm(rows) * 2)
 
     frames = e.upsample * tokens

@@ -16,11 +16,12 @@ prompt, different seeds; the variant's flow steps and CFG unless overridden):
   TFLOP/s of the split, the stage pass and the yardstick;
 - **yardstick**: the same modules at the same shapes in plain PyTorch in the model's dtype
   (unpadded, no masks beyond what the modules need, HiFT's STFT and inverse STFT without the
-  per-item envelopes, its Snake activations and the estimator's norms as plain tensor ops whatever
-  ``hift_ops`` and ``flow_ops`` the stage runs), encoder + solver + HiFT captured as ONE CUDA
-  graph and timed over replays; ``yardstick_fraction = yardstick_seconds / stage_pass_seconds``
-  (1.0: the stage adds nothing on top of its modules). A yardstick, not a bound: a faster engine
-  (fused kernels, other algorithms) can beat it. On the CPU it runs eagerly;
+  per-item envelopes, its Snake activations, the estimator's norms and the encoder's attention as
+  plain tensor ops whatever ``hift_ops``, ``flow_ops`` and ``encoder_attention_ops`` the stage
+  runs), encoder + solver + HiFT captured as ONE CUDA graph and timed over replays;
+  ``yardstick_fraction = yardstick_seconds / stage_pass_seconds`` (1.0: the stage adds nothing on
+  top of its modules). A yardstick, not a bound: a faster engine (fused kernels, other
+  algorithms) can beat it. On the CPU it runs eagerly;
 - **roofline** (``roofline``): the split's modules profiled once, per kernel class against the
   card's peak and bandwidth (:mod:`chorus.bench.roofline`).
 
@@ -43,6 +44,7 @@ from chorus.bench.report import write_report
 from chorus.bench.vocoder_pass import PassInputs, pass_inputs, run_encoder, run_hift, run_solver
 from chorus.models.loading import Checkpoint, dtype_name, parse_device, resolve_dtype
 from chorus.models.s3gen.flow import FlowConfig
+from chorus.models.s3gen.fused_ops import rel_position_attention_fused
 from chorus.models.s3gen.hift import HiFTConfig
 from chorus.models.s3gen.s3gen import SAMPLE_RATE, S3Gen
 from chorus.models.variants import Variant, get_variant
@@ -69,6 +71,7 @@ class VocoderBenchConfig:
     compile_hift: bool = VocoderConfig.compile_hift
     hift_ops: str = VocoderConfig.hift_ops
     flow_ops: str = VocoderConfig.flow_ops
+    encoder_attention_ops: str = VocoderConfig.encoder_attention_ops
     seed: int = 0
     # the roofline report (chorus.bench.roofline): each pass's kernel classes profiled against the card
     roofline: bool = False
@@ -78,7 +81,8 @@ class VocoderBenchConfig:
 
 # ------------------------------------------------------------------------------------- FLOPs
 def pass_work(flow_config: FlowConfig, hift_config: HiFTConfig, batch: int, prompt_tokens: int, new_tokens: int,
-              n_steps: int, guided: bool, prompt_mel_frames: int | None = None, elem: int = 2) -> dict[str, Classes]:
+              n_steps: int, guided: bool, prompt_mel_frames: int | None = None, elem: int = 2,
+              fused_encoder_attention: bool = False) -> dict[str, Classes]:
     """The kernel classes (:mod:`chorus.bench.kernel_work`) of one vocoder pass over ``batch``
     items of ``prompt_tokens + new_tokens`` tokens, per module: ``flow_encoder``, ``solver`` and
     ``hift``; ``elem``: the model dtype's bytes per element.
@@ -86,24 +90,27 @@ def pass_work(flow_config: FlowConfig, hift_config: HiFTConfig, batch: int, prom
     The solver runs ``n_steps`` estimator calls over ``batch`` rows (``2 batch`` when ``guided``:
     CFG's unconditional rows) of ``2 (prompt + new)`` frames; HiFT runs over the new frames
     (``2 (prompt + new) - prompt_mel_frames``, the prompt mel being ``2 prompt`` frames by default).
+    ``fused_encoder_attention``: the encoder's attention runs as its fused kernel (``encoder_work``).
     """
     ratio = flow_config.token_mel_ratio
     frames = ratio * (prompt_tokens + new_tokens)
     mel_frames = ratio * prompt_tokens if prompt_mel_frames is None else prompt_mel_frames
     return {
-        "flow_encoder": encoder_work(flow_config, batch, prompt_tokens + new_tokens, elem),
+        "flow_encoder": encoder_work(flow_config, batch, prompt_tokens + new_tokens, elem, fused_encoder_attention),
         "solver": solver_work(flow_config, (2 if guided else 1) * batch, frames, n_steps, elem),
         "hift": hift_work(hift_config, batch, frames - mel_frames, elem),
     }
 
 
 def vocoder_flops(flow_config: FlowConfig, hift_config: HiFTConfig, batch: int, prompt_tokens: int,
-                  new_tokens: int, n_steps: int, guided: bool, prompt_mel_frames: int | None = None) -> dict:
+                  new_tokens: int, n_steps: int, guided: bool, prompt_mel_frames: int | None = None,
+                  fused_encoder_attention: bool = False) -> dict:
     """FLOPs (2 per multiply-accumulate) of one vocoder pass (:func:`pass_work`), per module and
     in total: matmuls and linears, attention products, convolutions. Elementwise work (norms,
     activations, masks, the Euler update, the CFG combine, Snake, the harmonic sines) and the
     FFTs are not counted here (the roofline's classes count them apart)."""
-    work = pass_work(flow_config, hift_config, batch, prompt_tokens, new_tokens, n_steps, guided, prompt_mel_frames)
+    work = pass_work(flow_config, hift_config, batch, prompt_tokens, new_tokens, n_steps, guided, prompt_mel_frames,
+                     fused_encoder_attention=fused_encoder_attention)
     flops = {module: sum(w.flops for w in classes.values()) for module, classes in work.items()}
     flops["total"] = sum(flops.values())
     return flops
@@ -174,6 +181,7 @@ def time_yardstick(s3gen: S3Gen, inp: PassInputs, *, replays: int, warmup: int =
     estimator = s3gen.flow.decoder.estimator
     stage_ops, s3gen.mel2wav.ops_backend = s3gen.mel2wav.ops_backend, "torch"  # plain PyTorch
     stage_flow_ops, estimator.ops_backend = estimator.ops_backend, "torch"
+    stage_attention_ops, s3gen.flow.encoder.ops_backend = s3gen.flow.encoder.ops_backend, "torch"
     yardstick = YardstickPass(s3gen, inp, cuda_graph=cuda_graph)
     try:
         for _ in range(warmup):
@@ -195,6 +203,7 @@ def time_yardstick(s3gen: S3Gen, inp: PassInputs, *, replays: int, warmup: int =
     finally:
         s3gen.mel2wav.ops_backend = stage_ops
         estimator.ops_backend = stage_flow_ops
+        s3gen.flow.encoder.ops_backend = stage_attention_ops
         del yardstick
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -312,8 +321,9 @@ def bench_shape(s3gen: S3Gen, voice: Voice, stage: VocoderStage, cfg: VocoderBen
              for b in range(batch)]
     pass_tokens = len(items[0])
     prompt_tokens, prompt_mel_frames = voice.s3gen_prompt_tokens.shape[1], voice.s3gen_prompt_mel.shape[1]
+    fused_attention = rel_position_attention_fused(s3gen.flow.encoder.ops_backend, s3gen.device)
     flops = vocoder_flops(s3gen.flow.config, s3gen.mel2wav.config, batch, prompt_tokens, pass_tokens, n_steps,
-                          guided, prompt_mel_frames)
+                          guided, prompt_mel_frames, fused_attention)
     stage_run = time_stage(stage, voice, batch, new_tokens, cfg, job_counter)
     inp = pass_inputs(s3gen, voice, items, n_steps, cfg_rate, cfg.seed)
     split = time_split(s3gen, inp, repeats=cfg.repeats)
@@ -336,7 +346,7 @@ def bench_shape(s3gen: S3Gen, voice: Voice, stage: VocoderStage, cfg: VocoderBen
         from chorus.bench.roofline_passes import profile_vocoder_pass
 
         work = pass_work(s3gen.flow.config, s3gen.mel2wav.config, batch, prompt_tokens, pass_tokens, n_steps,
-                         guided, prompt_mel_frames, elem=s3gen.dtype.itemsize)
+                         guided, prompt_mel_frames, elem=s3gen.dtype.itemsize, fused_encoder_attention=fused_attention)
         classes = {name: w for module in work.values() for name, w in module.items()}
         entry["roofline"] = profile_vocoder_pass(s3gen, inp, classes, roof, pass_s)
     if cfg.yardstick:
@@ -360,7 +370,7 @@ def run(cfg: VocoderBenchConfig, s3gen: S3Gen | None = None, voice: Voice | None
     device, dtype = s3gen.device, s3gen.dtype
     stage = VocoderStage(s3gen, VocoderConfig(
         max_batch_items=max(cfg.batch_sizes), cuda_graphs=cfg.cuda_graphs, compile_hift=cfg.compile_hift,
-        hift_ops=cfg.hift_ops, flow_ops=cfg.flow_ops,
+        hift_ops=cfg.hift_ops, flow_ops=cfg.flow_ops, encoder_attention_ops=cfg.encoder_attention_ops,
         max_batch_tokens=max(VocoderConfig().max_batch_tokens,
                              max(cfg.batch_sizes) * (voice.s3gen_prompt_tokens.shape[1] + max(cfg.new_tokens) + 16))))
     settings = s3gen.variant.s3gen
@@ -375,6 +385,7 @@ def run(cfg: VocoderBenchConfig, s3gen: S3Gen | None = None, voice: Voice | None
         "stage_compile_hift": stage.graphs.hift_runner.compiled,
         "stage_hift_ops": cfg.hift_ops,
         "stage_flow_ops": cfg.flow_ops,
+        "stage_encoder_attention_ops": cfg.encoder_attention_ops,
         "hift_compile_seconds": round(stage.graphs.hift_runner.compile(), 1),  # as VocoderStage.warmup
     }
     roof = None

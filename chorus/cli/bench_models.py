@@ -148,6 +148,10 @@ def _add_vocoder_parser(bench_sub) -> None:
                    help="kernels of the flow estimator's norms (VocoderConfig.flow_ops): auto (default) fuses each "
                         "causal block's LayerNorm + Mish + mask and each transformer block's residual add + "
                         "LayerNorm into one Triton kernel on CUDA, torch runs the plain tensor ops")
+    p.add_argument("--encoder-attention-ops", choices=("auto", "triton", "torch"), default=None,
+                   help="kernel of the flow encoder's relative-position attention "
+                        "(VocoderConfig.encoder_attention_ops): torch (default) runs the plain tensor ops and SDPA, "
+                        "auto one fused Triton kernel on CUDA (not measured on a GPU yet)")
     p.add_argument("--no-yardstick", action="store_true",
                    help="skip the yardstick (the pass's modules in plain PyTorch as one CUDA graph; reported as "
                         "yardstick_seconds and yardstick_fraction)")
@@ -166,7 +170,8 @@ def _cmd_bench_vocoder(args: argparse.Namespace) -> int:
         raise CliError(f"--repeats must be at least 1, got {args.repeats}")
     if args.flow_steps is not None and args.flow_steps < 1:
         raise CliError(f"--flow-steps must be at least 1, got {args.flow_steps}")
-    kernels = {name: getattr(args, name) for name in ("hift_ops", "flow_ops") if getattr(args, name) is not None}
+    kernels = {name: getattr(args, name) for name in ("hift_ops", "flow_ops", "encoder_attention_ops")
+               if getattr(args, name) is not None}
     cfg = VocoderBenchConfig(
         variant=args.variant, checkpoint=args.checkpoint, dtype=args.dtype, device=args.device,
         batch_sizes=positive_ints(args.batch_sizes, "--batch-sizes"),

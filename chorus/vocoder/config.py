@@ -147,6 +147,14 @@ class VocoderConfig:
     existed; ``"triton"`` requires the kernels. On an H200 the kernels made a pass 1.12-1.24x
     faster; they round where the plain ops round, so bf16 audio is as close to fp32 with them as
     without, but not bitwise the plain ops' (docs/vocoder.md, "Fused flow norms")."""
+    encoder_attention_ops: str = "torch"
+    """The kernel of the flow encoder's relative-position attention
+    (``UpsampleConformerEncoder.ops_backend``): ``"torch"`` (default) builds the position term as
+    tensors and runs SDPA with it as a float bias, exactly as before the kernel existed;
+    ``"auto"`` runs one Triton flash-attention kernel that computes the position term per tile on
+    CUDA (the plain ops elsewhere); ``"triton"`` requires the kernel. Opt-in: the kernel is not
+    measured on a GPU yet, so it is not on by default (docs/vocoder.md, "Fused encoder
+    attention")."""
 
     def __post_init__(self) -> None:
         if self.first_window_tokens < 1 or self.max_window_tokens < self.first_window_tokens:
@@ -190,6 +198,8 @@ class VocoderConfig:
             raise ValueError(f"hift_ops must be one of {BACKENDS}, got {self.hift_ops!r}")
         if self.flow_ops not in BACKENDS:
             raise ValueError(f"flow_ops must be one of {BACKENDS}, got {self.flow_ops!r}")
+        if self.encoder_attention_ops not in BACKENDS:
+            raise ValueError(f"encoder_attention_ops must be one of {BACKENDS}, got {self.encoder_attention_ops!r}")
         if self.batching not in ("fifo", "length"):
             raise ValueError(f"batching must be 'fifo' or 'length', got {self.batching!r}")
 

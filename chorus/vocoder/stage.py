@@ -54,6 +54,7 @@ class VocoderStage:
         (``Pipeline.stall``)."""
         s3gen.mel2wav.ops_backend = self.config.hift_ops
         s3gen.flow.decoder.estimator.ops_backend = self.config.flow_ops
+        s3gen.flow.encoder.ops_backend = self.config.encoder_attention_ops
         self._graphs = PassGraphs(s3gen.flow, s3gen.mel2wav, enabled=self.config.cuda_graphs,
                                   max_graphs=self.config.max_pass_graphs, max_rows=self.config.max_graph_rows,
                                   capture_after=self.config.capture_after, cover_work=self.config.graph_cover_work,

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from chorus.models.t3.fused_ops import add_layer_norm_reference
-from chorus.triton_backend import kernels_import, use_triton
+from chorus.triton_backend import kernels_import, use_triton, use_triton_on
 
 _KERNELS = "chorus.models.s3gen.triton_ops"
 
@@ -175,6 +175,22 @@ def relative_to_absolute(scores: torch.Tensor) -> torch.Tensor:
         (*lead_strides, span - 1, 1),
         scores.storage_offset() + length - 1,
     )
+
+
+ATTENTION_TILE = (64, 64)
+"""Queries x keys per tile of the encoder attention kernel (not tuned on a GPU yet)."""
+
+
+def attention_window(block_m: int, block_n: int) -> int:
+    """Table rows one tile's position dot reads: the ``block_m + block_n - 1`` distances the tile
+    spans, padded to a power of two (128 for tiles of 64 x 64)."""
+    return 1 << (block_m + block_n - 2).bit_length()
+
+
+def rel_position_attention_fused(backend: str, device: torch.device) -> bool:
+    """Whether :func:`rel_position_attention` with ``backend`` runs its kernel on ``device``
+    (outside ``torch.compile``): what the roofline counts the encoder's attention as."""
+    return use_triton_on(backend, torch.device(device), _KERNELS, "encoder attention")
 
 
 def rel_position_attention_reference(q_content: torch.Tensor, q_position: torch.Tensor, k: torch.Tensor,

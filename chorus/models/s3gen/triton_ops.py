@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from chorus.models.s3gen.fused_ops import ATTENTION_TILE, attention_window
 from chorus.models.t3.triton_ops import add_layer_norm_triton
 
 _BLOCK = 1024
@@ -243,11 +244,9 @@ def snake_conv_triton(x: torch.Tensor, alpha: torch.Tensor, weight_taps: torch.T
 
 
 # -------------------------------------------------------------------------------- encoder attention
-# Tiles of the relative-position attention: queries x keys. A tile's position scores span
-# BLOCK_M + BLOCK_N - 1 distances, one dot against that window of the table (its rows padded to a
-# power of two: 128 for tiles of 64 x 64, the last row unused). Not tuned on a GPU yet.
-_ATTN_BLOCK_M = 64
-_ATTN_BLOCK_N = 64
+# Tiles of the relative-position attention (fused_ops.ATTENTION_TILE): queries x keys. A tile's
+# position scores span BLOCK_M + BLOCK_N - 1 distances, one dot against that window of the table
+# (fused_ops.attention_window rows). Not tuned on a GPU yet.
 _ATTN_WARPS = 4
 _ATTN_STAGES = 2
 _LOG2E = tl.constexpr(1.4426950408889634)
@@ -315,11 +314,12 @@ def _rel_position_attention_kernel(qc_ptr, qp_ptr, k_ptr, v_ptr, p_ptr, mask_ptr
 
 def rel_position_attention_triton(q_content: torch.Tensor, q_position: torch.Tensor, k: torch.Tensor,
                                   v: torch.Tensor, p: torch.Tensor, key_mask: torch.Tensor, scale: float,
-                                  block_m: int = _ATTN_BLOCK_M, block_n: int = _ATTN_BLOCK_N) -> torch.Tensor:
+                                  tile: tuple[int, int] = ATTENTION_TILE) -> torch.Tensor:
     """``fused_ops.rel_position_attention``: q_content, q_position, k, v ``[B, H, T, D]`` in any
     strides with unit stride over D (copied otherwise), p ``[1, H, 2T-1, D]``, key_mask ``[B, T]``
     bool; the result ``[B, T, H D]`` contiguous in the inputs' dtype."""
     batch, heads, length, head_dim = q_content.shape
+    block_m, block_n = tile
     for name, tensor in (("q_position", q_position), ("k", k), ("v", v)):
         assert tensor.shape == q_content.shape, f"{name} {tuple(tensor.shape)} != q_content {tuple(q_content.shape)}"
         assert tensor.dtype == q_content.dtype, f"{name} is {tensor.dtype}, q_content {q_content.dtype}"
@@ -345,6 +345,6 @@ def rel_position_attention_triton(q_content: torch.Tensor, q_position: torch.Ten
             HEAD_DIM=head_dim,
             # fp32 models multiply in fp32 (no TF32), as their PyTorch path does with TF32 off
             PRECISION="ieee" if q_content.dtype == torch.float32 else "tf32",
-            BLOCK_M=block_m, BLOCK_N=block_n, WINDOW=triton.next_power_of_2(block_m + block_n - 1),
+            BLOCK_M=block_m, BLOCK_N=block_n, WINDOW=attention_window(block_m, block_n),
             num_warps=_ATTN_WARPS, num_stages=_ATTN_STAGES)
     return out
