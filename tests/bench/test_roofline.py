@@ -11,10 +11,11 @@ import torch
 from torch import nn
 
 from chorus.bench import vocoder_bench
-from chorus.bench.kernel_work import Work, estimator_work, hift_work, t3_step_work
+from chorus.bench.kernel_work import Work, encoder_work, estimator_work, hift_work, t3_step_work
 from chorus.bench.figures import require_matplotlib
 from chorus.bench.roofline import ClassRanges, class_figures, find_card, profile_classes, resolve_roof, stage, write_plot
 from chorus.bench.roofline_passes import s3gen_ranges
+from chorus.models.s3gen.encoder import EncoderConfig
 from chorus.models.s3gen.estimator import EstimatorConfig
 from chorus.models.s3gen.f0_predictor import F0PredictorConfig
 from chorus.models.s3gen.flow import FlowConfig
@@ -99,6 +100,28 @@ def test_the_estimators_attention_equals_a_hand_count():
     assert attention == per_level * 2
 
 
+def test_the_encoders_attention_equals_a_hand_count_with_and_without_the_kernel():
+    """One layer before and one after the x2 upsampling, 2 items of 3 tokens (6 frames), width 32.
+    The plain ops multiply Q_pos by all 2T-1 distances and are held to the least traffic of q, k,
+    v, out and the table; the fused kernel multiplies each tile of up to 64 keys by a window of
+    128 distances and reads both queries; neither has a T x T term in its bytes."""
+    flow = FlowConfig(encoder=EncoderConfig(width=32, heads=2, num_layers=1, num_up_layers=1, ffn_width=32))
+
+    def plain(n):
+        rows = 2 * n
+        return Work(2 * rows * (2 * n - 1) * 32 + 2 * 2 * rows * n * 32, 5 * 2 * 2 * n * n,
+                    4 * (4 * rows * 32 + (2 * n - 1) * 32))
+
+    def fused(n):
+        rows = 2 * n
+        return Work(2 * rows * 128 * 32 + 2 * 2 * rows * n * 32, 5 * 2 * 2 * n * n,
+                    4 * (5 * rows * 32 + (2 * n - 1) * 32))
+
+    assert encoder_work(flow, batch=2, tokens=3, elem=4)["encoder.attention"] == plain(3) + plain(6)
+    with_kernel = encoder_work(flow, batch=2, tokens=3, elem=4, fused_attention=True)
+    assert with_kernel["encoder.attention"] == fused(3) + fused(6)
+
+
 def test_t3s_attention_reads_each_shared_prompt_once():
     """4 rows (2 CFG pairs) at a context of 10, a 6-token prompt per branch: 2 x 6 prompt tokens
     plus 4 rows x 4 own tokens are read, the 4 new K/V written; 2 layers of 4 heads of 16."""
@@ -162,6 +185,28 @@ def test_a_triton_kernel_goes_to_the_class_range_it_was_launched_in():
         ranges.modules([(fused, "snake"), (linear, "linear")])
         times = profile_classes(call, ranges, ("s",), torch.device("cuda"))
     assert times.seconds["snake"] > 0 and times.seconds["linear"] > 0
+    assert times.kernel_seconds == pytest.approx(times.profiled_seconds, rel=0.02)  # all of it, none twice
+
+
+@pytest.mark.gpu
+def test_the_fused_encoder_attention_goes_to_its_class():
+    """The encoder's attention kernel is launched inside ``RelPositionAttention.forward``, the
+    range of ``encoder.attention``: with the kernel on, the class still has the attention's time
+    and every kernel of the encoder is counted once."""
+    s3gen = random_s3gen("turbo", seed=5, device="cuda")
+    encoder = s3gen.flow.encoder
+    x, lengths = torch.randn(4, 200, 64, device="cuda"), torch.tensor([200, 150, 120, 80], device="cuda")
+
+    def call():
+        with torch.inference_mode(), stage("encoder"):
+            encoder(x, lengths)
+
+    encoder.ops_backend = "triton"
+    call()  # Triton compiles outside the profile
+    with ClassRanges() as ranges:
+        s3gen_ranges(ranges, s3gen)
+        times = profile_classes(call, ranges, ("encoder",), torch.device("cuda"))
+    assert times.seconds["encoder.attention"] > 0 and times.seconds["encoder.linear"] > 0
     assert times.kernel_seconds == pytest.approx(times.profiled_seconds, rel=0.02)  # all of it, none twice
 
 
