@@ -210,15 +210,17 @@ def rel_position_attention_reference(q_content: torch.Tensor, q_position: torch.
 
 
 def rel_position_attention(q_content: torch.Tensor, q_position: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                           p: torch.Tensor, key_mask: torch.Tensor, scale: float,
-                           backend: str = "auto") -> torch.Tensor:
+                           p: torch.Tensor, key_mask: torch.Tensor, scale: float, backend: str = "auto",
+                           tile: tuple[int, int] = ATTENTION_TILE) -> torch.Tensor:
     """:func:`rel_position_attention_reference` as one Triton kernel on CUDA: per tile of queries
     and keys, the content scores and the position scores (one dot against the window of the
     table that the tile's distances span, then a gather per (query, key)) in fp32, an online
     softmax, the output written once into ``[B, T, H D]``. No ``T x T`` tensor is stored. The
-    kernel needs a power-of-two head dim >= 16 (64 in every Chatterbox checkpoint)."""
+    kernel needs a power-of-two head dim >= 16 (64 in every Chatterbox checkpoint). ``tile``: the
+    kernel's queries x keys per tile, powers of two >= 16 (tests take small ones)."""
     if _runs_kernel(backend, q_content, "encoder attention"):
         from chorus.models.s3gen.triton_ops import rel_position_attention_triton
 
-        return rel_position_attention_triton(q_content, q_position, k, v, p, key_mask, scale)
+        return rel_position_attention_triton(q_content, q_position, k, v, p, key_mask, scale, tile,
+                                             attention_window(*tile))
     return rel_position_attention_reference(q_content, q_position, k, v, p, key_mask, scale)

@@ -15,6 +15,11 @@ two compute one step's fp32 value differently:
   (:func:`chorus.models.t3.triton_ops.add_layer_norm_triton`, which rounds the sum and the norm's
   output once each), with the frames of ``[B, T, C]`` tensors as its rows: one kernel serves
   GPT-2's layers and the estimator's transformer blocks.
+
+``rel_position_attention`` is the exception: a flash-attention kernel, it keeps the scores, the
+softmax and the sums in fp32 where the plain ops round the position scores and the bias to the
+activations' dtype, and rounds only the softmax weights (for the P V dot) and the output. In fp32
+it differs from its reference by the order of the sums.
 """
 from __future__ import annotations
 
@@ -22,7 +27,6 @@ import torch
 import triton
 import triton.language as tl
 
-from chorus.models.s3gen.fused_ops import ATTENTION_TILE, attention_window
 from chorus.models.t3.triton_ops import add_layer_norm_triton
 
 _BLOCK = 1024
@@ -314,10 +318,12 @@ def _rel_position_attention_kernel(qc_ptr, qp_ptr, k_ptr, v_ptr, p_ptr, mask_ptr
 
 def rel_position_attention_triton(q_content: torch.Tensor, q_position: torch.Tensor, k: torch.Tensor,
                                   v: torch.Tensor, p: torch.Tensor, key_mask: torch.Tensor, scale: float,
-                                  tile: tuple[int, int] = ATTENTION_TILE) -> torch.Tensor:
+                                  tile: tuple[int, int], window: int) -> torch.Tensor:
     """``fused_ops.rel_position_attention``: q_content, q_position, k, v ``[B, H, T, D]`` in any
     strides with unit stride over D (copied otherwise), p ``[1, H, 2T-1, D]``, key_mask ``[B, T]``
-    bool; the result ``[B, T, H D]`` contiguous in the inputs' dtype."""
+    bool; ``tile`` queries x keys per tile and ``window`` table rows per tile's position dot
+    (``fused_ops.ATTENTION_TILE``, ``fused_ops.attention_window``). The result ``[B, T, H D]``
+    contiguous in the inputs' dtype."""
     batch, heads, length, head_dim = q_content.shape
     block_m, block_n = tile
     for name, tensor in (("q_position", q_position), ("k", k), ("v", v)):
@@ -332,6 +338,8 @@ def rel_position_attention_triton(q_content: torch.Tensor, q_position: torch.Ten
         f"(tensor-core tiles), got {head_dim}; run it with backend='torch'")
     assert block_m >= 16 and block_n >= 16 and not block_m & (block_m - 1) and not block_n & (block_n - 1), (
         f"tiles must be powers of two >= 16, got {block_m} x {block_n}")
+    assert window >= block_m + block_n - 1 and not window & (window - 1), (
+        f"the window must be a power of two >= {block_m + block_n - 1}, got {window}")
     q_content, q_position, k, v, p = (t if t.stride(-1) == 1 else t.contiguous()
                                       for t in (q_content, q_position, k, v, p))
     key_mask = key_mask.contiguous()
@@ -345,6 +353,6 @@ def rel_position_attention_triton(q_content: torch.Tensor, q_position: torch.Ten
             HEAD_DIM=head_dim,
             # fp32 models multiply in fp32 (no TF32), as their PyTorch path does with TF32 off
             PRECISION="ieee" if q_content.dtype == torch.float32 else "tf32",
-            BLOCK_M=block_m, BLOCK_N=block_n, WINDOW=attention_window(block_m, block_n),
+            BLOCK_M=block_m, BLOCK_N=block_n, WINDOW=window,
             num_warps=_ATTN_WARPS, num_stages=_ATTN_STAGES)
     return out

@@ -62,9 +62,7 @@ def _relative_error(got: torch.Tensor, exact: torch.Tensor) -> float:
 
 
 def _kernel(*inputs, tile=SMALL_TILES):
-    from chorus.models.s3gen.triton_ops import rel_position_attention_triton
-
-    return rel_position_attention_triton(*inputs, tile=tile)
+    return rel_position_attention(*inputs, backend="triton", tile=tile)
 
 
 # ------------------------------------------------------------------------------ the kernel
