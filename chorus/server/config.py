@@ -143,6 +143,7 @@ class ServerConfig:
     vocoder_first_window_prompt_tokens: int | None = None  # voice-prompt tokens of a stream's first vocoder pass
     vocoder_follower_first_window_tokens: int | None = 100  # first vocoder window of a turn's later piece
     vocoder_graph_cover_work: float | None = 4.0  # a shape without a CUDA graph replays a larger one up to this padded work
+    vocoder_encoder_attention_ops: str = "torch"  # the flow encoder's attention kernel (VocoderConfig.encoder_attention_ops)
     # operations
     warmup: bool = True
     canary_interval_s: float = 60.0  # canaries re-run this often (a failed one fails /ready; a late one not)
@@ -187,6 +188,11 @@ class ServerConfig:
                  f"largest window), got {self.vocoder_first_window_tokens}")
         from chorus.engine.config import KV_CACHE_DTYPES
 
+        from chorus.triton_backend import BACKENDS
+
+        _require(self.vocoder_encoder_attention_ops in BACKENDS,
+                 f"vocoder_encoder_attention_ops must be one of {', '.join(BACKENDS)}, "
+                 f"got {self.vocoder_encoder_attention_ops!r}")
         _require(self.kv_cache_dtype in KV_CACHE_DTYPES,
                  f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         _require(self.canary_action in ("unready", "warn"),

@@ -128,6 +128,9 @@ FIELD_HELP = {
                                 "rows and frames with the least padded work, if at most this many times its own, "
                                 "instead of launching its kernels eagerly; none: eagerly (docs/vocoder.md, "
                                 "\"CUDA graphs of the whole pass\")",
+    "vocoder_encoder_attention_ops": "the flow encoder's relative-position attention: torch (the plain ops and "
+                                     "SDPA), auto (one fused Triton kernel on CUDA) or triton; opt-in, not "
+                                     "measured on a GPU yet (docs/vocoder.md, \"Fused encoder attention\")",
     "warmup": "warm up (capture CUDA graphs) before reporting ready",
     "canary_interval_s": "seconds between canary syntheses; one that fails in a model step makes /ready fail "
                          "until one passes (one that is late under load does not)",

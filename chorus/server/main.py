@@ -49,7 +49,8 @@ def vocoder_config(config: ServerConfig):
     """The vocoder stage's settings of one model version (``config.for_entry``): its batch limit,
     the server's pass-time limit while streams play, first window, first-window prompt cap and
     followers' first window, and CUDA graphs as the server's ``cuda_graphs`` says (T3's and the vocoder's alike),
-    shapes without a graph of their own covered as ``vocoder_graph_cover_work`` says."""
+    shapes without a graph of their own covered as ``vocoder_graph_cover_work`` says, the encoder's
+    attention kernel as ``vocoder_encoder_attention_ops`` says."""
     from chorus.vocoder.config import VocoderConfig
 
     entry = config.entries()[0]
@@ -58,7 +59,8 @@ def vocoder_config(config: ServerConfig):
                          first_window_tokens=config.vocoder_first_window_tokens,
                          first_window_prompt_tokens=config.vocoder_first_window_prompt_tokens,
                          follower_first_window_tokens=config.vocoder_follower_first_window_tokens,
-                         graph_cover_work=config.vocoder_graph_cover_work, **limits)
+                         graph_cover_work=config.vocoder_graph_cover_work,
+                         encoder_attention_ops=config.vocoder_encoder_attention_ops, **limits)
 
 
 def engine_config(config: ServerConfig, gpu_memory_utilization: float):

@@ -353,6 +353,16 @@ def test_the_graph_cover_work_reaches_the_vocoder_stage_and_none_turns_it_off():
     assert vocoder_config(_build(flags={"vocoder_graph_cover_work": "none"})).graph_cover_work is None
 
 
+def test_the_encoder_attention_kernel_is_opt_in_and_reaches_the_vocoder_stage():
+    from chorus.server.main import vocoder_config
+
+    assert vocoder_config(_build()).encoder_attention_ops == "torch"
+    flags = {"vocoder_encoder_attention_ops": "triton"}
+    assert vocoder_config(_build(flags=flags)).encoder_attention_ops == "triton"
+    with pytest.raises(ValueError, match="vocoder_encoder_attention_ops must be one of auto, triton, torch, got 'flash'"):
+        _build(flags={"vocoder_encoder_attention_ops": "flash"})
+
+
 def test_the_graph_cover_work_must_be_at_least_1():
     with pytest.raises(ValueError, match="vocoder_graph_cover_work must be a number >= 1 or unset, got 0.5"):
         _build(flags={"vocoder_graph_cover_work": "0.5"})
