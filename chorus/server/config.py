@@ -143,7 +143,7 @@ class ServerConfig:
     vocoder_first_window_prompt_tokens: int | None = None  # voice-prompt tokens of a stream's first vocoder pass
     vocoder_follower_first_window_tokens: int | None = 100  # first vocoder window of a turn's later piece
     vocoder_graph_cover_work: float | None = 4.0  # a shape without a CUDA graph replays a larger one up to this padded work
-    vocoder_encoder_attention_ops: str = "torch"  # the flow encoder's attention kernel (VocoderConfig.encoder_attention_ops)
+    vocoder_encoder_attention_ops: str = "torch"  # the flow encoder's attention kernel: torch, auto or triton
     # operations
     warmup: bool = True
     canary_interval_s: float = 60.0  # canaries re-run this often (a failed one fails /ready; a late one not)
