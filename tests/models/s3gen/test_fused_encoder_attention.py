@@ -148,8 +148,9 @@ def test_the_bf16_kernel_is_within_its_bound_of_the_fp32_reference():
     fused = rel_position_attention(*inputs, backend="triton")
     assert fused.dtype == torch.bfloat16
     assert _relative_error(fused, exact) < BF16_MAX_RELATIVE_ERROR
-    # and no further from it than the plain ops in bf16, which round the position scores and the bias
-    assert _relative_error(fused, exact) <= _relative_error(rel_position_attention_reference(*inputs), exact)
+    # and about as close as the plain ops in bf16, which round the position scores and the bias
+    # besides the softmax weights and the output (not yet run on a GPU: the margin is a guess)
+    assert _relative_error(fused, exact) <= 1.25 * _relative_error(rel_position_attention_reference(*inputs), exact)
 
 
 @pytest.mark.gpu
