@@ -1,11 +1,13 @@
 """``VocoderConfig.encoder_attention_ops``: which kernel the flow encoder's attention runs in a
-stage (validation, the opt-in default, the stage's wiring, the benches' options)."""
+stage (validation, the opt-in default, the stage's wiring, the benches' options); on a GPU, a bf16
+stage with the kernel against one with the plain ops, both against fp32."""
 from __future__ import annotations
 
 import pytest
 
 from chorus.models.s3gen.encoder import RelPositionAttention
 from chorus.vocoder import VocoderConfig, VocoderStage
+from tests.vocoder.conftest import assert_kernels_keep_bf16_as_close_to_fp32
 from tests.vocoder.models import random_s3gen, random_voice
 
 
@@ -75,3 +77,10 @@ def test_the_vocoder_bench_reports_encoder_attention_ops_and_its_yardstick_runs_
         assert encoder.ops_backend == "auto"  # the stage's, restored after the yardstick
     finally:
         encoder.ops_backend = "torch"  # the session's shared model as other tests expect it
+
+
+@pytest.mark.gpu
+def test_a_bf16_stage_with_the_fused_encoder_attention_is_as_close_to_fp32_graphed_and_eager():
+    # as the fused flow norms' stage test: on random weights any moved bf16 rounding is amplified to
+    # bf16's own distance from fp32, so both bf16 stages are held to fp32, the kernel's within 1 dB
+    assert_kernels_keep_bf16_as_close_to_fp32("encoder_attention_ops", 1.0)
