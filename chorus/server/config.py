@@ -187,7 +187,6 @@ class ServerConfig:
                  f"vocoder_first_window_tokens must be at most {VocoderConfig.max_window_tokens} (the vocoder's "
                  f"largest window), got {self.vocoder_first_window_tokens}")
         from chorus.engine.config import KV_CACHE_DTYPES
-
         from chorus.triton_backend import BACKENDS
 
         _require(self.vocoder_encoder_attention_ops in BACKENDS,
