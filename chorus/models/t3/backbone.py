@@ -27,6 +27,14 @@ class Backbone(Protocol):
         self, embeds: torch.Tensor, positions: torch.Tensor, cache: AttentionCache
     ) -> torch.Tensor: ...
 
+    def use_fp8(self, on: bool) -> None:
+        """Run the layers' projections (attention in and out, MLP in and out) as FP8 E4M3 GEMMs
+        with per-row scales (``chorus.models.fp8``), or in the model's dtype again. On, each
+        weight is quantised once (per output channel) and kept beside the model-dtype weight,
+        which stays the parameter: the state dict does not change, and off costs nothing to
+        switch back to. Norms, embeddings and the head stay in the model's dtype."""
+        ...
+
     def materialize(self, device: torch.device | str) -> None:
         """Rebuild tensors that are not in the checkpoint after a meta-device construction."""
         ...

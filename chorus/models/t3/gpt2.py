@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from chorus.models.fp8 import Fp8Weight, fp8_linear, quantize_weight
 from chorus.models.t3.attention import AttentionCache
 from chorus.models.t3.backbone import Shapes
 from chorus.models.t3.fused_ops import (
@@ -28,8 +29,18 @@ class Conv1D(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.zeros(out_features))
+        self.fp8: Fp8Weight | None = None  # the weight as [out, in] E4M3 (use_fp8)
+
+    def use_fp8(self, on: bool) -> None:
+        """Run this projection as an FP8 GEMM (``chorus.models.fp8``) or not."""
+        if not on:
+            self.fp8 = None
+        elif self.fp8 is None:
+            self.fp8 = quantize_weight(self.weight.t())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fp8 is not None:
+            return fp8_linear(x, *self.fp8, bias=self.bias)
         flat = x.reshape(-1, x.shape[-1])
         return conv1d_reference(flat, self.weight, self.bias).view(*x.shape[:-1], -1)
 
@@ -105,9 +116,18 @@ class GPT2Backbone(nn.Module):
             mlp, ln_2 = layer.mlp, layer.ln_2
             after_mlp = self.h[index + 1].ln_1 if index < last else self.ln_f
             x, h = add_layer_norm(x, layer.attn(h, index, cache), ln_2.weight, ln_2.bias, ln_2.eps, backend)
-            inner = conv1d_gelu_tanh(h, mlp.c_fc.weight, mlp.c_fc.bias, backend)
+            if mlp.c_fc.fp8 is None:
+                inner = conv1d_gelu_tanh(h, mlp.c_fc.weight, mlp.c_fc.bias, backend)
+            else:  # no GELU epilogue for the FP8 GEMM
+                inner = gelu_tanh_reference(mlp.c_fc(h))
             x, h = add_layer_norm(x, mlp.c_proj(inner), after_mlp.weight, after_mlp.bias, after_mlp.eps, backend)
         return h
+
+    def use_fp8(self, on: bool) -> None:
+        """See :meth:`chorus.models.t3.backbone.Backbone.use_fp8`."""
+        for layer in self.h:
+            for projection in (layer.attn.c_attn, layer.attn.c_proj, layer.mlp.c_fc, layer.mlp.c_proj):
+                projection.use_fp8(on)
 
     def materialize(self, device: torch.device | str) -> None:
         pass  # every tensor comes from the checkpoint

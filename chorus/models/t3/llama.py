@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from chorus.models.fp8 import Fp8Weight, fp8_linear, quantize_weight
 from chorus.models.t3.attention import AttentionCache
 from chorus.models.t3.backbone import Shapes
 from chorus.models.t3.fused_ops import add_rms_norm, rms_norm_reference, silu_mul
@@ -40,6 +41,7 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(d, kv, bias=False)
         self.o_proj = nn.Linear(heads * head_dim, d, bias=False)
         self._qkv: torch.Tensor | None = None
+        self._fp8: tuple[Fp8Weight, Fp8Weight] | None = None  # (q|k|v, o) in E4M3 (use_fp8)
         self.ops_backend = "auto"  # chorus.models.t3.fused_ops
 
     def fuse_projections(self) -> None:
@@ -52,16 +54,31 @@ class LlamaAttention(nn.Module):
         self.v_proj.weight = nn.Parameter(fused[q_out + kv_out:], requires_grad=False)
         self._qkv = fused
 
+    def use_fp8(self, on: bool) -> None:
+        """Run the q|k|v and o projections as FP8 GEMMs (``chorus.models.fp8``) or not."""
+        if not on:
+            self._fp8 = None
+        elif self._fp8 is None:
+            qkv = self._qkv if self._qkv is not None else torch.cat(
+                [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+            self._fp8 = (quantize_weight(qkv), quantize_weight(self.o_proj.weight))
+
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int,
         cache: AttentionCache,
     ) -> torch.Tensor:
         n = x.shape[0]
         q_shape, kv_shape = (n, self.num_heads, self.head_dim), (n, self.num_kv_heads, self.head_dim)
+        q_out, kv_out = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        if self._fp8 is not None:
+            qkv, o = self._fp8
+            q, k, v = fp8_linear(x, *qkv).split((q_out, kv_out, kv_out), dim=-1)
+            out = cache.attend_rotary(layer, q.view(q_shape), k.view(kv_shape), v.view(kv_shape), cos, sin,
+                                      self.ops_backend)
+            return fp8_linear(out.reshape(n, q_out), *o)
         if self._qkv is None:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         else:
-            q_out, kv_out = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
             q, k, v = F.linear(x, self._qkv).split((q_out, kv_out, kv_out), dim=-1)
         out = cache.attend_rotary(layer, q.view(q_shape), k.view(kv_shape), v.view(kv_shape), cos, sin,
                                   self.ops_backend)
@@ -77,6 +94,7 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(inner, d, bias=False)
 
         self._gate_up: torch.Tensor | None = None
+        self._fp8: tuple[Fp8Weight, Fp8Weight] | None = None  # (gate|up, down) in E4M3 (use_fp8)
         self.ops_backend = "auto"  # chorus.models.t3.fused_ops
 
     def fuse_projections(self) -> None:
@@ -88,7 +106,19 @@ class SwiGLU(nn.Module):
         self.up_proj.weight = nn.Parameter(fused[inner:], requires_grad=False)
         self._gate_up = fused
 
+    def use_fp8(self, on: bool) -> None:
+        """Run the gate|up and down projections as FP8 GEMMs (``chorus.models.fp8``) or not."""
+        if not on:
+            self._fp8 = None
+        elif self._fp8 is None:
+            gate_up = self._gate_up if self._gate_up is not None else torch.cat(
+                [self.gate_proj.weight, self.up_proj.weight])
+            self._fp8 = (quantize_weight(gate_up), quantize_weight(self.down_proj.weight))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._fp8 is not None:
+            gate_up, down = self._fp8
+            return fp8_linear(silu_mul(fp8_linear(x, *gate_up), self.ops_backend), *down)
         if self._gate_up is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         return self.down_proj(silu_mul(F.linear(x, self._gate_up), self.ops_backend))
@@ -154,6 +184,12 @@ class LlamaBackbone(nn.Module):
         self._ops_backend = backend
         for layer in self.layers:
             layer.self_attn.ops_backend = layer.mlp.ops_backend = backend
+
+    def use_fp8(self, on: bool) -> None:
+        """See :meth:`chorus.models.t3.backbone.Backbone.use_fp8`."""
+        for layer in self.layers:
+            layer.self_attn.use_fp8(on)
+            layer.mlp.use_fp8(on)
 
     def materialize(self, device: torch.device | str) -> None:
         self.rotary.materialize(device)
