@@ -66,6 +66,7 @@ class PipelineBenchConfig:
     max_model_len: int = 2048
     kv_cache_gib: float = 40.0  # on CUDA; the CPU runs with 1 GiB
     cuda_graphs: bool = True
+    fp8_linears: bool = False  # EngineConfig.fp8_linears
     vocoder: VocoderConfig | None = None  # None: VocoderConfig()
     extra: dict = field(default_factory=dict)
 
@@ -78,7 +79,7 @@ def _sync(device: torch.device) -> None:
 def _pipeline(models: SpeechModels, cfg: PipelineBenchConfig) -> Pipeline:
     cuda = models.device.type == "cuda"
     engine = EngineConfig(
-        variant=models.variant.name, default_deadline_s=None,
+        variant=models.variant.name, default_deadline_s=None, fp8_linears=cfg.fp8_linears,
         cache=CacheConfig(kv_cache_bytes=int((cfg.kv_cache_gib if cuda else 1.0) * 2**30)),
         scheduler=SchedulerConfig(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
                                   max_model_len=cfg.max_model_len))

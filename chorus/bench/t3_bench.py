@@ -21,6 +21,11 @@ model: EOS is banned until the length is reached, then generation stops. Measure
   the FP8 cache and the report's ``kv_cache`` section adds the accuracy cost, the cosine of the
   logits (prefill and ``kv_accuracy_steps`` greedy decode steps of the first workload chunk)
   against a cache in the model's dtype (:mod:`chorus.engine.kv_accuracy`);
+- FP8 linears (optional, ``fp8_linears``): every engine above runs T3's layer projections as
+  FP8 GEMMs (``EngineConfig.fp8_linears``) and the report's ``fp8_error`` section adds their
+  accuracy cost beside bf16's: the bench's request (first workload chunk, built-in voice)
+  teacher-forced for ``fp8_error_steps`` steps through fp32, bf16 and bf16 with FP8 linears of the
+  same weights, logits cosines and top-1 agreement (:mod:`chorus.bench.fp8_error`);
 - roofline (optional): per batch size, one engine forward profiled eagerly, its GEMMs and
   attention against the card's peak and bandwidth (:mod:`chorus.bench.roofline`);
 - timestamps cost (optional, Llama variants): per batch size, the decode test again on an
@@ -89,6 +94,8 @@ class T3BenchConfig:
     shared_prefix_attention: bool = True  # CacheConfig.shared_prefix_attention
     warm_up_kernels: bool = True  # EngineConfig.warm_up_kernels
     kv_accuracy_steps: int = 16  # decode steps of the FP8 accuracy check
+    fp8_linears: bool = False  # EngineConfig.fp8_linears for every engine, and the fp8_error section
+    fp8_error_steps: int = 64  # teacher-forced decode steps of the fp8_error section
     # the roofline report (chorus.bench.roofline): one decode step per batch size profiled against the card
     roofline: bool = False
     # the timestamps cost: the decode test again with alignment rows kept, idle and asked for by every row
@@ -108,6 +115,7 @@ def bench_engine(model, variant, cfg: T3BenchConfig, rows: int, alignment: bool 
     ``alignment``: one that keeps alignment rows for the requests that ask."""
     config = EngineConfig(
         variant=variant.name, default_deadline_s=None, warm_up_kernels=cfg.warm_up_kernels, alignment=alignment,
+        fp8_linears=cfg.fp8_linears,
         cache=CacheConfig(kv_cache_bytes=int((cfg.kv_cache_gib if model.device.type == "cuda" else 1.0) * 2**30),
                           kv_cache_dtype=cfg.kv_cache_dtype, shared_prefix_attention=cfg.shared_prefix_attention),
         scheduler=SchedulerConfig(max_num_seqs=rows, max_num_batched_tokens=max(cfg.max_num_batched_tokens, rows),
@@ -383,20 +391,53 @@ def bench_chunk_sweep(model, variant, conditioning, encoder, cfg: T3BenchConfig)
 def load_bench_model(cfg: T3BenchConfig) -> tuple[Variant, T3Model, TextEncoder, Voice, bool]:
     """The variant, its T3 model, text encoder and built-in voice, from ``cfg.checkpoint`` or a
     random-weight checkpoint written for the run; and whether the weights are random."""
+    variant, models, encoder, voice, random_weights = load_bench_models(cfg)
+    return variant, models[resolve_dtype(cfg.dtype, parse_device(cfg.device))], encoder, voice, random_weights
+
+
+def load_bench_models(cfg: T3BenchConfig, also: tuple[torch.dtype, ...] = ()
+                      ) -> tuple[Variant, dict[torch.dtype, T3Model], TextEncoder, Voice, bool]:
+    """As :func:`load_bench_model`, with the T3 model in the bench's dtype and in each of ``also``
+    (the same weights), by dtype."""
     variant = cfg.variant if isinstance(cfg.variant, Variant) else get_variant(cfg.variant)
     device = parse_device(cfg.device)
-    dtype = resolve_dtype(cfg.dtype, device)
+    dtypes = dict.fromkeys((resolve_dtype(cfg.dtype, device), *also))
     with tempfile.TemporaryDirectory() as tmp:
         location = cfg.checkpoint or write_random_checkpoint(variant, tmp, components=("t3", "tokenizer", "conds"))
         ckpt = Checkpoint.open(variant, location) if cfg.checkpoint else Checkpoint(variant, Path(location))
-        model = load_t3(ckpt, dtype=dtype, device=device)
+        models = {dtype: load_t3(ckpt, dtype=dtype, device=device) for dtype in dtypes}
         encoder = load_text_encoder(variant, ckpt.directory)
         voice = Voice.from_conditionals(ckpt.builtin_voice_state())
-        return variant, model, encoder, voice, ckpt.has_random_weights
+        return variant, models, encoder, voice, ckpt.has_random_weights
+
+
+def fp8_low_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype FP8 linears are measured against: the model's, or bf16 where the model runs fp32."""
+    return torch.bfloat16 if dtype == torch.float32 else dtype
+
+
+def bench_fp8_error(models: dict[torch.dtype, T3Model], variant, voice: Voice, text_ids, cfg: T3BenchConfig) -> dict:
+    """The ``fp8_error`` section: fp32, bf16 and bf16 with FP8 linears on the bench's request."""
+    from chorus.bench.fp8_error import measure_fp8_error
+
+    text = torch.as_tensor(list(text_ids))
+
+    def prompt_of(model: T3Model) -> torch.Tensor:
+        cond = ConditioningCache(model, variant).get(voice, variant.sampling.exaggeration)
+        return model.prefill_embeds(cond.embeds, text, cfg=False)[0]
+
+    low = fp8_low_dtype(next(iter(models)))
+    error = measure_fp8_error(models[torch.float32], models[low], prompt_of, decode_steps=cfg.fp8_error_steps)
+    return error.as_dict() | {"method": "one request's conditional row (the first workload chunk, the built-in "
+                                        "voice) teacher-forced on fp32's greedy tokens; logits of the prompt's "
+                                        "last position and of each decode step (chorus.bench.fp8_error)"}
 
 
 def run(cfg: T3BenchConfig) -> dict:
-    variant, model, encoder, voice, random_weights = load_bench_model(cfg)
+    dtype = resolve_dtype(cfg.dtype, parse_device(cfg.device))
+    variant, models, encoder, voice, random_weights = load_bench_models(
+        cfg, (torch.float32, fp8_low_dtype(dtype)) if cfg.fp8_linears else ())
+    model = models[dtype]
     if cfg.timestamps:
         from chorus.models.t3.alignment import alignment_heads
 
@@ -409,8 +450,13 @@ def run(cfg: T3BenchConfig) -> dict:
         "random_weights": random_weights, "cfg_weight": cfg.cfg_weight if variant.t3.supports_cfg else 0.0,
         "tokens_per_char": cfg.tokens_per_char, "torch": torch.__version__,
         "async_scheduling": cfg.async_scheduling, "shared_prefix_attention": cfg.shared_prefix_attention,
+        "fp8_linears": cfg.fp8_linears,
     }
     text_ids = encoder.encode(chunks[0])
+    if cfg.fp8_linears:
+        report["fp8_error"] = bench_fp8_error(models, variant, voice, text_ids, cfg)
+    del models  # the other dtypes' copies, before the engines take the memory
+    _free_device_memory()
     conditioning = ConditioningCache(model, variant).get(voice, variant.sampling.exaggeration)
     report["kv_cache"] = bench_kv_cache(model, variant, conditioning, text_ids, cfg)
     roof = None
@@ -467,6 +513,14 @@ def format_tables(report: dict) -> str:
     kv = report.get("kv_cache", {})
     lines = [f"KV cache {kv['dtype']}" + (f": logits cosine vs {kv['versus']} min {kv['logits_cosine_min']:.5f}, "
                                            f"top-1 agreement {kv['top1_agreement']:.2f}" if "versus" in kv else "")]
+    if "fp8_error" in report:
+        e = report["fp8_error"]
+        low = e["low_dtype"]
+        lines.append(f"FP8 linears over {e['steps']} steps: logits cosine mean/min fp8 vs {low} "
+                     f"{e[f'cosine_fp8_vs_{low}']['mean']:.5f}/{e[f'cosine_fp8_vs_{low}']['min']:.5f}, {low} vs fp32 "
+                     f"{e[f'cosine_{low}_vs_fp32']['mean']:.5f}/{e[f'cosine_{low}_vs_fp32']['min']:.5f}; top-1 "
+                     f"agreement fp8 vs {low} {e[f'top1_agreement_fp8_vs_{low}']:.3f}, {low} vs fp32 "
+                     f"{e[f'top1_agreement_{low}_vs_fp32']:.3f}; within {low}'s error: {e[f'within_{low}_error']}")
     lines += [f"{'batch':>6} {'rows':>5} {'context':>7} {'step ms':>8} {'yard ms':>8} {'yard/step':>9} {'tokens/s':>9}"]
     for d in report["decode"]:
         yard = (f"{d['yardstick_step_ms']:>8.3f} {d['yardstick_ratio']:>9.3f}" if "yardstick_step_ms" in d

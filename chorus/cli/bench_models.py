@@ -6,7 +6,7 @@ import argparse
 from typing import Sequence
 
 from chorus.cli.options import (
-    CliError, add_bench_out, add_command, add_device, add_dtype, add_variant, positive_ints,
+    CliError, add_bench_out, add_command, add_device, add_dtype, add_fp8, add_variant, fp8_stages, positive_ints,
 )
 from chorus.engine.config import KV_CACHE_DTYPES as KV_CACHE_DTYPE_CHOICES
 
@@ -78,6 +78,10 @@ def _add_t3_parser(bench_sub) -> None:
     p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPE_CHOICES,
                    help="KV cache storage: auto (the model's dtype, default) or fp8_e4m3; with fp8 the report's "
                         "kv_cache section adds the logits cosine against the model-dtype cache")
+    add_fp8(p)
+    p.add_argument("--fp8-error-steps", type=int, default=64, metavar="N",
+                   help="with --fp8 t3: teacher-forced decode steps of the report's fp8_error section (the logits "
+                        "of fp32, bf16 and bf16 with FP8 linears on the bench's request; default 64)")
     p.add_argument("--timestamps", action="store_true",
                    help="also measure what word timestamps cost (Llama variants): per batch size, the decode test on "
                         "an engine keeping alignment rows (serve --timestamp-alignment), with no row and with every "
@@ -95,6 +99,8 @@ def _cmd_bench_t3(args: argparse.Namespace) -> int:
         check_output_file(args.out, "--out")
     if args.text_file is not None:
         check_input_file(args.text_file, "--text-file")
+    if args.fp8_error_steps < 1:
+        raise CliError(f"--fp8-error-steps must be at least 1, got {args.fp8_error_steps}")
     cfg = T3BenchConfig(
         variant=args.variant, checkpoint=args.checkpoint, dtype=args.dtype, device=args.device,
         batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")), decode_steps=args.decode_steps,
@@ -105,7 +111,8 @@ def _cmd_bench_t3(args: argparse.Namespace) -> int:
         async_scheduling=not args.no_async_scheduling, chunk_chars=_chunk_bounds(args.chunk_chars),
         max_num_seqs=args.max_num_seqs, kv_cache_dtype=args.kv_cache_dtype,
         shared_prefix_attention=not args.no_shared_prefix, warm_up_kernels=not args.no_warm_up,
-        timestamps=args.timestamps, **_roofline_options(args),
+        timestamps=args.timestamps, fp8_linears="t3" in fp8_stages(args), fp8_error_steps=args.fp8_error_steps,
+        **_roofline_options(args),
     )
     main_json(cfg, args.out)
     return 0
@@ -270,6 +277,7 @@ def _add_pipeline_bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocoder-batch", type=int, default=None, help="vocoder items per batched pass at most")
     p.add_argument("--vocoder-option", action="append", default=None, metavar="KEY=VALUE",
                    help="any VocoderConfig field (docs/vocoder.md), e.g. max_graph_rows=8; repeatable")
+    add_fp8(p)
     add_bench_out(p)
 
 
@@ -299,7 +307,7 @@ def _pipeline_bench_config(args: argparse.Namespace):
         **({"reference_chunks": args.reference_chunks, "reference_min_audio_s": args.reference_min_audio_s}
            if hasattr(args, "reference_chunks") else {}),
         concurrency=tuple(int(c) for c in getattr(args, "concurrency", "1").split(",")),
-        cuda_graphs=not args.no_cuda_graphs, vocoder=_vocoder_config(args))
+        cuda_graphs=not args.no_cuda_graphs, vocoder=_vocoder_config(args), fp8_linears="t3" in fp8_stages(args))
 
 
 def _vocoder_config(args: argparse.Namespace):

@@ -79,6 +79,25 @@ def add_language_steps(parser: argparse.ArgumentParser) -> None:
                              "once unless HF_HUB_OFFLINE is set)")
 
 
+def add_fp8(parser: argparse.ArgumentParser) -> None:
+    """``--fp8 STAGES``: the stages whose GEMMs run in FP8 (``chorus.models.fp8``)."""
+    parser.add_argument("--fp8", default="", metavar="STAGES",
+                        help="comma list of stages whose GEMMs run in FP8 E4M3 with per-row scales; t3 (T3's layer "
+                             "projections, EngineConfig.fp8_linears; CUDA capability 8.9+, an exact emulation on "
+                             "the CPU) is the only one (flow: not implemented yet). Default: none (docs/engine.md, "
+                             "\"FP8 linears\")")
+
+
+def fp8_stages(args: argparse.Namespace) -> tuple[str, ...]:
+    """``--fp8``'s stages, checked."""
+    from chorus.models.fp8 import parse_fp8_stages
+
+    try:
+        return parse_fp8_stages(args.fp8)
+    except ValueError as exc:
+        raise CliError(f"--fp8: {exc}") from None
+
+
 def language_step_config(args: argparse.Namespace):
     from chorus.text import LanguageStepConfig
 

@@ -177,6 +177,12 @@ class EngineConfig:
         the attention cache then keeps the aligned heads' queries of every step (one small copy
         per such layer, inside the CUDA graphs too; docs/timestamps.md). Off: no step pays it,
         and a request that asks is refused at admission.
+    fp8_linears: run T3's layer projections (attention in and out, MLP in and out) as FP8 E4M3
+        GEMMs with per-row scales (``Backbone.use_fp8``, ``chorus.models.fp8``), set on the model
+        when the engine is built, before its CUDA graphs are captured. On CUDA it needs compute
+        capability 8.9 or newer; on the CPU it runs an exact emulation (for measurements, not
+        speed). Off by default: its error is measured (docs/engine.md, "FP8 linears"), its speed
+        not yet.
     """
 
     variant: str = "original"
@@ -187,6 +193,7 @@ class EngineConfig:
     mixed_graph_tokens: int = 256
     admit_within_graphs: bool = True
     alignment: bool = False
+    fp8_linears: bool = False
 
     def __post_init__(self):
         from chorus.models.variants import get_variant  # raises a readable error for unknown names

@@ -46,6 +46,17 @@ def _check_kv_dtype_supported(dtype: torch.dtype, device: torch.device) -> None:
                              f"(Ada, Hopper); this one is {major}.{minor}: use kv_cache_dtype auto")
 
 
+def _check_fp8_linears_supported(device: torch.device) -> None:
+    """FP8 GEMMs need ``torch._scaled_mm`` on CUDA (compute capability 8.9+: Ada, Hopper); the
+    CPU runs their emulation."""
+    from chorus.models.fp8 import scaled_mm_supported
+
+    if device.type == "cuda" and not scaled_mm_supported(device):
+        major, minor = torch.cuda.get_device_capability(device)
+        raise ValueError(f"fp8_linears needs a GPU of compute capability 8.9 or newer (Ada, Hopper); this one "
+                         f"is {major}.{minor}: leave fp8_linears off (--fp8 without t3)")
+
+
 @dataclass(frozen=True)
 class Conditioning:
     """A conditioning prefix as T3 sees it: its cache identity and its embeddings.
@@ -151,6 +162,10 @@ class T3Engine:
         self.config = config or EngineConfig(variant=variant.name)
         bb = variant.t3.backbone
         cache_cfg = self.config.cache
+        if self.config.fp8_linears:
+            _check_fp8_linears_supported(model.device)
+        # the model's projections as this engine runs them, before the profiling pass and any capture
+        model.tfmr.use_fp8(self.config.fp8_linears)
         self.kv_cache_dtype = resolve_kv_cache_dtype(cache_cfg.kv_cache_dtype, model.dtype)
         _check_kv_dtype_supported(self.kv_cache_dtype, model.device)
         num_blocks = cache_cfg.num_blocks or self._size_pool(model)

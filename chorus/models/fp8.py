@@ -57,8 +57,11 @@ def _quantize(x: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 
 def quantize_weight(weight: torch.Tensor) -> Fp8Weight:
-    """``weight`` [N, K] (any float dtype) -> E4M3 [N, K] (contiguous) and fp32 scales [N]."""
+    """``weight`` [N, K] (any float dtype) -> E4M3 [N, K] (contiguous) and fp32 scales [N]. On a
+    device where ``fp8_linear`` runs ``_scaled_mm``, a shape it cannot take is refused here."""
     assert weight.ndim == 2, f"a weight is [out, in], got shape {tuple(weight.shape)}"
+    if scaled_mm_supported(weight.device):
+        check_scaled_mm_shape(*weight.shape)
     q, scale = _quantize(weight, weight.abs().amax(dim=1, keepdim=True))
     return Fp8Weight(q.contiguous(), scale.reshape(-1).contiguous())
 
@@ -110,9 +113,8 @@ def fp8_linear_reference(x_fp8: torch.Tensor, x_scale: torch.Tensor, weight_fp8:
 
 def _scaled_mm(x_fp8: torch.Tensor, x_scale: torch.Tensor, weight_fp8: torch.Tensor, weight_scale: torch.Tensor,
                bias: torch.Tensor | None) -> torch.Tensor:
-    n, k = weight_fp8.shape
+    k = weight_fp8.shape[1]  # the weight's shape was checked when it was quantised
     assert x_fp8.shape[1] == k, f"x has {x_fp8.shape[1]} features, the weight {k}"
-    check_scaled_mm_shape(n, k)
     assert x_fp8.is_contiguous() and weight_fp8.is_contiguous(), \
         "_scaled_mm takes mat1 row-major and mat2 column-major (the [N, K] weight transposed)"
     # row-wise scaling: scale_a [M, 1] and scale_b [1, N] in fp32, a bf16 output and a bf16 bias

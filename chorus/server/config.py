@@ -132,6 +132,7 @@ class ServerConfig:
     max_chars: int = 300  # chunk length bound of long texts
     kv_cache_bytes: int | None = None
     kv_cache_dtype: str = "auto"  # "auto" (the model's dtype) or "fp8_e4m3"
+    fp8: str = ""  # stages whose GEMMs run in FP8, a comma list: "t3" (EngineConfig.fp8_linears) or "" (none)
     gpu_memory_utilization: float = 0.85
     cuda_graphs: bool = True
     t3_admit_ahead: bool = True  # admit arrivals in T3's step scheduled ahead (SchedulerConfig.admit_ahead)
@@ -194,6 +195,9 @@ class ServerConfig:
                  f"got {self.vocoder_encoder_attention_ops!r}")
         _require(self.kv_cache_dtype in KV_CACHE_DTYPES,
                  f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        from chorus.models.fp8 import parse_fp8_stages
+
+        parse_fp8_stages(self.fp8)  # raises, naming the stage
         _require(self.canary_action in ("unready", "warn"),
                  f"canary_action must be unready or warn, got {self.canary_action!r}")
         _require(isinstance(self.quality_sample_rate, (int, float)) and 0 <= self.quality_sample_rate <= 1,

@@ -86,6 +86,9 @@ FIELD_HELP = {
     "kv_cache_bytes": "bytes of the KV-cache pool (default: from gpu_memory_utilization on CUDA, 1 GiB on the CPU)",
     "kv_cache_dtype": "auto (K/V in the model's dtype) or fp8_e4m3 (half the bytes per block, so about twice "
                       "the cached positions, at a small measured accuracy cost; needs compute capability 8.9+)",
+    "fp8": "comma list of stages whose GEMMs run in FP8 E4M3 with per-row scales: t3 (T3's layer projections, "
+           "EngineConfig.fp8_linears; needs compute capability 8.9+; its accuracy cost is measured, its speed not yet: "
+           "docs/engine.md, \"FP8 linears\"); flow is not implemented yet (default: none)",
     "gpu_memory_utilization": "fraction of GPU memory the process may use",
     "cuda_graphs": "capture CUDA graphs (T3's decode steps, its admitting steps up to t3_mixed_graph_tokens "
                    "and its sampling, and the S3Gen solver)",

@@ -66,13 +66,15 @@ def vocoder_config(config: ServerConfig):
 def engine_config(config: ServerConfig, gpu_memory_utilization: float):
     """The T3 engine's settings of one model version (``config.for_entry``)."""
     from chorus.engine.config import EngineConfig
+    from chorus.models.fp8 import parse_fp8_stages
 
     return EngineConfig.from_flat(variant=config.variant, max_num_seqs=config.max_num_seqs,
                                   kv_cache_bytes=config.kv_cache_bytes, kv_cache_dtype=config.kv_cache_dtype,
                                   gpu_memory_utilization=gpu_memory_utilization, admit_ahead=config.t3_admit_ahead,
                                   mixed_graph_tokens=config.t3_mixed_graph_tokens,
                                   admit_within_graphs=config.t3_admit_within_graphs,
-                                  alignment=config.timestamp_alignment)
+                                  alignment=config.timestamp_alignment,
+                                  fp8_linears="t3" in parse_fp8_stages(config.fp8))
 
 
 def load_models(config: ServerConfig) -> Loaded:

@@ -164,3 +164,35 @@ def test_the_t3_bench_refuses_the_timestamps_cost_where_no_alignment_heads_are_k
                         cuda_graphs=False, max_num_seqs=4, max_num_batched_tokens=1024, max_model_len=512)
     with pytest.raises(ValueError, match="no alignment heads are known for the gpt2"):
         main_json(cfg, None)
+
+
+def test_the_t3_bench_runs_fp8_linears_and_reports_their_error_beside_bf16_s(tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text("A first short sentence. And a second one follows it here.")
+    cfg = T3BenchConfig(variant=tiny_variant("original", layers=2, hidden=64, heads=4), device="cpu",
+                        batch_sizes=(2,), decode_steps=2, warmup_steps=1, text_file=str(text), max_chars=40,
+                        tokens_per_char=0.3, cuda_graphs=False, yardstick=False, max_num_seqs=8,
+                        max_num_batched_tokens=1024, max_model_len=512, fp8_linears=True, fp8_error_steps=5)
+    report = main_json(cfg, None)
+    error = report["fp8_error"]
+    assert report["fp8_linears"] is True and report["dtype"] == "fp32"
+    assert error["steps"] == 6 and error["low_dtype"] == "bf16"
+    for pair in ("cosine_bf16_vs_fp32", "cosine_fp8_vs_fp32", "cosine_fp8_vs_bf16"):
+        assert 0.9 < error[pair]["min"] <= error[pair]["mean"] <= 1.0
+    # FP8's 3 mantissa bits against bf16's 8: on these weights it is farther from bf16 than bf16 from fp32
+    assert error["cosine_fp8_vs_bf16"]["mean"] < error["cosine_bf16_vs_fp32"]["mean"]
+    assert error["within_bf16_error"] is False
+    assert 0 <= error["top1_agreement_fp8_vs_bf16"] <= 1 and 0 <= error["top1_agreement_bf16_vs_fp32"] <= 1
+    assert report["decode"][0]["step_ms"] > 0 and report["workload"]["speech_tokens"] > 0
+    assert "FP8 linears over 6 steps" in capsys.readouterr().err
+
+
+def test_the_fp8_flag_reaches_the_bench_config(monkeypatch):
+    import chorus.bench.t3_bench as t3_bench
+    from chorus.cli import main
+
+    configs = []
+    monkeypatch.setattr(t3_bench, "main_json", lambda cfg, out: configs.append(cfg))
+    assert main(["bench", "t3", "--fp8", "t3", "--fp8-error-steps", "8"]) == 0
+    assert main(["bench", "t3"]) == 0
+    assert [(c.fp8_linears, c.fp8_error_steps) for c in configs] == [(True, 8), (False, 64)]
