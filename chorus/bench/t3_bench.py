@@ -392,16 +392,17 @@ def load_bench_model(cfg: T3BenchConfig) -> tuple[Variant, T3Model, TextEncoder,
     """The variant, its T3 model, text encoder and built-in voice, from ``cfg.checkpoint`` or a
     random-weight checkpoint written for the run; and whether the weights are random."""
     variant, models, encoder, voice, random_weights = load_bench_models(cfg)
-    return variant, models[resolve_dtype(cfg.dtype, parse_device(cfg.device))], encoder, voice, random_weights
+    return variant, next(iter(models.values())), encoder, voice, random_weights
 
 
-def load_bench_models(cfg: T3BenchConfig, also: tuple[torch.dtype, ...] = ()
+def load_bench_models(cfg: T3BenchConfig, fp8_references: bool = False
                       ) -> tuple[Variant, dict[torch.dtype, T3Model], TextEncoder, Voice, bool]:
-    """As :func:`load_bench_model`, with the T3 model in the bench's dtype and in each of ``also``
-    (the same weights), by dtype."""
+    """As :func:`load_bench_model`, with the T3 models by dtype: the bench's first; with
+    ``fp8_references`` also the same weights in fp32 and in FP8's low dtype (``fp8_low_dtype``)."""
     variant = cfg.variant if isinstance(cfg.variant, Variant) else get_variant(cfg.variant)
     device = parse_device(cfg.device)
-    dtypes = dict.fromkeys((resolve_dtype(cfg.dtype, device), *also))
+    dtype = resolve_dtype(cfg.dtype, device)
+    dtypes = dict.fromkeys((dtype, torch.float32, fp8_low_dtype(dtype)) if fp8_references else (dtype,))
     with tempfile.TemporaryDirectory() as tmp:
         location = cfg.checkpoint or write_random_checkpoint(variant, tmp, components=("t3", "tokenizer", "conds"))
         ckpt = Checkpoint.open(variant, location) if cfg.checkpoint else Checkpoint(variant, Path(location))
@@ -426,7 +427,7 @@ def bench_fp8_error(models: dict[torch.dtype, T3Model], variant, voice: Voice, t
         cond = ConditioningCache(model, variant).get(voice, variant.sampling.exaggeration)
         return model.prefill_embeds(cond.embeds, text, cfg=False)[0]
 
-    low = fp8_low_dtype(next(iter(models)))
+    low = fp8_low_dtype(next(iter(models)))  # the bench's dtype comes first
     error = measure_fp8_error(models[torch.float32], models[low], prompt_of, decode_steps=cfg.fp8_error_steps)
     return error.as_dict() | {"method": "one request's conditional row (the first workload chunk, the built-in "
                                         "voice) teacher-forced on fp32's greedy tokens; logits of the prompt's "
@@ -434,10 +435,8 @@ def bench_fp8_error(models: dict[torch.dtype, T3Model], variant, voice: Voice, t
 
 
 def run(cfg: T3BenchConfig) -> dict:
-    dtype = resolve_dtype(cfg.dtype, parse_device(cfg.device))
-    variant, models, encoder, voice, random_weights = load_bench_models(
-        cfg, (torch.float32, fp8_low_dtype(dtype)) if cfg.fp8_linears else ())
-    model = models[dtype]
+    variant, models, encoder, voice, random_weights = load_bench_models(cfg, fp8_references=cfg.fp8_linears)
+    model = next(iter(models.values()))
     if cfg.timestamps:
         from chorus.models.t3.alignment import alignment_heads
 
