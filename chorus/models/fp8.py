@@ -15,6 +15,7 @@ fp32 sums; the emulation is the reference the GPU path is tested against.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -77,8 +78,10 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.float() * scale.reshape(-1, 1)
 
 
+@functools.cache
 def scaled_mm_supported(device: torch.device) -> bool:
-    """Whether ``fp8_linear`` runs ``torch._scaled_mm`` on ``device`` (CUDA, capability >= 8.9)."""
+    """Whether ``fp8_linear`` runs ``torch._scaled_mm`` on ``device`` (CUDA, capability >= 8.9);
+    asked once per device (every projection of an eager step asks)."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 

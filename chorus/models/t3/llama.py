@@ -71,18 +71,14 @@ class LlamaAttention(nn.Module):
         q_shape, kv_shape = (n, self.num_heads, self.head_dim), (n, self.num_kv_heads, self.head_dim)
         q_out, kv_out = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         if self._fp8 is not None:
-            qkv, o = self._fp8
-            q, k, v = fp8_linear(x, *qkv).split((q_out, kv_out, kv_out), dim=-1)
-            out = cache.attend_rotary(layer, q.view(q_shape), k.view(kv_shape), v.view(kv_shape), cos, sin,
-                                      self.ops_backend)
-            return fp8_linear(out.reshape(n, q_out), *o)
-        if self._qkv is None:
+            q, k, v = fp8_linear(x, *self._fp8[0]).split((q_out, kv_out, kv_out), dim=-1)
+        elif self._qkv is None:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         else:
             q, k, v = F.linear(x, self._qkv).split((q_out, kv_out, kv_out), dim=-1)
         out = cache.attend_rotary(layer, q.view(q_shape), k.view(kv_shape), v.view(kv_shape), cos, sin,
-                                  self.ops_backend)
-        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+                                  self.ops_backend).reshape(n, q_out)
+        return self.o_proj(out) if self._fp8 is None else fp8_linear(out, *self._fp8[1])
 
 
 class SwiGLU(nn.Module):
