@@ -111,5 +111,5 @@ def measure_fp8_error(exact: T3Model, low: T3Model, prompt_of: Callable[[T3Model
     finally:
         low.tfmr.use_fp8(False)
     a, b, c = (x.cpu() for x in (a, b, c))
-    return Fp8Error(dtype_name(low.dtype), _cosines(b, a), _cosines(c, a), _cosines(c, b), _agreement(b, a), _agreement(c, b),
-                    _agreement(c, a))
+    return Fp8Error(dtype_name(low.dtype), _cosines(b, a), _cosines(c, a), _cosines(c, b),
+                    _agreement(b, a), _agreement(c, b), _agreement(c, a))
