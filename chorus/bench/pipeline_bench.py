@@ -330,7 +330,7 @@ def _header(models: SpeechModels, cfg: PipelineBenchConfig, random_weights: bool
             "random_weights": random_weights, "tokens_per_char": cfg.tokens_per_char,
             "cfg_weight": cfg.cfg_weight if models.variant.t3.supports_cfg else 0.0,
             "flow_steps": flow_steps, "vocoder": asdict(cfg.vocoder or VocoderConfig()),
-            "torch": torch.__version__}
+            "fp8_linears": cfg.fp8_linears, "torch": torch.__version__}
 
 
 def run_offline(cfg: PipelineBenchConfig) -> dict:
