@@ -6,7 +6,8 @@
 #        agent-original | agent-turbo | agent-turbo-listen | agent-turbo-conversation | agent-turbo-prompt-cap | agent-turbo-headroom |
 #        agent-turbo-first-window | agent-turbo-admit-ahead | agent-turbo-mixed-graphs | agent-turbo-admit-within-graphs | agent-turbo-ramp | agent-turbo-profile | agent-turbo-switch | agent-turbo-queue-probe | online-turbo-short-voice | overload-turbo | two-models | swap-turbo |
 #        scale-out-turbo | scale-out-original | profile-original | profile-turbo | rope-kv |
-#        vocoder-turbo | vocoder-original | vc-turbo | vc-original | online-turbo-grpc | timestamps-cost
+#        vocoder-turbo | vocoder-original | vc-turbo | vc-original | online-turbo-grpc | timestamps-cost |
+#        encoder-attention | fp8-t3-turbo | fp8-t3-original
 # The reference chatterbox-tts (for the benchmark ratio) must be importable; WHEELS=DIR installs
 # it offline from wheels first (see scripts/gpu/README.md); a DIR/*.tar.xz is a pre-unpacked
 # site-packages bundle (Ray without its Java and ML-library parts), unpacked beside the wheels.
@@ -90,6 +91,21 @@ case $what in
   timestamps-cost)  # what word timestamps cost T3's step (docs/timestamps.md): 2/64/256 rows of the original with CFG
     python3 -m chorus.cli bench t3 --variant original --batch-sizes 1,32,128 --no-workload --no-yardstick --timestamps \
       --out "$out/t3_timestamps_cost.json" 2>&1 | tail -12 ;;
+  encoder-attention)  # the flow encoder's attention, plain ops then the fused kernel, twice, one pass of 32 x 250
+    # tokens (turbo) each (docs/benchmarks.md, targets: the rule for turning the kernel on)
+    for round in 1 2; do
+      for ops in torch auto; do
+        python3 -m chorus.cli bench vocoder --variant turbo --batch-sizes 32 --new-tokens 250 --no-yardstick \
+          --encoder-attention-ops $ops --out "$out/bench_vocoder_encoder_attention_${ops}_$round.json" 2>&1 | tail -4
+      done
+    done ;;
+  fp8-t3-turbo|fp8-t3-original)  # T3's decode step at 128 and 256 rows in bf16, then with FP8 linears (docs/engine.md,
+    # "FP8 linears"); the second run also reports fp8_error on the card
+    variant=${what#fp8-t3-}
+    python3 -m chorus.cli bench t3 --variant "$variant" --batch-sizes 128,256 --no-workload --no-yardstick \
+      --out "$out/t3_${variant}_bf16.json" 2>&1 | tail -6
+    python3 -m chorus.cli bench t3 --variant "$variant" --batch-sizes 128,256 --no-workload --no-yardstick --fp8 t3 \
+      --out "$out/t3_${variant}_fp8.json" 2>&1 | tail -12 ;;
   online-original|online-turbo)
     # CLIENT_PROCESSES (4): the processes the clients of a level are split between (one client
     # loop reading 256 streams lags by most of a second and adds that to what it measures)
