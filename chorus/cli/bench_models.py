@@ -9,6 +9,7 @@ from chorus.cli.options import (
     CliError, add_bench_out, add_command, add_device, add_dtype, add_fp8, add_variant, fp8_stages, positive_ints,
 )
 from chorus.engine.config import KV_CACHE_DTYPES as KV_CACHE_DTYPE_CHOICES
+from chorus.triton_backend import BACKENDS
 
 
 def add_parsers(bench_sub) -> None:
@@ -148,14 +149,14 @@ def _add_vocoder_parser(bench_sub) -> None:
                    help="run the stage's solver eagerly (VocoderConfig.cuda_graphs off)")
     p.add_argument("--compile-hift", action="store_true",
                    help="run HiFT's decoder through torch.compile (VocoderConfig.compile_hift; default: eager)")
-    p.add_argument("--hift-ops", choices=("auto", "triton", "torch"), default=None,
+    p.add_argument("--hift-ops", choices=BACKENDS, default=None,
                    help="kernels of HiFT's Snake activations (VocoderConfig.hift_ops): auto (default) fuses each "
                         "into one Triton kernel on CUDA, torch runs the plain tensor ops")
-    p.add_argument("--flow-ops", choices=("auto", "triton", "torch"), default=None,
+    p.add_argument("--flow-ops", choices=BACKENDS, default=None,
                    help="kernels of the flow estimator's norms (VocoderConfig.flow_ops): auto (default) fuses each "
                         "causal block's LayerNorm + Mish + mask and each transformer block's residual add + "
                         "LayerNorm into one Triton kernel on CUDA, torch runs the plain tensor ops")
-    p.add_argument("--encoder-attention-ops", choices=("auto", "triton", "torch"), default=None,
+    p.add_argument("--encoder-attention-ops", choices=BACKENDS, default=None,
                    help="kernel of the flow encoder's relative-position attention "
                         "(VocoderConfig.encoder_attention_ops): torch (default) runs the plain tensor ops and SDPA, "
                         "auto one fused Triton kernel on CUDA (not measured on a GPU yet)")

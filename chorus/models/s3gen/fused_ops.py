@@ -189,8 +189,10 @@ def attention_window(block_m: int, block_n: int) -> int:
 
 def rel_position_attention_fused(backend: str, device: torch.device) -> bool:
     """Whether :func:`rel_position_attention` with ``backend`` runs its kernel on ``device``
-    (outside ``torch.compile``): what the roofline counts the encoder's attention as."""
-    return use_triton_on(backend, torch.device(device), _KERNELS, "encoder attention")
+    (outside ``torch.compile``): what the dispatcher runs and the roofline counts the encoder's
+    attention as."""
+    return not torch.compiler.is_compiling() and use_triton_on(backend, torch.device(device), _KERNELS,
+                                                                "encoder attention")
 
 
 def rel_position_attention_reference(q_content: torch.Tensor, q_position: torch.Tensor, k: torch.Tensor,
@@ -218,7 +220,7 @@ def rel_position_attention(q_content: torch.Tensor, q_position: torch.Tensor, k:
     softmax, the output written once into ``[B, T, H D]``. No ``T x T`` tensor is stored. The
     kernel needs a power-of-two head dim >= 16 (64 in every Chatterbox checkpoint). ``tile``: the
     kernel's queries x keys per tile, powers of two >= 16 (tests take small ones)."""
-    if _runs_kernel(backend, q_content, "encoder attention"):
+    if rel_position_attention_fused(backend, q_content.device):
         from chorus.models.s3gen.triton_ops import rel_position_attention_triton
 
         return rel_position_attention_triton(q_content, q_position, k, v, p, key_mask, scale, tile,
